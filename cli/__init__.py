@@ -1,0 +1,1 @@
+"""The ``fusionrag`` command line: click commands that parse options and call the library."""

@@ -1,0 +1,1 @@
+"""Small data bundled with the package (the demo corpus)."""

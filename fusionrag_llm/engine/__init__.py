@@ -1,0 +1,1 @@
+"""The inference engine: resolves chunk KV, selects what to recompute, prefills sparsely, decodes."""

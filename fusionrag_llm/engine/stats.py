@@ -1,0 +1,30 @@
+"""Per-generation measurements, returned with every answer."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    method: str = "full_attention"
+    recompute_ratio: float = 1.0
+    ttft_s: float = 0.0  # request start to first token's logits (includes load, select, prefill)
+    load_s: float = 0.0  # fetching and placing chunk entries
+    select_s: float = 0.0  # choosing the tokens to recompute
+    prefill_s: float = 0.0  # the (sparse) prefill itself
+    decode_s: float = 0.0
+    prompt_tokens: int = 0
+    reused_tokens: int = 0  # context tokens served from chunk entries and not recomputed
+    recomputed_tokens: int = 0  # chunk tokens selected for recompute
+    computed_tokens: int = 0  # tokens run through the model in the prefill
+    generated_tokens: int = 0
+    path_hits: dict[str, int] = field(default_factory=lambda: {"exact": 0, "chunk": 0, "miss": 0})
+    tier_hits: dict[str, int] = field(default_factory=lambda: {"device": 0, "host": 0, "disk": 0})
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.generated_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)

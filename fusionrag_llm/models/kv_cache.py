@@ -1,0 +1,57 @@
+"""A request's own KV buffer: rotated keys and values per layer, addressed by slot.
+
+Slots are storage places; what a token *is* to attention is its absolute position (``positions``)
+and whether its KV may be read (``valid``). A query at position p sees every valid slot whose
+position is <= p, wherever that slot lies in the buffer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class KVCache:
+    keys: torch.Tensor  # [num_layers, num_kv_heads, capacity, head_dim], rotary applied
+    values: torch.Tensor  # [num_layers, num_kv_heads, capacity, head_dim]
+    positions: torch.Tensor  # [capacity] int64 absolute positions
+    valid: torch.Tensor  # [capacity] bool
+    length: int = 0  # slots [0, length) are in use
+
+    @classmethod
+    def empty(
+        cls,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> "KVCache":
+        shape = (num_layers, num_kv_heads, capacity, head_dim)
+        return cls(
+            keys=torch.zeros(shape, dtype=dtype, device=device),
+            values=torch.zeros(shape, dtype=dtype, device=device),
+            positions=torch.zeros(capacity, dtype=torch.long, device=device),
+            valid=torch.zeros(capacity, dtype=torch.bool, device=device),
+        )
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+    def reserve(self, count: int) -> torch.Tensor:
+        """Take the next ``count`` free slots; returns their indices."""
+        if self.length + count > self.capacity:
+            raise ValueError(f"KV cache full: {self.length} + {count} slots exceed capacity {self.capacity}")
+        slots = torch.arange(self.length, self.length + count, device=self.keys.device)
+        self.length += count
+        return slots
+
+    def attention_mask(self, query_positions: torch.Tensor) -> torch.Tensor:
+        """[n, length] bool: which used slots each query may attend to (causal by position)."""
+        positions = self.positions[: self.length]
+        valid = self.valid[: self.length]
+        return valid[None, :] & (positions[None, :] <= query_positions[:, None])

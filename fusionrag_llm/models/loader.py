@@ -1,0 +1,176 @@
+"""Load a Llama-family model by name, folder, ``.gguf`` file or hub id onto a device and dtype."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fusionrag_llm.errors import FusionRAGError, ModelNotFoundError
+from fusionrag_llm.models.config import config_from_hf
+from fusionrag_llm.models.llama import DecoderLM
+from fusionrag_llm.models.tokenizer import ChatTokenizer
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+MODEL_NAMES = ("smollm2-135m", "tiny", "tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3")
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: DecoderLM
+    tokenizer: ChatTokenizer
+    hf_config: dict[str, Any]
+    source: str  # the folder the weights came from, or "built-in"
+
+    @property
+    def context_window(self) -> int:
+        return self.model.cfg.max_position_embeddings
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise FusionRAGError(f"device {device!r} is not valid; use 'cpu', 'cuda' or 'cuda:N'") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise FusionRAGError("device 'cuda' was asked for but no CUDA device is available; use 'cpu'")
+    if resolved.type not in ("cpu", "cuda"):
+        raise FusionRAGError(f"device type {resolved.type!r} is not supported; use 'cpu' or 'cuda'")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        if dtype in DTYPES.values():
+            return dtype
+    elif isinstance(dtype, str):
+        name = DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
+        if name in DTYPES:
+            return DTYPES[name]
+    raise FusionRAGError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+
+
+def load_model(name_or_path: str | Path, device=None, dtype=None) -> LoadedModel:
+    """Resolve ``name_or_path`` (see ``MODEL_NAMES``, a folder, a ``.gguf`` file or a hub id) and load it."""
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    name = str(name_or_path)
+    if name.startswith("tiny"):
+        return _load_tiny(name, torch_device, torch_dtype)
+    folder = resolve_model_folder(name)
+    return load_folder(folder, name, torch_device, torch_dtype)
+
+
+def resolve_model_folder(name: str) -> Path:
+    """A local folder holding config.json, safetensors weights and the tokenizer for ``name``."""
+    from fusionrag_llm.models.default_model import DEFAULT_ALIASES, resolve_default_model
+    from fusionrag_llm.models.gguf import converted_gguf_folder
+
+    if name.lower() in DEFAULT_ALIASES:
+        return resolve_default_model()
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return converted_gguf_folder(path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"folder {str(path)!r} has no config.json; it is not a model folder")
+        return path
+    if path.exists():
+        raise ModelNotFoundError(f"{name!r} is neither a model folder nor a .gguf file")
+    if _looks_like_hub_id(name):
+        return _download_from_hub(name)
+    raise ModelNotFoundError(
+        f"unknown model {name!r}: use one of {', '.join(MODEL_NAMES)}, a model folder, a .gguf file, "
+        "or a hub id like 'HuggingFaceTB/SmolLM2-135M-Instruct'"
+    )
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "~"))
+
+
+def _download_from_hub(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        patterns = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except Exception as exc:  # the hub client raises many types: offline, gated, missing repo
+        raise ModelNotFoundError(
+            f"model {repo_id!r} is not a local path and could not be fetched from the model hub "
+            f"({type(exc).__name__}: {exc}); pass a local folder, a .gguf file, or one of {', '.join(MODEL_NAMES)}"
+        ) from None
+
+
+def load_folder(folder: Path, name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    hf_config = json.loads((folder / "config.json").read_text())
+    cfg = config_from_hf(hf_config, name)
+    state = _read_safetensors(folder, name)
+    model = _instantiate(cfg, state, device, dtype)
+    tokenizer = ChatTokenizer(_load_hf_tokenizer(folder, name), cfg.eos_token_ids)
+    logger.info("loaded %s from %s (%s, %s)", name, folder, device, dtype)
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, hf_config=hf_config, source=str(folder))
+
+
+def _read_safetensors(folder: Path, name: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelNotFoundError(f"model {name!r}: no .safetensors weights in {str(folder)!r}")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    return state
+
+
+def _instantiate(cfg, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> DecoderLM:
+    with torch.device("meta"):
+        model = DecoderLM(cfg)
+    expected = model.state_dict().keys()
+    if cfg.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    missing = [key for key in expected if key not in state]
+    if missing:
+        raise FusionRAGError(f"model weights are missing {len(missing)} tensors, e.g. {missing[:3]}")
+    model.load_state_dict({key: state[key].to(dtype) for key in expected}, assign=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.to(device).eval()
+
+
+def _load_hf_tokenizer(folder: Path, name: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(f"model {name!r}: could not load its tokenizer from {str(folder)!r}: {exc}") from None
+
+
+def _load_tiny(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    from fusionrag_llm.models.tiny import TINY_FAMILIES, byte_tokenizer, tiny_hf_config, tiny_state_dict
+
+    family = name.partition("-")[2] or "llama"
+    if name not in ("tiny",) and family not in TINY_FAMILIES:
+        raise ModelNotFoundError(f"unknown model {name!r}: use one of {', '.join(MODEL_NAMES)}")
+    hf_config = tiny_hf_config(family)
+    cfg = config_from_hf(hf_config, name)
+    with torch.device("meta"):
+        skeleton = DecoderLM(cfg)
+    model = _instantiate(cfg, tiny_state_dict(skeleton), device, dtype)
+    tokenizer = ChatTokenizer(byte_tokenizer(), cfg.eos_token_ids)
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, hf_config=hf_config, source="built-in")

@@ -1,0 +1,15 @@
+"""Where the project keeps its files on the user's machine."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """``$FUSIONRAG_CACHE``, else ``$XDG_CACHE_HOME/fusionrag_llm``, else ``~/.cache/fusionrag_llm``."""
+    explicit = os.environ.get("FUSIONRAG_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "fusionrag_llm"

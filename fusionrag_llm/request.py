@@ -1,0 +1,99 @@
+"""Requests and their segmentation into prefix, chunks, text between, and suffix.
+
+A prompt is the chat template's head, one user message, and the template's tail. The user message
+is split into pieces: chunk texts and the text around them. Text before the first chunk joins the
+prefix and text after the last chunk joins the suffix; every segment is tokenized on its own, so a
+chunk has the same token ids wherever it appears. A ``RAGRequest`` and a flat prompt holding the
+same user message therefore give the same segments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from fusionrag_llm.errors import FusionRAGError
+
+SEGMENT_KINDS = ("prefix", "chunk", "text", "suffix")
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a ``RAGRequest`` becomes the user message."""
+
+    instruction: str = "Answer the question using the documents below. Reply with a short answer.\n\n"
+    separator: str = "\n\n"
+    question_prefix: str = "\n\nQuestion: "
+
+
+@dataclass(frozen=True)
+class RAGRequest:
+    """Retrieved chunks (in retrieval order) and a question; ``system`` replaces the default system prompt.
+
+    >>> RAGRequest(chunks=["Paris is in France."], question="Where is Paris?").question
+    'Where is Paris?'
+    """
+
+    chunks: Sequence[str]
+    question: str
+    system: str | None = None
+    format: PromptFormat = field(default_factory=PromptFormat)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.chunks, str):
+            raise FusionRAGError("RAGRequest.chunks must be a list of strings, not a single string")
+        object.__setattr__(self, "chunks", tuple(self.chunks))
+        for index, chunk in enumerate(self.chunks):
+            if not isinstance(chunk, str) or not chunk.strip():
+                raise FusionRAGError(f"RAGRequest.chunks[{index}] must be a non-empty string, got {chunk!r:.60}")
+        if not isinstance(self.question, str) or not self.question.strip():
+            raise FusionRAGError("RAGRequest.question must be a non-empty string")
+        if self.system is not None and not isinstance(self.system, str):
+            raise FusionRAGError("RAGRequest.system must be a string or None")
+
+    def pieces(self) -> list[tuple[str, str]]:
+        """The user message as (kind, text) pieces, kind 'chunk' or 'text'."""
+        fmt = self.format
+        pieces: list[tuple[str, str]] = [("text", fmt.instruction)]
+        for index, chunk in enumerate(self.chunks):
+            if index:
+                pieces.append(("text", fmt.separator))
+            pieces.append(("chunk", chunk))
+        pieces.append(("text", fmt.question_prefix + self.question))
+        return pieces
+
+
+@dataclass(frozen=True)
+class Segment:
+    kind: str  # one of SEGMENT_KINDS
+    text: str
+    token_ids: tuple[int, ...]
+
+
+def build_segments(head: str, pieces: Sequence[tuple[str, str]], tail: str, encode) -> list[Segment]:
+    """Segments of ``head + pieces + tail``; leading text joins the prefix, trailing text the suffix."""
+    pieces = [(kind, text) for kind, text in pieces if text]
+    prefix_text, suffix_text = head, tail
+    while pieces and pieces[0][0] == "text":
+        prefix_text += pieces.pop(0)[1]
+    while pieces and pieces[-1][0] == "text":
+        suffix_text = pieces.pop()[1] + suffix_text
+    segments = [Segment("prefix", prefix_text, tuple(encode(prefix_text)))]
+    for kind, text in _merge_adjacent_text(pieces):
+        segments.append(Segment(kind, text, tuple(encode(text))))
+    segments.append(Segment("suffix", suffix_text, tuple(encode(suffix_text))))
+    return [segment for segment in segments if segment.token_ids or segment.kind != "text"]
+
+
+def _merge_adjacent_text(pieces: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    merged: list[tuple[str, str]] = []
+    for kind, text in pieces:
+        if kind == "text" and merged and merged[-1][0] == "text":
+            merged[-1] = ("text", merged[-1][1] + text)
+        else:
+            merged.append((kind, text))
+    return merged
+
+
+def prompt_ids(segments: Sequence[Segment]) -> list[int]:
+    return [token for segment in segments for token in segment.token_ids]

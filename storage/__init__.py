@@ -1,0 +1,1 @@
+"""Content-addressed, tiered store of KV entries. Depends on torch and diskcache only."""
