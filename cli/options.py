@@ -1,0 +1,24 @@
+"""Options shared by several commands."""
+
+from __future__ import annotations
+
+import click
+
+from fusionrag_llm.models.default_model import DEFAULT_MODEL
+
+model_option = click.option(
+    "--model", default=DEFAULT_MODEL, show_default=True,
+    help="Model name ('smollm2-135m', 'tiny'), a model folder, a .gguf file or a hub id.",
+)  # fmt: skip
+device_option = click.option("--device", default=None, help="'cpu' or 'cuda' (default: cuda when available).")
+dtype_option = click.option("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU).")
+
+
+def load_rag(model: str, device: str | None, dtype: str | None):
+    """Load the engine, turning the library's input errors into clean CLI errors."""
+    from fusionrag_llm import FusionRAG, FusionRAGError
+
+    try:
+        return FusionRAG.from_pretrained(model, device=device, dtype=dtype)
+    except FusionRAGError as exc:
+        raise click.ClickException(str(exc)) from None

@@ -1,0 +1,32 @@
+"""Shared fixtures. Kernel tests run the Triton code under the interpreter when there is no GPU."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_rag():
+    from fusionrag_llm import FusionRAG
+
+    return FusionRAG.from_pretrained("tiny")
+
+
+@pytest.fixture(scope="session")
+def smollm2_rag():
+    from fusionrag_llm import FusionRAG
+
+    return FusionRAG.from_pretrained("smollm2-135m")
