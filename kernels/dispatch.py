@@ -1,0 +1,77 @@
+"""One name per kernel for the engine: the Triton path on CUDA tensors, the torch reference otherwise.
+
+The choice, strongest first: the ``backend=`` argument, then the ``FUSIONRAG_KERNELS`` environment
+variable (``torch``, ``triton`` or ``auto``), then ``auto``: Triton when it is importable and the
+first tensor argument is on a CUDA device, else the reference. Forcing ``triton`` on CPU tensors
+only works under ``TRITON_INTERPRET=1`` (the launchers say so otherwise).
+
+>>> from fusionrag_llm.kernels import dispatch
+>>> dispatch.resolve_backend(torch.zeros(1), backend="torch")  # doctest: +SKIP
+'torch'
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import critical_scores as _scores
+from . import q_sparse_attention as _attn
+from . import q_sparse_attention_varlen as _varlen
+from . import rotary as _rotary
+from ._common import HAS_TRITON
+
+BACKEND_ENV = "FUSIONRAG_KERNELS"
+BACKENDS = ("auto", "torch", "triton")
+
+
+def resolve_backend(tensor: torch.Tensor, backend: str | None = None, kernel_ok: bool = True) -> str:
+    """``"triton"`` or ``"torch"`` for a call whose data lives on ``tensor``'s device.
+
+    ``kernel_ok=False`` (e.g. a head dim the attention kernels do not tile) makes ``auto`` pick the
+    reference; an explicit ``triton`` still goes to the launcher, which explains the refusal.
+    """
+    choice = (backend or os.environ.get(BACKEND_ENV) or "auto").strip().lower()
+    if choice not in BACKENDS:
+        source = "backend argument" if backend else f"${BACKEND_ENV}"
+        raise ValueError(f"{source} is {choice!r}; allowed: {', '.join(BACKENDS)}")
+    if choice != "auto":
+        return choice
+    return "triton" if HAS_TRITON and kernel_ok and tensor.device.type == "cuda" else "torch"
+
+
+def _tiled_head_dim(t: torch.Tensor) -> bool:
+    d = t.shape[-1]
+    return 16 <= d <= 128 and d & (d - 1) == 0
+
+
+def q_sparse_attention(q, q_positions, k, v, k_positions, k_valid, scale=None, page_k=None,
+                       page_v=None, page_positions=None, *, backend: str | None = None):
+    """Dispatching :func:`fusionrag_llm.kernels.q_sparse_attention.q_sparse_attention`."""
+    use_triton = resolve_backend(q, backend, _tiled_head_dim(q)) == "triton"
+    fn = _attn.q_sparse_attention if use_triton else _attn.q_sparse_attention_ref
+    return fn(q, q_positions, k, v, k_positions, k_valid, scale, page_k, page_v, page_positions)
+
+
+def q_sparse_attention_varlen(q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, cu_seqlens_k,
+                              scale=None, page_k=None, page_v=None, page_positions=None,
+                              cu_seqlens_page=None, max_seqlen_q=None, *, backend: str | None = None):
+    """Dispatching :func:`fusionrag_llm.kernels.q_sparse_attention_varlen.q_sparse_attention_varlen`."""
+    use_triton = resolve_backend(q, backend, _tiled_head_dim(q)) == "triton"
+    fn = _varlen.q_sparse_attention_varlen if use_triton else _varlen.q_sparse_attention_varlen_ref
+    return fn(q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, cu_seqlens_k, scale, page_k,
+              page_v, page_positions, cu_seqlens_page, max_seqlen_q)
+
+
+def apply_rotary(x, positions, inv_freq, *, backend: str | None = None):
+    """Dispatching :func:`fusionrag_llm.kernels.rotary.apply_rotary`."""
+    fn = _rotary.apply_rotary if resolve_backend(x, backend) == "triton" else _rotary.apply_rotary_ref
+    return fn(x, positions, inv_freq)
+
+
+def critical_scores(q, q_positions, k, k_positions, k_valid, scale=None, *, backend: str | None = None):
+    """Dispatching :func:`fusionrag_llm.kernels.critical_scores.critical_scores`."""
+    use_triton = resolve_backend(q, backend, _tiled_head_dim(q)) == "triton"
+    fn = _scores.critical_scores if use_triton else _scores.critical_scores_ref
+    return fn(q, q_positions, k, k_positions, k_valid, scale)

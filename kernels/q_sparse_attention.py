@@ -1,0 +1,236 @@
+"""Q-sparse attention: a sparse set of queries at absolute positions over a whole context KV.
+
+The queries are the recompute set (the paper's "Q index"): arbitrary tokens with their absolute
+positions. The keys are the request's context (shared chunk KV, possibly with stale or missing
+entries, hence ``k_valid``) plus an optional per-request *page* holding the fresh K/V of the
+recomputed tokens. A query at position p sees every valid key at position <= p; the causal rule is
+by position, never by index, so neither keys nor queries need to be sorted.
+
+    out[h, i] = sum_j softmax_j(scale * q[h, i] . key_j) value_j,
+    j over {context keys with k_valid and k_positions <= q_positions[i]}
+         + {page keys with page_positions <= q_positions[i]},
+    key/value head of query head h = h // (Hq // Hkv)  (GQA).
+
+A query row that sees no key at all returns zeros. The kernel packs the ``Hq // Hkv`` query heads
+sharing a KV head into one row block (each K/V tile is loaded once per group), runs an online
+softmax over key tiles, and skips a key tile whose smallest visible position lies after the largest
+query position of the row block. No ``[Nq, Nk]`` mask is ever built. Decode (one query per
+request) goes through the same kernel.
+
+See ``q_sparse_attention_varlen.py`` for the batched (packed requests) form.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import (FLOAT_DTYPES, KEY_NEVER, QUERY_NONE, check, check_tensor, default_scale,
+                      tl, triton)
+
+_OP = "q_sparse_attention"
+# Bound on the score elements the reference materialises per query chunk (fp32 elements).
+_REF_CHUNK_ELEMENTS = 1 << 24
+
+
+if triton is not None:
+    _KEY_NEVER = tl.constexpr(KEY_NEVER)
+    _QUERY_NONE = tl.constexpr(QUERY_NONE)
+
+    @triton.jit
+    def _attend_keys(acc, m_i, l_i, q, q_pos, q_max, k_ptr, v_ptr, pos_ptr, valid_ptr, start, end,
+                     stride_kn, stride_vn, offs_d, qk_scale, HAS_VALID: tl.constexpr,
+                     WITH_V: tl.constexpr, F32: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Online-softmax update of (acc [M, D], m_i [M], l_i [M]) with keys [start, end)."""
+        for n0 in range(start, end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            in_range = offs_n < end
+            k_pos = tl.load(pos_ptr + offs_n, mask=in_range, other=_KEY_NEVER)
+            if HAS_VALID:
+                ok = tl.load(valid_ptr + offs_n, mask=in_range, other=0) != 0
+                k_pos = tl.where(ok, k_pos, _KEY_NEVER)
+            if tl.min(k_pos, axis=0) <= q_max:  # skip tiles wholly after every query of the block
+                k = tl.load(k_ptr + offs_n[:, None] * stride_kn + offs_d[None, :],
+                            mask=in_range[:, None], other=0.0)
+                if F32:
+                    s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+                else:
+                    s = tl.dot(q, tl.trans(k))
+                s = tl.where(k_pos[None, :] <= q_pos[:, None], s * qk_scale, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+                p = tl.exp2(s - m_ref[:, None])
+                alpha = tl.exp2(m_i - m_ref)
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                if WITH_V:
+                    v = tl.load(v_ptr + offs_n[:, None] * stride_vn + offs_d[None, :],
+                                mask=in_range[:, None], other=0.0)
+                    if F32:
+                        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+                    else:
+                        pv = tl.dot(p.to(v.dtype), v)
+                    acc = acc * alpha[:, None] + pv
+                m_i = m_new
+        return acc, m_i, l_i
+
+    @triton.jit
+    def _q_sparse_fwd_kernel(
+            Q, Q_POS, CU_Q, K, V, K_POS, K_VALID, CU_K, PK, PV, P_POS, CU_P, OUT, LSE,
+            stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn,
+            stride_pkh, stride_pkn, stride_pvh, stride_pvn, stride_oh, stride_on, stride_lh,
+            qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, HAS_VALID: tl.constexpr, HAS_PAGE: tl.constexpr,
+            WITH_V: tl.constexpr, STORE_LSE: tl.constexpr, F32: tl.constexpr):
+        """Grid (row blocks, Hkv, requests); rows are (query token, head in the GQA group) pairs."""
+        kv_head = tl.program_id(1).to(tl.int64)
+        req = tl.program_id(2)
+        q_start = tl.load(CU_Q + req)
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < (tl.load(CU_Q + req + 1) - q_start) * GROUP
+        tok = q_start + rows // GROUP                  # [M] int64 query token index
+        head = kv_head * GROUP + rows % GROUP          # [M] int64 query head
+        offs_d = tl.arange(0, HEAD_DIM)
+        q = tl.load(Q + head[:, None] * stride_qh + tok[:, None] * stride_qn + offs_d[None, :],
+                    mask=row_ok[:, None], other=0.0)
+        if F32:
+            q = q.to(tl.float32)
+        q_pos = tl.load(Q_POS + tok, mask=row_ok, other=_QUERY_NONE)
+        q_max = tl.max(q_pos, axis=0)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        acc, m_i, l_i = _attend_keys(
+            acc, m_i, l_i, q, q_pos, q_max, K + kv_head * stride_kh, V + kv_head * stride_vh,
+            K_POS, K_VALID, tl.load(CU_K + req), tl.load(CU_K + req + 1), stride_kn, stride_vn,
+            offs_d, qk_scale, HAS_VALID, WITH_V, F32, BLOCK_N)
+        if HAS_PAGE:
+            acc, m_i, l_i = _attend_keys(
+                acc, m_i, l_i, q, q_pos, q_max, PK + kv_head * stride_pkh, PV + kv_head * stride_pvh,
+                P_POS, P_POS, tl.load(CU_P + req), tl.load(CU_P + req + 1), stride_pkn, stride_pvn,
+                offs_d, qk_scale, False, WITH_V, F32, BLOCK_N)
+        if WITH_V:
+            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # no visible key: acc is 0, so out is 0
+            tl.store(OUT + head[:, None] * stride_oh + tok[:, None] * stride_on + offs_d[None, :],
+                     out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+        if STORE_LSE:  # log2-domain log-sum-exp of the scaled scores; -inf when nothing is visible
+            lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+            tl.store(LSE + head * stride_lh + tok, lse, mask=row_ok)
+
+
+def check_attention_inputs(op, q, q_positions, k, v, k_positions, k_valid,
+                           page_k=None, page_v=None, page_positions=None) -> None:
+    """Validate shapes and dtypes shared by the attention launchers and references."""
+    check_tensor(q, op, "q [Hq, Nq, D]", 3, FLOAT_DTYPES)
+    check_tensor(k, op, "k [Hkv, Nk, D]", 3, (q.dtype,))
+    check_tensor(v, op, "v [Hkv, Nk, D]", 3, (q.dtype,))
+    check_tensor(q_positions, op, "q_positions [Nq]", 1, (torch.int64,))
+    check_tensor(k_positions, op, "k_positions [Nk]", 1, (torch.int64,))
+    hq, nq, d = q.shape
+    hkv, nk, _ = k.shape
+    check(tuple(v.shape) == tuple(k.shape), op, f"v shape {tuple(v.shape)} != k shape {tuple(k.shape)}")
+    check(k.shape[2] == d, op, f"k head dim {k.shape[2]} != q head dim {d}")
+    check(hkv > 0 and hq % hkv == 0, op, f"query heads {hq} must be a multiple of kv heads {hkv}")
+    check(q_positions.shape[0] == nq, op, f"q_positions has {q_positions.shape[0]} entries, q has {nq}")
+    check(k_positions.shape[0] == nk, op, f"k_positions has {k_positions.shape[0]} entries, k has {nk}")
+    if k_valid is not None:
+        check_tensor(k_valid, op, "k_valid [Nk]", 1, (torch.bool,))
+        check(k_valid.shape[0] == nk, op, f"k_valid has {k_valid.shape[0]} entries, k has {nk}")
+    page = (page_k, page_v, page_positions)
+    check(all(t is None for t in page) or all(t is not None for t in page), op,
+          "page_k, page_v and page_positions must be given together (or none of them)")
+    if page_k is not None:
+        check_tensor(page_k, op, "page_k [Hkv, Np, D]", 3, (q.dtype,))
+        check_tensor(page_v, op, "page_v [Hkv, Np, D]", 3, (q.dtype,))
+        check_tensor(page_positions, op, "page_positions [Np]", 1, (torch.int64,))
+        check(page_k.shape[0] == hkv and page_k.shape[2] == d, op,
+              f"page_k shape {tuple(page_k.shape)} must be [Hkv={hkv}, Np, D={d}]")
+        check(tuple(page_v.shape) == tuple(page_k.shape), op,
+              f"page_v shape {tuple(page_v.shape)} != page_k shape {tuple(page_k.shape)}")
+        check(page_positions.shape[0] == page_k.shape[1], op,
+              f"page_positions has {page_positions.shape[0]} entries, page_k has {page_k.shape[1]}")
+
+
+def q_sparse_attention(q, q_positions, k, v, k_positions, k_valid, scale=None,
+                       page_k=None, page_v=None, page_positions=None):
+    """Triton Q-sparse attention of one request (see the module docstring for the semantics).
+
+    q [Hq, Nq, D] (rotary applied), q_positions [Nq] int64, k/v [Hkv, Nk, D], k_positions [Nk]
+    int64, k_valid [Nk] bool or None (all valid), page_k/page_v [Hkv, Np, D], page_positions [Np]
+    int64. Returns out [Hq, Nq, D] in q's dtype; rows with no visible key are zero.
+    CUDA tensors (CPU under ``TRITON_INTERPRET=1``), last dimension contiguous, D in {16..128}.
+
+    >>> out = q_sparse_attention(q, qpos, k, v, kpos, valid)  # doctest: +SKIP
+    """
+    from .q_sparse_attention_varlen import q_sparse_attention_varlen
+
+    check_attention_inputs(_OP, q, q_positions, k, v, k_positions, k_valid,
+                           page_k, page_v, page_positions)
+    dev = q.device
+    cu_q = torch.tensor([0, q.shape[1]], dtype=torch.int64, device=dev)
+    cu_k = torch.tensor([0, k.shape[1]], dtype=torch.int64, device=dev)
+    cu_p = None if page_k is None else torch.tensor([0, page_k.shape[1]], dtype=torch.int64, device=dev)
+    return q_sparse_attention_varlen(q, q_positions, cu_q, k, v, k_positions, k_valid, cu_k, scale,
+                                     page_k, page_v, page_positions, cu_p, max_seqlen_q=q.shape[1])
+
+
+def q_sparse_attention_ref(q, q_positions, k, v, k_positions, k_valid, scale=None,
+                           page_k=None, page_v=None, page_positions=None):
+    """Pure-torch reference of :func:`q_sparse_attention` (same signature, any device).
+
+    Computes in fp32 and processes the queries in chunks so that at most ~16M scores exist at once
+    (the CPU engine path runs long contexts through it). Returns out [Hq, Nq, D] in q's dtype.
+    """
+    check_attention_inputs(_OP + "_ref", q, q_positions, k, v, k_positions, k_valid,
+                           page_k, page_v, page_positions)
+    hq, nq, d = q.shape
+    hkv = k.shape[0]
+    scale = default_scale(scale, d)
+    sources = [(k, v, masked_key_positions(k_positions, k_valid))]
+    if page_k is not None:
+        sources.append((page_k, page_v, page_positions))
+    sources = [(kk.float(), vv.float(), pos) for kk, vv, pos in sources]
+    n_keys = sum(pos.shape[0] for _, _, pos in sources)
+    step = max(1, _REF_CHUNK_ELEMENTS // max(1, hq * n_keys))
+    qf = q.float().reshape(hkv, hq // hkv, nq, d)  # [Hkv, G, Nq, D]
+    out = torch.empty((hkv, hq // hkv, nq, d), dtype=torch.float32, device=q.device)
+    for i0 in range(0, nq, step):
+        qc, pos_c = qf[:, :, i0:i0 + step], q_positions[i0:i0 + step]
+        probs, _ = masked_softmax_parts(qc, pos_c, sources, scale)
+        out[:, :, i0:i0 + step] = sum(torch.matmul(p, vv[:, None]) for p, (_, vv, _) in zip(probs, sources))
+    return out.reshape(hq, nq, d).to(q.dtype)
+
+
+def masked_key_positions(k_positions, k_valid):
+    """k_positions with invalid keys moved to a position no query reaches."""
+    if k_valid is None:
+        return k_positions
+    return torch.where(k_valid, k_positions, torch.full_like(k_positions, KEY_NEVER))
+
+
+def masked_softmax_parts(qc, q_pos, sources, scale):
+    """Softmax over the keys of several sources, returned per source.
+
+    qc [Hkv, G, M, D] fp32, q_pos [M]; sources: (k [Hkv, N, D] fp32, v, positions [N]).
+    Returns (probs per source [Hkv, G, M, N], denominators [Hkv, G, M, 1]); rows with no visible
+    key have all-zero probabilities.
+    """
+    scores = []
+    for kk, _, pos in sources:
+        s = torch.matmul(qc, kk[:, None].transpose(-1, -2)) * scale  # [Hkv, G, M, N]
+        scores.append(s.masked_fill(pos[None, :] > q_pos[:, None], float("-inf")))
+    row_max = torch.stack([_row_max(s) for s in scores]).amax(0)[..., None]
+    row_max = row_max.clamp_min(torch.finfo(torch.float32).min)  # all -inf rows -> exp gives 0
+    exps = [torch.exp(s - row_max) for s in scores]
+    denom = sum(e.sum(-1, keepdim=True) for e in exps)
+    safe = torch.where(denom > 0, denom, torch.ones_like(denom))
+    return [e / safe for e in exps], denom
+
+
+def _row_max(s):
+    """Max over the last dimension; -inf for an empty key set."""
+    if s.shape[-1] == 0:
+        return torch.full(s.shape[:-1], float("-inf"), dtype=s.dtype, device=s.device)
+    return s.amax(-1)
+
+
+__all__ = ["q_sparse_attention", "q_sparse_attention_ref", "check_attention_inputs",
+           "masked_key_positions", "masked_softmax_parts"]

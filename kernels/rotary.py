@@ -1,0 +1,101 @@
+"""Rotary position embedding of position-free keys (or queries) at arbitrary absolute positions.
+
+Half-rotation convention (transformers' ``rotate_half``), bit-compatible with transformers' Llama:
+
+    freqs = positions[:, None].float() * inv_freq[None]          # [N, D/2] fp32
+    emb = cat(freqs, freqs)                                      # [N, D]
+    cos, sin = cos(emb).to(x.dtype), sin(emb).to(x.dtype)
+    out = x * cos + rotate_half(x) * sin                         # each op rounded to x.dtype
+
+The kernel computes in fp32 and rounds after every product and after the sum exactly as torch's
+low-precision elementwise ops do, so bf16/fp16 results match the reference up to the last-ulp
+differences of the device's cos/sin implementation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import (FLOAT_DTYPES, check, check_devices, check_tensor, interpreting, require_triton,
+                      tl, triton)
+
+_OP = "apply_rotary"
+
+if triton is not None:
+
+    @triton.jit
+    def _round(x, DTYPE: tl.constexpr):
+        """Round fp32 ``x`` to DTYPE and back, mimicking one torch op in that dtype."""
+        return x.to(DTYPE).to(tl.float32)
+
+    @triton.jit
+    def _rotary_kernel(X, POS, INV_FREQ, OUT, n_tokens, stride_xh, stride_xn, stride_oh, stride_on,
+                       HALF: tl.constexpr, HALF_P2: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Grid (token blocks, heads); each program rotates [BLOCK_N, D] of one head."""
+        head = tl.program_id(1).to(tl.int64)
+        offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_h = tl.arange(0, HALF_P2)
+        mask = (offs_n < n_tokens)[:, None] & (offs_h < HALF)[None, :]
+        pos = tl.load(POS + offs_n, mask=offs_n < n_tokens, other=0).to(tl.float32)
+        inv = tl.load(INV_FREQ + offs_h, mask=offs_h < HALF, other=0.0)
+        freqs = pos[:, None] * inv[None, :]  # [BLOCK_N, HALF_P2] fp32, same product as torch
+        dt = OUT.dtype.element_ty
+        cos = _round(tl.cos(freqs), dt)
+        sin = _round(tl.sin(freqs), dt)
+        x_ptr = X + head * stride_xh + offs_n[:, None] * stride_xn + offs_h[None, :]
+        x1 = tl.load(x_ptr, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(x_ptr + HALF, mask=mask, other=0.0).to(tl.float32)
+        # rotate_half(x) = cat(-x2, x1): out1 = x1*cos - x2*sin, out2 = x2*cos + x1*sin
+        out1 = _round(x1 * cos, dt) - _round(x2 * sin, dt)
+        out2 = _round(x2 * cos, dt) + _round(x1 * sin, dt)
+        o_ptr = OUT + head * stride_oh + offs_n[:, None] * stride_on + offs_h[None, :]
+        tl.store(o_ptr, out1.to(dt), mask=mask)
+        tl.store(o_ptr + HALF, out2.to(dt), mask=mask)
+
+
+def _check_inputs(op, x, positions, inv_freq):
+    check_tensor(x, op, "x [H, N, D]", 3, FLOAT_DTYPES)
+    check_tensor(positions, op, "positions [N]", 1, (torch.int64, torch.int32))
+    check_tensor(inv_freq, op, "inv_freq [D/2]", 1, (torch.float32,))
+    h, n, d = x.shape
+    check(d % 2 == 0 and d > 0, op, f"head dim {d} must be even")
+    check(positions.shape[0] == n, op, f"positions has {positions.shape[0]} entries, x has {n} tokens")
+    check(inv_freq.shape[0] == d // 2, op,
+          f"inv_freq has {inv_freq.shape[0]} entries, expected D/2 = {d // 2}")
+
+
+def apply_rotary(x, positions, inv_freq):
+    """Triton rotary embedding: x [H, N, D], positions [N] int64, inv_freq [D/2] fp32 -> [H, N, D].
+
+    Returns a new contiguous tensor in x's dtype. CUDA tensors (CPU under ``TRITON_INTERPRET=1``);
+    x must be contiguous in its last dimension. Any even head dim works.
+
+    >>> k_rot = apply_rotary(k_stored, torch.arange(100, 164), inv_freq)  # doctest: +SKIP
+    """
+    require_triton(_OP)
+    _check_inputs(_OP, x, positions, inv_freq)
+    check_devices(_OP, x=x, positions=positions, inv_freq=inv_freq)
+    check(x.shape[-1] <= 1 or x.stride(-1) == 1, _OP,
+          f"x must be contiguous in its last dimension (stride {x.stride(-1)}); call .contiguous()")
+    h, n, d = x.shape
+    out = torch.empty((h, n, d), dtype=x.dtype, device=x.device)
+    if h == 0 or n == 0:
+        return out
+    half = d // 2
+    block_n = 16 if interpreting() else max(1, min(64, 4096 // triton.next_power_of_2(d)))
+    grid = (triton.cdiv(n, block_n), h)
+    _rotary_kernel[grid](x, positions.contiguous(), inv_freq.contiguous(), out, n, x.stride(0),
+                         x.stride(1), out.stride(0), out.stride(1), HALF=half,
+                         HALF_P2=triton.next_power_of_2(half), BLOCK_N=block_n)
+    return out
+
+
+def apply_rotary_ref(x, positions, inv_freq):
+    """Pure-torch reference of :func:`apply_rotary` (transformers' Llama arithmetic, any device)."""
+    _check_inputs(_OP + "_ref", x, positions, inv_freq)
+    freqs = positions.to(inv_freq.device).float()[:, None] * inv_freq[None, :]  # [N, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1).to(x.device)
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

@@ -1,0 +1,150 @@
+"""Q-sparse attention: reference vs a naive dense oracle, Triton vs reference, validation errors."""
+
+import pytest
+import torch
+from kernel_cases import dense_attention, make_case, needs_cuda, needs_triton
+
+from fusionrag_llm.kernels import q_sparse_attention as qsa_mod
+from fusionrag_llm.kernels.q_sparse_attention import q_sparse_attention, q_sparse_attention_ref
+
+# (nq, nk, hq, hkv, d, page): ragged context lengths (not multiples of 32), GQA 1/3/4, D 16/64/128.
+CASES = [
+    (1, 45, 4, 4, 16, False),
+    (1, 77, 8, 2, 64, True),
+    (3, 70, 6, 2, 64, True),
+    (17, 100, 8, 2, 128, True),
+    (17, 33, 3, 3, 32, False),
+    (70, 150, 4, 1, 16, True),
+    (70, 61, 3, 1, 16, False),
+]
+
+
+@pytest.mark.parametrize("nq,nk,hq,hkv,d,page", CASES)
+def test_reference_matches_dense_oracle(nq, nk, hq, hkv, d, page):
+    case = make_case(nq, nk, hq, hkv, d, page=page, seed=nq + nk)
+    got = q_sparse_attention_ref(*case.args(), 0.3, *case.page())
+    want = dense_attention(*case.args(), 0.3, *case.page())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_reference_query_chunking(monkeypatch):
+    monkeypatch.setattr(qsa_mod, "_REF_CHUNK_ELEMENTS", 300)  # forces many small query chunks
+    case = make_case(17, 50, 4, 2, 16, seed=3)
+    got = q_sparse_attention_ref(*case.args(), None, *case.page())
+    torch.testing.assert_close(got, dense_attention(*case.args(), None, *case.page()),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_row_without_visible_key_is_zero():
+    case = make_case(3, 20, 2, 1, 16, page=False)
+    case.q_positions[:] = torch.tensor([-1, 5, 30])
+    case.k_valid[:] = True
+    out = q_sparse_attention_ref(*case.args())
+    assert torch.all(out[:, 0] == 0) and torch.all(out[:, 1:].abs().sum(-1) > 0)
+
+
+def test_reference_bf16_returns_input_dtype():
+    case = make_case(5, 30, 4, 2, 32, dtype=torch.bfloat16)
+    out = q_sparse_attention_ref(*case.args(), None, *case.page())
+    assert out.dtype == torch.bfloat16 and out.shape == case.q.shape
+
+
+@needs_triton
+@pytest.mark.parametrize("nq,nk,hq,hkv,d,page", CASES)
+def test_triton_matches_reference(nq, nk, hq, hkv, d, page):
+    case = make_case(nq, nk, hq, hkv, d, page=page, seed=nq * nk)
+    got = q_sparse_attention(*case.args(), None, *case.page())
+    want = q_sparse_attention_ref(*case.args(), None, *case.page())
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@needs_triton
+def test_triton_zero_rows_and_all_valid_default():
+    case = make_case(4, 40, 2, 2, 16, page=False)
+    case.q_positions[:] = torch.tensor([-1, 0, 39, 100])
+    got = q_sparse_attention(case.q, case.q_positions, case.k, case.v, case.k_positions, None)
+    want = q_sparse_attention_ref(case.q, case.q_positions, case.k, case.v, case.k_positions, None)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert torch.all(got[:, 0] == 0)
+
+
+@needs_triton
+def test_triton_non_contiguous_heads():
+    case = make_case(5, 40, 4, 2, 16)
+    k_big = torch.randn(2, 40, 2 * 16)
+    k = k_big[..., :16]  # stride(1) = 32: a view into a wider buffer
+    args = (case.q, case.q_positions, k, case.v, case.k_positions, case.k_valid)
+    torch.testing.assert_close(q_sparse_attention(*args, None, *case.page()),
+                               q_sparse_attention_ref(*args, None, *case.page()), rtol=1e-4, atol=1e-5)
+
+
+def _bad(case, **over):
+    args = dict(q=case.q, q_positions=case.q_positions, k=case.k, v=case.v,
+                k_positions=case.k_positions, k_valid=case.k_valid, page_k=case.page_k,
+                page_v=case.page_v, page_positions=case.page_positions)
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("fn", [q_sparse_attention_ref, pytest.param(q_sparse_attention, marks=needs_triton)])
+def test_validation_errors(fn):
+    case = make_case(3, 20, 4, 2, 16)
+    bad = [
+        (dict(q=case.q[0]), "q \\[Hq, Nq, D\\] must have 3 dimensions"),
+        (dict(k=case.k.double()), "k \\[Hkv, Nk, D\\] has dtype"),
+        (dict(q_positions=case.q_positions.int()), "q_positions \\[Nq\\] has dtype"),
+        (dict(q=torch.randn(3, 3, 16)), "multiple of kv heads"),
+        (dict(k_valid=case.k_valid[:-1]), "k_valid has 19 entries"),
+        (dict(page_v=None), "must be given together"),
+        (dict(page_positions=case.page_positions[:1]), "page_positions has 1 entries"),
+        (dict(v=case.v[:, :-1]), "v shape"),
+    ]
+    for over, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            fn(**_bad(case, **over))
+
+
+@needs_triton
+def test_launcher_rejects_head_dim_and_cpu_without_interpreter(monkeypatch):
+    case = make_case(3, 20, 4, 2, 24)
+    with pytest.raises(ValueError, match="head dim 24 is not supported"):
+        q_sparse_attention(*case.args(), None, *case.page())
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        case = make_case(3, 20, 4, 2, 16)
+        with pytest.raises(ValueError, match="needs CUDA tensors"):
+            q_sparse_attention(*case.args(), None, *case.page())
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("nq,nk,hq,hkv,d", [(1, 4099, 32, 8, 128), (600, 4000, 9, 3, 64),
+                                            (2048, 8191, 32, 8, 128)])
+def test_gpu_low_precision_parity(dtype, nq, nk, hq, hkv, d):
+    case = make_case(nq, nk, hq, hkv, d, dtype=dtype, device="cuda", seed=1)
+    got = q_sparse_attention(*case.args(), None, *case.page())
+    want = q_sparse_attention_ref(*case.args(), None, *case.page())
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_triton
+def test_gpu_fp32_parity():
+    case = make_case(300, 3000, 8, 2, 128, device="cuda", seed=2)
+    got = q_sparse_attention(*case.args(), None, *case.page())
+    want = q_sparse_attention_ref(*case.args(), None, *case.page())
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@needs_triton
+def test_triton_unsorted_context_positions():
+    """Context keys in any order (e.g. stitched out of order): visibility is by position only."""
+    case = make_case(17, 90, 4, 2, 32, seed=5)
+    perm = torch.randperm(90)
+    args = (case.q, case.q_positions, case.k[:, perm], case.v[:, perm], case.k_positions[perm],
+            case.k_valid[perm])
+    got = q_sparse_attention(*args, None, *case.page())
+    torch.testing.assert_close(got, dense_attention(*args, None, *case.page()), rtol=1e-4, atol=1e-5)

@@ -1,0 +1,88 @@
+"""Rotary at arbitrary positions: reference vs transformers' Llama, Triton vs reference."""
+
+import pytest
+import torch
+from kernel_cases import needs_cuda, needs_triton
+
+from fusionrag_llm.kernels.rotary import apply_rotary, apply_rotary_ref
+
+
+def _inv_freq(d, theta=10000.0):
+    return 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d)
+
+
+def _inputs(h, n, d, dtype=torch.float32, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(h, n, d, generator=g).to(dtype)
+    positions = torch.randperm(40000, generator=g)[:n]  # arbitrary, unsorted, large
+    return x.to(device), positions.to(device), _inv_freq(d).to(device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_reference_matches_transformers_llama_bitwise(dtype):
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    from transformers import LlamaConfig
+
+    d = 64
+    cfg = LlamaConfig(hidden_size=4 * d, num_attention_heads=4, num_key_value_heads=2,
+                      rope_theta=10000.0, max_position_embeddings=65536)
+    rope = llama.LlamaRotaryEmbedding(cfg)
+    x, positions, _ = _inputs(2, 37, d, dtype)
+    cos, sin = rope(x, positions[None])  # [1, N, D] in x's dtype
+    want, _ = llama.apply_rotary_pos_emb(x[None], x[None], cos, sin)
+    got = apply_rotary_ref(x, positions, rope.inv_freq.float())
+    assert torch.equal(got, want[0])
+
+
+@needs_triton
+@pytest.mark.parametrize("h,n,d", [(3, 37, 16), (2, 50, 64), (2, 19, 128), (1, 23, 80)])
+def test_triton_matches_reference_fp32(h, n, d):
+    x, positions, inv_freq = _inputs(h, n, d, seed=n)
+    torch.testing.assert_close(apply_rotary(x, positions, inv_freq),
+                               apply_rotary_ref(x, positions, inv_freq), rtol=1e-5, atol=1e-5)
+
+
+@needs_triton
+def test_triton_fp16_matches_reference():
+    """fp16 goes through the same per-op rounding as torch (bf16 is GPU-only: the interpreter's
+    bf16 conversions are not faithful)."""
+    x, positions, inv_freq = _inputs(2, 40, 64, torch.float16)
+    torch.testing.assert_close(apply_rotary(x, positions, inv_freq),
+                               apply_rotary_ref(x, positions, inv_freq), rtol=1e-3, atol=1e-3)
+
+
+@needs_triton
+def test_triton_strided_input_and_rotary_is_a_rotation():
+    x, positions, inv_freq = _inputs(4, 21, 32)
+    x_view = x.transpose(0, 1).contiguous().transpose(0, 1)  # [H, N, D] view with stride(0) = D
+    out = apply_rotary(x_view, positions, inv_freq)
+    torch.testing.assert_close(out, apply_rotary_ref(x, positions, inv_freq), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.norm(dim=-1), x.norm(dim=-1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fn", [apply_rotary_ref, pytest.param(apply_rotary, marks=needs_triton)])
+def test_validation_errors(fn):
+    x, positions, inv_freq = _inputs(2, 5, 16)
+    bad = [
+        ((x[0], positions, inv_freq), "x \\[H, N, D\\] must have 3 dimensions"),
+        ((x, positions[:-1], inv_freq), "positions has 4 entries, x has 5"),
+        ((x, positions, inv_freq[:-1]), "expected D/2 = 8"),
+        ((x, positions.float(), inv_freq), "positions \\[N\\] has dtype"),
+        ((x, positions, inv_freq.double()), "inv_freq \\[D/2\\] has dtype"),
+        ((torch.randn(2, 5, 15), positions, inv_freq), "must be even"),
+    ]
+    for args, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            fn(*args)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_parity(dtype):
+    x, positions, inv_freq = _inputs(8, 4099, 128, dtype, device="cuda")
+    got, want = apply_rotary(x, positions, inv_freq), apply_rotary_ref(x, positions, inv_freq)
+    # cos/sin of large arguments may differ by an ulp between libraries: allow one low-precision ulp
+    tol = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}[dtype]
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
