@@ -1,0 +1,137 @@
+"""Content-addressed store keys: sha256 over a canonical JSON encoding of what determines the KV.
+
+Two entries get the same key only when everything that changes their tensors is equal: the model
+(weights, config, tokenizer and compute dtype, folded into one fingerprint), the prefix the chunk was
+computed after, the chunk's token ids, the variant and the fusion parameters.
+
+Example:
+    >>> fp = model_fingerprint("tiny", "float32")
+    >>> a = chunk_key(fp, prefix_ids=[1, 2], token_ids=[7, 8, 9], variant="plain")
+    >>> a == chunk_key(fp, [1, 2], [7, 8, 9], "fused", {"neighbors": 2})
+    False
+    >>> len(a)
+    64
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .entry import normalise_token_ids
+
+KEY_FORMAT = 1
+_VARIANT_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+_HEX_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def canonical_json(obj: Any) -> str:
+    """One text per value: sorted keys, no spaces, ASCII, no NaN (`ValueError` otherwise)."""
+    try:
+        return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"value must be JSON-serialisable with str keys and no NaN: {exc}") from None
+
+
+def _digest(payload: Mapping[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(payload).encode("ascii")).hexdigest()
+
+
+def _dtype_name(dtype: torch.dtype | str) -> str:
+    if isinstance(dtype, torch.dtype):
+        return str(dtype).removeprefix("torch.")
+    if isinstance(dtype, str) and isinstance(getattr(torch, dtype.removeprefix("torch."), None), torch.dtype):
+        return dtype.removeprefix("torch.")
+    raise ValueError(f"dtype must be a torch.dtype or its name (e.g. 'bfloat16'), got {dtype!r}")
+
+
+def _check_fingerprint(model_fingerprint: str) -> None:
+    if not isinstance(model_fingerprint, str) or not model_fingerprint:
+        raise ValueError(f"model_fingerprint must be a non-empty str, got {model_fingerprint!r}")
+
+
+def model_fingerprint(
+    model_id: str,
+    dtype: torch.dtype | str,
+    *,
+    config: Mapping[str, Any] | None = None,
+    tokenizer: str | None = None,
+    weights: str | None = None,
+) -> str:
+    """Identity of a model as the store sees it: a hex sha256 of id, compute dtype, config, tokenizer
+    identity (e.g. a hash of tokenizer.json) and weights identity (e.g. a file hash or revision).
+
+    Any difference gives a different fingerprint and so different keys for every entry.
+    """
+    if not isinstance(model_id, str) or not model_id:
+        raise ValueError(f"model_id must be a non-empty str, got {model_id!r}")
+    payload = {
+        "kind": "model",
+        "format": KEY_FORMAT,
+        "model_id": model_id,
+        "dtype": _dtype_name(dtype),
+        "config": dict(config) if config is not None else None,
+        "tokenizer": tokenizer,
+        "weights": weights,
+    }
+    return _digest(payload)
+
+
+def chunk_key(
+    model_fingerprint: str,
+    prefix_ids: Sequence[int],
+    token_ids: Sequence[int],
+    variant: str,
+    fusion: Mapping[str, Any] | None = None,
+) -> str:
+    """Key of a chunk entry: the chunk's KV computed after `prefix_ids` (the canonical prefix S0).
+
+    `variant` is a short name (`plain`, `fused`, ...: letters, digits, `_.:-`); `fusion` holds the
+    parameters that shaped a fused entry (neighbour ids, n, ...) and must be JSON-serialisable.
+    """
+    _check_fingerprint(model_fingerprint)
+    if not isinstance(variant, str) or not _VARIANT_RE.match(variant):
+        raise ValueError(f"variant must be 1-64 chars of letters, digits or '_.:-', got {variant!r}")
+    if fusion is not None and not isinstance(fusion, Mapping):
+        raise ValueError(f"fusion must be a mapping or None, got {type(fusion).__name__}")
+    tokens = normalise_token_ids(token_ids)
+    if not tokens:
+        raise ValueError("token_ids must hold at least one token")
+    payload = {
+        "kind": "chunk",
+        "format": KEY_FORMAT,
+        "model": model_fingerprint,
+        "prefix": list(normalise_token_ids(prefix_ids)),
+        "tokens": list(tokens),
+        "variant": variant,
+        "fusion": dict(fusion) if fusion is not None else None,
+    }
+    return _digest(payload)
+
+
+def path_key(model_fingerprint: str, *segments: Sequence[int]) -> str:
+    """Key of an exact prefix-cache entry: the KV of `segments` run back to back from position 0.
+
+    Segments are e.g. the prefix, then chunks in order, then earlier turns. Their order and their
+    boundaries are part of the key (a path is a list of segments, not just a token string).
+    """
+    _check_fingerprint(model_fingerprint)
+    if not segments:
+        raise ValueError("path_key needs at least one segment")
+    lists = [list(normalise_token_ids(segment)) for segment in segments]
+    if any(not segment for segment in lists):
+        raise ValueError("every segment of a path must hold at least one token")
+    payload = {"kind": "path", "format": KEY_FORMAT, "model": model_fingerprint, "segments": lists}
+    return _digest(payload)
+
+
+def check_key(key: Any) -> str:
+    """Return `key` when it is a store key (64 lowercase hex chars), else raise `ValueError`."""
+    if not isinstance(key, str) or not _HEX_KEY_RE.match(key):
+        raise ValueError(f"store keys are 64 lowercase hex chars (chunk_key/path_key), got {key!r}")
+    return key

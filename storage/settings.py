@@ -1,0 +1,59 @@
+"""Settings of the tiered store as typed, validated dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = 2**30
+MiB = 2**20
+
+
+def _check_non_negative_int(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{owner}.{name} must be an int >= 0 (bytes), got {value!r}")
+
+
+@dataclass(frozen=True)
+class StoreBudgets:
+    """Byte budget of each tier; a tier never holds more than its budget.
+
+    `device_bytes` is used only when the store is given a CUDA device (there is no device tier on
+    CPU). `disk_bytes` counts what diskcache reports as its volume (entry bytes plus its SQLite db).
+    A budget of 0 disables the tier.
+    """
+
+    device_bytes: int = 1 * GiB
+    host_bytes: int = 2 * GiB
+    disk_bytes: int = 20 * GiB
+
+    def __post_init__(self) -> None:
+        for name in ("device_bytes", "host_bytes", "disk_bytes"):
+            _check_non_negative_int("StoreBudgets", name, getattr(self, name))
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """Tuning knobs of `TieredStore` beyond budgets.
+
+    * `heat_half_life`: store accesses after which an entry's heat halves (heat is an access count
+      with exponential decay on a logical clock that ticks on every get/put).
+    * `copy_on_get`: `get` returns fresh tensors by default, so a caller that modifies them in place
+      cannot corrupt the store; pass `copy=False` to `get` for the zero-copy path.
+    * `disk_min_file_bytes`: entries of at least this size are files next to diskcache's SQLite db,
+      smaller ones live inside the db (diskcache's `disk_min_file_size`).
+    * `disk_timeout_s`: how long a process waits for the SQLite lock held by another one.
+    """
+
+    heat_half_life: float = 1024.0
+    copy_on_get: bool = True
+    disk_min_file_bytes: int = 32 * 1024
+    disk_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.heat_half_life, (int, float)) or not self.heat_half_life > 0:
+            raise ValueError(f"StoreOptions.heat_half_life must be a number > 0, got {self.heat_half_life!r}")
+        if not isinstance(self.copy_on_get, bool):
+            raise ValueError(f"StoreOptions.copy_on_get must be a bool, got {self.copy_on_get!r}")
+        _check_non_negative_int("StoreOptions", "disk_min_file_bytes", self.disk_min_file_bytes)
+        if not isinstance(self.disk_timeout_s, (int, float)) or not self.disk_timeout_s > 0:
+            raise ValueError(f"StoreOptions.disk_timeout_s must be a number > 0, got {self.disk_timeout_s!r}")

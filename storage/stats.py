@@ -1,0 +1,54 @@
+"""Counters and reports of the tiered store (plain Python)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class TierStats:
+    """Occupancy of one tier at the time `TieredStore.stats()` was called."""
+
+    name: str
+    entries: int
+    bytes: int
+    budget_bytes: int
+
+
+@dataclass
+class StoreStats:
+    """Snapshot of a store: per-tier occupancy and this process's access counters.
+
+    `hits[tier]` counts `get` calls answered from that tier (where the entry was found, before any
+    promotion); `misses` counts the rest, including token-id mismatches and corrupt entries.
+    `evictions` counts entries that left the memory tiers; `disk_evictions` entries this process
+    deleted from disk to stay within the disk budget.
+    """
+
+    tiers: dict[str, TierStats]
+    hits: dict[str, int]
+    misses: int = 0
+    corrupt: int = 0
+    token_mismatches: int = 0
+    promotions: int = 0
+    demotions: int = 0
+    evictions: int = 0
+    disk_evictions: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class StoreCounters:
+    """Mutable access counters kept by the store."""
+
+    hits: dict[str, int] = field(default_factory=dict)
+    misses: int = 0
+    token_mismatches: int = 0
+    promotions: int = 0
+    demotions: int = 0
+    evictions: int = 0
+
+    def hit(self, tier: str) -> None:
+        self.hits[tier] = self.hits.get(tier, 0) + 1
