@@ -1,4 +1,4 @@
-"""The ``FusionRAG`` facade: load a model, answer requests."""
+"""The ``FusionRAG`` facade: load a model, register chunks offline, answer requests online."""
 
 from __future__ import annotations
 
@@ -7,28 +7,45 @@ from typing import Sequence
 
 import torch
 
-from fusionrag_llm.engine.llm_engine import METHODS, Generation, LLMEngine
+from fusionrag_llm.engine.llm_engine import Generation, LLMEngine
+from fusionrag_llm.engine.streaming import GenerationStream
+from fusionrag_llm.engine.methods import METHODS, plan_run
 from fusionrag_llm.errors import FusionRAGError
+from fusionrag_llm.fusion.catalog import ChunkCatalog
+from fusionrag_llm.fusion.chunk_entries import ChunkEntries
+from fusionrag_llm.fusion.offline import IngestReport, add_chunks
+from fusionrag_llm.ingest.embeddings import Embedder
 from fusionrag_llm.models.default_model import DEFAULT_MODEL
+from fusionrag_llm.models.fingerprint import fingerprint_of
 from fusionrag_llm.models.loader import LoadedModel, load_model
-from fusionrag_llm.request import RAGRequest, Segment, build_segments
+from fusionrag_llm.request import RAGRequest, Segment, build_segments, validate_messages
+from fusionrag_llm.storage import TieredStore
+
+Request = RAGRequest | str | Sequence[dict]
 
 
 class FusionRAG:
-    """Answer questions over retrieved chunks with a local model.
+    """Answer questions over retrieved chunks with a local model, reusing chunk KV caches.
 
     >>> rag = FusionRAG.from_pretrained("tiny")
-    >>> out = rag.generate(RAGRequest(chunks=["Paris is in France."], question="Where is Paris?"),
-    ...                    method="full_attention", max_new_tokens=4)
-    >>> out.stats.computed_tokens == len(out.prompt_ids)
-    True
+    >>> ids = rag.add_chunks(["Paris is in France.", "Lyon is in France too."], embeddings=[[1, 0], [1, 1]])
+    >>> out = rag.generate(RAGRequest(chunks=["Lyon is in France too.", "Paris is in France."],
+    ...                               question="Where is Paris?"), method="fusionrag", max_new_tokens=4)
+    >>> out.stats.path_hits["chunk"], out.stats.recomputed_tokens > 0
+    (2, True)
     """
 
-    methods = METHODS
+    methods = tuple(METHODS)
 
-    def __init__(self, loaded: LoadedModel):
+    def __init__(self, loaded: LoadedModel, store: TieredStore | None = None, embedder: Embedder | None = None):
         self.loaded = loaded
-        self.engine = LLMEngine(loaded)
+        self.store = store if store is not None else TieredStore(None)
+        self.embedder = embedder
+        fingerprint = fingerprint_of(loaded.name, loaded.source, loaded.hf_config, loaded.tokenizer.hf, loaded.model.dtype)
+        s0_ids = self.segments(RAGRequest(chunks=["-"], question="-"))[0].token_ids
+        self.entries = ChunkEntries(loaded.model, self.store, fingerprint, s0_ids)
+        self.catalog = ChunkCatalog()
+        self.engine = LLMEngine(loaded, self.entries)
 
     @classmethod
     def from_pretrained(
@@ -36,9 +53,11 @@ class FusionRAG:
         name_or_path: str | Path = DEFAULT_MODEL,
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
+        store: TieredStore | None = None,
+        embedder: Embedder | None = None,
     ) -> "FusionRAG":
         """Load ``"smollm2-135m"`` (default), ``"tiny"``, a model folder, a ``.gguf`` file or a hub id."""
-        return cls(load_model(name_or_path, device=device, dtype=dtype))
+        return cls(load_model(name_or_path, device=device, dtype=dtype), store=store, embedder=embedder)
 
     @property
     def tokenizer(self):
@@ -48,8 +67,27 @@ class FusionRAG:
     def context_window(self) -> int:
         return self.loaded.context_window
 
-    def segments(self, request: RAGRequest | str) -> list[Segment]:
-        """How ``request`` is split into prefix, chunks, text between, and suffix."""
+    def add_chunks(self, texts: Sequence[str], fuse: bool = True, neighbors: int = 10,
+                   embeddings=None, progress: bool = False) -> list[str]:  # fmt: skip
+        """Offline stage: store plain (and fused) entries of ``texts``; returns their chunk ids.
+
+        ``embeddings`` ([len(texts), dim]) skip the embedding model (e.g. a vector store's own).
+        Calling it again with the same texts computes nothing.
+        """
+        return self.ingest(texts, fuse=fuse, neighbors=neighbors, embeddings=embeddings, progress=progress).chunk_ids
+
+    def ingest(self, texts: Sequence[str], fuse: bool = True, neighbors: int = 10,
+               embeddings=None, progress: bool = False) -> IngestReport:  # fmt: skip
+        """``add_chunks`` that also says how many entries it computed."""
+        return add_chunks(self.entries, self.catalog, self.tokenizer.encode, texts, fuse=fuse,
+                          neighbors=neighbors, embeddings=embeddings, embedder=self.embedder, progress=progress)  # fmt: skip
+
+    def segments(self, request: Request) -> list[Segment]:
+        """How ``request`` is split into prefix, chunks, text between, and suffix.
+
+        A flat string is the user message; a list of ``{"role", "content"}`` messages is a whole
+        chat. Registered chunk texts inside either become chunk segments.
+        """
         if isinstance(request, RAGRequest):
             head, tail = self.tokenizer.chat_frame(request.system)
             return build_segments(head, request.pieces(), tail, self.tokenizer.encode)
@@ -57,15 +95,45 @@ class FusionRAG:
             if not request.strip():
                 raise FusionRAGError("the prompt is empty; pass a non-empty string or a RAGRequest")
             head, tail = self.tokenizer.chat_frame(None)
-            return build_segments(head, [("text", request)], tail, self.tokenizer.encode)
-        raise FusionRAGError(f"a request must be a RAGRequest or a prompt string, got {type(request).__name__}")
+            return build_segments(head, self._find_chunks(request), tail, self.tokenizer.encode)
+        if isinstance(request, (list, tuple)):
+            body, generation_prompt = self.tokenizer.split_generation_prompt(validate_messages(request))
+            return build_segments("", self._find_chunks(body), generation_prompt, self.tokenizer.encode)
+        raise FusionRAGError(
+            f"a request must be a RAGRequest, a prompt string or a list of chat messages, got {type(request).__name__}"
+        )
 
-    def generate(
-        self,
-        request: RAGRequest | str,
-        method: str = "full_attention",
-        max_new_tokens: int = 32,
-    ) -> Generation:
-        """Answer ``request`` greedily; ``out.stats`` holds TTFT and token counts."""
-        self.engine.check_method(method)
-        return self.engine.generate(self.segments(request), method=method, max_new_tokens=max_new_tokens)
+    def _find_chunks(self, text: str) -> list[tuple[str, str]]:
+        catalog = getattr(self, "catalog", None)  # None while the canonical prefix is being derived
+        return catalog.finder.split(text) if catalog is not None else [("text", text)]
+
+    def stream(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
+               max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
+               seed: int = 0) -> GenerationStream:  # fmt: skip
+        """Like ``generate``, but iterate the result for text deltas as they are decoded.
+
+        >>> rag = FusionRAG.from_pretrained("tiny")
+        >>> stream = rag.stream("Say hi", method="full_attention", max_new_tokens=3)
+        >>> "".join(stream) == stream.text and len(stream.token_ids) <= 3
+        True
+        """
+        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed)
+        return self.engine.stream(self.segments(request), plan, max_new_tokens)
+
+    def generate(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
+                 max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
+                 seed: int = 0) -> Generation:  # fmt: skip
+        """Answer ``request`` greedily; ``out.stats`` holds TTFT, its parts and token counts.
+
+        ``method``: one of ``FusionRAG.methods``; ``kv_variant`` (plain|fused) and ``selector``
+        (query_guided|kv_deviation|random|oracle|none) override the method's own for ablations.
+        """
+        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed)
+        return self.engine.generate(self.segments(request), plan, max_new_tokens)
+
+    def logits(self, request: Request, continuation_ids: Sequence[int], method: str = "fusionrag",
+               recompute_ratio: float = 0.15, *, kv_variant: str | None = None, selector: str | None = None,
+               seed: int = 0) -> torch.Tensor:  # fmt: skip
+        """Teacher-forced logits ``[len(continuation_ids) + 1, vocab]`` (float32) for fidelity measurements."""
+        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed)
+        return self.engine.logits(self.segments(request), list(continuation_ids), plan)

@@ -97,3 +97,23 @@ def _merge_adjacent_text(pieces: Sequence[tuple[str, str]]) -> list[tuple[str, s
 
 def prompt_ids(segments: Sequence[Segment]) -> list[int]:
     return [token for segment in segments for token in segment.token_ids]
+
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def validate_messages(messages: Sequence[dict]) -> list[dict[str, str]]:
+    """Chat messages as ``[{"role": ..., "content": ...}]``; the last one must be the user's."""
+    if not messages:
+        raise FusionRAGError("the chat has no messages; pass at least one user message")
+    clean = []
+    for index, message in enumerate(messages):
+        role, content = (message.get("role"), message.get("content")) if isinstance(message, dict) else (None, None)
+        if role not in CHAT_ROLES or not isinstance(content, str):
+            raise FusionRAGError(
+                f"messages[{index}] must be a dict with 'role' in {CHAT_ROLES} and a string 'content', got {message!r:.80}"
+            )
+        clean.append({"role": role, "content": content})
+    if clean[-1]["role"] != "user" or not clean[-1]["content"].strip():
+        raise FusionRAGError("the last chat message must be a non-empty user message")
+    return clean

@@ -1,4 +1,10 @@
-"""Runs one request end to end: segments -> KV for the prompt -> first token -> decode."""
+"""Runs one request: resolve chunk entries, assemble, select, sparse prefill, decode.
+
+DESIGN.md section 4. Prompt tokens occupy slots equal to their positions; the prefix comes from the
+exact prefix cache, chunks from their entries (rotary applied at their assembled positions), and the
+recompute set (selected chunk tokens plus all fresh text) is run through every layer, replacing the
+reused K/V of its positions layer by layer in the request's own cache. Shared entries are only read.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +14,19 @@ from typing import Sequence
 
 import torch
 
-from fusionrag_llm.engine.decode import greedy_tokens
+from fusionrag_llm.engine.methods import METHODS, RunPlan
 from fusionrag_llm.engine.stats import GenerationStats
+from fusionrag_llm.engine.streaming import GenerationStream
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
+from fusionrag_llm.fusion.chunk_entries import ChunkEntries
+from fusionrag_llm.fusion.selectors import RequestLayout, select_tokens
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.models.llama import ForwardPass
 from fusionrag_llm.models.loader import LoadedModel
 from fusionrag_llm.request import Segment, prompt_ids
+from fusionrag_llm.storage import KVEntry
 
-METHODS = ("full_attention",)
+__all__ = ["METHODS", "Generation", "LLMEngine", "Prefilled"]
 
 
 @dataclass
@@ -39,14 +49,11 @@ class Prefilled:
 
 
 class LLMEngine:
-    def __init__(self, loaded: LoadedModel):
+    def __init__(self, loaded: LoadedModel, entries: ChunkEntries):
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
-
-    def check_method(self, method: str) -> None:
-        if method not in METHODS:
-            raise FusionRAGError(f"unknown method {method!r}; valid methods: {', '.join(METHODS)}")
+        self.entries = entries
 
     def check_fits(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
         window = self.loaded.context_window
@@ -57,39 +64,95 @@ class LLMEngine:
                 "pass fewer or shorter chunks, or lower max_new_tokens"
             )
 
-    def prefill(self, segments: Sequence[Segment], method: str, extra_capacity: int) -> Prefilled:
-        self.check_method(method)
+    def prefill(self, segments: Sequence[Segment], plan: RunPlan, extra_capacity: int) -> Prefilled:
         start = time.perf_counter()
         ids = prompt_ids(segments)
+        stats = GenerationStats(method=plan.method, recompute_ratio=plan.recompute_ratio, prompt_tokens=len(ids))
         cache = self.model.new_cache(len(ids) + extra_capacity)
-        device = self.model.device
-        forward = ForwardPass(
-            token_ids=torch.tensor(ids, device=device),
-            positions=torch.arange(len(ids), device=device),
-            slots=cache.reserve(len(ids)),
-            logit_rows=torch.tensor([len(ids) - 1], device=device),
-        )
-        logits = self.model(forward, cache).logits[0]
-        elapsed = time.perf_counter() - start
-        stats = GenerationStats(
-            method=method, recompute_ratio=1.0, ttft_s=elapsed, prefill_s=elapsed,
-            prompt_tokens=len(ids), computed_tokens=len(ids),
-        )  # fmt: skip
+        layout = self._assemble(segments, plan, cache, stats)
+        loaded = time.perf_counter()
+        k = round(plan.recompute_ratio * len(layout.reused_slots))
+        selected = select_tokens(plan.selector, k, self.model, cache, layout, plan.seed)
+        chosen = time.perf_counter()
+        recompute = torch.cat([selected, layout.fresh_slots]).sort().values
+        last_row = torch.tensor([len(recompute) - 1], device=recompute.device)
+        logits = self.model(layout.step(recompute, logit_rows=last_row), cache).logits[0]
+        done = time.perf_counter()
+        stats.load_s, stats.select_s, stats.prefill_s = loaded - start, chosen - loaded, done - chosen
+        stats.ttft_s = done - start
+        stats.recomputed_tokens = len(selected)
+        stats.reused_tokens = len(layout.reused_slots) - len(selected)
+        stats.computed_tokens += len(recompute)
         return Prefilled(cache=cache, last_logits=logits, next_position=len(ids), stats=stats)
 
-    def generate(self, segments: Sequence[Segment], method: str, max_new_tokens: int) -> Generation:
+    def _assemble(self, segments: Sequence[Segment], plan: RunPlan, cache: KVCache, stats: GenerationStats) -> RequestLayout:
+        prefix, rest = segments[0], segments[1:]
+        exact, hit = self.entries.prefix_kv(prefix.token_ids)
+        stats.computed_tokens += 0 if hit else len(prefix.token_ids)
+        self.entries.place_exact(cache, exact)
+        reused, fresh, suffix = [], [], []
+        position = len(prefix.token_ids)
+        for segment in rest:
+            if segment.kind == "chunk" and plan.reuses_chunks:
+                entry = self._resolve(segment.token_ids, plan.kv_variant, stats)
+                reused.append(self.entries.place(cache, entry, position))
+            else:
+                slots = cache.reserve(len(segment.token_ids))
+                cache.positions[slots] = slots  # valid only once computed
+                fresh.append(slots)
+                if segment.kind == "suffix":
+                    suffix.append(slots)
+            position += len(segment.token_ids)
+        device = self.model.device
+        empty = torch.zeros(0, dtype=torch.long, device=device)
+        return RequestLayout(
+            token_ids=torch.tensor(prompt_ids(segments), device=device),
+            reused_slots=torch.cat(reused) if reused else empty,
+            fresh_slots=torch.cat(fresh),
+            suffix_slots=torch.cat(suffix),
+        )
+
+    def _resolve(self, token_ids: tuple[int, ...], variant: str, stats: GenerationStats) -> KVEntry:
+        """The chunk's entry of ``variant``, else its plain entry, else compute and store the plain entry."""
+        variants = (variant, "plain") if variant != "plain" else ("plain",)
+        for name in variants:
+            found = self.entries.lookup(token_ids, name)
+            if found is not None:
+                entry, tier = found
+                stats.path_hits["chunk"] += 1
+                stats.tier_hits[tier] = stats.tier_hits.get(tier, 0) + 1
+                return entry
+        entry = self.entries.compute_plain([token_ids])[0]
+        self.entries.put(entry, "plain")
+        stats.path_hits["miss"] += 1
+        stats.computed_tokens += len(token_ids)
+        return entry
+
+    def stream(self, segments: Sequence[Segment], plan: RunPlan, max_new_tokens: int) -> GenerationStream:
+        """Prefill now; iterate the returned stream for text deltas."""
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise FusionRAGError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         ids = prompt_ids(segments)
-        if max_new_tokens < 1:
-            raise FusionRAGError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         self.check_fits(len(ids), max_new_tokens)
-        state = self.prefill(segments, method, extra_capacity=max_new_tokens)
-        start = time.perf_counter()
-        tokens = list(
-            greedy_tokens(self.model, state.cache, state.last_logits, state.next_position,
-                          max_new_tokens, self.tokenizer.stop_ids)
-        )  # fmt: skip
-        stats = state.stats
-        stats.decode_s = time.perf_counter() - start
-        stats.generated_tokens = len(tokens)
-        text = self.tokenizer.decode(tokens)
-        return Generation(text=text, token_ids=tokens, prompt_ids=ids, stats=stats, segments=list(segments))
+        state = self.prefill(segments, plan, extra_capacity=max_new_tokens)
+        return GenerationStream(self, state, ids, max_new_tokens)
+
+    def generate(self, segments: Sequence[Segment], plan: RunPlan, max_new_tokens: int) -> Generation:
+        stream = self.stream(segments, plan, max_new_tokens)
+        for _ in stream:
+            pass
+        return Generation(text=stream.text, token_ids=stream.token_ids, prompt_ids=stream.prompt_ids,
+                          stats=stream.stats, segments=list(segments))  # fmt: skip
+
+    def logits(self, segments: Sequence[Segment], continuation: Sequence[int], plan: RunPlan) -> torch.Tensor:
+        """[len(continuation) + 1, vocab] teacher-forced logits after the prompt and each continuation token."""
+        ids = prompt_ids(segments)
+        self.check_fits(len(ids), len(continuation))
+        state = self.prefill(segments, plan, extra_capacity=len(continuation))
+        if not continuation:
+            return state.last_logits[None]
+        device = self.model.device
+        tokens = torch.tensor(list(continuation), device=device)
+        positions = torch.arange(len(ids), len(ids) + len(tokens), device=device)
+        out = self.model(ForwardPass(tokens, positions, state.cache.reserve(len(tokens))), state.cache)
+        return torch.cat([state.last_logits[None], out.logits])

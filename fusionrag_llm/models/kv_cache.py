@@ -18,6 +18,7 @@ class KVCache:
     values: torch.Tensor  # [num_layers, num_kv_heads, capacity, head_dim]
     positions: torch.Tensor  # [capacity] int64 absolute positions
     valid: torch.Tensor  # [capacity] bool
+    groups: torch.Tensor  # [capacity] int32; group 0 is seen by all, others only by their own group
     length: int = 0  # slots [0, length) are in use
 
     @classmethod
@@ -36,6 +37,7 @@ class KVCache:
             values=torch.zeros(shape, dtype=dtype, device=device),
             positions=torch.zeros(capacity, dtype=torch.long, device=device),
             valid=torch.zeros(capacity, dtype=torch.bool, device=device),
+            groups=torch.zeros(capacity, dtype=torch.int32, device=device),
         )
 
     @property
@@ -50,8 +52,15 @@ class KVCache:
         self.length += count
         return slots
 
-    def attention_mask(self, query_positions: torch.Tensor) -> torch.Tensor:
-        """[n, length] bool: which used slots each query may attend to (causal by position)."""
+    def attention_mask(self, query_positions: torch.Tensor, query_groups: torch.Tensor | None = None) -> torch.Tensor:
+        """[n, length] bool: which used slots each query may attend to (causal by position).
+
+        With ``query_groups``, a query also sees only group-0 slots and slots of its own group, so
+        several independent sequences after a shared prefix can run in one pass.
+        """
         positions = self.positions[: self.length]
-        valid = self.valid[: self.length]
-        return valid[None, :] & (positions[None, :] <= query_positions[:, None])
+        mask = self.valid[: self.length][None, :] & (positions[None, :] <= query_positions[:, None])
+        if query_groups is not None:
+            groups = self.groups[: self.length][None, :]
+            mask &= (groups == 0) | (groups == query_groups[:, None])
+        return mask

@@ -32,14 +32,15 @@ class ForwardPass:
     logit_rows: torch.Tensor | None = None  # rows of the n tokens to produce logits for; None = all
     capture_query_layers: frozenset[int] = frozenset()  # layers whose rotated queries to return
     capture_raw_kv: bool = False  # return pre-rotary keys and values of the n tokens, all layers
+    groups: torch.Tensor | None = None  # [n] int32 attention groups (see KVCache.attention_mask)
 
 
 @dataclass
 class ForwardOutput:
     logits: torch.Tensor  # [len(logit_rows), vocab] float32
     queries: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [heads, n, head_dim]
-    raw_keys: torch.Tensor | None = None  # [layers, kv_heads, n, head_dim], before rotary
-    raw_values: torch.Tensor | None = None  # [layers, kv_heads, n, head_dim]
+    raw_keys: torch.Tensor | list | None = None  # [layers, kv_heads, n, head_dim], before rotary
+    raw_values: torch.Tensor | list | None = None  # [layers, kv_heads, n, head_dim]
 
 
 class RMSNorm(nn.Module):
@@ -139,34 +140,52 @@ class DecoderLM(nn.Module):
     def rotary_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotary.cos_sin(positions, self.dtype)
 
-    @torch.inference_mode()
-    def forward(self, step: ForwardPass, cache: KVCache) -> ForwardOutput:
+    def _begin(self, step: ForwardPass, cache: KVCache):
         cache.positions[step.slots] = step.positions
         cache.valid[step.slots] = True
-        mask = cache.attention_mask(step.positions)[None, None]  # [1, 1, n, length]
-        cos, sin = self.rotary_cos_sin(step.positions)
-        out = ForwardOutput(logits=torch.empty(0))
-        raw_k, raw_v = [], []
-        x = self.model.embed_tokens(step.token_ids)  # [n, hidden]
-        for index, layer in enumerate(self.model.layers):
-            h = layer.input_layernorm(x)
-            q, k, v = layer.self_attn.project(h)
-            if step.capture_raw_kv:
-                raw_k.append(k)
-                raw_v.append(v)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-            if index in step.capture_query_layers:
-                out.queries[index] = q
-            cache.keys[index][:, step.slots] = k
-            cache.values[index][:, step.slots] = v
-            keys, values = cache.keys[index, :, : cache.length], cache.values[index, :, : cache.length]
-            attn = F.scaled_dot_product_attention(
-                q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True
-            )[0]  # [heads, n, head_dim]
-            x = x + layer.self_attn.o_proj(attn.transpose(0, 1).reshape(x.shape[0], -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if step.groups is not None:
+            cache.groups[step.slots] = step.groups
+        mask = cache.attention_mask(step.positions, step.groups)[None, None]  # [1, 1, n, length]
+        return mask, self.rotary_cos_sin(step.positions), self.model.embed_tokens(step.token_ids)
+
+    def _layer(self, index: int, x, step: ForwardPass, cache: KVCache, mask, cos, sin, out: ForwardOutput):
+        layer = self.model.layers[index]
+        q, k, v = layer.self_attn.project(layer.input_layernorm(x))
+        if step.capture_raw_kv:
+            out.raw_keys.append(k)
+            out.raw_values.append(v)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if index in step.capture_query_layers:
+            out.queries[index] = q
+        cache.keys[index][:, step.slots] = k
+        cache.values[index][:, step.slots] = v
+        keys, values = cache.keys[index, :, : cache.length], cache.values[index, :, : cache.length]
+        attn = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)[0]
+        x = x + layer.self_attn.o_proj(attn.transpose(0, 1).reshape(x.shape[0], -1))  # attn: [heads, n, d]
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    @torch.inference_mode()
+    def project_layer_kv(self, step: ForwardPass, cache: KVCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run layers [0, layer) for the step's tokens, then return their rotated keys and values at
+        ``layer`` [kv_heads, n, d] without attending (CacheBlend's layer-wise KV deviation)."""
+        mask, (cos, sin), x = self._begin(step, cache)
+        scratch = ForwardOutput(logits=torch.empty(0), raw_keys=[], raw_values=[])
+        for index in range(layer):
+            x = self._layer(index, x, step, cache, mask, cos, sin, scratch)
+        attn = self.model.layers[layer].self_attn
+        _, k, v = attn.project(self.model.layers[layer].input_layernorm(x))
+        return apply_rotary(k, cos, sin), v
+
+    @torch.inference_mode()
+    def forward(self, step: ForwardPass, cache: KVCache) -> ForwardOutput:
+        mask, (cos, sin), x = self._begin(step, cache)  # x: [n, hidden]
+        out = ForwardOutput(logits=torch.empty(0), raw_keys=[], raw_values=[])
+        for index in range(len(self.model.layers)):
+            x = self._layer(index, x, step, cache, mask, cos, sin, out)
         rows = x if step.logit_rows is None else x[step.logit_rows]
         out.logits = self.lm_head(self.model.norm(rows)).float()
         if step.capture_raw_kv:
-            out.raw_keys, out.raw_values = torch.stack(raw_k), torch.stack(raw_v)
+            out.raw_keys, out.raw_values = torch.stack(out.raw_keys), torch.stack(out.raw_values)
+        else:
+            out.raw_keys = out.raw_values = None
         return out

@@ -54,3 +54,13 @@ class ChatTokenizer:
         if not sentinel:
             raise ValueError("the chat template dropped the user message; cannot frame prompts with it")
         return head, tail
+
+    def split_generation_prompt(self, messages: list[dict[str, str]]) -> tuple[str, str]:
+        """The rendered chat without and with only its generation prompt (e.g. ``<|im_start|>assistant``)."""
+        with_prompt = self.render_chat(messages, add_generation_prompt=True)
+        without = self.render_chat(messages, add_generation_prompt=False)
+        if with_prompt.startswith(without) and len(with_prompt) > len(without):
+            return without, with_prompt[len(without) :]
+        last = messages[-1]["content"]  # a template without a generation prompt: the last turn's end is the suffix
+        cut = with_prompt.rfind(last) + len(last) if last else len(with_prompt)
+        return with_prompt[:cut], with_prompt[cut:] or with_prompt[-1:]

@@ -1,0 +1,1 @@
+"""FusionRAG's algorithms: chunk entries (plain and fused), assembly, token selection."""

@@ -1,0 +1,1 @@
+"""Offline side: embeddings, neighbour search, chunking."""

@@ -1,0 +1,37 @@
+"""Nearest chunks by embedding, with FAISS (inner product on normalised vectors)."""
+
+from __future__ import annotations
+
+import faiss
+import numpy as np
+
+from fusionrag_llm.errors import FusionRAGError
+
+
+class NeighbourIndex:
+    """All registered chunks' embeddings in a flat inner-product FAISS index, in insertion order."""
+
+    def __init__(self, dim: int | None = None):
+        self.dim = dim
+        self.index: faiss.IndexFlatIP | None = faiss.IndexFlatIP(dim) if dim else None
+
+    def __len__(self) -> int:
+        return 0 if self.index is None else self.index.ntotal
+
+    def add(self, vectors: np.ndarray) -> None:
+        """Append normalised vectors [n, dim]; row i of all additions is chunk number i."""
+        if self.index is None:
+            self.dim = vectors.shape[1]
+            self.index = faiss.IndexFlatIP(self.dim)
+        if vectors.shape[1] != self.dim:
+            raise FusionRAGError(f"embedding dimension {vectors.shape[1]} differs from the index's {self.dim}")
+        self.index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+
+    def neighbours(self, rows: list[int], count: int) -> list[list[int]]:
+        """For each row, up to ``count`` other rows, most similar first."""
+        if self.index is None or count <= 0:
+            return [[] for _ in rows]
+        vectors = np.stack([self.index.reconstruct(row) for row in rows])
+        k = min(count + 1, self.index.ntotal)
+        _, found = self.index.search(vectors, k)
+        return [[int(j) for j in hits if j >= 0 and j != row][:count] for row, hits in zip(rows, found)]
