@@ -19,7 +19,7 @@ from fusionrag_llm.models.default_model import DEFAULT_MODEL
 from fusionrag_llm.models.fingerprint import fingerprint_of
 from fusionrag_llm.models.loader import LoadedModel, load_model
 from fusionrag_llm.request import RAGRequest, Segment, build_segments, validate_messages
-from fusionrag_llm.storage import TieredStore
+from fusionrag_llm.engine.store import StoreSpec, open_store
 
 Request = RAGRequest | str | Sequence[dict]
 
@@ -37,15 +37,16 @@ class FusionRAG:
 
     methods = tuple(METHODS)
 
-    def __init__(self, loaded: LoadedModel, store: TieredStore | None = None, embedder: Embedder | None = None):
+    def __init__(self, loaded: LoadedModel, store: StoreSpec = None, embedder: Embedder | None = None,
+                 prefix_cache: bool = True, store_dtype: str | torch.dtype | None = None):  # fmt: skip
         self.loaded = loaded
-        self.store = store if store is not None else TieredStore(None)
+        self.store = open_store(store, loaded.model.device, store_dtype)
         self.embedder = embedder
         fingerprint = fingerprint_of(loaded.name, loaded.source, loaded.hf_config, loaded.tokenizer.hf, loaded.model.dtype)
         s0_ids = self.segments(RAGRequest(chunks=["-"], question="-"))[0].token_ids
         self.entries = ChunkEntries(loaded.model, self.store, fingerprint, s0_ids)
-        self.catalog = ChunkCatalog()
-        self.engine = LLMEngine(loaded, self.entries)
+        self.catalog = ChunkCatalog(self.store.directory, self.tokenizer.encode)
+        self.engine = LLMEngine(loaded, self.entries, prefix_cache=prefix_cache)
 
     @classmethod
     def from_pretrained(
@@ -53,11 +54,21 @@ class FusionRAG:
         name_or_path: str | Path = DEFAULT_MODEL,
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
-        store: TieredStore | None = None,
+        store: StoreSpec = None,
         embedder: Embedder | None = None,
+        prefix_cache: bool = True,
+        store_dtype: str | torch.dtype | None = None,
     ) -> "FusionRAG":
-        """Load ``"smollm2-135m"`` (default), ``"tiny"``, a model folder, a ``.gguf`` file or a hub id."""
-        return cls(load_model(name_or_path, device=device, dtype=dtype), store=store, embedder=embedder)
+        """Load a model and open its KV store.
+
+        ``name_or_path``: ``"smollm2-135m"`` (default), ``"tiny"``, a model folder, a ``.gguf`` file
+        or a hub id. ``store``: a folder (default: ``$FUSIONRAG_STORE`` or the user cache),
+        ``":memory:"``, or a ``TieredStore``. ``prefix_cache``: also store and reuse exact KV of
+        whole chunk paths (the alternative path). ``store_dtype``: keep entries in another dtype
+        (e.g. ``"float16"`` while computing in float32).
+        """
+        loaded = load_model(name_or_path, device=device, dtype=dtype)
+        return cls(loaded, store=store, embedder=embedder, prefix_cache=prefix_cache, store_dtype=store_dtype)
 
     @property
     def tokenizer(self):

@@ -13,3 +13,9 @@ def cache_dir() -> Path:
         return Path(explicit).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base).expanduser() / "fusionrag_llm"
+
+
+def store_dir() -> Path:
+    """The default KV store folder: ``$FUSIONRAG_STORE``, else ``<cache_dir()>/store``."""
+    explicit = os.environ.get("FUSIONRAG_STORE")
+    return Path(explicit).expanduser() if explicit else cache_dir() / "store"

@@ -105,6 +105,11 @@ class TieredStore:
         self._closed = False
 
     @property
+    def directory(self) -> Path | None:
+        """The disk tier's folder, or None for a memory-only store."""
+        return self._disk.directory if self._disk is not None else None
+
+    @property
     def tier_names(self) -> list[str]:
         """Tier names, top first (e.g. `['device', 'host', 'disk']`)."""
         return [tier.name for tier in self._memory] + ([self._disk.name] if self._disk else [])

@@ -9,6 +9,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def isolated_default_store(tmp_path_factory):
+    """The default KV store of every FusionRAG in the tests is a fresh folder, not the user's cache."""
+    os.environ["FUSIONRAG_STORE"] = str(tmp_path_factory.mktemp("default-store"))
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
@@ -22,7 +28,7 @@ def pytest_collection_modifyitems(config, items):
 def tiny_rag():
     from fusionrag_llm import FusionRAG
 
-    return FusionRAG.from_pretrained("tiny")
+    return FusionRAG.from_pretrained("tiny", store=":memory:")
 
 
 @pytest.fixture(scope="session")

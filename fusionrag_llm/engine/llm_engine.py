@@ -19,7 +19,8 @@ from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.engine.streaming import GenerationStream
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
-from fusionrag_llm.fusion.selectors import RequestLayout, select_tokens
+from fusionrag_llm.engine.resolve import ContextResolver
+from fusionrag_llm.fusion.selectors import select_tokens
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.models.llama import ForwardPass
 from fusionrag_llm.models.loader import LoadedModel
@@ -49,11 +50,12 @@ class Prefilled:
 
 
 class LLMEngine:
-    def __init__(self, loaded: LoadedModel, entries: ChunkEntries):
+    def __init__(self, loaded: LoadedModel, entries: ChunkEntries, prefix_cache: bool = True):
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.entries = entries
+        self.prefix_cache = prefix_cache
 
     def check_fits(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
         window = self.loaded.context_window
@@ -64,69 +66,32 @@ class LLMEngine:
                 "pass fewer or shorter chunks, or lower max_new_tokens"
             )
 
-    def prefill(self, segments: Sequence[Segment], plan: RunPlan, extra_capacity: int) -> Prefilled:
+    def prefill(self, segments: Sequence[Segment], plan: RunPlan, extra_capacity: int,
+                preloaded: dict[str, KVEntry] | None = None) -> Prefilled:  # fmt: skip
         start = time.perf_counter()
         ids = prompt_ids(segments)
         stats = GenerationStats(method=plan.method, recompute_ratio=plan.recompute_ratio, prompt_tokens=len(ids))
         cache = self.model.new_cache(len(ids) + extra_capacity)
-        layout = self._assemble(segments, plan, cache, stats)
+        resolver = ContextResolver(self.entries, preloaded, self.prefix_cache)
+        resolved = resolver.assemble(segments, plan, cache, stats)
+        layout = resolved.layout
         loaded = time.perf_counter()
         k = round(plan.recompute_ratio * len(layout.reused_slots))
         selected = select_tokens(plan.selector, k, self.model, cache, layout, plan.seed)
         chosen = time.perf_counter()
         recompute = torch.cat([selected, layout.fresh_slots]).sort().values
+        exact = len(selected) == len(layout.reused_slots)  # every context token is exact after this run
         last_row = torch.tensor([len(recompute) - 1], device=recompute.device)
-        logits = self.model(layout.step(recompute, logit_rows=last_row), cache).logits[0]
+        out = self.model(layout.step(recompute, logit_rows=last_row, capture_raw_kv=exact), cache)
         done = time.perf_counter()
+        if exact:
+            resolver.store_exact_blocks(resolved, recompute, out.raw_keys, out.raw_values, ids)
         stats.load_s, stats.select_s, stats.prefill_s = loaded - start, chosen - loaded, done - chosen
         stats.ttft_s = done - start
         stats.recomputed_tokens = len(selected)
         stats.reused_tokens = len(layout.reused_slots) - len(selected)
         stats.computed_tokens += len(recompute)
-        return Prefilled(cache=cache, last_logits=logits, next_position=len(ids), stats=stats)
-
-    def _assemble(self, segments: Sequence[Segment], plan: RunPlan, cache: KVCache, stats: GenerationStats) -> RequestLayout:
-        prefix, rest = segments[0], segments[1:]
-        exact, hit = self.entries.prefix_kv(prefix.token_ids)
-        stats.computed_tokens += 0 if hit else len(prefix.token_ids)
-        self.entries.place_exact(cache, exact)
-        reused, fresh, suffix = [], [], []
-        position = len(prefix.token_ids)
-        for segment in rest:
-            if segment.kind == "chunk" and plan.reuses_chunks:
-                entry = self._resolve(segment.token_ids, plan.kv_variant, stats)
-                reused.append(self.entries.place(cache, entry, position))
-            else:
-                slots = cache.reserve(len(segment.token_ids))
-                cache.positions[slots] = slots  # valid only once computed
-                fresh.append(slots)
-                if segment.kind == "suffix":
-                    suffix.append(slots)
-            position += len(segment.token_ids)
-        device = self.model.device
-        empty = torch.zeros(0, dtype=torch.long, device=device)
-        return RequestLayout(
-            token_ids=torch.tensor(prompt_ids(segments), device=device),
-            reused_slots=torch.cat(reused) if reused else empty,
-            fresh_slots=torch.cat(fresh),
-            suffix_slots=torch.cat(suffix),
-        )
-
-    def _resolve(self, token_ids: tuple[int, ...], variant: str, stats: GenerationStats) -> KVEntry:
-        """The chunk's entry of ``variant``, else its plain entry, else compute and store the plain entry."""
-        variants = (variant, "plain") if variant != "plain" else ("plain",)
-        for name in variants:
-            found = self.entries.lookup(token_ids, name)
-            if found is not None:
-                entry, tier = found
-                stats.path_hits["chunk"] += 1
-                stats.tier_hits[tier] = stats.tier_hits.get(tier, 0) + 1
-                return entry
-        entry = self.entries.compute_plain([token_ids])[0]
-        self.entries.put(entry, "plain")
-        stats.path_hits["miss"] += 1
-        stats.computed_tokens += len(token_ids)
-        return entry
+        return Prefilled(cache=cache, last_logits=out.logits[0], next_position=len(ids), stats=stats)
 
     def stream(self, segments: Sequence[Segment], plan: RunPlan, max_new_tokens: int) -> GenerationStream:
         """Prefill now; iterate the returned stream for text deltas."""

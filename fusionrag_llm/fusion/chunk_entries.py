@@ -7,8 +7,6 @@ rotary embedding, so an entry can be placed at any position of a later prompt.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -16,19 +14,9 @@ import torch
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.models.llama import DecoderLM, ForwardPass
 from fusionrag_llm.models.rotary import apply_rotary
-from fusionrag_llm.storage import KVEntry, TieredStore, chunk_key
+from fusionrag_llm.storage import KVEntry, TieredStore, chunk_key, path_key
 
 TokenIds = tuple[int, ...]
-MAX_CACHED_PREFIXES = 32  # exact prefixes kept in memory, least recently used dropped first
-
-
-@dataclass
-class ExactKV:
-    """Exact KV of a token path run from position 0 (rotary applied): a prefix-cache entry."""
-
-    token_ids: TokenIds
-    keys: torch.Tensor  # [layers, kv_heads, n, head_dim], rotated at positions 0..n-1
-    values: torch.Tensor
 
 
 class ChunkEntries:
@@ -39,7 +27,6 @@ class ChunkEntries:
         self.store = store
         self.fingerprint = fingerprint
         self.s0_ids = tuple(s0_ids)
-        self._prefixes: OrderedDict[TokenIds, ExactKV] = OrderedDict()
 
     def key(self, token_ids: Sequence[int], variant: str) -> str:
         return chunk_key(self.fingerprint, self.s0_ids, token_ids, variant)
@@ -53,30 +40,27 @@ class ChunkEntries:
     def put(self, entry: KVEntry, variant: str) -> None:
         self.store.put(self.key(entry.token_ids, variant), entry)
 
-    # ------------------------------------------------------------------ exact prefixes
-    def prefix_kv(self, token_ids: TokenIds) -> tuple[ExactKV, bool]:
-        """Exact KV of a prompt prefix and whether it was already cached."""
-        cached = self._prefixes.get(token_ids)
-        if cached is not None:
-            self._prefixes.move_to_end(token_ids)
-            return cached, True
+    # ------------------------------------------------------------------ exact paths
+    def path_key(self, *segments: Sequence[int]) -> str:
+        return path_key(self.fingerprint, *segments)
+
+    def prefix_entry(self, token_ids: TokenIds) -> tuple[KVEntry, bool]:
+        """Exact KV of a prompt prefix run from position 0 (a path entry) and whether it was stored."""
+        key = self.path_key(token_ids)
+        found = self.store.get(key, expect_token_ids=token_ids, copy=False)
+        if found is not None:
+            return found[0], True
+        entry = self.compute_exact(token_ids)
+        self.store.put(key, entry)
+        return entry, False
+
+    def compute_exact(self, token_ids: TokenIds) -> KVEntry:
         cache = self.model.new_cache(len(token_ids))
         ids = torch.tensor(token_ids, device=self.model.device)
         positions = torch.arange(len(token_ids), device=self.model.device)
-        self.model(ForwardPass(ids, positions, cache.reserve(len(ids)), logit_rows=ids[:0]), cache)
-        exact = ExactKV(tuple(token_ids), cache.keys.clone(), cache.values.clone())
-        self._prefixes[exact.token_ids] = exact
-        while len(self._prefixes) > MAX_CACHED_PREFIXES:
-            self._prefixes.popitem(last=False)
-        return exact, False
-
-    def place_exact(self, cache: KVCache, exact: ExactKV) -> None:
-        """Copy an exact prefix into the first slots of an empty request cache."""
-        slots = cache.reserve(len(exact.token_ids))
-        cache.keys[:, :, slots] = exact.keys
-        cache.values[:, :, slots] = exact.values
-        cache.positions[slots] = torch.arange(len(slots), device=slots.device)
-        cache.valid[slots] = True
+        step = ForwardPass(ids, positions, cache.reserve(len(ids)), logit_rows=ids[:0], capture_raw_kv=True)
+        out = self.model(step, cache)
+        return KVEntry(tuple(token_ids), out.raw_keys, out.raw_values, {"variant": "path"})
 
     def place(self, cache: KVCache, entry: KVEntry, start_position: int) -> torch.Tensor:
         """Put ``entry`` into the next slots at consecutive positions from ``start_position``."""
@@ -99,10 +83,10 @@ class ChunkEntries:
         return entries
 
     def _plain_batch(self, batch: Sequence[TokenIds]) -> list[KVEntry]:
-        s0, _ = self.prefix_kv(self.s0_ids)
+        s0, _ = self.prefix_entry(self.s0_ids)
         start = len(self.s0_ids)
         cache = self.model.new_cache(start + sum(map(len, batch)))
-        self.place_exact(cache, s0)
+        self.place(cache, s0, 0)
         device = self.model.device
         ids = torch.tensor([t for chunk in batch for t in chunk], device=device)
         positions = torch.cat([torch.arange(start, start + len(c), device=device) for c in batch])
@@ -115,14 +99,14 @@ class ChunkEntries:
 
     def compute_fused(self, token_ids: TokenIds, neighbours: Sequence[KVEntry], neighbour_ids: Sequence[str]) -> KVEntry:
         """The chunk's KV computed after S0 and ``neighbours`` (most similar first) at consecutive positions."""
-        s0, _ = self.prefix_kv(self.s0_ids)
+        s0, _ = self.prefix_entry(self.s0_ids)
         window = self.model.cfg.max_position_embeddings
         neighbours = list(neighbours)
         while neighbours and len(self.s0_ids) + sum(len(n.token_ids) for n in neighbours) + len(token_ids) > window:
             neighbours.pop()  # drop the least similar until the chunk fits the context window
         context = len(self.s0_ids) + sum(len(n.token_ids) for n in neighbours)
         cache = self.model.new_cache(context + len(token_ids))
-        self.place_exact(cache, s0)
+        self.place(cache, s0, 0)
         position = len(self.s0_ids)
         for neighbour in neighbours:
             self.place(cache, neighbour, position)

@@ -1,0 +1,64 @@
+"""Benchmark inputs: questions from ``synthetic`` or a MuSiQue-format file, and the KV store to use.
+
+A passage becomes a chunk through its text alone (MuSiQue titles are empty in the shared file;
+synthetic titles are only the passage's subject).
+
+Example:
+    >>> examples = load_examples("synthetic", limit=2, passages=3, seed=0)
+    >>> len(examples), len(chunk_texts(examples[0]))
+    (2, 3)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fusionrag_llm.eval.datasets import QAExample, default_musique_path, load_musique
+from fusionrag_llm.eval.synthetic import make_synthetic
+
+SYNTHETIC = "synthetic"
+DEFAULT_SYNTHETIC_QUESTIONS = 20
+
+
+def dataset_label(dataset: str | None) -> str:
+    """``"synthetic"`` or the resolved path of the MuSiQue-format file (``None``: the default file)."""
+    if dataset == SYNTHETIC:
+        return SYNTHETIC
+    if dataset is None:
+        path = default_musique_path()
+        if path is None:
+            raise ValueError(
+                "no dataset given and the default ../shared/data/musique_dev.json was not found; "
+                "pass --dataset PATH (a MuSiQue-format JSON file) or --dataset synthetic"
+            )
+        return str(path)
+    return str(Path(dataset).expanduser().resolve())
+
+
+def load_examples(dataset: str, limit: int | None, passages: int, seed: int,
+                  words_per_passage: int = 60) -> list[QAExample]:  # fmt: skip
+    """``limit`` questions with ``passages`` passages each (synthetic: ``limit`` defaults to 20)."""
+    if dataset == SYNTHETIC:
+        count = DEFAULT_SYNTHETIC_QUESTIONS if limit is None else limit
+        return make_synthetic(count, passages, seed, words_per_passage=words_per_passage)
+    return load_musique(dataset, limit=limit, passages=passages)
+
+
+def chunk_texts(example: QAExample) -> list[str]:
+    return [p.text for p in example.passages]
+
+
+def passage_pool(examples: list[QAExample]) -> list[str]:
+    """All distinct chunk texts of ``examples``, in first-seen order."""
+    return list(dict.fromkeys(text for ex in examples for text in chunk_texts(ex)))
+
+
+def make_store(store: str | None, host_gib: float):
+    """A memory store of ``host_gib`` GiB, with a persistent disk tier when ``store`` is a folder."""
+    from fusionrag_llm.storage import TieredStore
+    from fusionrag_llm.storage.settings import GiB, StoreBudgets
+
+    if host_gib <= 0:
+        raise ValueError(f"host memory budget must be > 0 GiB, got {host_gib}")
+    budgets = StoreBudgets(host_bytes=int(host_gib * GiB), disk_bytes=StoreBudgets().disk_bytes)
+    return TieredStore(store, budgets)

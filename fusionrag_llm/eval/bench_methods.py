@@ -1,0 +1,118 @@
+"""Benchmark method specs and option parsing (plain Python, no tensors).
+
+A benchmark method is an engine method (``full_attention``, ``full_reuse``, ``cacheblend``,
+``fusionrag``) or an ablation written ``<kv_variant>+<selector>`` (e.g. ``fused+kv_deviation``,
+``plain+query_guided``): the ``fusionrag`` method with its KV variant and selector overridden.
+
+Example:
+    >>> [m.label for m in parse_methods("cacheblend,fused+kv_deviation")]
+    ['full_attention', 'full_reuse', 'cacheblend', 'fused+kv_deviation']
+    >>> parse_ratios("0.15,0,1")
+    (0.0, 0.15, 1.0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusionrag_llm.engine.methods import KV_VARIANTS, METHODS, SELECTORS
+
+BASELINES = ("full_attention", "full_reuse")
+
+
+@dataclass(frozen=True)
+class BenchMethod:
+    """One line of a benchmark: an engine method plus optional ablation overrides."""
+
+    label: str
+    method: str
+    kv_variant: str | None = None
+    selector: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; valid: {', '.join(METHODS)}")
+        if self.kv_variant is not None and self.kv_variant not in KV_VARIANTS:
+            raise ValueError(f"unknown KV variant {self.kv_variant!r}; valid: {', '.join(KV_VARIANTS)}")
+        if self.selector is not None and self.selector not in SELECTORS:
+            raise ValueError(f"unknown selector {self.selector!r}; valid: {', '.join(SELECTORS)}")
+
+    @property
+    def ratio_free(self) -> bool:
+        """True when the recompute ratio does not change the result (computed once per question)."""
+        return self.method in BASELINES or self.selector == "none"
+
+    def engine_ratio(self, ratio: float | None) -> float:
+        """The ratio passed to the engine (baselines ignore it; the engine validates [0, 1])."""
+        if self.method == "full_attention":
+            return 1.0
+        return 0.0 if ratio is None else ratio
+
+    def overrides(self) -> dict:
+        return {"kv_variant": self.kv_variant, "selector": self.selector}
+
+
+def parse_method(spec: str) -> BenchMethod:
+    """``"cacheblend"`` or ``"fused+kv_deviation"`` -> :class:`BenchMethod`.
+
+    Example:
+        >>> parse_method("plain+query_guided")
+        BenchMethod(label='plain+query_guided', method='fusionrag', kv_variant='plain', selector='query_guided')
+    """
+    spec = spec.strip()
+    if spec in METHODS:
+        return BenchMethod(spec, spec)
+    variant, plus, selector = spec.partition("+")
+    if not plus or variant not in KV_VARIANTS or selector not in SELECTORS:
+        raise ValueError(
+            f"unknown method {spec!r}: use one of {', '.join(METHODS)} or an ablation "
+            f"'<kv_variant>+<selector>' with kv_variant in {{{', '.join(KV_VARIANTS)}}} "
+            f"and selector in {{{', '.join(SELECTORS)}}}, e.g. 'fused+kv_deviation'"
+        )
+    return BenchMethod(spec, "fusionrag", variant, selector)
+
+
+def parse_methods(text: str) -> tuple[BenchMethod, ...]:
+    """Comma-separated specs; the two baselines (needed for eq. 11) always come first, once each."""
+    specs = [s for s in (part.strip() for part in text.split(",")) if s]
+    if not specs:
+        raise ValueError("--methods is empty; give at least one method, e.g. 'fusionrag'")
+    methods = [parse_method(s) for s in (*BASELINES, *specs)]
+    unique = {m.label: m for m in methods}
+    return tuple(unique.values())
+
+
+def _numbers(text: str, name: str, kind: type) -> list:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise ValueError(f"--{name} is empty; give a comma-separated list")
+    try:
+        return [kind(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"--{name} must be a comma-separated list of {kind.__name__}s, got {text!r}") from None
+
+
+def parse_ratios(text: str) -> tuple[float, ...]:
+    """Sorted, de-duplicated recompute ratios in [0, 1]."""
+    ratios = _numbers(text, "ratios", float)
+    bad = [r for r in ratios if not 0.0 <= r <= 1.0]
+    if bad:
+        raise ValueError(f"--ratios must lie in [0, 1], got {bad}")
+    return tuple(sorted(set(ratios)))
+
+
+def parse_lengths(text: str) -> tuple[int, ...]:
+    """Sorted, de-duplicated prompt lengths in tokens (each >= 16)."""
+    lengths = _numbers(text, "lengths", int)
+    bad = [n for n in lengths if n < 16]
+    if bad:
+        raise ValueError(f"--lengths must be token counts >= 16, got {bad}")
+    return tuple(sorted(set(lengths)))
+
+
+def jobs(methods: tuple[BenchMethod, ...], ratios: tuple[float, ...]) -> list[tuple[BenchMethod, float | None]]:
+    """(method, ratio) pairs to run; ratio-free methods appear once with ratio ``None``."""
+    out: list[tuple[BenchMethod, float | None]] = []
+    for method in methods:
+        out.extend([(method, None)] if method.ratio_free else [(method, r) for r in ratios])
+    return out

@@ -1,0 +1,90 @@
+"""Writing benchmark results: machine description, JSON without NaN, markdown tables.
+
+Example:
+    >>> print(markdown_table(["method", "F1"], [["fusionrag", fmt(0.51234)]]))
+    | method | F1 |
+    | --- | --- |
+    | fusionrag | 0.512 |
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+
+def machine_info(rag=None) -> dict[str, Any]:
+    """Platform, CPU count, library versions and (with ``rag``) the model, device and dtype."""
+    from fusionrag_llm import __version__
+
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "fusionrag_llm": __version__,
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    if rag is not None:
+        model = rag.loaded.model
+        info.update(model=rag.loaded.name, model_source=rag.loaded.source,
+                    device=str(model.device), dtype=str(model.dtype).removeprefix("torch."))  # fmt: skip
+    return info
+
+
+def json_safe(value: Any) -> Any:
+    """NaN/inf floats become ``None`` (strict JSON has no NaN); tuples become lists."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def write_json(path: Path, data: Any) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n")
+    return path
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """A table cell: numbers rounded, ``None``/NaN as ``-``."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, bool) or isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f}"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in headers) + " |"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def mean(values: Sequence[float]) -> float:
+    """Mean of the finite values; NaN when there are none."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.fmean(finite) if finite else math.nan
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else math.nan
