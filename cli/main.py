@@ -10,6 +10,7 @@ import click
 # command name -> "module:attribute"; modules are imported only when their command runs
 COMMANDS = {
     "bench": "fusionrag_llm.cli.bench:bench",
+    "cache": "fusionrag_llm.cli.cache:cache",
     "demo": "fusionrag_llm.cli.demo:demo",
 }
 

@@ -8,6 +8,7 @@ from typing import Sequence
 import torch
 
 from fusionrag_llm.engine.llm_engine import Generation, LLMEngine
+from fusionrag_llm.engine.scheduler import QueuedRequest, RequestScheduler
 from fusionrag_llm.engine.streaming import GenerationStream
 from fusionrag_llm.engine.methods import METHODS, plan_run
 from fusionrag_llm.errors import FusionRAGError
@@ -18,7 +19,7 @@ from fusionrag_llm.ingest.embeddings import Embedder
 from fusionrag_llm.models.default_model import DEFAULT_MODEL
 from fusionrag_llm.models.fingerprint import fingerprint_of
 from fusionrag_llm.models.loader import LoadedModel, load_model
-from fusionrag_llm.request import RAGRequest, Segment, build_segments, validate_messages
+from fusionrag_llm.request import RAGRequest, Segment, build_segments, prompt_ids, validate_messages
 from fusionrag_llm.engine.store import StoreSpec, open_store
 
 Request = RAGRequest | str | Sequence[dict]
@@ -141,6 +142,23 @@ class FusionRAG:
         """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed)
         return self.engine.generate(self.segments(request), plan, max_new_tokens)
+
+    def generate_many(self, requests: Sequence[Request], method: str = "fusionrag", recompute_ratio: float = 0.15,
+                      max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
+                      seed: int = 0, lookahead: int = 4) -> list[Generation]:  # fmt: skip
+        """Answer several requests in order, loading the entries of the next ``lookahead`` requests
+        from the store on a background thread while the current one computes.
+
+        Each result's ``stats.prefetch_s`` is the loading done in the background and ``stats.wait_s``
+        the part of it the engine still had to wait for.
+        """
+        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed)
+        queued = []
+        for index, request in enumerate(requests):
+            segments = self.segments(request)
+            self.engine.check_fits(len(prompt_ids(segments)), max_new_tokens)
+            queued.append(QueuedRequest(index, segments, plan, max_new_tokens))
+        return RequestScheduler(self.engine, lookahead=lookahead).run(queued)
 
     def logits(self, request: Request, continuation_ids: Sequence[int], method: str = "fusionrag",
                recompute_ratio: float = 0.15, *, kv_variant: str | None = None, selector: str | None = None,

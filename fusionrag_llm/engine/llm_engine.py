@@ -19,13 +19,12 @@ from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.engine.streaming import GenerationStream
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
-from fusionrag_llm.engine.resolve import ContextResolver
+from fusionrag_llm.engine.resolve import ContextResolver, Preloaded
 from fusionrag_llm.fusion.selectors import select_tokens
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.models.llama import ForwardPass
 from fusionrag_llm.models.loader import LoadedModel
 from fusionrag_llm.request import Segment, prompt_ids
-from fusionrag_llm.storage import KVEntry
 
 __all__ = ["METHODS", "Generation", "LLMEngine", "Prefilled"]
 
@@ -57,6 +56,9 @@ class LLMEngine:
         self.entries = entries
         self.prefix_cache = prefix_cache
 
+    def resolver(self, preloaded: Preloaded | None = None) -> ContextResolver:
+        return ContextResolver(self.entries, preloaded, self.prefix_cache)
+
     def check_fits(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
         window = self.loaded.context_window
         if num_prompt_tokens + max_new_tokens > window:
@@ -67,12 +69,12 @@ class LLMEngine:
             )
 
     def prefill(self, segments: Sequence[Segment], plan: RunPlan, extra_capacity: int,
-                preloaded: dict[str, KVEntry] | None = None) -> Prefilled:  # fmt: skip
+                preloaded: Preloaded | None = None) -> Prefilled:  # fmt: skip
         start = time.perf_counter()
         ids = prompt_ids(segments)
         stats = GenerationStats(method=plan.method, recompute_ratio=plan.recompute_ratio, prompt_tokens=len(ids))
         cache = self.model.new_cache(len(ids) + extra_capacity)
-        resolver = ContextResolver(self.entries, preloaded, self.prefix_cache)
+        resolver = self.resolver(preloaded)
         resolved = resolver.assemble(segments, plan, cache, stats)
         layout = resolved.layout
         loaded = time.perf_counter()
@@ -93,17 +95,19 @@ class LLMEngine:
         stats.computed_tokens += len(recompute)
         return Prefilled(cache=cache, last_logits=out.logits[0], next_position=len(ids), stats=stats)
 
-    def stream(self, segments: Sequence[Segment], plan: RunPlan, max_new_tokens: int) -> GenerationStream:
+    def stream(self, segments: Sequence[Segment], plan: RunPlan, max_new_tokens: int,
+               preloaded: Preloaded | None = None) -> GenerationStream:  # fmt: skip
         """Prefill now; iterate the returned stream for text deltas."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise FusionRAGError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         ids = prompt_ids(segments)
         self.check_fits(len(ids), max_new_tokens)
-        state = self.prefill(segments, plan, extra_capacity=max_new_tokens)
+        state = self.prefill(segments, plan, extra_capacity=max_new_tokens, preloaded=preloaded)
         return GenerationStream(self, state, ids, max_new_tokens)
 
-    def generate(self, segments: Sequence[Segment], plan: RunPlan, max_new_tokens: int) -> Generation:
-        stream = self.stream(segments, plan, max_new_tokens)
+    def generate(self, segments: Sequence[Segment], plan: RunPlan, max_new_tokens: int,
+                 preloaded: Preloaded | None = None) -> Generation:  # fmt: skip
+        stream = self.stream(segments, plan, max_new_tokens, preloaded)
         for _ in stream:
             pass
         return Generation(text=stream.text, token_ids=stream.token_ids, prompt_ids=stream.prompt_ids,

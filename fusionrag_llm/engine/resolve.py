@@ -23,6 +23,8 @@ from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.request import Segment, prompt_ids
 from fusionrag_llm.storage import KVEntry
 
+Preloaded = dict[str, tuple[KVEntry, str]]
+
 
 @dataclass
 class Boundary:
@@ -40,9 +42,9 @@ class ResolvedContext:
 
 
 class ContextResolver:
-    def __init__(self, entries: ChunkEntries, preloaded: dict[str, KVEntry] | None = None, prefix_cache: bool = True):
+    def __init__(self, entries: ChunkEntries, preloaded: Preloaded | None = None, prefix_cache: bool = True):
         self.entries = entries
-        self.preloaded = preloaded or {}  # entries fetched ahead of time by the loader
+        self.preloaded = preloaded or {}  # key -> (entry, tier it came from), fetched ahead by the loader
         self.prefix_cache = prefix_cache  # False: only the prompt prefix is cached, chunks never by path
 
     def boundaries(self, segments: Sequence[Segment]) -> list[Boundary]:
@@ -88,9 +90,9 @@ class ContextResolver:
         return ResolvedContext(layout, boundaries, matched)
 
     def _fetch(self, key: str, token_ids: Sequence[int]) -> tuple[KVEntry, str] | None:
-        entry = self.preloaded.get(key)
-        if entry is not None and entry.token_ids == tuple(token_ids):
-            return entry, "host"
+        found = self.preloaded.get(key)
+        if found is not None and found[0].token_ids == tuple(token_ids):
+            return found
         return self.entries.store.get(key, expect_token_ids=token_ids, copy=False)
 
     def _place_exact_blocks(self, boundaries: list[Boundary], ids: list[int], cache: KVCache, stats: GenerationStats) -> int:

@@ -19,6 +19,9 @@ class GenerationStats:
     recomputed_tokens: int = 0  # chunk tokens selected for recompute
     computed_tokens: int = 0  # tokens run through the model in the prefill
     generated_tokens: int = 0
+    prefetch_s: float = 0.0  # time the loader spent fetching this request's entries in the background
+    wait_s: float = 0.0  # time the scheduler blocked until they were ready (load time not hidden)
+    prefetched_entries: int = 0
     path_hits: dict[str, int] = field(default_factory=lambda: {"exact": 0, "chunk": 0, "miss": 0})
     tier_hits: dict[str, int] = field(default_factory=lambda: {"device": 0, "host": 0, "disk": 0})
 

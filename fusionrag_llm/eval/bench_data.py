@@ -53,12 +53,22 @@ def passage_pool(examples: list[QAExample]) -> list[str]:
     return list(dict.fromkeys(text for ex in examples for text in chunk_texts(ex)))
 
 
-def make_store(store: str | None, host_gib: float):
-    """A memory store of ``host_gib`` GiB, with a persistent disk tier when ``store`` is a folder."""
-    from fusionrag_llm.storage import TieredStore
+def open_bench_rag(model: str, device: str | None, dtype: str | None, store: str | None, host_gib: float):
+    """The engine as the benchmarks run it: ``prefix_cache=False`` and a store of their own.
+
+    Without the path cache, an exact run (Full Attention, ratio 1) cannot leave exact KV of a
+    prompt behind for the next method to reuse, so every method is measured on its own entries.
+    ``store``: a folder (persistent; resumed runs skip the offline stage) or ``None`` (memory only,
+    ``host_gib`` GiB of host memory, never the user's default store).
+    """
+    from fusionrag_llm import FusionRAG
+    from fusionrag_llm.engine.store import MEMORY, open_store
+    from fusionrag_llm.models.loader import load_model
     from fusionrag_llm.storage.settings import GiB, StoreBudgets
 
-    if host_gib <= 0:
-        raise ValueError(f"host memory budget must be > 0 GiB, got {host_gib}")
-    budgets = StoreBudgets(host_bytes=int(host_gib * GiB), disk_bytes=StoreBudgets().disk_bytes)
-    return TieredStore(store, budgets)
+    if not host_gib > 0:
+        raise ValueError(f"the host-memory budget must be > 0 GiB, got {host_gib}")
+    loaded = load_model(model, device=device, dtype=dtype)
+    budgets = StoreBudgets(host_bytes=int(host_gib * GiB))
+    kv_store = open_store(MEMORY if store is None else store, loaded.model.device, budgets=budgets)
+    return FusionRAG(loaded, store=kv_store, prefix_cache=False)

@@ -59,6 +59,7 @@ def run_ingest(rag, texts: list[str], neighbors: int, progress: bool = True) -> 
     from fusionrag_llm.ingest.embeddings import default_embedder
 
     embed = rag.embedder or default_embedder()
+    embed(texts[:1])  # loads the embedding model, which is not part of the throughput
     vectors, embed_s = _timed(lambda: embed(texts))
     plain, plain_s = _timed(lambda: rag.ingest(texts, fuse=False, embeddings=vectors, progress=progress))
     fused, fused_s = _timed(lambda: rag.ingest(texts, neighbors=neighbors, embeddings=vectors, progress=progress))

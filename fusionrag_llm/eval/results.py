@@ -66,7 +66,8 @@ def fmt(value: Any, digits: int = 3) -> str:
     if isinstance(value, bool) or isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return f"{value:.{digits}f}"
+        text = f"{value:.{digits}f}"
+        return text.lstrip("-") if float(text) == 0 else text  # no "-0.000"
     return str(value)
 
 
