@@ -1,4 +1,5 @@
-"""``fusionrag demo``: answer a few questions over the bundled corpus and show the time to first token."""
+"""``fusionrag demo``: ingest the bundled corpus, then answer its questions with full attention and
+with FusionRAG side by side (answers, time to first token, tokens reused and recomputed)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from importlib import resources
 
 import click
 
-from fusionrag_llm.cli.options import device_option, dtype_option, load_rag, model_option
+from fusionrag_llm.cli.options import device_option, dtype_option, model_option
 
 
 def demo_corpus() -> dict:
@@ -18,18 +19,27 @@ def demo_corpus() -> dict:
 @model_option
 @device_option
 @dtype_option
+@click.option("--ratio", default=0.15, show_default=True, type=click.FloatRange(0, 1), help="Recompute ratio of fusionrag.")
 @click.option("--max-new-tokens", default=24, show_default=True, type=click.IntRange(1, 512))
-def demo(model: str, device: str | None, dtype: str | None, max_new_tokens: int) -> None:
-    """Answer the bundled questions with full attention and print answers and TTFT."""
-    from fusionrag_llm import RAGRequest
+@click.option("--store", default=":memory:", show_default=True, help="KV store folder (the demo keeps it in memory).")
+def demo(model: str, device: str | None, dtype: str | None, ratio: float, max_new_tokens: int, store: str) -> None:
+    """Full attention vs FusionRAG on a small bundled corpus."""
+    from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest
 
     corpus = demo_corpus()
-    rag = load_rag(model, device, dtype)
+    try:
+        rag = FusionRAG.from_pretrained(model, device=device, dtype=dtype, store=store, prefix_cache=False)
+    except FusionRAGError as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(f"model: {rag.loaded.name} ({rag.loaded.model.device}, {rag.loaded.model.dtype})")
+    report = rag.ingest(corpus["passages"], neighbors=3, progress=True)
+    click.echo(f"ingested {len(corpus['passages'])} passages: {report.plain_computed} plain and "
+               f"{report.fused_computed} fused entries computed")  # fmt: skip
     for item in corpus["questions"]:
-        chunks = [corpus["passages"][i] for i in item["passages"]]
-        out = rag.generate(RAGRequest(chunks=chunks, question=item["question"]),
-                           method="full_attention", max_new_tokens=max_new_tokens)  # fmt: skip
+        request = RAGRequest(chunks=[corpus["passages"][i] for i in item["passages"]], question=item["question"])
         click.echo(f"\nQ: {item['question']}  (expected: {item['answer']})")
-        click.echo(f"A: {out.text.strip()}")
-        click.echo(f"   full_attention: {out.stats.prompt_tokens} prompt tokens, TTFT {out.stats.ttft_s * 1000:.0f} ms")
+        for method in ("full_attention", "fusionrag"):
+            out = rag.generate(request, method=method, recompute_ratio=ratio, max_new_tokens=max_new_tokens)
+            s = out.stats
+            click.echo(f"  {method:<15} TTFT {s.ttft_s * 1000:6.0f} ms  computed {s.computed_tokens:4d} / "
+                       f"{s.prompt_tokens} tokens  reused {s.reused_tokens:4d}  A: {out.text.strip()}")  # fmt: skip
