@@ -115,6 +115,7 @@ class ContextResolver:
             if found is not None:
                 entry, tier = found
                 stats.path_hits["chunk"] += 1
+                stats.variant_hits[name] += 1
                 stats.tier_hits[tier] = stats.tier_hits.get(tier, 0) + 1
                 return entry
         entry = self.entries.compute_plain([token_ids])[0]

@@ -24,6 +24,7 @@ class GenerationStats:
     prefetched_entries: int = 0
     path_hits: dict[str, int] = field(default_factory=lambda: {"exact": 0, "chunk": 0, "miss": 0})
     tier_hits: dict[str, int] = field(default_factory=lambda: {"device": 0, "host": 0, "disk": 0})
+    variant_hits: dict[str, int] = field(default_factory=lambda: {"fused": 0, "plain": 0})  # chunk hits by variant
 
     @property
     def decode_tokens_per_s(self) -> float:

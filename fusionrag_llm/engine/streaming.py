@@ -36,6 +36,9 @@ class GenerationStream:
             self.stats.decode_s = time.perf_counter() - start
             if delta:
                 yield delta
-        self.text = self._tokenizer.decode(self.token_ids)
+        final = self._tokenizer.decode(self.token_ids)
+        delta, self.text = final[len(self.text) :], final  # a tail held back as incomplete UTF-8
         self.stats.generated_tokens = len(self.token_ids)
         self.stats.decode_s = time.perf_counter() - start
+        if delta:
+            yield delta

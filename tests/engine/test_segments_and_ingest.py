@@ -111,3 +111,22 @@ def test_chat_messages_find_chunks_in_any_message(rag):
     out = rag.generate(messages, method="fusionrag", max_new_tokens=3)
     assert [s.kind for s in out.segments] == ["prefix", "chunk", "suffix"]
     assert out.stats.path_hits["chunk"] == 1
+
+
+def test_chunks_embedded_differently_are_kept_apart_and_reloaded(tmp_path):
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path)
+    rag.add_chunks(CHUNKS[:2], embeddings=[[1, 0], [1, 0.1]], neighbors=1)
+    other = ["A chunk embedded in a three-dimensional space, far away.", "Another chunk in that space, nearby."]
+    rag.add_chunks(other, embeddings=[[0, 0, 1], [0, 0.1, 1]], neighbors=1)
+    assert [n.text for n in rag.catalog.neighbours_of([rag.catalog.get(other[0])], 5)[0]] == [other[1]]
+    reopened = FusionRAG.from_pretrained("tiny", store=tmp_path)
+    assert len(reopened.catalog) == 4
+    assert [n.text for n in reopened.catalog.neighbours_of([reopened.catalog.get(CHUNKS[0])], 5)[0]] == [CHUNKS[1]]
+    flat = "Context: " + other[1] + " Question: what?"
+    assert [s.kind for s in reopened.segments(flat)] == ["prefix", "chunk", "suffix"]
+
+
+def test_stream_deltas_add_up_to_the_text_even_when_cut_mid_character(rag):
+    for tokens in range(1, 12):
+        stream = rag.stream("Reply with an accented word: é", method="full_attention", max_new_tokens=tokens)
+        assert "".join(stream) == stream.text

@@ -1,0 +1,128 @@
+"""What both adapters need: the engine behind a name or instance, call options, chunk registration.
+
+Framework-free on purpose, so importing it pulls in neither LlamaIndex nor LangChain.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import uuid
+import weakref
+from typing import Any, Mapping, Sequence
+
+from fusionrag_llm.api import FusionRAG
+from fusionrag_llm.fusion.offline import IngestReport
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "smollm2-135m"
+CALL_OPTIONS = ("method", "recompute_ratio", "max_new_tokens", "kv_variant", "selector", "seed")
+
+_locks: "weakref.WeakKeyDictionary[FusionRAG, threading.Lock]" = weakref.WeakKeyDictionary()
+_sessions: "weakref.WeakKeyDictionary[FusionRAG, str]" = weakref.WeakKeyDictionary()
+_registry_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=4)
+def _load_by_name(name: str) -> FusionRAG:
+    logger.info("loading model %r for a framework adapter", name)
+    return FusionRAG.from_pretrained(name)
+
+
+def resolve_rag(rag: FusionRAG | None, model_name: str) -> FusionRAG:
+    """The given engine, else the process-wide engine loaded (once) for ``model_name``.
+
+    Adapters built from the same model name share one engine, hence its registered chunks.
+    """
+    return rag if rag is not None else _load_by_name(model_name)
+
+
+def check_rag(value: Any) -> FusionRAG | None:
+    if value is not None and not isinstance(value, FusionRAG):
+        raise ValueError(f"rag must be a FusionRAG instance or None, got {type(value).__name__}")
+    return value
+
+
+def check_method(value: str) -> str:
+    if value not in FusionRAG.methods:
+        raise ValueError(f"unknown method {value!r}; valid methods: {', '.join(FusionRAG.methods)}")
+    return value
+
+
+def check_ratio(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"recompute_ratio must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def check_max_new_tokens(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {value!r}")
+    return value
+
+
+def check_temperature(value: float | None) -> float | None:
+    """Decoding is greedy: temperature 0 (or None) is accepted, anything else is an error."""
+    if value is not None and (isinstance(value, bool) or value != 0):
+        raise ValueError(f"FusionRAG decodes greedily; temperature must be 0 or None, got {value!r}")
+    return value
+
+
+def call_options(defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments for ``rag.generate``: the adapter's settings updated by per-call ones."""
+    overrides = dict(overrides)
+    check_temperature(overrides.pop("temperature", None))
+    unknown = sorted(set(overrides) - set(CALL_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown}; per-call options: {', '.join(CALL_OPTIONS)}, temperature")
+    options = {**defaults, **overrides}
+    check_method(options["method"])
+    check_ratio(options["recompute_ratio"])
+    check_max_new_tokens(options["max_new_tokens"])
+    return options
+
+
+def engine_lock(rag: FusionRAG) -> threading.Lock:
+    """One lock per engine: framework thread pools (batch, async) must not prefill or ingest at once."""
+    with _registry_lock:
+        return _locks.setdefault(rag, threading.Lock())
+
+
+def engine_session(rag: FusionRAG) -> str:
+    """A random id per engine instance (its chunk catalog lives in memory, so caches must tell engines apart)."""
+    with _registry_lock:
+        return _sessions.setdefault(rag, uuid.uuid4().hex)
+
+
+def generate(rag: FusionRAG, request, options: Mapping[str, Any]):
+    with engine_lock(rag):
+        return rag.generate(request, **options)
+
+
+def stream(rag: FusionRAG, request, options: Mapping[str, Any]):
+    """Prefill under the engine lock; decoding only touches the request's own cache."""
+    with engine_lock(rag):
+        return rag.stream(request, **options)
+
+
+def finish_reason(token_ids: Sequence[int], max_new_tokens: int) -> str:
+    return "length" if len(token_ids) >= max_new_tokens else "stop"
+
+
+def register_texts(rag: FusionRAG, texts: Sequence[str], embeddings=None, fuse: bool = True,
+                   neighbors: int = 10) -> IngestReport:  # fmt: skip
+    """Register texts exactly as frameworks put them in prompts (stripped); empty texts are skipped.
+
+    Frameworks strip retrieved texts before joining them, and a stripped text is also found inside
+    an unstripped one, so the stripped form is what gets registered.
+    """
+    keep = [index for index, text in enumerate(texts) if text.strip()]
+    if len(keep) < len(texts):
+        logger.debug("skipping %d empty texts", len(texts) - len(keep))
+    if not keep:
+        return IngestReport(chunk_ids=[])
+    vectors = [embeddings[index] for index in keep] if embeddings is not None else None
+    with engine_lock(rag):
+        return rag.ingest([texts[index].strip() for index in keep], fuse=fuse, neighbors=neighbors, embeddings=vectors)

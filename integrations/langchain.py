@@ -1,0 +1,304 @@
+"""LangChain adapters: ``FusionRAGLLMLangChain`` (an ``LLM``), ``ChatFusionRAG`` (a ``BaseChatModel``),
+``add_documents`` and ``FusionRAGDocumentTransformer`` (register documents in the KV store).
+
+An LCEL chain works unchanged: documents are registered as their ``page_content``, the chain formats
+retrieved documents into the prompt, and the engine finds them there by content.
+
+    rag = FusionRAG.from_pretrained("smollm2-135m")
+    add_documents(rag, vector_store, docs)          # the vector store and the KV store together
+    chain = ({"context": vector_store.as_retriever() | format_docs, "question": RunnablePassthrough()}
+             | prompt | ChatFusionRAG(rag=rag))
+
+Stats of every call: ``generation_info`` (LLM), ``response_metadata["fusionrag_stats"]`` and
+``usage_metadata`` (chat model), so callbacks see them too. Decoding is greedy: ``temperature`` may
+only be 0 or None. ``stop`` sequences cut the answer (the model stops decoding at the first one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Sequence
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.documents import BaseDocumentTransformer, Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.language_models import BaseChatModel, LLM
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ChatMessage, HumanMessage, SystemMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, Generation, GenerationChunk, LLMResult
+from langchain_core.runnables.config import run_in_executor
+from langchain_core.vectorstores import VectorStore
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+
+from fusionrag_llm.api import FusionRAG
+from fusionrag_llm.fusion.offline import IngestReport
+from fusionrag_llm.integrations import _shared
+
+__all__ = ["AddedDocuments", "ChatFusionRAG", "FusionRAGDocumentTransformer", "FusionRAGLLMLangChain", "add_documents"]
+
+_CONFIG = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=(), populate_by_name=True, extra="ignore")
+
+
+class _FusionRAGSettings(BaseModel):
+    """Fields and call plumbing shared by the LLM and the chat model."""
+
+    model_config = _CONFIG
+
+    rag: Optional[Any] = Field(default=None, exclude=True, description="A FusionRAG engine; None: load model_name.")
+    model_name: str = Field(default=_shared.DEFAULT_MODEL_NAME, alias="model", description="Model to load when rag is None.")
+    method: str = "fusionrag"
+    recompute_ratio: float = 0.15
+    max_tokens: int = Field(default=32, validation_alias=AliasChoices("max_tokens", "max_new_tokens"))
+    temperature: Optional[float] = None
+    stop: Optional[list[str]] = None
+
+    @model_validator(mode="after")
+    def _check_settings(self):
+        _shared.check_rag(self.rag)
+        _shared.check_method(self.method)
+        _shared.check_ratio(self.recompute_ratio)
+        _shared.check_max_new_tokens(self.max_tokens)
+        _shared.check_temperature(self.temperature)
+        if self.rag is not None:
+            self.model_name = self.rag.loaded.name
+        return self
+
+    @property
+    def engine(self) -> FusionRAG:
+        """The engine (loads ``model_name`` on first use when no ``rag`` was given)."""
+        return _shared.resolve_rag(self.rag, self.model_name)
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"model_name": self.model_name, "method": self.method, "recompute_ratio": self.recompute_ratio,
+                "max_tokens": self.max_tokens}  # fmt: skip
+
+    def _options(self, kwargs: dict) -> dict:
+        kwargs = {k: v for k, v in kwargs.items() if k != "stream"}  # LangChain's own streaming switch
+        if "max_tokens" in kwargs:
+            kwargs["max_new_tokens"] = kwargs.pop("max_tokens")
+        defaults = {"method": self.method, "recompute_ratio": self.recompute_ratio, "max_new_tokens": self.max_tokens}
+        return _shared.call_options(defaults, kwargs)
+
+    def _info(self, stats, token_ids, options: dict, stopped: bool) -> dict[str, Any]:
+        reason = "stop" if stopped else _shared.finish_reason(token_ids, options["max_new_tokens"])
+        return {"model_name": self.model_name, "finish_reason": reason, "fusionrag_stats": stats.to_dict()}
+
+    def _answer(self, request, stop: Optional[list[str]], kwargs: dict) -> tuple[str, dict[str, Any]]:
+        options = self._options(kwargs)
+        out = _shared.generate(self.engine, request, options)
+        cut = _first_stop(out.text, stop or self.stop)
+        text = out.text if cut is None else out.text[:cut]
+        return text, self._info(out.stats, out.token_ids, options, cut is not None)
+
+    def _deltas(self, request, stop: Optional[list[str]], kwargs: dict) -> Iterator[tuple[str, Optional[dict]]]:
+        """(delta, None) per text delta, then ("", info) once decoding ends."""
+        options = self._options(kwargs)
+        stream = _shared.stream(self.engine, request, options)
+        watch = _StopWatch(stop or self.stop)
+        for delta in stream:
+            if piece := watch.push(delta):
+                yield piece, None
+            if watch.done:
+                break
+        if not watch.done and stream.text.startswith(watch.text):  # text the stream held back (incomplete UTF-8)
+            if piece := watch.push(stream.text[len(watch.text) :]):
+                yield piece, None
+        if tail := watch.flush():
+            yield tail, None
+        yield "", self._info(stream.stats, stream.token_ids, options, watch.done)
+
+
+class FusionRAGLLMLangChain(_FusionRAGSettings, LLM):
+    """A LangChain LLM over a ``FusionRAG`` engine; the prompt is sent as the chat template's user message."""
+
+    model_config = _CONFIG
+
+    @property
+    def _llm_type(self) -> str:
+        return "fusionrag"
+
+    def _get_ls_params(self, stop: Optional[list[str]] = None, **kwargs: Any):
+        return {**super()._get_ls_params(stop=stop, **kwargs), "ls_provider": "fusionrag"}
+
+    def _call(self, prompt: str, stop: Optional[list[str]] = None,
+              run_manager: Optional[CallbackManagerForLLMRun] = None, **kwargs: Any) -> str:  # fmt: skip
+        return self._answer(prompt, stop, kwargs)[0]
+
+    def _generate(self, prompts: list[str], stop: Optional[list[str]] = None,
+                  run_manager: Optional[CallbackManagerForLLMRun] = None, **kwargs: Any) -> LLMResult:  # fmt: skip
+        answers = [self._answer(prompt, stop, kwargs) for prompt in prompts]
+        generations = [[Generation(text=text, generation_info=info)] for text, info in answers]
+        return LLMResult(generations=generations, llm_output={"model_name": self.model_name})
+
+    async def _agenerate(self, prompts: list[str], stop: Optional[list[str]] = None,
+                         run_manager: Optional[AsyncCallbackManagerForLLMRun] = None, **kwargs: Any) -> LLMResult:  # fmt: skip
+        return await run_in_executor(None, self._generate, prompts, stop, None, **kwargs)  # keeps generation_info
+
+    def _stream(self, prompt: str, stop: Optional[list[str]] = None, run_manager: Optional[CallbackManagerForLLMRun] = None,
+                **kwargs: Any) -> Iterator[GenerationChunk]:  # fmt: skip
+        for delta, info in self._deltas(prompt, stop, kwargs):
+            chunk = GenerationChunk(text=delta, generation_info=info)
+            if run_manager and delta:
+                run_manager.on_llm_new_token(delta, chunk=chunk)
+            yield chunk
+
+
+class ChatFusionRAG(_FusionRAGSettings, BaseChatModel):
+    """A LangChain chat model over a ``FusionRAG`` engine; messages are rendered with the model's chat template.
+
+    >>> chat = ChatFusionRAG(model="tiny", max_tokens=8)   # loads on first use
+    """
+
+    model_config = _CONFIG
+
+    streaming: bool = False
+
+    @property
+    def _llm_type(self) -> str:
+        return "fusionrag-chat"
+
+    def _generate(self, messages: list[BaseMessage], stop: Optional[list[str]] = None,
+                  run_manager: Optional[CallbackManagerForLLMRun] = None, **kwargs: Any) -> ChatResult:  # fmt: skip
+        text, info = self._answer(_chat(messages), stop, kwargs)
+        message = AIMessage(content=text, response_metadata=info, usage_metadata=_usage(info))
+        return ChatResult(generations=[ChatGeneration(message=message, generation_info=info)],
+                          llm_output={"model_name": self.model_name})  # fmt: skip
+
+    def _stream(self, messages: list[BaseMessage], stop: Optional[list[str]] = None,
+                run_manager: Optional[CallbackManagerForLLMRun] = None,
+                **kwargs: Any) -> Iterator[ChatGenerationChunk]:  # fmt: skip
+        for delta, info in self._deltas(_chat(messages), stop, kwargs):
+            if info is None:
+                chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
+            else:  # usage once, on the last chunk, so that summing chunks counts it once
+                last = AIMessageChunk(content="", response_metadata=info, usage_metadata=_usage(info),
+                                      chunk_position="last")  # fmt: skip
+                chunk = ChatGenerationChunk(message=last, generation_info=info)
+            if run_manager and delta:
+                run_manager.on_llm_new_token(delta, chunk=chunk)
+            yield chunk
+
+
+def _usage(info: dict) -> dict[str, int]:
+    stats = info["fusionrag_stats"]
+    prompt, generated = stats["prompt_tokens"], stats["generated_tokens"]
+    return {"input_tokens": prompt, "output_tokens": generated, "total_tokens": prompt + generated}
+
+
+def _chat(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
+    chat = []
+    for index, message in enumerate(messages):
+        if isinstance(message, SystemMessage):
+            role = "system"
+        elif isinstance(message, HumanMessage):
+            role = "user"
+        elif isinstance(message, AIMessage):
+            role = "assistant"
+        elif isinstance(message, ChatMessage) and message.role in ("system", "user", "assistant"):
+            role = message.role
+        else:
+            raise ValueError(f"messages[{index}] is a {type(message).__name__}; supported: system, human, ai messages")
+        chat.append({"role": role, "content": _text(message.content, index)})
+    return chat
+
+
+def _text(content, index: int) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content:
+        if isinstance(block, str):
+            parts.append(block)
+        elif isinstance(block, dict) and block.get("type") == "text":
+            parts.append(block["text"])
+        else:
+            raise ValueError(f"messages[{index}] holds non-text content; FusionRAG models take text only")
+    return "".join(parts)
+
+
+def _first_stop(text: str, stop: Optional[Sequence[str]]) -> Optional[int]:
+    found = [index for index in (text.find(s) for s in stop or () if s) if index >= 0]
+    return min(found) if found else None
+
+
+class _StopWatch:
+    """Passes streamed text on, holding back just enough to never emit part of a stop sequence."""
+
+    def __init__(self, stop: Optional[Sequence[str]]):
+        self.stop = [s for s in stop or () if s]
+        self.hold = max((len(s) - 1 for s in self.stop), default=0)
+        self.text, self.sent, self.done = "", 0, False
+
+    def push(self, delta: str) -> str:
+        self.text += delta
+        cut = _first_stop(self.text, self.stop)
+        self.done = cut is not None
+        end = cut if self.done else max(self.sent, len(self.text) - self.hold)
+        piece, self.sent = self.text[self.sent : end], end
+        return piece
+
+    def flush(self) -> str:
+        piece = "" if self.done else self.text[self.sent :]
+        self.sent = len(self.text)
+        return piece
+
+
+class FusionRAGDocumentTransformer(BaseDocumentTransformer):
+    """Registers documents (their ``page_content``) in the engine's KV store; returns them unchanged.
+
+    ``embeddings`` (e.g. the vector store's) drive the neighbour search; without them the engine's
+    embedder runs. Registering the same documents again computes nothing.
+    """
+
+    def __init__(self, rag: Optional[FusionRAG] = None, *, model_name: str = _shared.DEFAULT_MODEL_NAME,
+                 embeddings: Optional[Embeddings] = None, fuse: bool = True, neighbors: int = 10):  # fmt: skip
+        self.rag, self.model_name = _shared.check_rag(rag), model_name
+        self.embeddings, self.fuse, self.neighbors = embeddings, fuse, neighbors
+
+    def transform_documents(self, documents: Sequence[Document], **kwargs: Any) -> Sequence[Document]:
+        self.ingest(documents)
+        return documents
+
+    def ingest(self, documents: Sequence[Document]) -> IngestReport:
+        texts = [document.page_content for document in documents]
+        vectors = self.embeddings.embed_documents(texts) if self.embeddings is not None and texts else None
+        engine = _shared.resolve_rag(self.rag, self.model_name)
+        return _shared.register_texts(engine, texts, vectors, fuse=self.fuse, neighbors=self.neighbors)
+
+
+@dataclass(frozen=True)
+class AddedDocuments:
+    ids: list[str]  # the vector store's ids
+    report: IngestReport  # what the KV store computed
+
+
+def add_documents(rag: FusionRAG, vector_store: VectorStore, documents: Sequence[Document],
+                  fuse: bool = True, neighbors: int = 10) -> AddedDocuments:  # fmt: skip
+    """Add ``documents`` to ``vector_store`` and register them in ``rag``'s KV store, embedding them once.
+
+    The vector store's embeddings drive the neighbour search. Stores with ``add_embeddings`` (FAISS)
+    take the vectors as they are; others embed again. Documents without an id get one derived from
+    their content and metadata, so adding the same documents twice changes nothing in either store.
+    """
+    _shared.check_rag(rag)
+    documents = list(documents)
+    if not documents:
+        return AddedDocuments(ids=[], report=IngestReport(chunk_ids=[]))
+    texts = [document.page_content for document in documents]
+    ids = [document.id or _content_id(document) for document in documents]
+    embeddings = vector_store.embeddings
+    vectors = embeddings.embed_documents(texts) if embeddings is not None else None
+    report = _shared.register_texts(rag, texts, vectors, fuse=fuse, neighbors=neighbors)
+    if vectors is not None and hasattr(vector_store, "add_embeddings"):
+        metadatas = [document.metadata for document in documents]
+        stored = vector_store.add_embeddings(list(zip(texts, vectors)), metadatas=metadatas, ids=ids)
+    else:
+        stored = vector_store.add_documents(documents, ids=ids)
+    return AddedDocuments(ids=list(stored), report=report)
+
+
+def _content_id(document: Document) -> str:
+    key = json.dumps([document.page_content, document.metadata], sort_keys=True, default=str)
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
