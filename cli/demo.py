@@ -8,7 +8,7 @@ from importlib import resources
 
 import click
 
-from fusionrag_llm.cli.options import device_option, dtype_option, model_option
+from fusionrag_llm.cli.options import device_option, dtype_option, load_rag, model_option
 
 
 def demo_corpus() -> dict:
@@ -24,13 +24,10 @@ def demo_corpus() -> dict:
 @click.option("--store", default=":memory:", show_default=True, help="KV store folder (the demo keeps it in memory).")
 def demo(model: str, device: str | None, dtype: str | None, ratio: float, max_new_tokens: int, store: str) -> None:
     """Full attention vs FusionRAG on a small bundled corpus."""
-    from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest
+    from fusionrag_llm import RAGRequest
 
     corpus = demo_corpus()
-    try:
-        rag = FusionRAG.from_pretrained(model, device=device, dtype=dtype, store=store, prefix_cache=False)
-    except FusionRAGError as exc:
-        raise click.ClickException(str(exc)) from None
+    rag = load_rag(model, device, dtype, store, prefix_cache=False)
     click.echo(f"model: {rag.loaded.name} ({rag.loaded.model.device}, {rag.loaded.model.dtype})")
     report = rag.ingest(corpus["passages"], neighbors=3, progress=True)
     click.echo(f"ingested {len(corpus['passages'])} passages: {report.plain_computed} plain and "

@@ -12,6 +12,8 @@ COMMANDS = {
     "bench": "fusionrag_llm.cli.bench:bench",
     "cache": "fusionrag_llm.cli.cache:cache",
     "demo": "fusionrag_llm.cli.demo:demo",
+    "ingest": "fusionrag_llm.cli.ingest:ingest",
+    "query": "fusionrag_llm.cli.query:query",
 }
 
 

@@ -4,21 +4,29 @@ from __future__ import annotations
 
 import click
 
+from fusionrag_llm.engine.methods import METHODS
 from fusionrag_llm.models.default_model import DEFAULT_MODEL
 
 model_option = click.option(
     "--model", default=DEFAULT_MODEL, show_default=True,
     help="Model name ('smollm2-135m', 'tiny'), a model folder, a .gguf file or a hub id.",
 )  # fmt: skip
+store_option = click.option("--store", default=None, help="KV store folder (default: $FUSIONRAG_STORE or the user cache).")
 device_option = click.option("--device", default=None, help="'cpu' or 'cuda' (default: cuda when available).")
 dtype_option = click.option("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU).")
 
 
-def load_rag(model: str, device: str | None, dtype: str | None):
+def method_options(command):
+    command = click.option("--ratio", default=0.15, show_default=True, type=click.FloatRange(0, 1),
+                           help="Share of reused context tokens to recompute.")(command)  # fmt: skip
+    return click.option("--method", default="fusionrag", show_default=True, type=click.Choice(list(METHODS)))(command)
+
+
+def load_rag(model: str, device: str | None, dtype: str | None, store=None, **options):
     """Load the engine, turning the library's input errors into clean CLI errors."""
     from fusionrag_llm import FusionRAG, FusionRAGError
 
     try:
-        return FusionRAG.from_pretrained(model, device=device, dtype=dtype)
+        return FusionRAG.from_pretrained(model, device=device, dtype=dtype, store=store, **options)
     except FusionRAGError as exc:
         raise click.ClickException(str(exc)) from None

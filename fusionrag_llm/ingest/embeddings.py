@@ -9,6 +9,7 @@ import numpy as np
 
 from fusionrag_llm.errors import FusionRAGError
 
+DEFAULT_EMBEDDING_NAME = "all-MiniLM-L6-v2"
 Embedder = Callable[[Sequence[str]], np.ndarray]  # texts -> [n, dim] float32
 
 

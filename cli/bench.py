@@ -1,0 +1,208 @@
+"""``fusionrag bench quality|ttft|ingest``: the benchmarks of docs/BENCHMARKS.md.
+
+Each command parses its options into a typed config, runs a runner from ``fusionrag_llm.eval``,
+writes JSON, a markdown table (echoed) and plots into ``--out``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from fusionrag_llm.cli.options import device_option, dtype_option, model_option
+
+DEFAULT_METHODS = "full_attention,full_reuse,cacheblend,fusionrag,fused+kv_deviation,plain+query_guided"
+
+
+def _parsed(parser):
+    """A click callback that turns a parser's ValueError into click.BadParameter."""
+
+    def callback(ctx, param, value):
+        try:
+            return parser(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+
+    return callback
+
+
+def _dataset(ctx, param, value):
+    from fusionrag_llm.eval.bench_data import dataset_label
+
+    try:
+        label = dataset_label(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if label != "synthetic" and not Path(label).is_file():
+        raise click.BadParameter(f"{value!r} is neither 'synthetic' nor an existing MuSiQue-format JSON file")
+    return label
+
+
+def _methods(ctx, param, value):
+    from fusionrag_llm.eval.bench_methods import parse_methods
+
+    return _parsed(parse_methods)(ctx, param, value)
+
+
+def _ratios(ctx, param, value):
+    from fusionrag_llm.eval.bench_methods import parse_ratios
+
+    return _parsed(parse_ratios)(ctx, param, value)
+
+
+def _lengths(ctx, param, value):
+    from fusionrag_llm.eval.bench_methods import parse_lengths
+
+    return _parsed(parse_lengths)(ctx, param, value)
+
+
+dataset_option = click.option("--dataset", default=None, callback=_dataset,
+                              help="'synthetic' or a MuSiQue-format JSON file [default: ../shared/data/musique_dev.json].")  # fmt: skip
+methods_option = click.option("--methods", default=DEFAULT_METHODS, show_default=True, callback=_methods,
+                              help="Methods, or ablations '<plain|fused>+<selector>'; full_attention and full_reuse are always run.")  # fmt: skip
+neighbors_option = click.option("--neighbors", default=10, show_default=True, type=click.IntRange(0), help="Fusion neighbours per chunk.")
+seed_option = click.option("--seed", default=0, show_default=True, type=int, help="Synthetic data and random-selector seed.")
+store_option = click.option("--store", default=None, type=click.Path(file_okay=False),
+                            help="KV store folder (disk tier); default: memory only.")  # fmt: skip
+host_option = click.option("--host-gib", default=4.0, show_default=True, type=click.FloatRange(0.01), help="Host-memory budget of the KV store.")
+progress_option = click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
+
+
+def out_option(default: str):
+    return click.option("--out", default=default, show_default=True, type=click.Path(file_okay=False),
+                        help="Folder for the JSON, table and plots.")  # fmt: skip
+
+
+def _load(model: str, device: str | None, dtype: str | None, store: str | None, host_gib: float):
+    from fusionrag_llm.eval.bench_data import open_bench_rag
+
+    try:
+        return open_bench_rag(model, device, dtype, store, host_gib)
+    except ValueError as exc:  # FusionRAGError and bad budgets
+        raise click.ClickException(str(exc)) from None
+
+
+def _echo_outputs(paths) -> None:
+    markdown = next((p for p in paths if p.suffix == ".md"), None)
+    if markdown is not None:
+        click.echo(markdown.read_text())
+    click.echo("wrote " + ", ".join(str(p) for p in paths))
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks: answer quality and fidelity, time to first token, ingest throughput."""
+
+
+@bench.command()
+@dataset_option
+@methods_option
+@click.option("--ratios", default="0,0.05,0.1,0.15,0.3,1", show_default=True, callback=_ratios, help="Recompute ratios.")
+@click.option("--passages", default=10, show_default=True, type=click.IntRange(1), help="Passages per question.")
+@click.option("--limit", default=None, type=click.IntRange(1), help="First N questions [default: all; synthetic: 20].")
+@click.option("--words-per-passage", default=60, show_default=True, type=click.IntRange(1), help="Synthetic passage length.")
+@model_option
+@device_option
+@dtype_option
+@neighbors_option
+@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1, 512))
+@seed_option
+@out_option("bench_results")
+@click.option("--fresh", is_flag=True, help="Discard records of an earlier run in --out instead of resuming.")
+@store_option
+@host_option
+@progress_option
+def quality(dataset, methods, ratios, passages, limit, words_per_passage, model, device, dtype, neighbors,
+            max_new_tokens, seed, out, fresh, store, host_gib, progress) -> None:  # fmt: skip
+    """F1/EM vs gold answers and fidelity to Full Attention (KL, first token, greedy EM) per method and ratio."""
+    from fusionrag_llm.eval.bench_quality import QualityConfig, run_quality
+    from fusionrag_llm.eval.partial_log import PartialLog
+    from fusionrag_llm.eval.quality_report import aggregate, write_quality
+    from fusionrag_llm.eval.results import machine_info
+    from fusionrag_llm.eval.bench_data import load_examples
+
+    config = QualityConfig(dataset, model, methods, ratios, passages, limit, neighbors, max_new_tokens, seed,
+                           words_per_passage, device, dtype)  # fmt: skip
+    try:
+        examples = load_examples(dataset, limit, passages, seed, words_per_passage)
+        log = PartialLog(Path(out) / "quality.partial.jsonl", config.identity(), fresh=fresh)
+        rag = _load(model, device, dtype, store, host_gib)
+        run = run_quality(rag, examples, config, log, progress=progress)
+    except ValueError as exc:  # FusionRAGError and DatasetError are ValueErrors
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"records: {run.computed} computed, {run.skipped} resumed from {log.path}")
+    qids = [ex.id for ex in examples]
+    keys = [(q, method.label, ratio) for q in qids for method, ratio in _jobs(methods, ratios)]
+    records = [log.get(key) for key in keys if log.has(key)]
+    rows = aggregate(records, methods, ratios, qids)
+    _echo_outputs(write_quality(Path(out), config.to_dict(), machine_info(rag), vars(run), records, rows))
+
+
+def _jobs(methods, ratios):
+    from fusionrag_llm.eval.bench_methods import jobs
+
+    return jobs(methods, ratios)
+
+
+@bench.command()
+@click.option("--lengths", default="1000,2000,4000", show_default=True, callback=_lengths, help="Prompt lengths in tokens.")
+@methods_option
+@click.option("--ratios", default="0.15", show_default=True, callback=_ratios, help="Recompute ratios.")
+@dataset_option
+@model_option
+@device_option
+@dtype_option
+@neighbors_option
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1), help="Timed runs after one warm-up.")
+@click.option("--hf/--no-hf", default=True, show_default=True, help="Also time plain transformers generate.")
+@seed_option
+@out_option("bench_results")
+@store_option
+@host_option
+@progress_option
+def ttft(lengths, methods, ratios, dataset, model, device, dtype, neighbors, repeats, hf, seed, out, store,
+         host_gib, progress) -> None:  # fmt: skip
+    """Time to first token (median, with load/select/prefill) per method, ratio and prompt length."""
+    from fusionrag_llm.eval.bench_ttft import TTFTConfig, build_prompts, ingest_prompts, run_ttft, source_passages, write_ttft
+    from fusionrag_llm.eval.hf_baseline import load_hf_twin
+    from fusionrag_llm.eval.results import machine_info
+
+    config = TTFTConfig(dataset, model, lengths, methods, ratios, repeats, neighbors, seed, device, dtype)
+    rag = _load(model, device, dtype, store, host_gib)
+    try:
+        question, passages = source_passages(dataset, max(lengths), seed)
+        prompts = build_prompts(rag, question, passages, lengths)
+        offline = ingest_prompts(rag, prompts, neighbors, progress=progress)
+        hf_model = load_hf_twin(rag.loaded) if hf else None
+        rows = run_ttft(rag, prompts, config, hf_model, progress=progress)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    _echo_outputs(write_ttft(Path(out), config.to_dict(), machine_info(rag), offline, rows))
+
+
+@bench.command()
+@click.option("--chunks", default=100, show_default=True, type=click.IntRange(1), help="Chunks to ingest.")
+@dataset_option
+@model_option
+@device_option
+@dtype_option
+@neighbors_option
+@seed_option
+@out_option("bench_results")
+@store_option
+@host_option
+@progress_option
+def ingest(chunks, dataset, model, device, dtype, neighbors, seed, out, store, host_gib, progress) -> None:
+    """Offline-stage throughput (plain and fused chunks/min) and KV store size."""
+    from fusionrag_llm.eval.bench_ingest import IngestConfig, ingest_texts, run_ingest, write_ingest
+    from fusionrag_llm.eval.results import machine_info
+
+    config = IngestConfig(dataset, model, chunks, neighbors, seed, store, device, dtype)
+    rag = _load(model, device, dtype, store, host_gib)
+    try:
+        texts = ingest_texts(dataset, chunks, seed)
+        result = run_ingest(rag, texts, neighbors, progress=progress)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    _echo_outputs(write_ingest(Path(out), config.to_dict(), machine_info(rag), result))

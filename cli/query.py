@@ -1,0 +1,44 @@
+"""``fusionrag query "question"``: retrieve from the ingested index and answer, with a stats table."""
+
+from __future__ import annotations
+
+import click
+
+from fusionrag_llm.cli.options import device_option, dtype_option, load_rag, method_options, model_option, store_option
+
+
+@click.command()
+@click.argument("question")
+@model_option
+@store_option
+@device_option
+@dtype_option
+@method_options
+@click.option("--top-k", default=5, show_default=True, type=click.IntRange(1, 64), help="Chunks to retrieve.")
+@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1, 2048))
+@click.option("--show-chunks", is_flag=True, help="Print the retrieved chunks.")
+def query(question, model, store, device, dtype, method, ratio, top_k, max_new_tokens, show_chunks) -> None:
+    """Answer QUESTION over the chunks ingested into the store."""
+    from fusionrag_llm import FusionRAGError
+    from fusionrag_llm.ingest.pipeline import answer
+
+    rag = load_rag(model, device, dtype, store)
+    try:
+        out, hits = answer(rag, question, top_k=top_k, method=method, recompute_ratio=ratio, max_new_tokens=max_new_tokens)
+    except FusionRAGError as exc:
+        raise click.ClickException(str(exc)) from None
+    if show_chunks:
+        for rank, (text, source, score) in enumerate(hits, 1):
+            click.echo(f"[{rank}] {score:.3f} {source}: {text[:160]}{'...' if len(text) > 160 else ''}")
+    click.echo(out.text.strip())
+    s = out.stats
+    rows = [
+        ("method", f"{s.method} (r={s.recompute_ratio})"),
+        ("TTFT", f"{s.ttft_s * 1000:.0f} ms (load {s.load_s * 1000:.0f}, select {s.select_s * 1000:.0f}, prefill {s.prefill_s * 1000:.0f})"),
+        ("prompt tokens", f"{s.prompt_tokens}: {s.reused_tokens} reused, {s.recomputed_tokens} recomputed, {s.computed_tokens} computed"),
+        ("chunks", ", ".join(f"{k} {v}" for k, v in s.path_hits.items())),
+        ("decode", f"{s.generated_tokens} tokens in {s.decode_s:.2f} s"),
+    ]
+    click.echo("")
+    for name, value in rows:
+        click.echo(f"{name:>14}  {value}")

@@ -1,0 +1,122 @@
+"""A retrieval index of ingested document chunks on disk: FAISS + the chunks' text and vectors.
+
+Files in ``<store>/documents/``: ``chunks.jsonl`` (one line per chunk: text, source, vector;
+appended under a lock, the source of truth), ``index.faiss`` (rebuilt from the lines whenever it is
+behind them), ``meta.json`` (the model and embedding space it was built for).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from fusionrag_llm.errors import FusionRAGError
+
+
+@dataclass(frozen=True)
+class IndexMeta:
+    model: str  # the LLM whose KV entries were stored alongside
+    model_fingerprint: str
+    embedding: str  # the embedding model (or "given")
+    dim: int
+
+
+class DocumentIndex:
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.texts: list[str] = []
+        self.sources: list[str] = []
+        self._vectors: list[np.ndarray] = []
+        self._rows: dict[str, int] = {}
+        self.meta: IndexMeta | None = None
+        self.index: faiss.IndexFlatIP | None = None
+        self._load()
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __contains__(self, text: str) -> bool:
+        return text in self._rows
+
+    def check_meta(self, meta: IndexMeta) -> None:
+        """Refuse to mix models or embedding spaces in one index."""
+        if self.meta is None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            _write_atomic(self.folder / "meta.json", json.dumps(meta.__dict__, indent=2).encode())
+            self.meta = meta
+        elif self.meta.model_fingerprint != meta.model_fingerprint:
+            raise FusionRAGError(
+                f"the index in {str(self.folder)!r} was built with model {self.meta.model!r}, not {meta.model!r}; "
+                f"pass --model {self.meta.model} or use another --store"
+            )
+        elif (self.meta.embedding, self.meta.dim) != (meta.embedding, meta.dim):
+            raise FusionRAGError(f"the index in {str(self.folder)!r} uses embeddings {self.meta.embedding!r} ({self.meta.dim}-d)")
+
+    def add(self, texts: list[str], sources: list[str], vectors: np.ndarray) -> None:
+        lines = "".join(json.dumps({"text": t, "source": s, "vector": v.tolist()}) + "\n" for t, s, v in zip(texts, sources, vectors))
+        with open(self.folder / "chunks.jsonl", "a", encoding="utf-8") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            handle.write(lines)
+            handle.flush()
+            fcntl.flock(handle, fcntl.LOCK_UN)
+        for text, source, vector in zip(texts, sources, vectors):
+            self._remember(text, source, vector)
+        self._write_index()
+
+    def vector_of(self, text: str) -> np.ndarray:
+        return self._vectors[self._rows[text]]
+
+    def _remember(self, text: str, source: str, vector: np.ndarray) -> None:
+        if text not in self._rows:
+            self._rows[text] = len(self.texts)
+            self.texts.append(text)
+            self.sources.append(source)
+            self._vectors.append(np.asarray(vector, dtype=np.float32))
+
+    def search(self, vector: np.ndarray, k: int) -> list[tuple[str, str, float]]:
+        """(text, source, score) of the k most similar chunks, best first."""
+        if not self.texts:
+            raise FusionRAGError(f"the index in {str(self.folder)!r} is empty; run 'fusionrag ingest PATH' first")
+        scores, rows = self.index.search(np.asarray(vector, dtype=np.float32)[None], min(k, len(self.texts)))
+        return [(self.texts[r], self.sources[r], float(s)) for r, s in zip(rows[0], scores[0]) if r >= 0]
+
+    def _load(self) -> None:
+        meta_path, lines_path = self.folder / "meta.json", self.folder / "chunks.jsonl"
+        if meta_path.is_file():
+            self.meta = IndexMeta(**json.loads(meta_path.read_text()))
+        if lines_path.is_file():
+            with open(lines_path, encoding="utf-8") as handle:
+                for line in handle:
+                    try:
+                        record = json.loads(line)
+                    except ValueError:
+                        continue  # a line torn by an interrupted writer
+                    self._remember(record["text"], record["source"], record["vector"])
+        index_path = self.folder / "index.faiss"
+        if index_path.is_file():
+            self.index = faiss.read_index(str(index_path))
+        if self.index is None or self.index.ntotal != len(self.texts):
+            self._write_index()
+
+    def _write_index(self) -> None:
+        if not self._vectors:
+            return
+        index = faiss.IndexFlatIP(len(self._vectors[0]))
+        index.add(np.stack(self._vectors))
+        self.folder.mkdir(parents=True, exist_ok=True)
+        partial = self.folder / f".index.faiss.{os.getpid()}"
+        faiss.write_index(index, str(partial))
+        os.replace(partial, self.folder / "index.faiss")
+        self.index = index
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_bytes(data)
+    os.replace(partial, path)

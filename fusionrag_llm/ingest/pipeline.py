@@ -1,0 +1,80 @@
+"""Files -> chunks -> embeddings -> FAISS retrieval index on disk -> plain and fused KV entries.
+
+Resumable: chunks are committed in batches (KV entries first, then their index lines), so an
+interrupted run loses at most the batch in flight, and a re-run skips what is there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from fusionrag_llm.api import FusionRAG
+from fusionrag_llm.engine.llm_engine import Generation
+from fusionrag_llm.errors import FusionRAGError
+from fusionrag_llm.ingest.doc_index import DocumentIndex, IndexMeta
+from fusionrag_llm.ingest.documents import load_chunks
+from fusionrag_llm.ingest.embeddings import DEFAULT_EMBEDDING_NAME, default_embedder, normalized
+from fusionrag_llm.request import RAGRequest
+
+BATCH = 32
+
+
+@dataclass
+class IngestSummary:
+    files: int
+    chunks: int
+    new_chunks: int
+    plain_computed: int
+    fused_computed: int
+
+
+def document_index(rag: FusionRAG) -> DocumentIndex:
+    folder = rag.store.directory
+    if folder is None:
+        raise FusionRAGError("document ingestion needs a store folder, not an in-memory store")
+    index = DocumentIndex(Path(folder) / "documents")
+    dim = index.meta.dim if index.meta else 0
+    index.check_meta(IndexMeta(rag.loaded.name, rag.entries.fingerprint, DEFAULT_EMBEDDING_NAME, dim or _embedding_dim()))
+    return index
+
+
+def _embedding_dim() -> int:
+    return int(default_embedder()(["dimension probe"]).shape[1])
+
+
+def ingest_paths(rag: FusionRAG, paths: Sequence[str | Path], max_words: int = 200, neighbors: int = 10,
+                 fuse: bool = True, progress: bool = True) -> IngestSummary:  # fmt: skip
+    """Ingest text/markdown files and folders; every file is read and checked before anything is stored."""
+    chunks = load_chunks(paths, max_words)
+    index = document_index(rag)
+    new = [c for c in dict.fromkeys(chunks) if c.text not in index]
+    new = list({c.text: c for c in new}.values())  # the same text in two files is one chunk
+    embed = default_embedder()
+    plain = 0
+    for start in tqdm(range(0, len(new), BATCH), desc="chunks", unit="batch", disable=not progress):
+        batch = new[start : start + BATCH]
+        vectors = normalized(embed([c.text for c in batch]), len(batch))
+        plain += rag.ingest([c.text for c in batch], fuse=False, embeddings=vectors).plain_computed
+        index.add([c.text for c in batch], [c.source for c in batch], vectors)
+    fused = 0
+    if fuse:
+        texts = list(dict.fromkeys(c.text for c in chunks))
+        vectors = np.stack([index.vector_of(t) for t in texts])
+        fused = rag.ingest(texts, fuse=True, neighbors=neighbors, embeddings=vectors, progress=progress).fused_computed
+    files = len({c.source for c in chunks})
+    return IngestSummary(files, len(chunks), len(new), plain, fused)
+
+
+def answer(rag: FusionRAG, question: str, top_k: int = 5, **generate_options) -> tuple[Generation, list]:
+    """Retrieve the ``top_k`` chunks most similar to ``question`` and answer over them."""
+    if not question.strip():
+        raise FusionRAGError("the question is empty")
+    index = document_index(rag)
+    hits = index.search(normalized(default_embedder()([question]), 1)[0], top_k)
+    out = rag.generate(RAGRequest(chunks=[text for text, _, _ in hits], question=question), **generate_options)
+    return out, hits

@@ -1,0 +1,76 @@
+"""``fusionrag ingest`` then ``fusionrag query`` end to end, ``fusionrag cache``, and bad input."""
+
+import pytest
+from click.testing import CliRunner
+
+from fusionrag_llm.cli.main import cli
+from fusionrag_llm.ingest.doc_index import DocumentIndex
+
+DOCS = {
+    "river.md": "# Rivers\n\nThe Zorblat river flows through the city of Quennel.\n\nIts water is cold all year.",
+    "kingdom.txt": "Quennel is the capital of Marovia, a small kingdom in the hills.",
+    "notes/trade.md": "Marovia exports cheese, wool and carved wooden spoons to its neighbours.",
+}
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+@pytest.fixture()
+def corpus(tmp_path):
+    for name, text in DOCS.items():
+        path = tmp_path / "docs" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path / "docs"
+
+
+def test_ingest_then_query_then_resume(corpus, tmp_path):
+    store = str(tmp_path / "store")
+    first = run("ingest", str(corpus), "--model", "tiny", "--store", store, "--neighbors", "2")
+    assert first.exit_code == 0, first.output
+    assert "3 files, 3 chunks (3 new): 3 plain and 3 fused entries computed" in first.output
+    again = run("ingest", str(corpus), "--model", "tiny", "--store", store, "--neighbors", "2")
+    assert "(0 new): 0 plain and 0 fused entries computed" in again.output
+    answer = run("query", "Which river flows through Quennel?", "--model", "tiny", "--store", store,
+                 "--top-k", "2", "--max-new-tokens", "3", "--show-chunks")  # fmt: skip
+    assert answer.exit_code == 0, answer.output
+    assert "river.md" in answer.output.splitlines()[0]  # the best hit is the river document
+    assert "chunk 2, miss 0" in answer.output and "recomputed" in answer.output
+    stats = run("cache", "stats", "--store", store)
+    assert "registered chunks: 3" in stats.output
+    verify = run("cache", "verify", "--store", store)
+    assert verify.exit_code == 0 and "0 corrupt" in verify.output
+
+
+def test_bad_inputs_fail_cleanly_and_lose_nothing(corpus, tmp_path):
+    store = str(tmp_path / "store")
+    assert run("ingest", str(corpus), "--model", "tiny", "--store", store).exit_code == 0
+    (tmp_path / "blob.txt").write_bytes(b"\x89PNG\x00\x00binary")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (tmp_path / "empty.md").write_text("  \n")
+    cases = [
+        ([str(tmp_path / "missing")], "does not exist"),
+        ([str(tmp_path / "blob.txt")], "looks like a binary file"),
+        ([str(tmp_path / "latin1.txt")], "is not UTF-8 text"),
+        ([str(corpus), str(tmp_path / "empty.md")], "is empty"),
+        ([str(tmp_path / "store")], "no text files"),
+    ]
+    for paths, message in cases:
+        result = run("ingest", *paths, "--model", "tiny", "--store", store)
+        assert result.exit_code != 0 and message in result.output, (paths, result.output)
+        assert "Traceback" not in result.output
+    other = run("query", "What does Marovia export?", "--model", "tiny-qwen2", "--store", store)
+    assert other.exit_code != 0 and "was built with model 'tiny'" in other.output
+    assert len(DocumentIndex(tmp_path / "store" / "documents")) == 3  # nothing already ingested was lost
+    assert run("query", "What does Marovia export?", "--model", "tiny", "--store", store, "--max-new-tokens", "2").exit_code == 0
+
+
+def test_query_on_an_empty_store_and_cache_clear(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    result = run("query", "anything?", "--model", "tiny", "--store", str(store))
+    assert result.exit_code != 0 and "run 'fusionrag ingest PATH' first" in result.output
+    cleared = run("cache", "clear", "--store", str(store), "--yes")
+    assert cleared.exit_code == 0 and "removed" in cleared.output
