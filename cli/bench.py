@@ -66,6 +66,7 @@ seed_option = click.option("--seed", default=0, show_default=True, type=int, hel
 store_option = click.option("--store", default=None, type=click.Path(file_okay=False),
                             help="KV store folder (disk tier); default: memory only.")  # fmt: skip
 host_option = click.option("--host-gib", default=4.0, show_default=True, type=click.FloatRange(0.01), help="Host-memory budget of the KV store.")
+disk_option = click.option("--disk-gib", default=20.0, show_default=True, type=click.FloatRange(0.01), help="Disk budget of --store.")
 progress_option = click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
 
 
@@ -74,11 +75,11 @@ def out_option(default: str):
                         help="Folder for the JSON, table and plots.")  # fmt: skip
 
 
-def _load(model: str, device: str | None, dtype: str | None, store: str | None, host_gib: float):
+def _load(model: str, device: str | None, dtype: str | None, store: str | None, host_gib: float, disk_gib: float):
     from fusionrag_llm.eval.bench_data import open_bench_rag
 
     try:
-        return open_bench_rag(model, device, dtype, store, host_gib)
+        return open_bench_rag(model, device, dtype, store, host_gib, disk_gib)
     except ValueError as exc:  # FusionRAGError and bad budgets
         raise click.ClickException(str(exc)) from None
 
@@ -112,37 +113,30 @@ def bench() -> None:
 @click.option("--fresh", is_flag=True, help="Discard records of an earlier run in --out instead of resuming.")
 @store_option
 @host_option
+@disk_option
 @progress_option
 def quality(dataset, methods, ratios, passages, limit, words_per_passage, model, device, dtype, neighbors,
-            max_new_tokens, seed, out, fresh, store, host_gib, progress) -> None:  # fmt: skip
+            max_new_tokens, seed, out, fresh, store, host_gib, disk_gib, progress) -> None:  # fmt: skip
     """F1/EM vs gold answers and fidelity to Full Attention (KL, first token, greedy EM) per method and ratio."""
-    from fusionrag_llm.eval.bench_quality import QualityConfig, run_quality
+    from fusionrag_llm.eval.bench_data import load_examples
+    from fusionrag_llm.eval.bench_quality import QualityConfig, records_of_run, run_quality
     from fusionrag_llm.eval.partial_log import PartialLog
     from fusionrag_llm.eval.quality_report import aggregate, write_quality
     from fusionrag_llm.eval.results import machine_info
-    from fusionrag_llm.eval.bench_data import load_examples
 
     config = QualityConfig(dataset, model, methods, ratios, passages, limit, neighbors, max_new_tokens, seed,
                            words_per_passage, device, dtype)  # fmt: skip
     try:
         examples = load_examples(dataset, limit, passages, seed, words_per_passage)
         log = PartialLog(Path(out) / "quality.partial.jsonl", config.identity(), fresh=fresh)
-        rag = _load(model, device, dtype, store, host_gib)
+        rag = _load(model, device, dtype, store, host_gib, disk_gib)
         run = run_quality(rag, examples, config, log, progress=progress)
     except ValueError as exc:  # FusionRAGError and DatasetError are ValueErrors
         raise click.ClickException(str(exc)) from None
     click.echo(f"records: {run.computed} computed, {run.skipped} resumed from {log.path}")
-    qids = [ex.id for ex in examples]
-    keys = [(q, method.label, ratio) for q in qids for method, ratio in _jobs(methods, ratios)]
-    records = [log.get(key) for key in keys if log.has(key)]
-    rows = aggregate(records, methods, ratios, qids)
+    records = records_of_run(log, examples, config)
+    rows = aggregate(records, methods, ratios, [ex.id for ex in examples])
     _echo_outputs(write_quality(Path(out), config.to_dict(), machine_info(rag), vars(run), records, rows))
-
-
-def _jobs(methods, ratios):
-    from fusionrag_llm.eval.bench_methods import jobs
-
-    return jobs(methods, ratios)
 
 
 @bench.command()
@@ -160,16 +154,17 @@ def _jobs(methods, ratios):
 @out_option("bench_results")
 @store_option
 @host_option
+@disk_option
 @progress_option
 def ttft(lengths, methods, ratios, dataset, model, device, dtype, neighbors, repeats, hf, seed, out, store,
-         host_gib, progress) -> None:  # fmt: skip
+         host_gib, disk_gib, progress) -> None:  # fmt: skip
     """Time to first token (median, with load/select/prefill) per method, ratio and prompt length."""
     from fusionrag_llm.eval.bench_ttft import TTFTConfig, build_prompts, ingest_prompts, run_ttft, source_passages, write_ttft
     from fusionrag_llm.eval.hf_baseline import load_hf_twin
     from fusionrag_llm.eval.results import machine_info
 
     config = TTFTConfig(dataset, model, lengths, methods, ratios, repeats, neighbors, seed, device, dtype)
-    rag = _load(model, device, dtype, store, host_gib)
+    rag = _load(model, device, dtype, store, host_gib, disk_gib)
     try:
         question, passages = source_passages(dataset, max(lengths), seed)
         prompts = build_prompts(rag, question, passages, lengths)
@@ -192,14 +187,15 @@ def ttft(lengths, methods, ratios, dataset, model, device, dtype, neighbors, rep
 @out_option("bench_results")
 @store_option
 @host_option
+@disk_option
 @progress_option
-def ingest(chunks, dataset, model, device, dtype, neighbors, seed, out, store, host_gib, progress) -> None:
+def ingest(chunks, dataset, model, device, dtype, neighbors, seed, out, store, host_gib, disk_gib, progress) -> None:
     """Offline-stage throughput (plain and fused chunks/min) and KV store size."""
     from fusionrag_llm.eval.bench_ingest import IngestConfig, ingest_texts, run_ingest, write_ingest
     from fusionrag_llm.eval.results import machine_info
 
     config = IngestConfig(dataset, model, chunks, neighbors, seed, store, device, dtype)
-    rag = _load(model, device, dtype, store, host_gib)
+    rag = _load(model, device, dtype, store, host_gib, disk_gib)
     try:
         texts = ingest_texts(dataset, chunks, seed)
         result = run_ingest(rag, texts, neighbors, progress=progress)

@@ -67,8 +67,15 @@ class ContextResolver:
             self.entries.place(cache, prefix, 0)
             matched = 1
         reused, fresh, suffix = [], [], []
-        position = boundaries[matched - 1].end
-        for segment in segments[boundaries[matched - 1].segment + 1 :]:
+        position, first = boundaries[matched - 1].end, boundaries[matched - 1].segment + 1
+        if matched == 1 and plan.reuses_chunks and self._plain_is_exact(segments, first):
+            # A chunk right after the canonical prefix: its plain entry is that path's exact KV.
+            entry = self._chunk_entry(segments[first].token_ids, "plain", stats, exact=True)
+            self.entries.place(cache, entry, position)
+            position += len(entry.token_ids)
+            matched += 1 if len(boundaries) > 1 else 0  # that block is known; do not store it again
+            first += 1
+        for segment in segments[first:]:
             if segment.kind == "chunk" and plan.reuses_chunks:
                 entry = self._chunk_entry(segment.token_ids, plan.kv_variant, stats)
                 reused.append(self.entries.place(cache, entry, position))
@@ -89,6 +96,9 @@ class ContextResolver:
         )
         return ResolvedContext(layout, boundaries, matched)
 
+    def _plain_is_exact(self, segments: Sequence[Segment], index: int) -> bool:
+        return index < len(segments) and segments[index].kind == "chunk" and segments[0].token_ids == self.entries.s0_ids
+
     def _fetch(self, key: str, token_ids: Sequence[int]) -> tuple[KVEntry, str] | None:
         found = self.preloaded.get(key)
         if found is not None and found[0].token_ids == tuple(token_ids):
@@ -108,14 +118,14 @@ class ContextResolver:
             matched += 1
         return matched
 
-    def _chunk_entry(self, token_ids: tuple[int, ...], variant: str, stats: GenerationStats) -> KVEntry:
+    def _chunk_entry(self, token_ids: tuple[int, ...], variant: str, stats: GenerationStats, exact: bool = False) -> KVEntry:
         """The chunk's entry of ``variant``, else its plain entry, else compute and store the plain entry."""
         for name in (variant, "plain") if variant != "plain" else ("plain",):
             found = self._fetch(self.entries.key(token_ids, name), token_ids)
             if found is not None:
                 entry, tier = found
-                stats.path_hits["chunk"] += 1
-                stats.variant_hits[name] += 1
+                stats.path_hits["exact" if exact else "chunk"] += 1
+                stats.variant_hits[name] += 0 if exact else 1
                 stats.tier_hits[tier] = stats.tier_hits.get(tier, 0) + 1
                 return entry
         entry = self.entries.compute_plain([token_ids])[0]

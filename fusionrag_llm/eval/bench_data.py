@@ -53,22 +53,24 @@ def passage_pool(examples: list[QAExample]) -> list[str]:
     return list(dict.fromkeys(text for ex in examples for text in chunk_texts(ex)))
 
 
-def open_bench_rag(model: str, device: str | None, dtype: str | None, store: str | None, host_gib: float):
+def open_bench_rag(model: str, device: str | None, dtype: str | None, store: str | None, host_gib: float,
+                   disk_gib: float = 20.0):  # fmt: skip
     """The engine as the benchmarks run it: ``prefix_cache=False`` and a store of their own.
 
     Without the path cache, an exact run (Full Attention, ratio 1) cannot leave exact KV of a
     prompt behind for the next method to reuse, so every method is measured on its own entries.
-    ``store``: a folder (persistent; resumed runs skip the offline stage) or ``None`` (memory only,
-    ``host_gib`` GiB of host memory, never the user's default store).
+    ``store``: a folder (persistent, at most ``disk_gib`` GiB; resumed runs skip the offline stage)
+    or ``None`` (memory only). Either way ``host_gib`` GiB of host memory; never the user's default
+    store.
     """
     from fusionrag_llm import FusionRAG
     from fusionrag_llm.engine.store import MEMORY, open_store
     from fusionrag_llm.models.loader import load_model
     from fusionrag_llm.storage.settings import GiB, StoreBudgets
 
-    if not host_gib > 0:
-        raise ValueError(f"the host-memory budget must be > 0 GiB, got {host_gib}")
+    if not host_gib > 0 or not disk_gib > 0:
+        raise ValueError(f"store budgets must be > 0 GiB, got host {host_gib}, disk {disk_gib}")
     loaded = load_model(model, device=device, dtype=dtype)
-    budgets = StoreBudgets(host_bytes=int(host_gib * GiB))
+    budgets = StoreBudgets(host_bytes=int(host_gib * GiB), disk_bytes=int(disk_gib * GiB))
     kv_store = open_store(MEMORY if store is None else store, loaded.model.device, budgets=budgets)
     return FusionRAG(loaded, store=kv_store, prefix_cache=False)

@@ -26,7 +26,7 @@ from fusionrag_llm.request import RAGRequest
 logger = logging.getLogger(__name__)
 
 STAT_FIELDS = ("ttft_s", "load_s", "select_s", "prefill_s", "decode_s", "prompt_tokens", "reused_tokens",
-               "recomputed_tokens", "computed_tokens", "generated_tokens", "path_hits", "tier_hits")  # fmt: skip
+               "recomputed_tokens", "computed_tokens", "generated_tokens", "path_hits", "tier_hits", "variant_hits")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -85,13 +85,11 @@ def run_quality(rag, examples: list[QAExample], config: QualityConfig, log: Part
     """Fill ``log`` with a record per (question, method, ratio) of ``config``; return what was done."""
     todo = {ex.id: [j for j in jobs(config.methods, config.ratios) if not log.has(_key(ex.id, *j))] for ex in examples}
     run = QualityRun(skipped=sum(len(jobs(config.methods, config.ratios)) - len(t) for t in todo.values()))
-    start = time.perf_counter()
-    report = rag.ingest(passage_pool(examples), neighbors=config.neighbors, progress=progress)
-    run.offline = {"chunks": len(report.chunk_ids), "plain_computed": report.plain_computed,
-                   "fused_computed": report.fused_computed, "seconds": time.perf_counter() - start}  # fmt: skip
     pending = [ex for ex in examples if todo[ex.id]]
-    if pending:
-        _warm_up(rag, pending[0], config)
+    if not pending:
+        return run  # everything was resumed: no offline stage needed
+    run.offline = _offline_stage(rag, examples, config, progress)
+    _warm_up(rag, pending[0], config)
     for ex in tqdm(pending, desc="questions", unit="q", disable=not progress):
         # Entries evicted from a bounded store since the offline stage are recomputed here (same
         # neighbours: the catalog holds the whole pool), so no method silently falls back to plain.
@@ -99,6 +97,20 @@ def run_quality(rag, examples: list[QAExample], config: QualityConfig, log: Part
         run.reingested += again.plain_computed + again.fused_computed
         run.computed += _run_question(rag, ex, todo[ex.id], config, log)
     return run
+
+
+def _offline_stage(rag, examples: list[QAExample], config: QualityConfig, progress: bool) -> dict:
+    """Plain and fused entries of every passage of the run; neighbours come from that whole pool."""
+    start = time.perf_counter()
+    report = rag.ingest(passage_pool(examples), neighbors=config.neighbors, progress=progress)
+    return {"chunks": len(report.chunk_ids), "plain_computed": report.plain_computed,
+            "fused_computed": report.fused_computed, "seconds": time.perf_counter() - start}  # fmt: skip
+
+
+def records_of_run(log: PartialLog, examples: list[QAExample], config: QualityConfig) -> list[dict]:
+    """The log's records for this run's questions, methods and ratios (a log may hold more)."""
+    keys = [_key(ex.id, method, ratio) for ex in examples for method, ratio in jobs(config.methods, config.ratios)]
+    return [log.get(key) for key in keys if log.has(key)]
 
 
 def _key(qid: str, method: BenchMethod, ratio: float | None):
@@ -159,5 +171,5 @@ def _record(ex: QAExample, method: BenchMethod, ratio, gen, ref_ids: list[int], 
         "first_token": first_token_agreement(ref_ids, gen.token_ids),
         "greedy_em": greedy_exact_match(ref_ids, gen.token_ids),
         "kl": kl,
-        **{name: stats[name] for name in STAT_FIELDS},
+        **{name: stats.get(name) for name in STAT_FIELDS},
     }

@@ -83,9 +83,11 @@ def build_prompts(rag, question: str, passages: list[str], lengths: tuple[int, .
         sizes.append(sum(len(s.token_ids) for s in rag.segments(request)))
     if sizes[-1] < max(lengths) * 0.9:
         raise ValueError(f"the dataset has only enough passages for {sizes[-1]} prompt tokens; lower --lengths")
+    fitting = [i for i, n in enumerate(sizes) if n < window]
+    if not fitting:
+        raise ValueError(f"one passage already makes a prompt of {sizes[0]} tokens, beyond the {window}-token window")
     prompts = []
     for target in lengths:
-        fitting = [i for i, n in enumerate(sizes) if n < window]
         best = min(fitting, key=lambda i: abs(sizes[i] - target))
         request = RAGRequest(chunks=passages[: best + 1], question=question)
         prompts.append(LengthPrompt(target, request, sizes[best]))

@@ -52,25 +52,55 @@ def test_partial_ratio_differs_and_counts_add_up(rag, full, method, kv_variant, 
     reference, reference_logits = full
     knobs = dict(method=method, recompute_ratio=0.3, kv_variant=kv_variant, selector=selector)
     out = rag.generate(REQUEST, max_new_tokens=4, **knobs)
-    chunk_tokens = sum(len(s.token_ids) for s in out.segments if s.kind == "chunk")
-    assert out.stats.recomputed_tokens == round(0.3 * chunk_tokens)
-    assert out.stats.reused_tokens + out.stats.recomputed_tokens == chunk_tokens
-    assert out.stats.path_hits == {"exact": 0, "chunk": 3, "miss": 0}
+    chunks = [s for s in out.segments if s.kind == "chunk"]
+    reusable = sum(len(s.token_ids) for s in chunks[1:])  # the first chunk follows S0: its plain entry is exact
+    assert out.stats.recomputed_tokens == round(0.3 * reusable)
+    assert out.stats.reused_tokens + out.stats.recomputed_tokens == reusable
+    assert out.stats.path_hits == {"exact": 1, "chunk": 2, "miss": 0}
     logits = rag.logits(REQUEST, reference.token_ids, **knobs)
     assert (logits - reference_logits).abs().max().item() > 1e-3  # approximate, not secretly exact
 
 
-def test_one_plain_chunk_at_ratio_zero_equals_full_attention():
+def test_first_chunk_after_the_canonical_prefix_is_exact_and_never_selected(rag, full):
+    reference, reference_logits = full
+    out = rag.generate(REQUEST, method="fusionrag", recompute_ratio=0.3, max_new_tokens=2)
+    first = [s for s in out.segments if s.kind == "chunk"][0]
+    assert out.stats.path_hits["exact"] == 1
+    prefix_len = len(out.segments[0].token_ids)
+    captured = []
+    original = rag.engine.model.forward
+
+    def spy(step, cache):
+        captured.append(step.positions.clone())
+        return original(step, cache)
+
+    rag.engine.model.forward = spy
+    try:
+        rag.generate(REQUEST, method="fusionrag", recompute_ratio=1.0, max_new_tokens=1)
+    finally:
+        del rag.engine.model.forward
+    recomputed = set(captured[-1].tolist())  # r = 1 and one new token: the last call is the sparse prefill
+    assert not recomputed & set(range(prefix_len, prefix_len + len(first.token_ids)))
+
+
+@pytest.mark.parametrize("system", [None, "You answer in one word."])
+def test_one_plain_chunk_at_ratio_zero_equals_full_attention(system):
+    """With the canonical prefix the chunk's plain entry is exact; after another system prompt it is
+    reused (approximate) and only equals Full Attention up to the changed prefix's influence."""
     rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
-    request = RAGRequest(chunks=[CHUNKS[0]], question="Who designed it?")
+    request = RAGRequest(chunks=[CHUNKS[0]], question="Who designed it?", system=system)
     rag.add_chunks([CHUNKS[0]], fuse=False, embeddings=[[1.0, 0.0]])
     reference = rag.generate(request, method="full_attention", max_new_tokens=8)
     out = rag.generate(request, method="full_reuse", max_new_tokens=8)
-    assert out.stats.reused_tokens == len(rag.tokenizer.encode(CHUNKS[0])) and out.stats.recomputed_tokens == 0
     logits = rag.logits(request, reference.token_ids, method="full_reuse")
     reference_logits = rag.logits(request, reference.token_ids, method="full_attention")
-    assert (logits - reference_logits).abs().max().item() <= 1e-4
-    assert out.token_ids == reference.token_ids
+    difference = (logits - reference_logits).abs().max().item()
+    if system is None:
+        assert out.stats.path_hits["exact"] == 1 and out.stats.reused_tokens == 0
+        assert difference <= 1e-4 and out.token_ids == reference.token_ids
+    else:
+        assert out.stats.path_hits["chunk"] == 1 and out.stats.reused_tokens == len(rag.tokenizer.encode(CHUNKS[0]))
+        assert difference > 1e-3
 
 
 def _snapshot(rag):
@@ -95,15 +125,14 @@ def test_reused_entries_are_untouched_by_requests(rag):
 
 def test_recomputed_tokens_see_only_earlier_positions(rag):
     """A recomputed token's output does not depend on anything placed after it."""
-    early = RAGRequest(chunks=[CHUNKS[0], CHUNKS[1]], question="Where?")
-    changed = RAGRequest(chunks=[CHUNKS[0], CHUNKS[3]], question="Where?")
+    early = RAGRequest(chunks=[CHUNKS[3], CHUNKS[0], CHUNKS[1]], question="Where?")
+    changed = RAGRequest(chunks=[CHUNKS[3], CHUNKS[0], CHUNKS[2]], question="Where?")
     captured = []
     original = rag.engine.model.forward
 
     def spy(step, cache):
         out = original(step, cache)
-        if len(step.token_ids) > 20:  # the sparse prefill (the selection pass runs fewer tokens)
-            captured.append((step.positions.clone(), cache.values[:, :, : cache.length].clone()))
+        captured.append((step.positions.clone(), cache.values[:, :, : cache.length].clone()))
         return out
 
     rag.engine.model.forward = spy
@@ -112,19 +141,23 @@ def test_recomputed_tokens_see_only_earlier_positions(rag):
             rag.generate(request, method="cacheblend", recompute_ratio=1.0, max_new_tokens=1)
     finally:
         del rag.engine.model.forward
-    (positions_a, values_a), (positions_b, values_b) = captured[-2:]
-    first_chunk_end = len(rag.segments(early)[0].token_ids) + len(rag.tokenizer.encode(CHUNKS[0]))
-    # every slot of the first chunk was recomputed in both runs and must agree bit for bit (to fp32 noise)
-    assert set(range(len(rag.segments(early)[0].token_ids), first_chunk_end)) <= set(positions_a.tolist())
-    assert torch.allclose(values_a[:, :, :first_chunk_end], values_b[:, :, :first_chunk_end], atol=1e-6)
-    assert not torch.allclose(values_a[:, :, first_chunk_end : first_chunk_end + 5], values_b[:, :, first_chunk_end : first_chunk_end + 5])
+    assert len(captured) == 2  # at r = 1 nothing is scored: one sparse prefill per request
+    (positions_a, values_a), (positions_b, values_b) = captured
+    segments = rag.segments(early)
+    start = len(segments[0].token_ids) + len(segments[1].token_ids) + len(segments[2].token_ids)  # after "\n\n"
+    end = start + len(segments[3].token_ids)  # the second chunk, CHUNKS[0]
+    assert set(range(start, end)) <= set(positions_a.tolist())  # it was recomputed in both runs
+    assert torch.allclose(values_a[:, :, :end], values_b[:, :, :end], atol=1e-6)
+    assert not torch.allclose(values_a[:, :, end + 2 : end + 8], values_b[:, :, end + 2 : end + 8])
 
 
 def test_miss_computes_and_stores_the_plain_entry(rag):
     unseen = "An unregistered chunk about the ferry timetable of Keldmouth harbour."
-    request = RAGRequest(chunks=[CHUNKS[0], unseen], question="When do ferries leave?")
+    request = RAGRequest(chunks=[CHUNKS[0], unseen, CHUNKS[1]], question="When do ferries leave?")
     first = rag.generate(request, method="fusionrag", max_new_tokens=2)
-    assert first.stats.path_hits == {"exact": 0, "chunk": 1, "miss": 1}
+    assert first.stats.path_hits == {"exact": 1, "chunk": 1, "miss": 1}
+    assert first.stats.variant_hits == {"fused": 1, "plain": 0}
     second = rag.generate(request, method="fusionrag", max_new_tokens=2)
-    assert second.stats.path_hits == {"exact": 0, "chunk": 2, "miss": 0}
+    assert second.stats.path_hits == {"exact": 1, "chunk": 2, "miss": 0}
+    assert second.stats.variant_hits == {"fused": 1, "plain": 1}  # the missed chunk has no fused entry
     assert first.text == second.text

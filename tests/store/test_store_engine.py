@@ -40,7 +40,7 @@ def test_a_new_process_gets_hits_and_identical_answers(tmp_path):
     assert first["plain_computed"] == 6
     second = result_of(worker(tmp_path, "both", 0, 6))
     assert second["plain_computed"] == 0
-    assert second["path_hits"] == {"exact": 0, "chunk": 3, "miss": 0}
+    assert second["path_hits"] == {"exact": 1, "chunk": 2, "miss": 0}  # the first chunk follows S0: exact
     assert second["tokens"] == first["tokens"]
 
 
@@ -59,10 +59,10 @@ def test_corrupt_entry_is_dropped_recomputed_and_reported(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         out = reopened.generate(request, method="full_reuse", max_new_tokens=6)
     assert "corrupt" in caplog.text
-    assert out.stats.path_hits == {"exact": 0, "chunk": 2, "miss": 1}
+    assert out.stats.path_hits == {"exact": 1, "chunk": 1, "miss": 1}
     assert out.token_ids == clean.token_ids
     again = reopened.generate(request, method="full_reuse", max_new_tokens=6)
-    assert again.stats.path_hits == {"exact": 0, "chunk": 3, "miss": 0}
+    assert again.stats.path_hits == {"exact": 1, "chunk": 2, "miss": 0}
     assert reopened.store.verify().corrupt == []
 
 
@@ -130,7 +130,8 @@ def test_alternative_path_exact_hit_then_chunk_entries_for_another_order(tmp_pat
     assert again.stats.reused_tokens == 0 and again.token_ids == full.token_ids
     assert (rag.logits(request, full.token_ids) - full_logits).abs().max().item() <= 1e-4
     shuffled = rag.generate(RAGRequest(chunks=texts[::-1], question="How many ferries?"), method="fusionrag", max_new_tokens=2)
-    assert shuffled.stats.path_hits == {"exact": 0, "chunk": 3, "miss": 0}
+    assert shuffled.stats.path_hits == {"exact": 1, "chunk": 2, "miss": 0}  # the first one: its plain entry
+    assert shuffled.stats.variant_hits == {"fused": 2, "plain": 0}
     prefix_shared = rag.generate(RAGRequest(chunks=texts[:2] + [texts[0]], question="How many ferries?"), max_new_tokens=2)
     assert prefix_shared.stats.path_hits == {"exact": 2, "chunk": 1, "miss": 0}
 
@@ -142,7 +143,7 @@ def test_store_dtype_float16_on_disk_while_computing_in_float32(tmp_path):
     entry, _ = rag.entries.lookup(rag.catalog.get(texts[0]).token_ids, "plain")
     assert str(entry.keys.dtype) == "torch.float16"
     out = rag.generate(RAGRequest(chunks=texts, question="q?"), method="full_reuse", max_new_tokens=3)
-    assert out.stats.path_hits["chunk"] == 2
+    assert out.stats.path_hits == {"exact": 1, "chunk": 1, "miss": 0}
 
 
 def test_host_budget_is_respected_by_the_engine(tmp_path):

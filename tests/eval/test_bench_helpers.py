@@ -1,0 +1,95 @@
+"""Benchmark helpers without a model: option parsing, the resumable log, aggregates and eq. 11."""
+
+import doctest
+import json
+import math
+
+import pytest
+
+from fusionrag_llm.eval import bench_data, bench_methods, partial_log, results
+from fusionrag_llm.eval.bench_methods import BenchMethod, jobs, parse_lengths, parse_method, parse_methods, parse_ratios
+from fusionrag_llm.eval.partial_log import PartialLog
+from fusionrag_llm.eval.quality_report import aggregate
+
+
+@pytest.mark.parametrize("module", [bench_methods, partial_log, results, bench_data])
+def test_doctests(module):
+    assert doctest.testmod(module).failed == 0
+
+
+def test_methods_always_start_with_both_baselines_once():
+    labels = [m.label for m in parse_methods("fusionrag,full_reuse,fusionrag")]
+    assert labels == ["full_attention", "full_reuse", "fusionrag"]
+
+
+def test_ablation_is_fusionrag_with_overrides():
+    m = parse_method("fused+kv_deviation")
+    assert (m.method, m.kv_variant, m.selector, m.ratio_free) == ("fusionrag", "fused", "kv_deviation", False)
+    assert parse_method("plain+none").ratio_free and parse_method("full_reuse").ratio_free
+
+
+@pytest.mark.parametrize("spec", ["fusion", "fused+magic", "dense+query_guided", "fused+"])
+def test_bad_method_names_what_is_allowed(spec):
+    with pytest.raises(ValueError, match="kv_variant"):
+        parse_method(spec)
+
+
+def test_ratios_and_lengths_are_checked():
+    assert parse_ratios("1, 0.15,0.15,0") == (0.0, 0.15, 1.0)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        parse_ratios("0.1,1.5")
+    with pytest.raises(ValueError, match="floats"):
+        parse_ratios("a")
+    assert parse_lengths("2000,1000") == (1000, 2000)
+    with pytest.raises(ValueError, match=">= 16"):
+        parse_lengths("8")
+
+
+def test_ratio_free_methods_run_once():
+    pairs = jobs(parse_methods("cacheblend"), (0.0, 0.5))
+    assert [(m.label, r) for m, r in pairs] == [("full_attention", None), ("full_reuse", None),
+                                                ("cacheblend", 0.0), ("cacheblend", 0.5)]  # fmt: skip
+
+
+def test_partial_log_resumes_refuses_other_config_and_survives_a_torn_line(tmp_path):
+    path = tmp_path / "q.partial.jsonl"
+    log = PartialLog(path, {"seed": 0})
+    log.append({"qid": "a", "method": "fusionrag", "ratio": 0.15, "kl": math.nan})
+    with path.open("a") as handle:
+        handle.write('{"qid": "b", "meth')  # killed mid-write
+    again = PartialLog(path, {"seed": 0})
+    assert len(again) == 1 and again.get(("a", "fusionrag", 0.15))["kl"] is None
+    again.append({"qid": "c", "method": "full_reuse", "ratio": None})
+    assert PartialLog(path, {"seed": 0}).has(("c", "full_reuse", None))
+    with pytest.raises(ValueError, match="differs in: seed.*--fresh"):
+        PartialLog(path, {"seed": 1})
+    assert len(PartialLog(path, {"seed": 1}, fresh=True)) == 0
+
+
+def _record(qid, method, ratio, f1, kl, first):
+    return {"qid": qid, "method": method, "ratio": ratio, "f1": f1, "em": 0.0, "first_token": first,
+            "greedy_em": 0.0, "kl": kl, "ttft_s": 0.1, "load_s": 0.0, "select_s": 0.0, "prefill_s": 0.1,
+            "prompt_tokens": 10, "recomputed_tokens": 0, "computed_tokens": 10}  # fmt: skip
+
+
+def test_aggregate_normalises_between_full_reuse_and_full_attention():
+    methods = parse_methods("fusionrag")
+    records = [
+        _record("q1", "full_attention", None, 0.8, 0.0, 1.0), _record("q2", "full_attention", None, 0.6, 0.0, 1.0),
+        _record("q1", "full_reuse", None, 0.2, 0.4, 0.0), _record("q2", "full_reuse", None, 0.2, 0.2, 1.0),
+        _record("q1", "fusionrag", 0.15, 0.5, 0.1, 1.0), _record("q2", "fusionrag", 0.15, 0.4, 0.05, 1.0),
+        _record("q3", "fusionrag", 0.15, 0.0, 9.0, 0.0),  # not a question of this run: ignored
+    ]  # fmt: skip
+    rows = {r["method"]: r for r in aggregate(records, methods, (0.15,), ["q1", "q2"])}
+    assert rows["fusionrag"]["questions"] == 2
+    assert rows["fusionrag"]["norm_f1"] == pytest.approx((0.45 - 0.2) / (0.7 - 0.2))
+    assert rows["fusionrag"]["norm_kl"] == pytest.approx(1 - 0.075 / 0.3)
+    assert rows["fusionrag"]["norm_first_token"] == pytest.approx(1.0)
+    assert rows["full_attention"]["norm_kl"] == 1.0 and rows["full_reuse"]["norm_kl"] == 0.0
+    assert rows["fusionrag"]["norm_em"] == 1.0  # no EM gap to close and nothing lost (eq. 11 degenerate case)
+    assert json.dumps(results.json_safe(rows)).count("NaN") == 0
+
+
+def test_bench_method_rejects_unknown_parts():
+    with pytest.raises(ValueError, match="selector"):
+        BenchMethod("x", "fusionrag", "fused", "best")

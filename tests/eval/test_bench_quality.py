@@ -1,0 +1,125 @@
+"""``fusionrag bench quality`` end to end on the tiny model: files, numbers, resuming."""
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fusionrag_llm import FusionRAG
+from fusionrag_llm.cli.main import cli
+from fusionrag_llm.eval.datasets import default_musique_path
+
+METHODS = "full_attention,full_reuse,cacheblend,fusionrag,fused+kv_deviation,plain+query_guided"
+SYNTHETIC = ["bench", "quality", "--dataset", "synthetic", "--limit", "2", "--passages", "3", "--words-per-passage",
+             "25", "--methods", METHODS, "--ratios", "0,0.15", "--model", "tiny", "--neighbors", "2",
+             "--max-new-tokens", "4", "--no-progress"]  # fmt: skip
+
+
+@pytest.fixture
+def count_generate(monkeypatch):
+    calls = []
+    original = FusionRAG.generate
+
+    def counting(self, *args, **kwargs):
+        calls.append(args[1] if len(args) > 1 else kwargs.get("method"))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(FusionRAG, "generate", counting)
+    return calls
+
+
+def _invoke(args):
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result
+
+
+@pytest.fixture(scope="module")
+def synthetic_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("quality")
+    result = _invoke([*SYNTHETIC, "--out", str(out)])
+    return out, result.output
+
+
+def _rows(data):
+    return {(row["method"], row["ratio"]): row for row in data["aggregates"]}
+
+
+def test_writes_json_table_and_plots(synthetic_run):
+    out, output = synthetic_run
+    for name in ("quality.json", "quality.md", "quality_kl.png", "quality_f1.png", "quality.partial.jsonl"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "quality_kl.png").read_bytes()[:4] == b"\x89PNG"
+    table = (out / "quality.md").read_text()
+    assert "| fused+kv_deviation | 0.15 | 2 |" in table and "| full_reuse | - | 2 |" in table
+    assert table in output
+
+
+def test_json_content(synthetic_run):
+    data = json.loads((synthetic_run[0] / "quality.json").read_text())
+    assert set(data) == {"config", "machine", "run", "aggregates", "records"}
+    assert data["config"]["methods"][:2] == ["full_attention", "full_reuse"] and data["config"]["ratios"] == [0.0, 0.15]
+    assert {"platform", "cpu_count", "torch"} <= set(data["machine"])
+    assert data["run"]["computed"] == len(data["records"]) == 2 * (2 + 4 * 2)
+    for record in data["records"]:
+        assert 0 <= record["f1"] <= 1 and record["em"] in (0.0, 1.0) and record["kl"] >= 0
+        assert record["ttft_s"] > 0 and record["prompt_tokens"] > 0
+        assert record["path_hits"]["exact"] == 0  # the path cache is off: no method reuses another's exact KV
+        if record["method"] in ("fusionrag", "fused+kv_deviation"):  # fused entries served, no plain fallback
+            assert record["variant_hits"] == {"fused": 3, "plain": 0}
+    rows = _rows(data)
+    fa, fr = rows[("full_attention", None)], rows[("full_reuse", None)]
+    assert fa["kl"] == 0 and fa["first_token"] == 1 and fa["greedy_em"] == 1
+    assert fa["norm_kl"] == 1 and fr["norm_kl"] == 0 and fr["kl"] > 0
+    for method in ("cacheblend", "fusionrag", "fused+kv_deviation", "plain+query_guided"):
+        for ratio in (0.0, 0.15):
+            row = rows[(method, ratio)]
+            assert row["questions"] == 2 and isinstance(row["norm_kl"], float)
+            assert isinstance(row["norm_f1"], float) and isinstance(row["norm_first_token"], float)
+            assert (row["recomputed_tokens"] > 0) == (ratio > 0)
+
+
+def test_second_run_resumes_without_generating(synthetic_run, count_generate):
+    out, _ = synthetic_run
+    before = json.loads((out / "quality.json").read_text())["records"]
+    result = _invoke([*SYNTHETIC, "--out", str(out)])
+    assert count_generate == [] and "0 computed, 20 resumed" in result.output
+    assert json.loads((out / "quality.json").read_text())["records"] == before
+
+
+def test_interrupted_run_computes_only_what_is_missing(tmp_path, synthetic_run, count_generate):
+    lines = (synthetic_run[0] / "quality.partial.jsonl").read_text().splitlines()
+    (tmp_path / "quality.partial.jsonl").write_text("\n".join(lines[:-3]) + "\n" + lines[-3][:40])  # torn last line
+    result = _invoke([*SYNTHETIC, "--out", str(tmp_path)])
+    assert "3 computed, 17 resumed" in result.output
+    assert len(count_generate) == 3 + 1  # three records plus the untimed warm-up
+    kept = {json.dumps(json.loads(line)) for line in lines[1:-3]}
+    now = {json.dumps(r) for r in json.loads((tmp_path / "quality.json").read_text())["records"]}
+    assert kept <= now  # resumed records are reused as they were, timings included
+
+
+def test_other_config_in_the_same_folder_is_a_clean_error(synthetic_run):
+    out, _ = synthetic_run
+    args = [a if a != "3" else "2" for a in SYNTHETIC]  # --passages 2
+    result = CliRunner().invoke(cli, [*args, "--out", str(out)])
+    assert result.exit_code != 0 and "differs in: passages" in result.output and "--fresh" in result.output
+
+
+def test_bad_options_are_rejected():
+    for bad in (["--methods", "fused+magic"], ["--ratios", "0.1,2"], ["--dataset", "/nonexistent.json"]):
+        result = CliRunner().invoke(cli, [*SYNTHETIC, *bad])
+        assert result.exit_code == 2 and "Traceback" not in result.output, bad
+
+
+@pytest.mark.skipif(default_musique_path() is None, reason="../shared/data/musique_dev.json is not present")
+def test_musique_file(tmp_path):
+    # Byte-level tokens: one MuSiQue passage is ~2.5k tiny tokens, so one passage per question fits
+    # the tiny model's 4096-token window (two do not).
+    path = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "musique_dev.json"
+    _invoke(["bench", "quality", "--dataset", str(path), "--limit", "2", "--passages", "1", "--methods", "fusionrag",
+             "--ratios", "0.15", "--model", "tiny", "--max-new-tokens", "2", "--no-progress", "--out", str(tmp_path)])  # fmt: skip
+    data = json.loads((tmp_path / "quality.json").read_text())
+    assert data["config"]["dataset"].endswith("musique_dev.json")
+    assert {r["qid"] for r in data["records"]} == {"musique-0", "musique-1"}
+    assert _rows(data)[("fusionrag", 0.15)]["questions"] == 2

@@ -1,0 +1,56 @@
+"""``fusionrag bench ttft`` and ``fusionrag bench ingest`` end to end on the tiny model."""
+
+import json
+import math
+
+from click.testing import CliRunner
+
+from fusionrag_llm.cli.main import cli
+
+
+def _invoke(args):
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result
+
+
+def test_ttft(tmp_path):
+    _invoke(["bench", "ttft", "--dataset", "synthetic", "--lengths", "200,700", "--methods", "fusionrag,cacheblend",
+             "--ratios", "0.15", "--model", "tiny", "--repeats", "1", "--neighbors", "2", "--no-progress",
+             "--out", str(tmp_path)])  # fmt: skip
+    data = json.loads((tmp_path / "ttft.json").read_text())
+    assert (tmp_path / "ttft.png").read_bytes()[:4] == b"\x89PNG" and "vs HF" in (tmp_path / "ttft.md").read_text()
+    assert data["offline"]["fused_computed"] == data["offline"]["chunks"] > 0
+    rows = {(r["length"], r["label"]): r for r in data["rows"]}
+    labels = {"full_attention", "full_reuse", "fusionrag r=0.15", "cacheblend r=0.15", "transformers"}
+    assert set(rows) == {(n, label) for n in (200, 700) for label in labels}
+    assert rows[(200, "full_attention")]["prompt_tokens"] < rows[(700, "full_attention")]["prompt_tokens"]
+    for (length, label), row in rows.items():
+        assert row["ttft_s"] > 0 and len(row["ttft_repeats_s"]) == 1
+        assert math.isclose(row["speedup_vs_fa"], rows[(length, "full_attention")]["ttft_s"] / row["ttft_s"])
+        assert math.isclose(row["speedup_vs_hf"], rows[(length, "transformers")]["ttft_s"] / row["ttft_s"])
+        if label != "transformers":
+            assert row["load_s"] + row["select_s"] + row["prefill_s"] <= row["ttft_s"] * 1.001
+    assert rows[(700, "fusionrag r=0.15")]["recomputed_tokens"] > 0
+    # the HF twin is the same model: its greedy first token is the engine's Full Attention one
+    assert all(rows[(n, "transformers")]["first_token_matches_engine"] for n in (200, 700))
+
+
+def test_ttft_length_beyond_the_window_is_a_clean_error(tmp_path):
+    result = CliRunner().invoke(cli, ["bench", "ttft", "--dataset", "synthetic", "--lengths", "5000", "--model", "tiny",
+                                      "--no-hf", "--no-progress", "--out", str(tmp_path)])  # fmt: skip
+    assert result.exit_code == 1 and "context window of 4096" in result.output
+
+
+def test_ingest(tmp_path):
+    _invoke(["bench", "ingest", "--dataset", "synthetic", "--chunks", "6", "--neighbors", "2", "--model", "tiny",
+             "--no-progress", "--out", str(tmp_path)])  # fmt: skip
+    result = json.loads((tmp_path / "ingest.json").read_text())["result"]
+    assert "| plain | 6 |" in (tmp_path / "ingest.md").read_text()
+    assert result["chunks"] == 6 and result["tokens"] > 6
+    assert result["plain"]["computed"] == result["fused"]["computed"] == 6
+    assert result["again"]["plain_computed"] == result["again"]["fused_computed"] == 0
+    assert result["plain"]["chunks_per_min"] > 0 and result["fused"]["missing"] == 0
+    # tiny: 3 layers x 2 KV heads x 16 dims x (K and V) x 4 bytes (float32) per token
+    assert result["bytes_per_token"] == {"plain": 768.0, "fused": 768.0}
+    assert result["store"]["host"]["bytes"] >= result["plain"]["bytes"] + result["fused"]["bytes"]
