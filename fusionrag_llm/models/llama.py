@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fusionrag_llm.models.attention import attend, causal_tail_start
 from fusionrag_llm.models.config import ModelConfig
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.models.rotary import RotaryTable, apply_rotary
@@ -145,8 +146,10 @@ class DecoderLM(nn.Module):
         cache.valid[step.slots] = True
         if step.groups is not None:
             cache.groups[step.slots] = step.groups
-        mask = cache.attention_mask(step.positions, step.groups)[None, None]  # [1, 1, n, length]
-        return mask, self.rotary_cos_sin(step.positions), self.model.embed_tokens(step.token_ids)
+        tail = None if step.groups is not None else causal_tail_start(
+            step.slots, step.positions, cache.positions, cache.valid, cache.length)  # fmt: skip
+        mask = None if tail is not None else cache.attention_mask(step.positions, step.groups)[None, None]
+        return (mask, tail), self.rotary_cos_sin(step.positions), self.model.embed_tokens(step.token_ids)
 
     def _layer(self, index: int, x, step: ForwardPass, cache: KVCache, mask, cos, sin, out: ForwardOutput):
         layer = self.model.layers[index]
@@ -160,7 +163,7 @@ class DecoderLM(nn.Module):
         cache.keys[index][:, step.slots] = k
         cache.values[index][:, step.slots] = v
         keys, values = cache.keys[index, :, : cache.length], cache.values[index, :, : cache.length]
-        attn = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)[0]
+        attn = attend(q, keys, values, *mask)  # mask: (position mask or None, causal tail start or None)
         x = x + layer.self_attn.o_proj(attn.transpose(0, 1).reshape(x.shape[0], -1))  # attn: [heads, n, d]
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
