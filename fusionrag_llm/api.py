@@ -59,6 +59,7 @@ class FusionRAG:
         embedder: Embedder | None = None,
         prefix_cache: bool = True,
         store_dtype: str | torch.dtype | None = None,
+        kernels: str | None = None,
     ) -> "FusionRAG":
         """Load a model and open its KV store.
 
@@ -66,9 +67,10 @@ class FusionRAG:
         or a hub id. ``store``: a folder (default: ``$FUSIONRAG_STORE`` or the user cache),
         ``":memory:"``, or a ``TieredStore``. ``prefix_cache``: also store and reuse exact KV of
         whole chunk paths (the alternative path). ``store_dtype``: keep entries in another dtype
-        (e.g. ``"float16"`` while computing in float32).
+        (e.g. ``"float16"`` while computing in float32). ``kernels``: ``"auto"`` (Triton on CUDA),
+        ``"torch"`` or ``"triton"``; default ``$FUSIONRAG_KERNELS`` or auto.
         """
-        loaded = load_model(name_or_path, device=device, dtype=dtype)
+        loaded = load_model(name_or_path, device=device, dtype=dtype, kernels=kernels)
         return cls(loaded, store=store, embedder=embedder, prefix_cache=prefix_cache, store_dtype=store_dtype)
 
     @property

@@ -59,7 +59,7 @@ def query_guided_scores(model: DecoderLM, cache: KVCache, layout: RequestLayout)
     queries = out.queries[last][:, in_suffix]  # [heads, n_suffix, head_dim]
     n = cache.length
     scores = critical_scores(queries, layout.suffix_slots, cache.keys[last, :, :n],
-                             cache.positions[:n], cache.valid[:n])  # fmt: skip
+                             cache.positions[:n], cache.valid[:n], backend=model.kernels)  # fmt: skip
     return scores[layout.reused_slots]
 
 

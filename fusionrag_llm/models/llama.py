@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fusionrag_llm.kernels import dispatch
 from fusionrag_llm.models.attention import attend, causal_tail_start
 from fusionrag_llm.models.config import ModelConfig
 from fusionrag_llm.models.kv_cache import KVCache
@@ -120,6 +121,7 @@ class DecoderLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryTable(cfg.rope, cfg.head_dim)
+        self.kernels = "torch"  # "triton": attention through the Triton kernel (set once at load)
 
     def to(self, *args, **kwargs):  # keep the rotary table on the module's device
         module = super().to(*args, **kwargs)
@@ -146,7 +148,7 @@ class DecoderLM(nn.Module):
         cache.valid[step.slots] = True
         if step.groups is not None:
             cache.groups[step.slots] = step.groups
-        tail = None if step.groups is not None else causal_tail_start(
+        tail = None if step.groups is not None or self.kernels == "triton" else causal_tail_start(
             step.slots, step.positions, cache.positions, cache.valid, cache.length)  # fmt: skip
         mask = None if tail is not None else cache.attention_mask(step.positions, step.groups)[None, None]
         return (mask, tail), self.rotary_cos_sin(step.positions), self.model.embed_tokens(step.token_ids)
@@ -163,7 +165,12 @@ class DecoderLM(nn.Module):
         cache.keys[index][:, step.slots] = k
         cache.values[index][:, step.slots] = v
         keys, values = cache.keys[index, :, : cache.length], cache.values[index, :, : cache.length]
-        attn = attend(q, keys, values, *mask)  # mask: (position mask or None, causal tail start or None)
+        if self.kernels == "triton" and step.groups is None:
+            n = cache.length
+            attn = dispatch.q_sparse_attention(q, step.positions, keys, values, cache.positions[:n],
+                                               cache.valid[:n], backend="triton")  # fmt: skip
+        else:
+            attn = attend(q, keys, values, *mask)  # mask: (position mask or None, causal tail start or None)
         x = x + layer.self_attn.o_proj(attn.transpose(0, 1).reshape(x.shape[0], -1))  # attn: [heads, n, d]
         return x + layer.mlp(layer.post_attention_layernorm(x))
 

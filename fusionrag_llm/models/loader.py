@@ -62,15 +62,27 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     raise FusionRAGError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
 
 
-def load_model(name_or_path: str | Path, device=None, dtype=None) -> LoadedModel:
-    """Resolve ``name_or_path`` (see ``MODEL_NAMES``, a folder, a ``.gguf`` file or a hub id) and load it."""
+def load_model(name_or_path: str | Path, device=None, dtype=None, kernels: str | None = None) -> LoadedModel:
+    """Resolve ``name_or_path`` (see ``MODEL_NAMES``, a folder, a ``.gguf`` file or a hub id) and load it.
+
+    ``kernels``: ``"auto"`` (Triton on CUDA, torch on CPU), ``"torch"`` or ``"triton"`` (on CPU only
+    under ``TRITON_INTERPRET=1``); default ``$FUSIONRAG_KERNELS`` or ``"auto"``. Chosen once here.
+    """
+    from fusionrag_llm.kernels.dispatch import resolve_backend
+
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
+    try:
+        backend = resolve_backend(torch.empty(0, device=torch_device), kernels)
+    except ValueError as exc:
+        raise FusionRAGError(f"kernels: {exc}") from None
     name = str(name_or_path)
     if name.startswith("tiny"):
-        return _load_tiny(name, torch_device, torch_dtype)
-    folder = resolve_model_folder(name)
-    return load_folder(folder, name, torch_device, torch_dtype)
+        loaded = _load_tiny(name, torch_device, torch_dtype)
+    else:
+        loaded = load_folder(resolve_model_folder(name), name, torch_device, torch_dtype)
+    loaded.model.kernels = backend
+    return loaded
 
 
 def resolve_model_folder(name: str) -> Path:

@@ -1,0 +1,45 @@
+"""The engine gives the same outputs through the Triton kernels (interpreted on CPU) as through torch."""
+
+import pytest
+import torch
+
+from fusionrag_llm import FusionRAG, RAGRequest
+from fusionrag_llm.kernels._common import HAS_TRITON
+
+pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+
+CHUNKS = ["Ferries leave Keldmouth twice a day.", "The lighthouse was built in 1872.", "Sheep graze the cliffs."]
+
+
+def build(kernels, device="cpu"):
+    rag = FusionRAG.from_pretrained("tiny", device=device, dtype="float32", store=":memory:", prefix_cache=False, kernels=kernels)
+    rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.7, 0.7], [0, 1]], neighbors=1)
+    return rag
+
+
+def compare_paths(device):
+    torch_rag, triton_rag = build("torch", device), build("triton", device)
+    assert triton_rag.loaded.model.kernels == "triton" and torch_rag.loaded.model.kernels == "torch"
+    request = RAGRequest(chunks=CHUNKS[::-1], question="When?")
+    for method, ratio in (("full_attention", 1.0), ("fusionrag", 0.3)):
+        a = torch_rag.generate(request, method=method, recompute_ratio=ratio, max_new_tokens=3)
+        b = triton_rag.generate(request, method=method, recompute_ratio=ratio, max_new_tokens=3)
+        assert a.token_ids == b.token_ids and a.stats.recomputed_tokens == b.stats.recomputed_tokens
+        la = torch_rag.logits(request, a.token_ids, method=method, recompute_ratio=ratio)
+        lb = triton_rag.logits(request, a.token_ids, method=method, recompute_ratio=ratio)
+        assert (la - lb).abs().max().item() <= 1e-4
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the interpreted path on CPU")
+def test_triton_path_matches_torch_path_interpreted():
+    compare_paths("cpu")
+
+
+@pytest.mark.gpu
+def test_triton_path_matches_torch_path_on_gpu():
+    compare_paths("cuda")
+
+
+def test_unknown_kernel_backend_is_a_clear_error():
+    with pytest.raises(ValueError, match="allowed: auto, torch, triton"):
+        FusionRAG.from_pretrained("tiny", store=":memory:", kernels="cuda-magic")
