@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fusionrag_llm.kernels import dispatch
-from fusionrag_llm.models.attention import attend, causal_tail_start
+from fusionrag_llm.models.attention import attend, causal_tail_start, dense_sorted
 from fusionrag_llm.models.config import ModelConfig
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.models.rotary import RotaryTable, apply_rotary
@@ -150,8 +150,11 @@ class DecoderLM(nn.Module):
             cache.groups[step.slots] = step.groups
         tail = None if step.groups is not None or self.kernels == "triton" else causal_tail_start(
             step.slots, step.positions, cache.positions, cache.valid, cache.length)  # fmt: skip
-        mask = None if tail is not None else cache.attention_mask(step.positions, step.groups)[None, None]
-        return (mask, tail), self.rotary_cos_sin(step.positions), self.model.embed_tokens(step.token_ids)
+        dense = tail is None and step.groups is None and self.kernels == "torch" and dense_sorted(
+            step.positions, cache.positions, cache.valid, cache.length)  # fmt: skip
+        plain = tail is not None or dense
+        mask = None if plain else cache.attention_mask(step.positions, step.groups)[None, None]
+        return (mask, tail, step.positions if dense else None), self.rotary_cos_sin(step.positions), self.model.embed_tokens(step.token_ids)
 
     def _layer(self, index: int, x, step: ForwardPass, cache: KVCache, mask, cos, sin, out: ForwardOutput):
         layer = self.model.layers[index]
@@ -170,7 +173,7 @@ class DecoderLM(nn.Module):
             attn = dispatch.q_sparse_attention(q, step.positions, keys, values, cache.positions[:n],
                                                cache.valid[:n], backend="triton")  # fmt: skip
         else:
-            attn = attend(q, keys, values, *mask)  # mask: (position mask or None, causal tail start or None)
+            attn = attend(q, keys, values, *mask)  # mask: (position mask, causal tail start, sorted positions)
         x = x + layer.self_attn.o_proj(attn.transpose(0, 1).reshape(x.shape[0], -1))  # attn: [heads, n, d]
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
