@@ -1,4 +1,4 @@
-"""``fusionrag bench quality|ttft|ingest``: the benchmarks of docs/BENCHMARKS.md.
+"""``fusionrag bench quality|ttft|ingest|store``: the benchmarks of docs/BENCHMARKS.md.
 
 Each command parses its options into a typed config, runs a runner from ``fusionrag_llm.eval``,
 writes JSON, a markdown table (echoed) and plots into ``--out``.
@@ -202,3 +202,33 @@ def ingest(chunks, dataset, model, device, dtype, neighbors, seed, out, store, h
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     _echo_outputs(write_ingest(Path(out), config.to_dict(), machine_info(rag), result))
+
+
+@bench.command()
+@dataset_option
+@click.option("--passages", default=10, show_default=True, type=click.IntRange(1), help="Passages per request.")
+@click.option("--requests", default=4, show_default=True, type=click.IntRange(1), help="Distinct requests for the overlap run.")
+@click.option("--ratio", default=0.15, show_default=True, type=click.FloatRange(0, 1), help="fusionrag recompute ratio.")
+@model_option
+@click.option("--neighbors", default=4, show_default=True, type=click.IntRange(0), help="Fusion neighbours per chunk.")
+@seed_option
+@out_option("bench_results")
+@click.option("--store", default=None, type=click.Path(file_okay=False), help="Store folder to fill (default: a new temporary one).")
+def store(dataset, passages, requests, ratio, model, neighbors, seed, out, store) -> None:
+    """Loading a context from each tier vs computing it; TTFT with entries on disk vs in memory;
+    loading hidden by the asynchronous scheduler."""
+    import json
+
+    from fusionrag_llm.eval.bench_data import load_examples
+    from fusionrag_llm.eval.bench_store import StoreBenchConfig, run_store_benchmark, store_markdown
+
+    try:
+        examples = load_examples(dataset, requests + 1, passages, seed)
+        result = run_store_benchmark(examples, StoreBenchConfig(model, ratio, neighbors, requests), store)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "store.json").write_text(json.dumps(result, indent=2))
+    (folder / "store.md").write_text(store_markdown(result) + "\n")
+    _echo_outputs([folder / "store.json", folder / "store.md"])
