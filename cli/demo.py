@@ -3,16 +3,10 @@ with FusionRAG side by side (answers, time to first token, tokens reused and rec
 
 from __future__ import annotations
 
-import json
-from importlib import resources
-
 import click
 
+from fusionrag_llm.data import demo_corpus
 from fusionrag_llm.cli.options import device_option, dtype_option, load_rag, model_option
-
-
-def demo_corpus() -> dict:
-    return json.loads(resources.files("fusionrag_llm.data").joinpath("demo_corpus.json").read_text())
 
 
 @click.command()

@@ -13,8 +13,6 @@ the engine finds them there and reuses their entries.
 from __future__ import annotations
 
 import argparse
-import importlib.resources
-import json
 
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
@@ -23,6 +21,7 @@ from langchain_core.runnables import RunnablePassthrough
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from fusionrag_llm import FusionRAG
+from fusionrag_llm.data import demo_corpus
 from fusionrag_llm.ingest.embeddings import default_embedder
 from fusionrag_llm.integrations.langchain import ChatFusionRAG, add_documents
 
@@ -46,10 +45,6 @@ def format_docs(docs: list[Document]) -> str:
     return "\n\n".join(doc.page_content for doc in docs)
 
 
-def load_corpus() -> dict:
-    return json.loads(importlib.resources.files("fusionrag_llm.data").joinpath("demo_corpus.json").read_text())
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m", help='"smollm2-135m" (default), "tiny", a folder or a .gguf')
@@ -59,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--store", default=None, help='KV store folder or ":memory:" (default: the user cache)')
     args = parser.parse_args(argv)
 
-    corpus = load_corpus()
+    corpus = demo_corpus()
     rag = FusionRAG.from_pretrained(args.model, store=args.store)
     vector_store = InMemoryVectorStore(MiniLMEmbeddings())
     added = add_documents(rag, vector_store, [Document(page_content=p) for p in corpus["passages"]])

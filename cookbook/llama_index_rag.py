@@ -13,8 +13,6 @@ finds the retrieved passages in that prompt and reuses their entries.
 from __future__ import annotations
 
 import argparse
-import importlib.resources
-import json
 
 from llama_index.core import Document, VectorStoreIndex
 from llama_index.core.embeddings import BaseEmbedding
@@ -25,6 +23,7 @@ from llama_index.core.instrumentation.events.llm import LLMCompletionEndEvent
 from llama_index.core.node_parser import SentenceSplitter
 
 from fusionrag_llm import FusionRAG
+from fusionrag_llm.data import demo_corpus
 from fusionrag_llm.ingest.embeddings import default_embedder
 from fusionrag_llm.integrations.llama_index import FusionRAGIngestion, FusionRAGLLM
 
@@ -57,10 +56,6 @@ class LastStats(BaseEventHandler):
             self.stats = event.response.additional_kwargs.get("fusionrag_stats", {})
 
 
-def load_corpus() -> dict:
-    return json.loads(importlib.resources.files("fusionrag_llm.data").joinpath("demo_corpus.json").read_text())
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m", help='"smollm2-135m" (default), "tiny", a folder or a .gguf')
@@ -70,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--store", default=None, help='KV store folder or ":memory:" (default: the user cache)')
     args = parser.parse_args(argv)
 
-    corpus = load_corpus()
+    corpus = demo_corpus()
     rag = FusionRAG.from_pretrained(args.model, store=args.store)
     embed_model = MiniLMEmbedding()
     steps = [SentenceSplitter(chunk_size=256), embed_model, FusionRAGIngestion(rag=rag)]  # embed, then fuse

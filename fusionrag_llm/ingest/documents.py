@@ -59,33 +59,32 @@ def chunk_text(text: str, max_words: int = 200) -> list[str]:
     if max_words < 8:
         raise FusionRAGError(f"max_words must be >= 8, got {max_words}")
     pieces = [p for para in re.split(r"\n\s*\n", text) for p in _split_long(" ".join(para.split()), max_words) if p]
-    chunks, current = [], []
-    for piece in pieces:
-        if current and len(" ".join(current + [piece]).split()) > max_words:
-            chunks.append("\n\n".join(current))
-            current = []
-        current.append(piece)
-    if current:
-        chunks.append("\n\n".join(current))
-    return chunks
+    return ["\n\n".join(group) for group in _pack(pieces, max_words)]
 
 
 def _split_long(paragraph: str, max_words: int) -> list[str]:
-    words = paragraph.split()
-    if len(words) <= max_words:
+    if len(paragraph.split()) <= max_words:
         return [paragraph]
-    sentences = re.split(r"(?<=[.!?])\s+", paragraph)
-    parts, current = [], []
-    for sentence in sentences:
-        for start in range(0, len(sentence.split()), max_words):  # a sentence longer than a chunk
-            segment = sentence.split()[start : start + max_words]
-            if current and len(current) + len(segment) > max_words:
-                parts.append(" ".join(current))
-                current = []
-            current.extend(segment)
-    if current:
-        parts.append(" ".join(current))
-    return parts
+    pieces = []
+    for sentence in re.split(r"(?<=[.!?])\s+", paragraph):
+        words = sentence.split()
+        pieces.extend(" ".join(words[i : i + max_words]) for i in range(0, len(words), max_words))
+    return [" ".join(group) for group in _pack(pieces, max_words)]
+
+
+def _pack(pieces: list[str], max_words: int) -> list[list[str]]:
+    """Consecutive pieces grouped greedily so that no group passes ``max_words`` words."""
+    groups: list[list[str]] = []
+    words = 0
+    for piece in pieces:
+        size = len(piece.split())
+        if groups and words + size <= max_words:
+            groups[-1].append(piece)
+            words += size
+        else:
+            groups.append([piece])
+            words = size
+    return groups
 
 
 def load_chunks(paths: Iterable[str | Path], max_words: int = 200) -> list[DocumentChunk]:

@@ -37,7 +37,7 @@ def test_ingest_then_query_then_resume(corpus, tmp_path):
                  "--top-k", "2", "--max-new-tokens", "3", "--show-chunks")  # fmt: skip
     assert answer.exit_code == 0, answer.output
     assert "river.md" in answer.output.splitlines()[0]  # the best hit is the river document
-    assert "chunk 2, miss 0" in answer.output and "recomputed" in answer.output
+    assert "exact 1, chunk 1, miss 0" in answer.output and "recomputed" in answer.output  # chunk 1 follows S0
     stats = run("cache", "stats", "--store", store)
     assert "registered chunks: 3" in stats.output
     verify = run("cache", "verify", "--store", store)
