@@ -2,7 +2,7 @@
 
 import pytest
 
-from fusionrag_llm import RAGRequest
+from fusionrag_llm import FusionRAG, RAGRequest
 from fusionrag_llm.eval.datasets import default_musique_path, load_musique
 from fusionrag_llm.eval.metrics import mean_kl
 
@@ -15,7 +15,8 @@ def test_fusionrag_is_closer_to_full_attention_than_full_reuse(smollm2_rag):
     if path is None:
         pytest.skip("../shared/data/musique_dev.json is not next to the checkout")
     examples = load_musique(path, limit=QUESTIONS, passages=PASSAGES)
-    rag = smollm2_rag
+    # its own store without the exact-path cache: Full Attention's exact KV must not serve the others
+    rag = FusionRAG(smollm2_rag.loaded, store=":memory:", prefix_cache=False)
     rag.add_chunks([p.text for e in examples for p in e.passages], neighbors=PASSAGES - 1)
     kl = {"full_reuse": [], "fused_only": [], "fusionrag": []}
     for example in examples:
@@ -28,3 +29,4 @@ def test_fusionrag_is_closer_to_full_attention_than_full_reuse(smollm2_rag):
     mean = {name: sum(values) / len(values) for name, values in kl.items()}
     assert mean["fusionrag"] < mean["full_reuse"], mean
     assert mean["fused_only"] < mean["full_reuse"], mean
+    assert mean["full_reuse"] > 0.01, mean  # the chunks after the first really were approximate
