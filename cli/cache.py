@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from fusionrag_llm.fusion.catalog import CATALOG_FILE
 from fusionrag_llm.paths import store_dir
 
 
@@ -36,7 +37,7 @@ def stats(folder: str | None) -> None:
         disk = summary.tiers.get("disk")
         click.echo(f"store: {path}")
         click.echo(f"entries on disk: {disk.entries if disk else 0}  ({(disk.bytes if disk else 0) / 2**20:.1f} MiB)")
-    catalog = path / "catalog.jsonl"
+    catalog = path / CATALOG_FILE
     chunks = sum(1 for _ in open(catalog, encoding="utf-8")) if catalog.is_file() else 0
     click.echo(f"registered chunks: {chunks}")
 
@@ -66,5 +67,5 @@ def clear(folder: str | None, yes: bool) -> None:
     with store:
         count = len(store.keys())
         store.clear()
-    (path / "catalog.jsonl").unlink(missing_ok=True)
+    (path / CATALOG_FILE).unlink(missing_ok=True)
     click.echo(f"removed {count} entries from {path}")

@@ -22,6 +22,7 @@ from fusionrag_llm.ingest.neighbours import NeighbourIndex
 
 logger = logging.getLogger(__name__)
 TokenIds = tuple[int, ...]
+CATALOG_FILE = "catalog.jsonl"
 
 
 def chunk_id_of(text: str) -> str:
@@ -43,7 +44,7 @@ class ChunkCatalog:
         self._rows: dict[int, list[RegisteredChunk]] = {}  # per embedding space
         self._spaces: dict[int, NeighbourIndex] = {}
         self.finder = ChunkFinder()
-        self.path = None if folder is None else Path(folder) / "catalog.jsonl"
+        self.path = None if folder is None else Path(folder) / CATALOG_FILE
         if self.path is not None and self.path.is_file() and encode is not None:
             self._load(encode)
 
