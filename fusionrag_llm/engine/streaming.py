@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import Iterator, Sequence
+
+import torch
 
 from fusionrag_llm.engine.decode import greedy_tokens
 from fusionrag_llm.engine.stats import GenerationStats
+from fusionrag_llm.errors import FusionRAGError
+from fusionrag_llm.models.llama import ForwardPass
 
 
 class GenerationStream:
@@ -21,6 +25,8 @@ class GenerationStream:
         self.token_ids: list[int] = []
         self.text = ""
         self._tokenizer = engine.tokenizer
+        self._model = engine.model
+        self._state = state
         self._tokens = greedy_tokens(engine.model, state.cache, state.last_logits, state.next_position,
                                      max_new_tokens, engine.tokenizer.stop_ids)  # fmt: skip
 
@@ -42,3 +48,30 @@ class GenerationStream:
         self.stats.decode_s = time.perf_counter() - start
         if delta:
             yield delta
+
+    def score(self, continuation: Sequence[int]) -> torch.Tensor:
+        """Teacher-forced logits ``[len(continuation), vocab]``: row i predicts ``continuation[i]``.
+
+        Reuses this request's prefilled context (no second prefill): the generated tokens' KV is
+        dropped and ``continuation`` runs after the prompt instead. Call it once the stream is
+        exhausted (it ends the stream); ``continuation`` may hold up to ``max_new_tokens + 1`` tokens.
+        """
+        self._tokens.close()
+        state, cache = self._state, self._state.cache
+        prompt_len = state.next_position
+        if not continuation:
+            return state.last_logits[None]
+        if len(continuation) - 1 > cache.capacity - prompt_len:
+            raise FusionRAGError(
+                f"cannot score {len(continuation)} tokens: this stream has room for "
+                f"{cache.capacity - prompt_len + 1} (its max_new_tokens)"
+            )
+        cache.valid[prompt_len : cache.length] = False  # forget the generated tokens' KV
+        cache.length = prompt_len
+        device = cache.keys.device
+        tokens = torch.tensor(list(continuation[:-1]), device=device, dtype=torch.long)
+        if not len(tokens):
+            return state.last_logits[None]
+        positions = torch.arange(prompt_len, prompt_len + len(tokens), device=device)
+        out = self._model(ForwardPass(tokens, positions, cache.reserve(len(tokens))), cache)
+        return torch.cat([state.last_logits[None], out.logits])

@@ -4,7 +4,7 @@ Per question: the Full Attention greedy answer is the reference, and its teacher
 reference distribution. Each (method, ratio) then answers greedily (F1/EM against the gold answers,
 first-token agreement and greedy exact match against the reference answer, TTFT) and is teacher
 forced on the reference answer (mean KL(FA || method) over the rows that predict its tokens; the
-first row alone when the reference answer is empty). Records go to a :class:`PartialLog` as they
+first row alone when the reference answer is empty), reusing the prefill that produced its answer. Records go to a :class:`PartialLog` as they
 are made, so a re-run with the same configuration skips them.
 """
 
@@ -130,31 +130,28 @@ def _run_question(rag, ex: QAExample, todo: list, config: QualityConfig, log: Pa
     request = _request(ex)
     fa = config.methods[0]  # parse_methods puts full_attention first
     done_fa = log.get(_key(ex.id, fa, None))
-    if done_fa is None:
-        out = rag.generate(request, "full_attention", 1.0, config.max_new_tokens, seed=config.seed)
-        ref_ids = list(out.token_ids)
-    else:
-        out, ref_ids = None, done_fa["token_ids"]
-    ref_logits = _teacher_forced(rag, request, ref_ids, fa, None, config)
+    out = _answer(rag, request, fa, None, config)
+    ref_ids = list(out.token_ids) if done_fa is None else done_fa["token_ids"]
+    ref_logits = out.score(ref_ids)
     computed = 0
     for method, ratio in todo:
         if method.label == fa.label:
             record = _record(ex, method, ratio, out, ref_ids, kl=0.0)
         else:
-            gen = rag.generate(request, method.method, method.engine_ratio(ratio), config.max_new_tokens,
-                               seed=config.seed, **method.overrides())  # fmt: skip
-            logits = _teacher_forced(rag, request, ref_ids, method, ratio, config)
-            record = _record(ex, method, ratio, gen, ref_ids, kl=mean_kl(ref_logits, logits))
+            gen = _answer(rag, request, method, ratio, config)
+            record = _record(ex, method, ratio, gen, ref_ids, kl=mean_kl(ref_logits, gen.score(ref_ids)))
         log.append(record)
         computed += 1
     return computed
 
 
-def _teacher_forced(rag, request, ref_ids: list[int], method: BenchMethod, ratio, config: QualityConfig):
-    """Rows of the teacher-forced logits that predict the reference answer's tokens."""
-    logits = rag.logits(request, ref_ids, method.method, method.engine_ratio(ratio),
+def _answer(rag, request, method: BenchMethod, ratio, config: QualityConfig):
+    """The greedy answer as an exhausted stream, whose prefilled context can still be scored."""
+    stream = rag.stream(request, method.method, method.engine_ratio(ratio), config.max_new_tokens,
                         seed=config.seed, **method.overrides())  # fmt: skip
-    return logits[: max(1, len(ref_ids))]
+    for _ in stream:
+        pass
+    return stream
 
 
 def _record(ex: QAExample, method: BenchMethod, ratio, gen, ref_ids: list[int], kl: float) -> dict:

@@ -18,14 +18,16 @@ SYNTHETIC = ["bench", "quality", "--dataset", "synthetic", "--limit", "2", "--pa
 
 @pytest.fixture
 def count_generate(monkeypatch):
+    """Methods of every answer the benchmark asks for (generate and stream both prefill)."""
     calls = []
-    original = FusionRAG.generate
+    for name in ("generate", "stream"):
+        original = getattr(FusionRAG, name)
 
-    def counting(self, *args, **kwargs):
-        calls.append(args[1] if len(args) > 1 else kwargs.get("method"))
-        return original(self, *args, **kwargs)
+        def counting(self, *args, _original=original, **kwargs):
+            calls.append(args[1] if len(args) > 1 else kwargs.get("method"))
+            return _original(self, *args, **kwargs)
 
-    monkeypatch.setattr(FusionRAG, "generate", counting)
+        monkeypatch.setattr(FusionRAG, name, counting)
     return calls
 
 
@@ -95,7 +97,8 @@ def test_interrupted_run_computes_only_what_is_missing(tmp_path, synthetic_run, 
     (tmp_path / "quality.partial.jsonl").write_text("\n".join(lines[:-3]) + "\n" + lines[-3][:40])  # torn last line
     result = _invoke([*SYNTHETIC, "--out", str(tmp_path)])
     assert "3 computed, 17 resumed" in result.output
-    assert len(count_generate) == 3 + 1  # three records plus the untimed warm-up
+    # three records, the untimed warm-up, and the reference answer whose prefill scores the reference
+    assert len(count_generate) == 3 + 1 + 1 and count_generate.count("full_attention") == 2
     kept = {json.dumps(json.loads(line)) for line in lines[1:-3]}
     now = {json.dumps(r) for r in json.loads((tmp_path / "quality.json").read_text())["records"]}
     assert kept <= now  # resumed records are reused as they were, timings included
