@@ -90,12 +90,21 @@ def apply_rotary(x, positions, inv_freq):
     return out
 
 
+def rotary_cos_sin(positions, inv_freq, dtype):
+    """cos, sin ``[N, D]`` in ``dtype`` for ``positions`` [N] (fp32 angles, as transformers' Llama)."""
+    freqs = positions.to(inv_freq.device).float()[:, None] * inv_freq[None, :]  # [N, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate(x, cos, sin):
+    """``x`` [..., N, D] rotated by precomputed cos/sin [N, D]: ``x * cos + rotate_half(x) * sin``."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
 def apply_rotary_ref(x, positions, inv_freq):
     """Pure-torch reference of :func:`apply_rotary` (transformers' Llama arithmetic, any device)."""
     _check_inputs(_OP + "_ref", x, positions, inv_freq)
-    freqs = positions.to(inv_freq.device).float()[:, None] * inv_freq[None, :]  # [N, D/2]
-    emb = torch.cat((freqs, freqs), dim=-1).to(x.device)
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    cos, sin = rotary_cos_sin(positions, inv_freq, x.dtype)
+    return rotate(x, cos.to(x.device), sin.to(x.device))

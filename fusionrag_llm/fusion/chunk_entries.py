@@ -13,7 +13,6 @@ import torch
 
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.models.llama import DecoderLM, ForwardPass
-from fusionrag_llm.models.rotary import apply_rotary
 from fusionrag_llm.storage import KVEntry, TieredStore, chunk_key, path_key
 
 TokenIds = tuple[int, ...]
@@ -66,9 +65,8 @@ class ChunkEntries:
         """Put ``entry`` into the next slots at consecutive positions from ``start_position``."""
         slots = cache.reserve(len(entry.token_ids))
         positions = torch.arange(start_position, start_position + len(slots), device=slots.device)
-        cos, sin = self.model.rotary_cos_sin(positions)
         keys = entry.keys.to(device=cache.keys.device, dtype=cache.keys.dtype)
-        cache.keys[:, :, slots] = apply_rotary(keys, cos, sin)
+        cache.keys[:, :, slots] = self.model.rotate(keys.contiguous(), positions)
         cache.values[:, :, slots] = entry.values.to(device=cache.keys.device, dtype=cache.keys.dtype)
         cache.positions[slots] = positions
         cache.valid[slots] = True

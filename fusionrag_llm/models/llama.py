@@ -21,7 +21,8 @@ from fusionrag_llm.kernels import dispatch
 from fusionrag_llm.models.attention import attend, causal_tail_start, dense_sorted
 from fusionrag_llm.models.config import ModelConfig
 from fusionrag_llm.models.kv_cache import KVCache
-from fusionrag_llm.models.rotary import RotaryTable, apply_rotary
+from fusionrag_llm.kernels.rotary import rotate
+from fusionrag_llm.models.rotary import RotaryTable
 
 
 @dataclass
@@ -121,7 +122,7 @@ class DecoderLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryTable(cfg.rope, cfg.head_dim)
-        self.kernels = "torch"  # "triton": attention through the Triton kernel (set once at load)
+        self.kernels = "torch"  # "triton": attention and rotary through the Triton kernels (set once at load)
 
     def to(self, *args, **kwargs):  # keep the rotary table on the module's device
         module = super().to(*args, **kwargs)
@@ -143,6 +144,18 @@ class DecoderLM(nn.Module):
     def rotary_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotary.cos_sin(positions, self.dtype)
 
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor, cos_sin=None) -> torch.Tensor:
+        """``x`` [..., n, head_dim] (position-free keys or queries) rotated to ``positions`` [n].
+
+        The Triton backend runs the rotary kernel; the torch backend uses ``cos_sin`` when the caller
+        already has them (one table per forward, shared by every layer).
+        """
+        if self.kernels == "triton":
+            flat = x.reshape(-1, *x.shape[-2:])
+            return dispatch.apply_rotary(flat, positions, self.rotary.inv_freq, backend="triton").view(x.shape)
+        cos, sin = cos_sin if cos_sin is not None else self.rotary_cos_sin(positions)
+        return rotate(x, cos, sin)
+
     def _begin(self, step: ForwardPass, cache: KVCache):
         cache.positions[step.slots] = step.positions
         cache.valid[step.slots] = True
@@ -162,7 +175,7 @@ class DecoderLM(nn.Module):
         if step.capture_raw_kv:
             out.raw_keys.append(k)
             out.raw_values.append(v)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = self.rotate(q, step.positions, (cos, sin)), self.rotate(k, step.positions, (cos, sin))
         if index in step.capture_query_layers:
             out.queries[index] = q
         cache.keys[index][:, step.slots] = k
@@ -187,7 +200,7 @@ class DecoderLM(nn.Module):
             x = self._layer(index, x, step, cache, mask, cos, sin, scratch)
         attn = self.model.layers[layer].self_attn
         _, k, v = attn.project(self.model.layers[layer].input_layernorm(x))
-        return apply_rotary(k, cos, sin), v
+        return self.rotate(k, step.positions, (cos, sin)), v
 
     @torch.inference_mode()
     def forward(self, step: ForwardPass, cache: KVCache) -> ForwardOutput:

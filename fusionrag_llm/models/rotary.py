@@ -1,7 +1,9 @@
 """Rotary position embedding at arbitrary absolute positions.
 
 Keys are stored without rotary embedding (position-free) so a chunk entry can be placed anywhere;
-``apply_rotary`` rotates them (or queries) to the positions they take in an assembled prompt.
+``DecoderLM.rotate`` turns them (or queries) to the positions they take in an assembled prompt,
+through ``fusionrag_llm.kernels.rotary`` (Triton or its torch reference). This module only derives
+the inverse frequencies of a model's rope configuration.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import math
 
 import torch
 
+from fusionrag_llm.kernels.rotary import rotary_cos_sin
 from fusionrag_llm.models.config import RopeConfig
 
 
@@ -44,16 +47,4 @@ class RotaryTable:
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape [n, head_dim] for positions [n], in ``dtype``."""
-        freqs = positions.to(self.inv_freq.device).float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` [..., n, head_dim] by cos/sin [n, head_dim] (one row per token position)."""
-    return x * cos + rotate_half(x) * sin
+        return rotary_cos_sin(positions, self.inv_freq, dtype)

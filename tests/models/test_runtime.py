@@ -4,7 +4,7 @@ import torch
 
 from fusionrag_llm.models.llama import ForwardPass
 from fusionrag_llm.models.loader import load_model
-from fusionrag_llm.models.rotary import apply_rotary
+from fusionrag_llm.kernels.rotary import rotate
 
 
 def run(model, ids, positions, cache, slots=None, **kw):
@@ -19,7 +19,7 @@ def test_rotary_of_stored_key_equals_key_computed_at_position():
     cache = model.new_cache(30)
     out = run(model, ids, positions, cache, capture_raw_kv=True)
     cos, sin = model.rotary_cos_sin(positions)
-    placed = apply_rotary(out.raw_keys, cos, sin)  # [layers, kv_heads, n, d]
+    placed = rotate(out.raw_keys, cos, sin)  # [layers, kv_heads, n, d]
     assert torch.allclose(placed, cache.keys, atol=1e-6, rtol=0)
     assert not torch.allclose(out.raw_keys, cache.keys, atol=1e-3)
 
