@@ -64,7 +64,7 @@ class GenerationStream:
         if len(continuation) - 1 > cache.capacity - prompt_len:
             raise FusionRAGError(
                 f"cannot score {len(continuation)} tokens: this stream has room for "
-                f"{cache.capacity - prompt_len + 1} (its max_new_tokens)"
+                f"{cache.capacity - prompt_len + 1} (max_new_tokens + 1); stream with a larger max_new_tokens"
             )
         cache.valid[prompt_len : cache.length] = False  # forget the generated tokens' KV
         cache.length = prompt_len
