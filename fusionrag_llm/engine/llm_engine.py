@@ -14,6 +14,7 @@ from typing import Sequence
 
 import torch
 
+from fusionrag_llm.engine.decode import teacher_forced
 from fusionrag_llm.engine.methods import METHODS, RunPlan
 from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.engine.streaming import GenerationStream
@@ -22,7 +23,6 @@ from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.engine.resolve import ContextResolver, Preloaded
 from fusionrag_llm.fusion.selectors import select_tokens
 from fusionrag_llm.models.kv_cache import KVCache
-from fusionrag_llm.models.llama import ForwardPass
 from fusionrag_llm.models.loader import LoadedModel
 from fusionrag_llm.request import Segment, prompt_ids
 
@@ -118,10 +118,4 @@ class LLMEngine:
         ids = prompt_ids(segments)
         self.check_fits(len(ids), len(continuation))
         state = self.prefill(segments, plan, extra_capacity=len(continuation))
-        if not continuation:
-            return state.last_logits[None]
-        device = self.model.device
-        tokens = torch.tensor(list(continuation), device=device)
-        positions = torch.arange(len(ids), len(ids) + len(tokens), device=device)
-        out = self.model(ForwardPass(tokens, positions, state.cache.reserve(len(tokens))), state.cache)
-        return torch.cat([state.last_logits[None], out.logits])
+        return teacher_forced(self.model, state.cache, state.last_logits, state.next_position, continuation)

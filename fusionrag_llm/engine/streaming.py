@@ -7,10 +7,9 @@ from typing import Iterator, Sequence
 
 import torch
 
-from fusionrag_llm.engine.decode import greedy_tokens
+from fusionrag_llm.engine.decode import greedy_tokens, teacher_forced
 from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.errors import FusionRAGError
-from fusionrag_llm.models.llama import ForwardPass
 
 
 class GenerationStream:
@@ -59,8 +58,6 @@ class GenerationStream:
         self._tokens.close()
         state, cache = self._state, self._state.cache
         prompt_len = state.next_position
-        if not continuation:
-            return state.last_logits[None]
         if len(continuation) - 1 > cache.capacity - prompt_len:
             raise FusionRAGError(
                 f"cannot score {len(continuation)} tokens: this stream has room for "
@@ -68,10 +65,4 @@ class GenerationStream:
             )
         cache.valid[prompt_len : cache.length] = False  # forget the generated tokens' KV
         cache.length = prompt_len
-        device = cache.keys.device
-        tokens = torch.tensor(list(continuation[:-1]), device=device, dtype=torch.long)
-        if not len(tokens):
-            return state.last_logits[None]
-        positions = torch.arange(prompt_len, prompt_len + len(tokens), device=device)
-        out = self._model(ForwardPass(tokens, positions, cache.reserve(len(tokens))), cache)
-        return torch.cat([state.last_logits[None], out.logits])
+        return teacher_forced(self._model, cache, state.last_logits, prompt_len, list(continuation)[:-1])

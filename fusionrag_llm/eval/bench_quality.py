@@ -4,8 +4,9 @@ Per question: the Full Attention greedy answer is the reference, and its teacher
 reference distribution. Each (method, ratio) then answers greedily (F1/EM against the gold answers,
 first-token agreement and greedy exact match against the reference answer, TTFT) and is teacher
 forced on the reference answer (mean KL(FA || method) over the rows that predict its tokens; the
-first row alone when the reference answer is empty), reusing the prefill that produced its answer. Records go to a :class:`PartialLog` as they
-are made, so a re-run with the same configuration skips them.
+first row alone when the reference answer is empty), reusing the prefill that produced its answer.
+Records go to a :class:`PartialLog` as they are made, so a re-run with the same configuration
+skips them.
 """
 
 from __future__ import annotations
