@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from fusionrag_llm.kernels import dispatch
+from fusionrag_llm.kernels.rotary import rotate
 from fusionrag_llm.models.attention import attend, causal_tail_start, dense_sorted
 from fusionrag_llm.models.config import ModelConfig
 from fusionrag_llm.models.kv_cache import KVCache
-from fusionrag_llm.kernels.rotary import rotate
 from fusionrag_llm.models.rotary import RotaryTable
 
 

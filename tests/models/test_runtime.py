@@ -1,10 +1,10 @@
 """Position-free keys, subset recompute against supplied KV, token-by-token decode."""
 
 import torch
+from fusionrag_llm.kernels.rotary import rotate
 
 from fusionrag_llm.models.llama import ForwardPass
 from fusionrag_llm.models.loader import load_model
-from fusionrag_llm.kernels.rotary import rotate
 
 
 def run(model, ids, positions, cache, slots=None, **kw):
