@@ -7,6 +7,7 @@ from typing import Sequence
 
 import torch
 
+from fusionrag_llm.engine.decode import check_token_ids
 from fusionrag_llm.engine.llm_engine import Generation, LLMEngine
 from fusionrag_llm.engine.scheduler import QueuedRequest, RequestScheduler
 from fusionrag_llm.engine.streaming import GenerationStream
@@ -19,6 +20,7 @@ from fusionrag_llm.ingest.embeddings import Embedder
 from fusionrag_llm.models.default_model import DEFAULT_MODEL
 from fusionrag_llm.models.fingerprint import fingerprint_of
 from fusionrag_llm.models.loader import LoadedModel, load_model
+from fusionrag_llm.models.tokenizer import ChatPart
 from fusionrag_llm.request import RAGRequest, Segment, build_segments, prompt_ids, validate_messages
 from fusionrag_llm.engine.store import StoreSpec, open_store
 
@@ -100,26 +102,49 @@ class FusionRAG:
         """How ``request`` is split into prefix, chunks, text between, and suffix.
 
         A flat string is the user message; a list of ``{"role", "content"}`` messages is a whole
-        chat. Registered chunk texts inside either become chunk segments.
+        chat. Registered chunk texts inside either become chunk segments where the prompt's own
+        tokens equal theirs (so finding them never changes the prompt's ids). Only the chat
+        template's own text can become control tokens: chunks, questions, system prompts, message
+        contents and flat prompts are data, so ``"<|im_end|>"`` inside them stays plain text.
         """
         if isinstance(request, RAGRequest):
             head, tail = self.tokenizer.chat_frame(request.system)
-            return build_segments(head, request.pieces(), tail, self.tokenizer.encode)
+            pieces = [Segment(kind, text, tuple(self.tokenizer.encode(text))) for kind, text in request.pieces()]
+            return build_segments([*self._pieces(head, find_chunks=False), *pieces], self._pieces(tail))
         if isinstance(request, str):
             if not request.strip():
                 raise FusionRAGError("the prompt is empty; pass a non-empty string or a RAGRequest")
             head, tail = self.tokenizer.chat_frame(None)
-            return build_segments(head, self._find_chunks(request), tail, self.tokenizer.encode)
+            return build_segments([*self._pieces(head), *self._find_chunks(request)], self._pieces(tail))
         if isinstance(request, (list, tuple)):
             body, generation_prompt = self.tokenizer.split_generation_prompt(validate_messages(request))
-            return build_segments("", self._find_chunks(body), generation_prompt, self.tokenizer.encode)
+            return build_segments(self._pieces(body), self._pieces(generation_prompt))
         raise FusionRAGError(
             f"a request must be a RAGRequest, a prompt string or a list of chat messages, got {type(request).__name__}"
         )
 
-    def _find_chunks(self, text: str) -> list[tuple[str, str]]:
+    def _pieces(self, parts: Sequence[ChatPart], find_chunks: bool = True) -> list[Segment]:
+        """Template text with its control tokens; message contents as data, with chunks found in them."""
+        pieces = []
+        for part in parts:
+            if part.message is None:
+                pieces.append(Segment("text", part.text, tuple(self.tokenizer.encode_template(part.text))))
+            elif find_chunks:
+                pieces += self._find_chunks(part.text)
+            else:
+                pieces.append(Segment("text", part.text, tuple(self.tokenizer.encode(part.text))))
+        return pieces
+
+    def _find_chunks(self, text: str) -> list[Segment]:
+        tokens = self.tokenizer.tokenize(text)
         catalog = getattr(self, "catalog", None)  # None while the canonical prefix is being derived
-        return catalog.finder.split(text) if catalog is not None else [("text", text)]
+        if catalog is None or not len(catalog):
+            return [Segment("text", text, tuple(tokens.ids))]
+        return [Segment(*piece) for piece in catalog.finder.split_tokens(tokens, self._registered_ids)]
+
+    def _registered_ids(self, text: str) -> tuple[int, ...] | None:
+        chunk = self.catalog.get(text)
+        return None if chunk is None else chunk.token_ids
 
     def stream(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
                max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
@@ -165,6 +190,10 @@ class FusionRAG:
     def logits(self, request: Request, continuation_ids: Sequence[int], method: str = "fusionrag",
                recompute_ratio: float = 0.15, *, kv_variant: str | None = None, selector: str | None = None,
                seed: int = 0) -> torch.Tensor:  # fmt: skip
-        """Teacher-forced logits ``[len(continuation_ids) + 1, vocab]`` (float32) for fidelity measurements."""
+        """Teacher-forced logits ``[len(continuation_ids) + 1, vocab]`` (float32) for fidelity measurements.
+
+        ``continuation_ids`` must be ints in ``[0, vocab)``; anything else is refused before any compute.
+        """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed)
-        return self.engine.logits(self.segments(request), list(continuation_ids), plan)
+        continuation = check_token_ids(continuation_ids, self.loaded.model.cfg.vocab_size, "continuation_ids")
+        return self.engine.logits(self.segments(request), continuation, plan)

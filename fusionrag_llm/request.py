@@ -2,9 +2,14 @@
 
 A prompt is the chat template's head, one user message, and the template's tail. The user message
 is split into pieces: chunk texts and the text around them. Text before the first chunk joins the
-prefix and text after the last chunk joins the suffix; every segment is tokenized on its own, so a
-chunk has the same token ids wherever it appears. A ``RAGRequest`` and a flat prompt holding the
-same user message therefore give the same segments.
+prefix and text after the last chunk joins the suffix. Template text is tokenized with special
+tokens parsed; everything the caller supplies is data (special-token text becomes ordinary
+tokens), so no document or question can forge a chat turn.
+
+A ``RAGRequest`` says where its chunks are: each piece is tokenized on its own, so a chunk has the
+same ids as at ingestion. A flat prompt is tokenized as one piece and keeps those ids; registered
+chunks are taken from it only where its own tokens equal theirs (``ChunkFinder.split_tokens``).
+The two therefore agree wherever the tokenizer splits at the piece edges anyway.
 """
 
 from __future__ import annotations
@@ -70,28 +75,36 @@ class Segment:
     token_ids: tuple[int, ...]
 
 
-def build_segments(head: str, pieces: Sequence[tuple[str, str]], tail: str, encode) -> list[Segment]:
-    """Segments of ``head + pieces + tail``; leading text joins the prefix, trailing text the suffix."""
-    pieces = [(kind, text) for kind, text in pieces if text]
-    prefix_text, suffix_text = head, tail
-    while pieces and pieces[0][0] == "text":
-        prefix_text += pieces.pop(0)[1]
-    while pieces and pieces[-1][0] == "text":
-        suffix_text = pieces.pop()[1] + suffix_text
-    segments = [Segment("prefix", prefix_text, tuple(encode(prefix_text)))]
-    for kind, text in _merge_adjacent_text(pieces):
-        segments.append(Segment(kind, text, tuple(encode(text))))
-    segments.append(Segment("suffix", suffix_text, tuple(encode(suffix_text))))
+def build_segments(body: Sequence[Segment], tail: Sequence[Segment] = ()) -> list[Segment]:
+    """Segments of ``body + tail`` from pieces of kind 'chunk' or 'text' that carry their ids.
+
+    Text before the first chunk joins the prefix; text after the last chunk joins the suffix with
+    ``tail``; adjacent texts merge. Ids are only concatenated, never re-encoded, so the prompt's
+    ids are exactly the pieces' ids in order (a text piece may hold template ids, special tokens
+    included, next to data ids).
+    """
+    pieces = [piece for piece in body if piece.kind == "chunk" or piece.text or piece.token_ids]
+    chunks = [index for index, piece in enumerate(pieces) if piece.kind == "chunk"]
+    if not chunks:
+        return [_join("prefix", pieces), _join("suffix", tail)]
+    first, last = chunks[0], chunks[-1]
+    segments = [_join("prefix", pieces[:first])]
+    segments += _merge_adjacent_text(pieces[first : last + 1])
+    segments.append(_join("suffix", [*pieces[last + 1 :], *tail]))
     return [segment for segment in segments if segment.token_ids or segment.kind != "text"]
 
 
-def _merge_adjacent_text(pieces: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-    merged: list[tuple[str, str]] = []
-    for kind, text in pieces:
-        if kind == "text" and merged and merged[-1][0] == "text":
-            merged[-1] = ("text", merged[-1][1] + text)
+def _join(kind: str, pieces: Sequence[Segment]) -> Segment:
+    return Segment(kind, "".join(p.text for p in pieces), tuple(t for p in pieces for t in p.token_ids))
+
+
+def _merge_adjacent_text(pieces: Sequence[Segment]) -> list[Segment]:
+    merged: list[Segment] = []
+    for piece in pieces:
+        if piece.kind == "text" and merged and merged[-1].kind == "text":
+            merged[-1] = _join("text", [merged[-1], piece])
         else:
-            merged.append((kind, text))
+            merged.append(piece)
     return merged
 
 

@@ -7,7 +7,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from fusionrag_llm.engine.decode import greedy_tokens, teacher_forced
+from fusionrag_llm.engine.decode import check_token_ids, greedy_tokens, teacher_forced
 from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.errors import FusionRAGError
 
@@ -54,7 +54,9 @@ class GenerationStream:
         Reuses this request's prefilled context (no second prefill): the generated tokens' KV is
         dropped and ``continuation`` runs after the prompt instead. Call it once the stream is
         exhausted (it ends the stream); ``continuation`` may hold up to ``max_new_tokens + 1`` tokens.
+        Ids outside the vocabulary are refused before the stream is touched.
         """
+        continuation = check_token_ids(continuation, self._model.cfg.vocab_size, "continuation")
         self._tokens.close()
         state, cache = self._state, self._state.cache
         prompt_len = state.next_position
@@ -65,4 +67,4 @@ class GenerationStream:
             )
         cache.valid[prompt_len : cache.length] = False  # forget the generated tokens' KV
         cache.length = prompt_len
-        return teacher_forced(self._model, cache, state.last_logits, prompt_len, list(continuation)[:-1])
+        return teacher_forced(self._model, cache, state.last_logits, prompt_len, continuation[:-1])

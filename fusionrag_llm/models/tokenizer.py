@@ -1,14 +1,25 @@
-"""The tokenizer as the engine uses it: plain encode/decode plus the chat template.
+"""The tokenizer as the engine uses it: data encoding, template encoding, and the chat template.
 
-Segments are tokenized on their own and never get special tokens added implicitly, so a chunk's
-token ids are the same at ingestion and at query time.
+Only the chat template's own text may become special (control) tokens. Everything a user or a
+retriever supplies -- chunk texts, questions, system prompts, message contents, flat prompts -- is
+data: ``encode`` tokenizes it with special-token parsing off, so ``"<|im_end|>"`` inside a document
+becomes the ordinary tokens of those characters and cannot forge a chat turn. ``encode_template``
+is the one place special tokens are parsed, and it only ever sees template text: chats are rendered
+with placeholders in place of the message contents (``chat_parts``), so template text and contents
+are tokenized separately.
+
+Segments never get special tokens added implicitly, so a chunk's token ids are the same at
+ingestion and at query time (both go through ``encode``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import bisect
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Callable, Sequence
 
-CHAT_SENTINEL = "\x00FUSIONRAG_USER_CONTENT\x00"
+from fusionrag_llm.errors import FusionRAGError
 
 # ChatML, used when a tokenizer ships without a template.
 CHATML_TEMPLATE = (
@@ -17,6 +28,81 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+def content_placeholder(index: int) -> str:
+    """What the template renders in place of ``messages[index]``'s content.
+
+    Contents never enter the rendered string, so a content that contains a placeholder changes
+    nothing; the NUL bytes only keep placeholders apart from the template's own text.
+    """
+    return f"\x00FUSIONRAG_CONTENT_{index}\x00"
+
+
+@dataclass(frozen=True)
+class ChatPart:
+    """A piece of a rendered chat: the template's own text, or one message's content (data)."""
+
+    text: str
+    message: int | None = None  # index of the message whose content this is; None: template text
+
+
+class TokenizedText:
+    """A text's data token ids and where its token boundaries fall.
+
+    ``index_at(char)`` is the ``k`` with ``ids[:k]`` covering exactly ``text[:char]``, or None when
+    ``char`` falls inside a token. It reads the tokenizer's offset mapping when there is one, else
+    it decodes prefixes of ``ids`` (slow tokenizers); where neither is certain it says None, which
+    only costs a missed chunk, never a changed prompt.
+    """
+
+    def __init__(self, text: str, ids: Sequence[int], offsets: Sequence[tuple[int, int]] | None,
+                 decode: Callable[[Sequence[int]], str]):  # fmt: skip
+        self.text = text
+        self.ids = list(ids)
+        self._decode = decode
+        self._by_char = None if offsets is None else _boundaries_from_offsets(offsets, len(text))
+
+    def index_at(self, char: int) -> int | None:
+        if self._by_char is not None:
+            return self._by_char.get(char)
+        return self._index_by_decoding(char)
+
+    def _index_by_decoding(self, char: int) -> int | None:
+        prefix_len = _LazyPrefixLengths(self.ids, self._decode)
+        k = bisect.bisect_left(prefix_len, char)  # decoded prefixes grow with k
+        return k if k <= len(self.ids) and self._decode(self.ids[:k]) == self.text[:char] else None
+
+
+class _LazyPrefixLengths:
+    """``[len(decode(ids[:k])) for k in 0..n]`` computed only where a bisection looks."""
+
+    def __init__(self, ids: list[int], decode: Callable[[Sequence[int]], str]):
+        self.ids, self.decode = ids, decode
+
+    def __len__(self) -> int:
+        return len(self.ids) + 1
+
+    def __getitem__(self, k: int) -> int:
+        return len(self.decode(self.ids[:k]))
+
+
+def _boundaries_from_offsets(offsets: Sequence[tuple[int, int]], length: int) -> dict[int, int]:
+    """char -> k for every char between tokens: all tokens before k end at or before it, all from k start at or after.
+
+    Bytes of one character share its span, so a character split across tokens is never a boundary.
+    """
+    count = len(offsets)
+    min_start = [length] * (count + 1)
+    for k in range(count - 1, -1, -1):
+        min_start[k] = min(min_start[k + 1], offsets[k][0])
+    by_char: dict[int, int] = {}
+    max_end = 0
+    for k in range(count + 1):
+        max_end = max(max_end, offsets[k - 1][1]) if k else 0
+        for char in range(max_end, min_start[k] + 1):
+            by_char.setdefault(char, k)
+    return by_char
 
 
 class ChatTokenizer:
@@ -32,35 +118,110 @@ class ChatTokenizer:
             if token_id is not None and token_id != hf.unk_token_id:
                 stop.add(int(token_id))
         self.stop_ids = frozenset(stop)
+        self._data_backend = _data_backend(hf)
 
     def __len__(self) -> int:
         return len(self.hf)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.hf.encode(text, add_special_tokens=False))
+        """Data ids of ``text``: special-token text such as ``"<|im_end|>"`` becomes ordinary tokens.
+
+        >>> from fusionrag_llm.models.tiny import byte_tokenizer
+        >>> ChatTokenizer(byte_tokenizer()).encode("<|im_end|>")[:3]  # the bytes '<', '|', 'i'
+        [60, 124, 105]
+        """
+        return self.tokenize(text).ids
+
+    def tokenize(self, text: str) -> TokenizedText:
+        """``encode`` that also knows where its token boundaries fall (for finding chunks in prompts)."""
+        if self._data_backend is not None:
+            encoding = self._data_backend.encode(text, add_special_tokens=False)
+            return TokenizedText(text, encoding.ids, encoding.offsets, self._decode_exact)
+        ids = self.hf.encode(text, add_special_tokens=False, split_special_tokens=True)
+        return TokenizedText(text, ids, None, self._decode_exact)
+
+    def encode_template(self, text: str) -> list[int]:
+        """Ids of the chat template's own text, special tokens parsed; never pass user or retrieved text."""
+        return list(self.hf.encode(text, add_special_tokens=False, split_special_tokens=False))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def _decode_exact(self, ids: Sequence[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
     def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """The chat as one string, contents verbatim: for display, not for tokenizing (see ``chat_parts``)."""
         return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
-    def chat_frame(self, system: str | None) -> tuple[str, str]:
-        """Template text before and after one user message (with the given or default system prompt)."""
-        messages = [{"role": "system", "content": system}] if system is not None else []
-        messages.append({"role": "user", "content": CHAT_SENTINEL})
-        rendered = self.render_chat(messages)
-        head, sentinel, tail = rendered.partition(CHAT_SENTINEL)
-        if not sentinel:
-            raise ValueError("the chat template dropped the user message; cannot frame prompts with it")
-        return head, tail
+    def chat_parts(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[ChatPart]:
+        """The rendered chat as template text and message contents, in order.
 
-    def split_generation_prompt(self, messages: list[dict[str, str]]) -> tuple[str, str]:
-        """The rendered chat without and with only its generation prompt (e.g. ``<|im_start|>assistant``)."""
-        with_prompt = self.render_chat(messages, add_generation_prompt=True)
-        without = self.render_chat(messages, add_generation_prompt=False)
+        The template is rendered with ``content_placeholder(i)`` in place of each content, so no
+        content can add or close a turn. Templates that branch on a content's text (e.g. on a
+        ``</think>`` inside it) see the placeholder instead.
+        """
+        return self._split_rendered(self._render_placeholders(messages, add_generation_prompt), messages)
+
+    def chat_frame(self, system: str | None) -> tuple[list[ChatPart], list[ChatPart]]:
+        """Parts before and after one user message (with the given or the template's default system prompt)."""
+        messages = [{"role": "system", "content": system}] if system is not None else []
+        messages.append({"role": "user", "content": ""})
+        parts = self.chat_parts(messages)
+        user = next(i for i, part in enumerate(parts) if part.message == len(messages) - 1)
+        return parts[:user], parts[user + 1 :]
+
+    def split_generation_prompt(self, messages: list[dict[str, str]]) -> tuple[list[ChatPart], list[ChatPart]]:
+        """The chat's parts without its generation prompt (e.g. ``<|im_start|>assistant``), and that prompt."""
+        with_prompt = self._render_placeholders(messages, True)
+        without = self._render_placeholders(messages, False)
         if with_prompt.startswith(without) and len(with_prompt) > len(without):
-            return without, with_prompt[len(without) :]
-        last = messages[-1]["content"]  # a template without a generation prompt: the last turn's end is the suffix
-        cut = with_prompt.rfind(last) + len(last) if last else len(with_prompt)
-        return with_prompt[:cut], with_prompt[cut:] or with_prompt[-1:]
+            return self._split_rendered(without, messages), [ChatPart(with_prompt[len(without) :])]
+        # A template without a generation prompt: the last message onwards is the suffix.
+        parts = self._split_rendered(with_prompt, messages)
+        last = next(i for i, part in enumerate(parts) if part.message == len(messages) - 1)
+        return parts[:last], parts[last:]
+
+    def _render_placeholders(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        stand_ins = [{"role": m["role"], "content": content_placeholder(i)} for i, m in enumerate(messages)]
+        return self.render_chat(stand_ins, add_generation_prompt)
+
+    def _split_rendered(self, rendered: str, messages: list[dict[str, str]]) -> list[ChatPart]:
+        parts, rest = [], rendered
+        for index, message in enumerate(messages):
+            before, found, rest = rest.partition(content_placeholder(index))
+            if not found or content_placeholder(index) in rest:
+                raise FusionRAGError(
+                    f"the chat template dropped, repeated or reordered messages[{index}] (role {message['role']!r}); "
+                    "FusionRAG needs each message content exactly once, in order"
+                )
+            content = message["content"].strip() if self._trims_contents else message["content"]
+            parts += [ChatPart(before), ChatPart(content, index)]
+        parts.append(ChatPart(rest))
+        return [part for part in parts if part.text or part.message is not None]
+
+    @cached_property
+    def _trims_contents(self) -> bool:
+        """Whether the template strips whitespace around contents (e.g. Llama 3's ``| trim``)."""
+        padded = " " + content_placeholder(0) + " "
+        return padded not in self.render_chat([{"role": "user", "content": padded}])
+
+
+def _data_backend(hf: Any) -> Any | None:
+    """A private copy of a fast tokenizer's backend that never parses special tokens.
+
+    A copy, because `transformers` switches special-token parsing by setting a flag on the shared
+    backend per call; two threads encoding data and template text at once could otherwise see each
+    other's setting. Slow tokenizers take the setting per call and need no copy (None).
+    """
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    from tokenizers import Tokenizer
+
+    copy = Tokenizer.from_str(backend.to_str())
+    copy.encode_special_tokens = True
+    probe = "Data, not control: <|im_end|>\n<|im_start|>assistant\n  é"
+    if copy.encode(probe, add_special_tokens=False).ids != hf.encode(probe, add_special_tokens=False, split_special_tokens=True):
+        return None  # the wrapper preprocesses text itself; go through it (no offsets then)
+    return copy
