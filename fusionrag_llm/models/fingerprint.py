@@ -1,43 +1,97 @@
-"""A model's identity for the KV store: config, tokenizer, weights and compute dtype."""
+"""A model's identity for the KV store: config, tokenizer, weights and compute dtype.
+
+The weights part is a sha256 of the files' bytes, so another model's KV entries are never served.
+Hashing is cheap for small models (SmolLM2-135M's 538 MB float32 safetensors: ~0.5 s with a warm
+page cache) but not for large ones (tens of seconds for 14 GB), so a file's digest is remembered in
+a memo in the user cache (``<cache_dir>/digests/``, not next to the weights: model folders and
+site-packages may be read-only or shared). The memo holds the file's *stamp*: device, inode, size,
+mtime_ns and ctime_ns. Size and mtime alone are not enough: ``cp -p``, ``tar -x`` and rsync give a
+different file the old size and mtime. They cannot set ctime (the kernel sets it on every change
+of the file or its metadata) and a copy is a new inode, so a memo copied along with the weights,
+or written for another file, never matches. A file is not memoised when it changed less than
+``RACY_SECONDS`` before hashing began or while it was hashed: with a coarse clock a later change
+in the same tick would leave the stamp as it was (git's "racy clean" problem).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
+import os
+import re
+import time
 from pathlib import Path
 
 import torch
 
+from fusionrag_llm.paths import cache_dir
 from fusionrag_llm.storage import model_fingerprint
+
+logger = logging.getLogger(__name__)
+
+RACY_SECONDS = 2.0  # a little above the coarsest common timestamp granularity (FAT: 2 s)
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 def weights_digest(folder: Path) -> str:
-    """sha256 over the folder's safetensors files, remembered next to the files' size and mtime."""
+    """sha256 over the folder's safetensors files (each one's content digest, in name order)."""
     digest = hashlib.sha256()
-    for file in sorted(folder.glob("*.safetensors")):
-        digest.update(_file_digest(file).encode())
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        digest.update(file_digest(file).encode())
     return digest.hexdigest()
 
 
-def _file_digest(file: Path) -> str:
-    stat = file.stat()
-    memo = file.with_name(f".{file.name}.sha256")
-    stamp = f"{stat.st_size}:{stat.st_mtime_ns}"
+def file_digest(file: Path) -> str:
+    """sha256 of ``file``'s bytes; taken from its memo only when the memo's stamp is the file's own."""
+    file = Path(file)
+    started_ns = time.time_ns()
+    before = os.stat(file)
+    remembered = _read_memo(file, _stamp(before))
+    if remembered is not None:
+        return remembered
+    digest = _hash_bytes(file)
+    after = os.stat(file)
+    if _stamp(after) == _stamp(before) and started_ns - after.st_ctime_ns > RACY_SECONDS * 1e9:
+        _write_memo(file, _stamp(after), digest)
+    return digest
+
+
+def _stamp(stat: os.stat_result) -> str:
+    return f"{stat.st_dev}:{stat.st_ino}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ctime_ns}"
+
+
+def _memo_path(file: Path) -> Path:
+    name = hashlib.sha256(str(file.resolve()).encode()).hexdigest()[:32]
+    return cache_dir() / "digests" / f"{name}.json"
+
+
+def _read_memo(file: Path, stamp: str) -> str | None:
     try:
-        remembered_stamp, remembered = memo.read_text().split()
-        if remembered_stamp == stamp:
-            return remembered
-    except (OSError, ValueError):
-        pass
-    digest = hashlib.sha256()
+        memo = json.loads(_memo_path(file).read_text())
+        stamp_ok, digest = memo["stamp"] == stamp, memo["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):  # absent, unreadable, old format or garbage
+        return None
+    return digest if stamp_ok and isinstance(digest, str) and _HEX_DIGEST.fullmatch(digest) else None
+
+
+def _write_memo(file: Path, stamp: str, digest: str) -> None:
+    memo = _memo_path(file)
+    partial = memo.with_name(f"{memo.name}.{os.getpid()}.partial")
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps({"path": str(file.resolve()), "stamp": stamp, "sha256": digest}))
+        os.replace(partial, memo)  # readers see the old memo or the new one, never half of one
+    except OSError as exc:  # a read-only cache: hash again next time
+        logger.debug("cannot remember the digest of %s (%s); it is hashed on every load", file, exc)
+        with contextlib.suppress(OSError):
+            partial.unlink()
+
+
+def _hash_bytes(file: Path) -> str:
     with open(file, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    try:
-        memo.write_text(f"{stamp} {digest.hexdigest()}")
-    except OSError:  # a read-only model folder: hash again next time
-        pass
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def fingerprint_of(name: str, source: str, hf_config: dict, tokenizer_hf, dtype: torch.dtype) -> str:

@@ -1,4 +1,11 @@
-"""Load a Llama-family model by name, folder, ``.gguf`` file or hub id onto a device and dtype."""
+"""Load a Llama-family model by name, folder, ``.gguf`` file or hub id onto a device and dtype.
+
+Names mean what they say. A path that exists is always loaded as a path, even one called ``tiny``
+or ``smollm2-135m``: a user's folder must never be swapped for a built-in model (the random-weight
+``tiny`` would then answer, and fill the store, in its place). Otherwise a built-in name matches
+whole, ignoring case (``"Tiny"``, ``"SmolLM2-135M"``), never by prefix: ``tinyllama`` or a missing
+``tiny_model/`` folder is an unknown model, not the test model. A ``pathlib.Path`` is always a path.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +26,8 @@ logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
-MODEL_NAMES = ("smollm2-135m", "tiny", "tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3")
+TINY_NAMES = ("tiny", "tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3")
+MODEL_NAMES = ("smollm2-135m", *TINY_NAMES)
 
 
 @dataclass
@@ -77,36 +85,67 @@ def load_model(name_or_path: str | Path, device=None, dtype=None, kernels: str |
     except ValueError as exc:
         raise FusionRAGError(f"kernels: {exc}") from None
     name = str(name_or_path)
-    if name.startswith("tiny"):
-        loaded = _load_tiny(name, torch_device, torch_dtype)
+    builtin = builtin_name(name_or_path)
+    if builtin in TINY_NAMES:
+        loaded = _load_tiny(builtin, torch_device, torch_dtype)
     else:
-        loaded = load_folder(resolve_model_folder(name), name, torch_device, torch_dtype)
+        loaded = load_folder(resolve_model_folder(name_or_path), builtin or name, torch_device, torch_dtype)
     loaded.model.kernels = backend
     return loaded
 
 
-def resolve_model_folder(name: str) -> Path:
-    """A local folder holding config.json, safetensors weights and the tokenizer for ``name``."""
-    from fusionrag_llm.models.default_model import DEFAULT_ALIASES, resolve_default_model
-    from fusionrag_llm.models.gguf import converted_gguf_folder
+def builtin_name(name_or_path: str | Path) -> str | None:
+    """The built-in model ``name_or_path`` names, lower-cased, or None (a path, hub id or unknown name).
 
-    if name.lower() in DEFAULT_ALIASES:
+    >>> builtin_name("Tiny"), builtin_name("tinyllama"), builtin_name(Path("tiny"))
+    ('tiny', None, None)
+    """
+    from fusionrag_llm.models.default_model import DEFAULT_ALIASES, DEFAULT_MODEL
+
+    if isinstance(name_or_path, Path) or _is_existing_path(name_or_path):
+        return None
+    name = name_or_path.lower()
+    if name in DEFAULT_ALIASES:
+        return DEFAULT_MODEL
+    return name if name in TINY_NAMES else None
+
+
+def _is_existing_path(name: str) -> bool:
+    return bool(name) and Path(name).expanduser().exists()
+
+
+def resolve_model_folder(name_or_path: str | Path) -> Path:
+    """A local folder holding config.json, safetensors weights and the tokenizer for ``name_or_path``."""
+    from fusionrag_llm.models.default_model import resolve_default_model
+
+    name = str(name_or_path)
+    if not name.strip():
+        raise ModelNotFoundError(f"the model name is empty: use one of {', '.join(MODEL_NAMES)} or a path")
+    if _is_existing_path(name):
+        return _local_model_folder(Path(name).expanduser(), name)
+    if builtin_name(name_or_path) is not None:
         return resolve_default_model()
-    path = Path(name).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return converted_gguf_folder(path)
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelNotFoundError(f"folder {str(path)!r} has no config.json; it is not a model folder")
-        return path
-    if path.exists():
-        raise ModelNotFoundError(f"{name!r} is neither a model folder nor a .gguf file")
-    if _looks_like_hub_id(name):
+    if not isinstance(name_or_path, Path) and _looks_like_hub_id(name):
         return _download_from_hub(name)
     raise ModelNotFoundError(
-        f"unknown model {name!r}: use one of {', '.join(MODEL_NAMES)}, a model folder, a .gguf file, "
-        "or a hub id like 'HuggingFaceTB/SmolLM2-135M-Instruct'"
+        f"unknown model {name!r}: no file or folder exists at that path, and it is none of "
+        f"{', '.join(MODEL_NAMES)} (built-in names match whole, ignoring case) nor a hub id like "
+        "'HuggingFaceTB/SmolLM2-135M-Instruct'"
     )
+
+
+def _local_model_folder(path: Path, name: str) -> Path:
+    from fusionrag_llm.models.gguf import converted_gguf_folder
+
+    if path.is_file() and path.suffix == ".gguf":
+        return converted_gguf_folder(path)
+    hint = f" (a path that exists is always read as a path, even one named like the built-in {name!r})" \
+        if path.name.lower() in MODEL_NAMES else ""  # fmt: skip
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"folder {str(path)!r} has no config.json; it is not a model folder{hint}")
+        return path
+    raise ModelNotFoundError(f"{name!r} is neither a model folder nor a .gguf file{hint}")
 
 
 def _looks_like_hub_id(name: str) -> bool:
@@ -174,11 +213,10 @@ def _load_hf_tokenizer(folder: Path, name: str) -> Any:
 
 
 def _load_tiny(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    from fusionrag_llm.models.tiny import TINY_FAMILIES, byte_tokenizer, tiny_hf_config, tiny_state_dict
+    """``name`` is one of ``TINY_NAMES``: ``tiny`` is the Llama one."""
+    from fusionrag_llm.models.tiny import byte_tokenizer, tiny_hf_config, tiny_state_dict
 
     family = name.partition("-")[2] or "llama"
-    if name not in ("tiny",) and family not in TINY_FAMILIES:
-        raise ModelNotFoundError(f"unknown model {name!r}: use one of {', '.join(MODEL_NAMES)}")
     hf_config = tiny_hf_config(family)
     cfg = config_from_hf(hf_config, name)
     with torch.device("meta"):
