@@ -4,7 +4,8 @@ The paper's alternative path (DESIGN.md section 4.1). Exact KV of a prompt is st
 path blocks, one per boundary (the prefix, then each chunk with the text before it), each keyed by
 every segment up to that boundary, like a prefix cache's hash chain. A request walks the chain as
 far as the store has it; the chunks after that come from their plain or fused entries, or are
-computed once on a miss. Blocks are written only by runs whose context KV is exact.
+computed once on a miss. Blocks are written only by runs whose context KV is exact, and only to a
+lossless store (one that keeps the compute dtype): KV read back from a lossy store is not exact.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class ContextResolver:
         ends = list(accumulate(len(s.token_ids) for s in segments))
         found, start = [], 0
         for index, segment in enumerate(segments):
-            if index == 0 or (segment.kind == "chunk" and self.prefix_cache):
+            if index == 0 or (segment.kind == "chunk" and self.prefix_cache and self.entries.lossless):
                 key = self.entries.path_key(*(s.token_ids for s in segments[: index + 1]))
                 found.append(Boundary(index, start, ends[index], key))
                 start = ends[index]
@@ -97,18 +98,22 @@ class ContextResolver:
         return ResolvedContext(layout, boundaries, matched)
 
     def _plain_is_exact(self, segments: Sequence[Segment], index: int) -> bool:
-        return index < len(segments) and segments[index].kind == "chunk" and segments[0].token_ids == self.entries.s0_ids
+        if not self.entries.lossless or index >= len(segments) or segments[index].kind != "chunk":
+            return False
+        return segments[0].token_ids == self.entries.s0_ids
 
-    def _fetch(self, key: str, token_ids: Sequence[int]) -> tuple[KVEntry, str] | None:
+    def _fetch(self, key: str, token_ids: Sequence[int], variant: str) -> tuple[KVEntry, str] | None:
         found = self.preloaded.get(key)
-        if found is not None and found[0].token_ids == tuple(token_ids):
+        if found is not None and found[0].token_ids == tuple(token_ids) and self.entries.accepts(found[0], key, variant):
             return found
-        return self.entries.store.get(key, expect_token_ids=token_ids, copy=False)
+        return self.entries.fetch(key, token_ids, variant)
 
     def _place_exact_blocks(self, boundaries: list[Boundary], ids: list[int], cache: KVCache, stats: GenerationStats) -> int:
+        if not self.entries.lossless:
+            return 0  # a lossy store holds no exact blocks; the prefix comes from prefix_entry
         matched = 0
         for boundary in boundaries:
-            found = self._fetch(boundary.key, ids[boundary.start : boundary.end])
+            found = self._fetch(boundary.key, ids[boundary.start : boundary.end], "path")
             if found is None:
                 break
             entry, tier = found
@@ -121,7 +126,7 @@ class ContextResolver:
     def _chunk_entry(self, token_ids: tuple[int, ...], variant: str, stats: GenerationStats, exact: bool = False) -> KVEntry:
         """The chunk's entry of ``variant``, else its plain entry, else compute and store the plain entry."""
         for name in (variant, "plain") if variant != "plain" else ("plain",):
-            found = self._fetch(self.entries.key(token_ids, name), token_ids)
+            found = self._fetch(self.entries.key(token_ids, name), token_ids, name)
             if found is not None:
                 entry, tier = found
                 stats.path_hits["exact" if exact else "chunk"] += 1
@@ -142,7 +147,7 @@ class ContextResolver:
             slots = torch.arange(boundary.start, boundary.end, device=recomputed.device)
             rows = torch.searchsorted(recomputed, slots)
             entry = KVEntry(tuple(ids[boundary.start : boundary.end]), raw_keys[:, :, rows].clone(),
-                            raw_values[:, :, rows].clone(), {"variant": "path"})  # fmt: skip
+                            raw_values[:, :, rows].clone(), self.entries.meta("path"))  # fmt: skip
             self.entries.store.put(boundary.key, entry)
             stored += 1
         return stored

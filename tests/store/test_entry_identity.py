@@ -1,0 +1,91 @@
+"""An entry is served only as what it claims to be: its variant, its model, its storage exactness."""
+
+import logging
+
+import pytest
+import torch
+
+from fusionrag_llm import FusionRAG, RAGRequest
+from fusionrag_llm.storage import KVEntry
+
+CHUNKS = [
+    "The lighthouse at Keldmouth was designed by the engineer Tamsin Orrery in 1872.",
+    "Tamsin Orrery was born in Brightwater, a city at the mouth of the river Sel.",
+    "Brightwater is the capital of Lowmarch, a flat province crossed by canals.",
+]
+EMBEDDINGS = [[1, 0.2, 0], [0.9, 0.4, 0], [0.7, 0.7, 0]]
+REQUEST = RAGRequest(chunks=[CHUNKS[0], CHUNKS[2], CHUNKS[1]], question="Where was the lighthouse designer born?")
+
+
+def reference_logits(request=REQUEST, new_tokens=6):
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    out = rag.generate(request, method="full_attention", max_new_tokens=new_tokens)
+    return out.token_ids, rag.logits(request, out.token_ids, method="full_attention")
+
+
+def test_fused_entry_filed_as_plain_is_not_served(caplog):
+    """The first chunk after S0 is served from its plain entry as exact KV: a fused entry under the
+    plain key would silently change even r = 1 (nothing recomputes an exact block)."""
+    tokens, expected = reference_logits()
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag.add_chunks(CHUNKS, embeddings=EMBEDDINGS, neighbors=2)
+    ids = rag.catalog.get(CHUNKS[0]).token_ids
+    fused, _ = rag.entries.lookup(ids, "fused")
+    rag.store.put(rag.entries.key(ids, "plain"), fused)  # filed under the wrong variant
+    with caplog.at_level(logging.WARNING):
+        logits = rag.logits(REQUEST, tokens, method="fusionrag", recompute_ratio=1.0)
+    assert "claims variant 'fused'" in caplog.text
+    assert (logits - expected).abs().max().item() <= 1e-4
+
+
+def test_entry_of_another_model_is_a_miss(caplog):
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag.add_chunks(CHUNKS, fuse=False, embeddings=EMBEDDINGS)
+    ids = rag.catalog.get(CHUNKS[1]).token_ids
+    entry, _ = rag.entries.lookup(ids, "plain")
+    forged = KVEntry(entry.token_ids, entry.keys, entry.values, {"variant": "plain", "model": "0" * 64})
+    rag.store.put(rag.entries.key(ids, "plain"), forged)
+    with caplog.at_level(logging.WARNING):
+        assert rag.entries.lookup(ids, "plain") is None
+    out = rag.generate(REQUEST, method="full_reuse", max_new_tokens=2)
+    assert out.stats.path_hits["miss"] == 1  # recomputed, then stored again under the right identity
+    assert rag.entries.lookup(ids, "plain") is not None
+
+
+def test_lossy_store_never_serves_exact_paths(tmp_path):
+    """float16 entries under float32 compute are approximate: r = 1 and Full Attention stay exact,
+    however often the same prompt is asked (no float16 path block is ever reused as exact)."""
+    tokens, expected = reference_logits()
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, store_dtype="float16")
+    assert not rag.entries.lossless
+    rag.add_chunks(CHUNKS, embeddings=EMBEDDINGS, neighbors=2)
+    for _ in range(2):  # the second round finds whatever the first one stored
+        for method in ("full_attention", "fusionrag", "cacheblend"):
+            logits = rag.logits(REQUEST, tokens, method=method, recompute_ratio=1.0)
+            assert (logits - expected).abs().max().item() <= 1e-4, method
+    out = rag.generate(REQUEST, method="fusionrag", recompute_ratio=0.5, max_new_tokens=2)
+    assert out.stats.path_hits["exact"] == 0  # even the chunk right after S0 is approximate here
+    assert out.stats.reused_tokens > 0
+
+
+def test_lossy_and_exact_stores_in_one_folder_keep_apart(tmp_path):
+    exact = FusionRAG.from_pretrained("tiny", store=tmp_path)
+    exact.add_chunks(CHUNKS, fuse=False, embeddings=EMBEDDINGS)
+    exact.store.close()
+    lossy = FusionRAG.from_pretrained("tiny", store=tmp_path, store_dtype="float16")
+    ids = lossy.catalog.get(CHUNKS[0]).token_ids
+    assert lossy.entries.lookup(ids, "plain") is None
+    assert lossy.entries.key(ids, "plain") != exact.entries.key(ids, "plain")
+    lossy.add_chunks(CHUNKS, fuse=False, embeddings=EMBEDDINGS)
+    entry, _ = lossy.entries.lookup(ids, "plain")
+    assert entry.dtype == torch.float16
+
+
+@pytest.mark.parametrize("store_dtype", [None, "float32"])
+def test_store_in_the_compute_dtype_is_lossless(tmp_path, store_dtype):
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, store_dtype=store_dtype)
+    assert rag.entries.lossless
+    rag.add_chunks(CHUNKS, fuse=False, embeddings=EMBEDDINGS)
+    rag.generate(REQUEST, method="full_attention", max_new_tokens=2)
+    again = rag.generate(REQUEST, method="full_reuse", max_new_tokens=2)
+    assert again.stats.path_hits["exact"] == 3  # the path blocks of the first run are reused
