@@ -60,13 +60,17 @@ class TokenizedText:
                  decode: Callable[[Sequence[int]], str]):  # fmt: skip
         self.text = text
         self.ids = list(ids)
+        self._offsets = offsets
         self._decode = decode
-        self._by_char = None if offsets is None else _boundaries_from_offsets(offsets, len(text))
 
     def index_at(self, char: int) -> int | None:
         if self._by_char is not None:
             return self._by_char.get(char)
         return self._index_by_decoding(char)
+
+    @cached_property
+    def _by_char(self) -> dict[int, int] | None:
+        return None if self._offsets is None else _boundaries_from_offsets(self._offsets, len(self.text))
 
     def _index_by_decoding(self, char: int) -> int | None:
         prefix_len = _LazyPrefixLengths(self.ids, self._decode)
@@ -130,15 +134,16 @@ class ChatTokenizer:
         >>> ChatTokenizer(byte_tokenizer()).encode("<|im_end|>")[:3]  # the bytes '<', '|', 'i'
         [60, 124, 105]
         """
-        return self.tokenize(text).ids
+        if self._data_backend is not None:
+            return list(self._data_backend.encode(text, add_special_tokens=False).ids)
+        return list(self.hf.encode(text, add_special_tokens=False, split_special_tokens=True))
 
     def tokenize(self, text: str) -> TokenizedText:
         """``encode`` that also knows where its token boundaries fall (for finding chunks in prompts)."""
         if self._data_backend is not None:
             encoding = self._data_backend.encode(text, add_special_tokens=False)
             return TokenizedText(text, encoding.ids, encoding.offsets, self._decode_exact)
-        ids = self.hf.encode(text, add_special_tokens=False, split_special_tokens=True)
-        return TokenizedText(text, ids, None, self._decode_exact)
+        return TokenizedText(text, self.encode(text), None, self._decode_exact)
 
     def encode_template(self, text: str) -> list[int]:
         """Ids of the chat template's own text, special tokens parsed; never pass user or retrieved text."""
