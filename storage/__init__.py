@@ -1,16 +1,24 @@
-"""Content-addressed, tiered store of KV entries. Depends on torch and diskcache only."""
+"""Content-addressed, tiered store of KV entries. Depends on torch and diskcache only.
 
-from .codec import CorruptEntryError, decode, encode
-from .disk_tier import DiskTier, VerifyReport
+The disk tier is safe to share and robust to faults: it never runs code or touches files outside
+its folder whatever `cache.db` holds, binds every entry to its key, survives a full disk and a
+read-only folder, and reports a damaged index with the fix (`StoreDamagedError`).
+"""
+
+from .codec import CorruptEntryError, StaleEntryError, decode, decode_keyed, encode
+from .disk_tier import DiskTier
 from .entry import KVEntry
+from .errors import StoreDamagedError, StoreWriteError
 from .heat import HeatTracker
 from .keys import chunk_key, model_fingerprint, path_key
 from .ledger import TierLedger
 from .loader import LoaderStats, LoadResult, PrefetchLoader
 from .memory_tier import DeviceTier, HostTier, MemoryTier
+from .recovery import RebuildReport, clear_damaged, quarantine_index, rebuild_index
 from .settings import StoreBudgets, StoreOptions
 from .stats import StoreStats, TierStats
 from .tiered import TieredStore
+from .verify import VerifyReport
 
 __all__ = [
     "CorruptEntryError",
@@ -23,16 +31,24 @@ __all__ = [
     "LoaderStats",
     "MemoryTier",
     "PrefetchLoader",
+    "RebuildReport",
+    "StaleEntryError",
     "StoreBudgets",
+    "StoreDamagedError",
     "StoreOptions",
     "StoreStats",
+    "StoreWriteError",
     "TierLedger",
     "TierStats",
     "TieredStore",
     "VerifyReport",
     "chunk_key",
+    "clear_damaged",
     "decode",
+    "decode_keyed",
     "encode",
     "model_fingerprint",
     "path_key",
+    "quarantine_index",
+    "rebuild_index",
 ]

@@ -27,7 +27,7 @@ from .entry import normalise_token_ids
 
 KEY_FORMAT = 1
 _VARIANT_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
-_HEX_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+_HEX_KEY_RE = re.compile(r"[0-9a-f]{64}\Z")  # \Z: "$" would accept a trailing newline
 
 
 def canonical_json(obj: Any) -> str:
@@ -130,8 +130,13 @@ def path_key(model_fingerprint: str, *segments: Sequence[int]) -> str:
     return _digest(payload)
 
 
+def is_store_key(key: Any) -> bool:
+    """Whether `key` has the form of a store key: a str of 64 lowercase hex chars."""
+    return type(key) is str and _HEX_KEY_RE.match(key) is not None
+
+
 def check_key(key: Any) -> str:
     """Return `key` when it is a store key (64 lowercase hex chars), else raise `ValueError`."""
-    if not isinstance(key, str) or not _HEX_KEY_RE.match(key):
+    if not is_store_key(key):
         raise ValueError(f"store keys are 64 lowercase hex chars (chunk_key/path_key), got {key!r}")
     return key

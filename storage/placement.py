@@ -7,7 +7,7 @@ Plain bookkeeping around the tiers (`TieredStore` holds the lock and calls in):
 * A tier makes room by evicting only entries colder than the one coming in (`force` evicts the
   coldest whatever their heat: for an entry that has no other home).
 * An evicted entry is demoted to the next memory tier that takes it, else written back to disk when
-  disk lacks it, else (memory-only store) dropped.
+  disk lacks it, else (memory-only store, read-only or full disk) dropped.
 """
 
 from __future__ import annotations

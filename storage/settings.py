@@ -41,13 +41,17 @@ class StoreOptions:
       cannot corrupt the store; pass `copy=False` to `get` for the zero-copy path.
     * `disk_min_file_bytes`: entries of at least this size are files next to diskcache's SQLite db,
       smaller ones live inside the db (diskcache's `disk_min_file_size`).
-    * `disk_timeout_s`: how long a process waits for the SQLite lock held by another one.
+    * `disk_timeout_s`: how long a process waits for the SQLite lock held by another one; a write
+      still waiting then fails like one on a full disk (see `TieredStore.put`).
+    * `read_only`: open the disk tier without writing to it (a precomputed store shared by several
+      users). A folder that cannot take writes is opened read-only without asking.
     """
 
     heat_half_life: float = 1024.0
     copy_on_get: bool = True
     disk_min_file_bytes: int = 32 * 1024
     disk_timeout_s: float = 60.0
+    read_only: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.heat_half_life, (int, float)) or not self.heat_half_life > 0:
@@ -57,3 +61,5 @@ class StoreOptions:
         _check_non_negative_int("StoreOptions", "disk_min_file_bytes", self.disk_min_file_bytes)
         if not isinstance(self.disk_timeout_s, (int, float)) or not self.disk_timeout_s > 0:
             raise ValueError(f"StoreOptions.disk_timeout_s must be a number > 0, got {self.disk_timeout_s!r}")
+        if not isinstance(self.read_only, bool):
+            raise ValueError(f"StoreOptions.read_only must be a bool, got {self.read_only!r}")

@@ -20,9 +20,11 @@ class StoreStats:
     """Snapshot of a store: per-tier occupancy and this process's access counters.
 
     `hits[tier]` counts `get` calls answered from that tier (where the entry was found, before any
-    promotion); `misses` counts the rest, including token-id mismatches and corrupt entries.
+    promotion); `misses` counts the rest, including token-id mismatches, corrupt entries, entries
+    bound to another key (`key_mismatches`) and entries of another codec version (`stale`).
     `evictions` counts entries that left the memory tiers; `disk_evictions` entries this process
-    deleted from disk to stay within the disk budget.
+    deleted from disk to stay within the disk budget; `disk_write_failures` writes to disk that
+    failed (full disk, lock timeout...); `read_only` whether the disk tier takes no writes.
     """
 
     tiers: dict[str, TierStats]
@@ -34,6 +36,10 @@ class StoreStats:
     demotions: int = 0
     evictions: int = 0
     disk_evictions: int = 0
+    key_mismatches: int = 0
+    stale: int = 0
+    disk_write_failures: int = 0
+    read_only: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -4,6 +4,11 @@ The disk tier (when a directory is given) is the persistent home: every `put` wr
 it; memory tiers cache entries above it, promoted on access and demoted under pressure by heat
 (access count with exponential decay). See `placement.py` for the rules.
 
+Faults of the disk are never fatal to queries: a failed write (full disk, read-only store, lock
+timeout) leaves the entry in memory and `put` says whether some tier holds it; ingestion passes
+`persist=True` to learn, through `StoreWriteError`, that an entry did not reach the disk. A damaged
+index raises `StoreDamagedError` naming the fix. See `disk_tier.py` for the disk's guarantees.
+
 Returned tensors: with the default `copy_on_get`, `get` returns fresh tensors, so callers may do
 anything with them. `get(..., copy=False)` returns the tier's own tensors (zero copy): the caller
 must treat them as read-only (e.g. copy-on-assemble) or it corrupts the store for everyone.
@@ -18,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .disk_tier import DiskTier, VerifyReport
+from .disk_tier import DiskTier
 from .entry import KVEntry, normalise_token_ids
 from .heat import HeatTracker
 from .keys import check_key
@@ -26,6 +31,7 @@ from .memory_tier import DeviceTier, HostTier, MemoryTier
 from .placement import TierStack
 from .settings import StoreBudgets, StoreOptions
 from .stats import StoreCounters, StoreStats, TierStats
+from .verify import VerifyReport
 
 logger = logging.getLogger(__name__)
 _NOT_IN_MEMORY = object()
@@ -71,6 +77,7 @@ class TieredStore:
                 budgets.disk_bytes,
                 min_file_bytes=options.disk_min_file_bytes,
                 timeout_s=options.disk_timeout_s,
+                read_only=options.read_only,
             )
         self._setup(memory, disk, storage_dtype, options)
 
@@ -110,19 +117,34 @@ class TieredStore:
         return self._disk.directory if self._disk is not None else None
 
     @property
+    def storage_dtype(self) -> torch.dtype | None:
+        """The dtype entries are cast to when stored (None: kept in the dtype they come in)."""
+        return self._storage_dtype
+
+    @property
+    def read_only(self) -> bool:
+        """True when the disk tier takes no writes (read-only folder or `StoreOptions.read_only`)."""
+        return self._disk is not None and self._disk.read_only
+
+    @property
     def tier_names(self) -> list[str]:
         """Tier names, top first (e.g. `['device', 'host', 'disk']`)."""
         return [tier.name for tier in self._memory] + ([self._disk.name] if self._disk else [])
 
     # ----------------------------------------------------------------------------- mapping API
-    def put(self, key: str, entry: KVEntry) -> bool:
-        """Store a copy of `entry` (cast to `storage_dtype`); True when some tier holds it."""
+    def put(self, key: str, entry: KVEntry, *, persist: bool = False) -> bool:
+        """Store a copy of `entry` (cast to `storage_dtype`); True when some tier holds it.
+
+        A disk write that fails (full disk, read-only store, over budget) is logged and the entry is
+        kept in memory. With `persist=True` (ingestion, which must know what reached the disk) such
+        a failure raises `StoreWriteError` instead and the entry is not stored anywhere.
+        """
         check_key(key)
         self._check_open()
         if not isinstance(entry, KVEntry):
             raise ValueError(f"put expects a KVEntry, got {type(entry).__name__}")
         stored = entry.copy_to("cpu", self._storage_dtype)
-        on_disk = self._disk.put(key, stored) if self._disk is not None else False
+        on_disk = self._disk.put(key, stored, persist=persist) if self._disk is not None else False
         with self._lock:
             self._heat.touch(key)
             return self._stack.insert(key, stored, force=not on_disk) or on_disk
@@ -191,18 +213,20 @@ class TieredStore:
             tiers = {t.name: TierStats(t.name, len(t), t.used_bytes, t.budget_bytes) for t in self._memory}
             c = self._counters
             stats = StoreStats(
-                tiers, dict(c.hits), c.misses, 0, c.token_mismatches, c.promotions, c.demotions, c.evictions
-            )
+                tiers, dict(c.hits), c.misses, token_mismatches=c.token_mismatches, promotions=c.promotions,
+                demotions=c.demotions, evictions=c.evictions,
+            )  # fmt: skip
         if self._disk is not None:
             disk = self._disk
             tiers[disk.name] = TierStats(disk.name, len(disk), disk.used_bytes, disk.budget_bytes)
-            stats.corrupt, stats.disk_evictions = disk.corrupt_count, disk.evictions
+            stats.corrupt, stats.disk_evictions, stats.key_mismatches = disk.corrupt_count, disk.evictions, disk.key_mismatches
+            stats.stale, stats.disk_write_failures, stats.read_only = disk.stale_count, disk.write_failures, disk.read_only
         return stats
 
-    def verify(self) -> VerifyReport:
-        """Check every disk entry's checksum; corrupt ones are removed and listed."""
+    def verify(self, repair: bool = False) -> VerifyReport:
+        """Check every disk entry and the store folder; see `DiskTier.verify` for what `repair` removes."""
         self._check_open()
-        return self._disk.verify() if self._disk is not None else VerifyReport()
+        return self._disk.verify(repair) if self._disk is not None else VerifyReport()
 
     def clear(self) -> None:
         """Remove every entry from every tier (the disk directory too)."""
