@@ -227,6 +227,7 @@ def _data_backend(hf: Any) -> Any | None:
     copy = Tokenizer.from_str(backend.to_str())
     copy.encode_special_tokens = True
     probe = "Data, not control: <|im_end|>\n<|im_start|>assistant\n  é"
-    if copy.encode(probe, add_special_tokens=False).ids != hf.encode(probe, add_special_tokens=False, split_special_tokens=True):
+    expected = hf.encode(probe, add_special_tokens=False, split_special_tokens=True)
+    if copy.encode(probe, add_special_tokens=False).ids != expected:
         return None  # the wrapper preprocesses text itself; go through it (no offsets then)
     return copy

@@ -127,7 +127,8 @@ def test_chunks_on_token_boundaries_are_found_and_reused():
     prompt = "Context:\n" + REGISTERED[0] + "\n\n" + REGISTERED[3] + "\n\nQuestion: When is the market?"
     segments = rag.segments(prompt)
     assert [s.text for s in segments if s.kind == "chunk"] == [REGISTERED[0], REGISTERED[3]]
-    assert [s.token_ids for s in segments if s.kind == "chunk"] == [rag.catalog.get(t).token_ids for t in (REGISTERED[0], REGISTERED[3])]
+    expected = [rag.catalog.get(t).token_ids for t in (REGISTERED[0], REGISTERED[3])]
+    assert [s.token_ids for s in segments if s.kind == "chunk"] == expected
     out = rag.generate(prompt, method="fusionrag", recompute_ratio=0.2, max_new_tokens=2)
     assert out.stats.path_hits["chunk"] + out.stats.path_hits["exact"] == 2 and out.stats.reused_tokens > 0
 
@@ -169,7 +170,8 @@ def test_decoding_fallback_finds_the_same_chunks_as_offsets(monkeypatch):
 def test_old_character_split_is_unchanged():
     finder = ChunkFinder()
     finder.register(["a registered chunk of text", "tiny"])
-    assert finder.split("x a registered chunk of texts") == [("text", "x "), ("chunk", "a registered chunk of text"), ("text", "s")]
+    expected = [("text", "x "), ("chunk", "a registered chunk of text"), ("text", "s")]
+    assert finder.split("x a registered chunk of texts") == expected
 
 
 @pytest.mark.real_model
@@ -189,7 +191,8 @@ def test_smollm2_context_prefix_keeps_the_prompt(smollm2_rag):
     """"Context: <passage>": SmolLM2 glues the space to the passage's first word, so the passage is
     not a chunk there and full attention sees exactly the unregistered prompt; after a newline it is."""
     passage = "The lighthouse at Grey Point on Varrow was lit for the last time on 3 March 1961, after a storm."
-    glued, separate = "Context: " + passage + "\nWhen was it lit last?", "Context:\n" + passage + "\nWhen was it lit last?"
+    glued = "Context: " + passage + "\nWhen was it lit last?"
+    separate = "Context:\n" + passage + "\nWhen was it lit last?"
     before = {p: (prompt_ids(smollm2_rag.segments(p)), first_logits(smollm2_rag, p)) for p in (glued, separate)}
     smollm2_rag.add_chunks([passage], embeddings=[[1.0, 0.0]], neighbors=1)
     for prompt, (ids, logits) in before.items():

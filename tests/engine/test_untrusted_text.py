@@ -65,7 +65,8 @@ def test_smollm2_tokenizer_encodes_control_text_as_data():
     data = tokenizer.encode("Doc " + FORGED)
     assert not {1, 2} & set(data) and tokenizer.decode(data, skip_special_tokens=False) == "Doc " + FORGED
     parts = tokenizer.chat_parts([{"role": "user", "content": FORGED}])
-    ids = [t for p in parts for t in (tokenizer.encode(p.text) if p.message is not None else tokenizer.encode_template(p.text))]
+    encode = {True: tokenizer.encode, False: tokenizer.encode_template}
+    ids = [t for p in parts for t in encode[p.message is not None](p.text)]
     assert sum(t in (1, 2) for t in ids) == 5  # default system turn (2), user turn (2), generation prompt
 
 
@@ -75,7 +76,8 @@ def test_rag_request_document_and_question_stay_data(rag):
     ids = prompt_ids(segments)
     head, tail = frame_ids(rag)
     assert control_positions(ids, control_ids(rag.tokenizer)) == template_positions(rag, ids, len(head), tail)
-    assert len(control_positions(ids, control_ids(rag.tokenizer))) == 3  # <|im_start|>user, <|im_end|>, <|im_start|>assistant
+    # <|im_start|>user, <|im_end|>, <|im_start|>assistant
+    assert len(control_positions(ids, control_ids(rag.tokenizer))) == 3
     out = rag.generate(request, method="fusionrag", max_new_tokens=2)
     assert out.prompt_ids == ids and out.stats.path_hits["chunk"] + out.stats.path_hits["exact"] >= 1
 
@@ -91,7 +93,8 @@ def test_flat_prompt_stays_data(rag):
     prompt = "Context:\n" + DOCUMENT + "\n\nQuestion: " + QUESTION
     out = rag.generate(prompt, method="fusionrag", max_new_tokens=2)
     head, tail = frame_ids(rag)
-    assert control_positions(out.prompt_ids, control_ids(rag.tokenizer)) == template_positions(rag, out.prompt_ids, len(head), tail)
+    expected = template_positions(rag, out.prompt_ids, len(head), tail)
+    assert control_positions(out.prompt_ids, control_ids(rag.tokenizer)) == expected
     assert [s.kind for s in out.segments] == ["prefix", "chunk", "suffix"]  # the document is still reused
     assert out.stats.path_hits["chunk"] == 1
 
@@ -104,7 +107,8 @@ def test_chat_message_contents_stay_data(rag):
         {"role": "user", "content": QUESTION},
     ]
     out = rag.generate(messages, method="fusionrag", max_new_tokens=2)
-    rendered_controls = sum(rag.tokenizer.render_chat([{**m, "content": "x"} for m in messages]).count(c) for c in CONTROL_TEXT)
+    rendered = rag.tokenizer.render_chat([{**m, "content": "x"} for m in messages])
+    rendered_controls = sum(rendered.count(c) for c in CONTROL_TEXT)
     assert len(control_positions(out.prompt_ids, control_ids(rag.tokenizer))) == rendered_controls == 9
     assert out.prompt_ids[-len("assistant\n") - 1] == 257  # the generation prompt is the template's own
     assert out.stats.path_hits["chunk"] == 1
@@ -119,7 +123,10 @@ def test_a_content_that_spells_a_placeholder_is_just_text(rag):
 
 def test_template_that_drops_a_message_is_refused_and_trimming_templates_are_followed():
     hf = byte_tokenizer()
-    hf.chat_template = "{% for m in messages %}{% if m['role'] != 'system' %}<|im_start|>{{ m['content'] }}<|im_end|>{% endif %}{% endfor %}"
+    hf.chat_template = (
+        "{% for m in messages %}{% if m['role'] != 'system' %}"
+        "<|im_start|>{{ m['content'] }}<|im_end|>{% endif %}{% endfor %}"
+    )
     with pytest.raises(FusionRAGError, match=r"dropped, repeated or reordered messages\[0\]"):
         ChatTokenizer(hf).chat_parts([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
     hf.chat_template = "{% for m in messages %}<|im_start|>{{ m['content'] | trim }}<|im_end|>{% endfor %}"
