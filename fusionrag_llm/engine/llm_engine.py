@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from fusionrag_llm.engine.decode import teacher_forced
+from fusionrag_llm.engine.decode import check_token_ids, teacher_forced
 from fusionrag_llm.engine.methods import METHODS, RunPlan
 from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.engine.streaming import GenerationStream
@@ -115,6 +115,7 @@ class LLMEngine:
 
     def logits(self, segments: Sequence[Segment], continuation: Sequence[int], plan: RunPlan) -> torch.Tensor:
         """[len(continuation) + 1, vocab] teacher-forced logits after the prompt and each continuation token."""
+        continuation = check_token_ids(continuation, self.model.cfg.vocab_size)
         ids = prompt_ids(segments)
         self.check_fits(len(ids), len(continuation))
         state = self.prefill(segments, plan, extra_capacity=len(continuation))

@@ -74,7 +74,7 @@ def test_smollm2_logits_and_greedy_match_transformers(smollm2_rag):
     loaded = smollm2_rag.loaded
     text = " ".join(f"Fact {i}: the {i}th lantern of Varn is painted {['red', 'blue', 'green'][i % 3]}." for i in range(16))
     prompt = loaded.tokenizer.render_chat([{"role": "user", "content": text + " Which colour is lantern 7?"}])
-    ids = torch.tensor(loaded.tokenizer.encode(prompt))
+    ids = torch.tensor(loaded.tokenizer.encode_template(prompt))  # our own rendered chat: control tokens wanted
     assert 250 <= len(ids) <= 400
     hf = AutoModelForCausalLM.from_pretrained(loaded.source, dtype=torch.float32).eval()
     with torch.no_grad():
