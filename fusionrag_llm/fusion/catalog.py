@@ -1,32 +1,62 @@
-"""The registered chunks: texts, token ids, embeddings (FAISS) and where to find them in prompts.
+"""The registered chunks (texts, token ids, embeddings in FAISS) and the neighbours of their fused entries.
 
-With a folder, the texts and their embeddings are appended to ``catalog.jsonl`` there, so another
-process opening the same store knows them too (for neighbour search and for finding chunks in flat
-prompts). Lines are appended under an exclusive file lock; a torn last line is ignored on load.
+With a folder, the catalog is ``catalog.jsonl`` there, one JSON record a line, shared by every
+process that opens the store and appended under an exclusive ``flock``:
+
+* ``{"text", "vector"}`` registers a chunk. A process appends new texts only after reading, under
+  the same lock, what others appended, so its catalog is always a prefix of the file: every process
+  numbers the chunks alike and finds the same neighbours.
+* ``{"fused", "chunk", "count", "requested", "neighbours", "view", "floor"}`` says which neighbours
+  the fused entry stored under key ``fused`` was computed after, so ingestion can tell stale fused
+  entries (their chunk has closer chunks now) without reading the entries (megabytes each).
+
+``refresh`` reads only the bytes appended since the last read, under a shared lock. A line that is
+not UTF-8, not JSON or not a valid record is skipped with a warning naming its line number: one bad
+byte must not hide every chunk. A torn last line (a writer killed mid-write) stays unread until a
+newline ends it; the next writer ends it first, so its own lines stay whole. A store folder that
+cannot be written (read-only mount, permissions) can still be opened and queried; registering new
+chunks in it raises ``CatalogWriteError`` naming the folder.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import logging
+import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable, Iterator
 
 import numpy as np
 
 from fusionrag_llm.engine.chunk_finder import ChunkFinder
+from fusionrag_llm.errors import FusionRAGError
+from fusionrag_llm.ingest.jsonl import parse_line, separator, whole_lines, why_unreadable
 from fusionrag_llm.ingest.neighbours import NeighbourIndex
 
 logger = logging.getLogger(__name__)
 TokenIds = tuple[int, ...]
 CATALOG_FILE = "catalog.jsonl"
+SIMILARITY_SLACK = 1e-4  # numpy's and FAISS's float32 inner products differ in the last bits
+_WRITE_PROBLEMS = {
+    errno.EROFS: "the folder is on a read-only file system",
+    errno.EACCES: "no permission to write there",
+    errno.EPERM: "no permission to write there",
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exhausted",
+}
 
 
 def chunk_id_of(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+class CatalogWriteError(FusionRAGError):
+    """The chunk catalog could not be appended to (read-only store, permissions, full disk)."""
 
 
 @dataclass(frozen=True)
@@ -38,15 +68,63 @@ class RegisteredChunk:
     row: int  # row in that space's neighbour index
 
 
+@dataclass(frozen=True)
+class Neighbourhood:
+    """A chunk's most similar other chunks, as one view of the catalog saw them."""
+
+    chunks: tuple[RegisteredChunk, ...]  # most similar first
+    count: int  # how many were asked for
+    view: int  # chunks in the embedding space when searched
+    floor: float | None  # similarity of the least similar one; None when fewer than ``count`` exist
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(chunk.chunk_id for chunk in self.chunks)
+
+
+@dataclass(frozen=True)
+class FusedRecord:
+    """The neighbours the fused entry stored under ``key`` was computed after."""
+
+    key: str  # the fused entry's store key (model, S0, chunk tokens, variant)
+    chunk_id: str
+    count: int
+    requested: tuple[str, ...]  # the neighbour ids searched, most similar first
+    neighbours: tuple[str, ...]  # those it was computed after (the context window may drop the last)
+    view: int
+    floor: float | None
+
+    def to_json(self) -> str:
+        return json.dumps({"fused": self.key, "chunk": self.chunk_id, "count": self.count, "requested": list(self.requested),
+                           "neighbours": list(self.neighbours), "view": self.view, "floor": self.floor})  # fmt: skip
+
+    @classmethod
+    def from_json(cls, record: dict) -> FusedRecord:
+        ids = (record["requested"], record["neighbours"])
+        if not all(isinstance(group, list) and all(isinstance(i, str) for i in group) for group in ids):
+            raise ValueError("neighbour ids must be lists of strings")
+        floor = record["floor"]
+        if floor is not None and not (isinstance(floor, (int, float)) and math.isfinite(floor)):
+            raise ValueError("floor must be a number or null")
+        count, view = record["count"], record["view"]
+        if not all(isinstance(n, int) and n >= 0 for n in (count, view)) or not isinstance(record["chunk"], str):
+            raise ValueError("count and view must be ints >= 0, chunk a string")
+        return cls(record["fused"], record["chunk"], count, tuple(ids[0]), tuple(ids[1]), view, floor)
+
+
 class ChunkCatalog:
     def __init__(self, folder: Path | None = None, encode: Callable[[str], list[int]] | None = None) -> None:
         self._by_text: dict[str, RegisteredChunk] = {}
+        self._by_id: dict[str, RegisteredChunk] = {}
         self._rows: dict[int, list[RegisteredChunk]] = {}  # per embedding space
         self._spaces: dict[int, NeighbourIndex] = {}
+        self._fused: dict[str, FusedRecord] = {}  # by entry key; the file's last record wins
         self.finder = ChunkFinder()
         self.path = None if folder is None else Path(folder) / CATALOG_FILE
-        if self.path is not None and self.path.is_file() and encode is not None:
-            self._load(encode)
+        self._encode = encode
+        self._offset = 0  # bytes of the file read so far: whole lines only
+        self._lines = 0  # lines read so far, to name bad lines in warnings
+        self.refresh()
 
     def __len__(self) -> int:
         return len(self._by_text)
@@ -54,57 +132,183 @@ class ChunkCatalog:
     def get(self, text: str) -> RegisteredChunk | None:
         return self._by_text.get(text)
 
+    def by_id(self, chunk_id: str) -> RegisteredChunk | None:
+        return self._by_id.get(chunk_id)
+
+    def fused_record(self, key: str) -> FusedRecord | None:
+        return self._fused.get(key)
+
+    def fused_records(self) -> list[FusedRecord]:
+        return list(self._fused.values())
+
+    # ------------------------------------------------------------------ reading
+    def refresh(self) -> None:
+        """Read what other processes appended since the last read (nothing to do without a folder)."""
+        if self.path is None:
+            return
+        try:
+            handle = open(self.path, "rb")
+        except FileNotFoundError:
+            return
+        except OSError as exc:  # unreadable: queries still work, without finding these chunks
+            logger.warning("cannot read the chunk catalog %s (%s); its chunks are unknown to this process", self.path, exc)
+            return
+        with handle:
+            fcntl.flock(handle, fcntl.LOCK_SH)  # released on close
+            self._read_new(handle)
+
+    def _read_new(self, handle: BinaryIO) -> None:
+        handle.seek(self._offset)
+        lines, consumed = whole_lines(handle.read())
+        pending: dict[str, np.ndarray] = {}  # new chunks' vectors by text, in file order
+        for raw in lines:
+            self._lines += 1
+            self._apply(raw, pending)
+        self._offset += consumed
+        encode = self._encode or _no_token_ids
+        for space in dict.fromkeys(vector.shape[0] for vector in pending.values()):
+            texts = [text for text, vector in pending.items() if vector.shape[0] == space]
+            self._register(texts, [tuple(encode(text)) for text in texts], np.stack([pending[t] for t in texts]))
+
+    def _apply(self, raw: bytes, pending: dict[str, np.ndarray]) -> None:
+        if not raw.strip():
+            return
+        try:
+            record = parse_line(raw)
+            if "fused" in record:
+                fused = FusedRecord.from_json(record)
+                self._fused[fused.key] = fused
+                return
+            text, vector = _chunk_record(record)
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.warning("skipping line %d of %s: %s", self._lines, self.path, why_unreadable(exc))
+            return
+        if text not in self._by_text:
+            pending.setdefault(text, vector)  # the first registration of a text wins
+
+    # ------------------------------------------------------------------ registering
     def add(self, texts: list[str], token_ids: list[TokenIds], vectors: np.ndarray, persist: bool = True) -> list[RegisteredChunk]:
-        """Register new texts (callers pass only unknown ones) with their normalised embeddings."""
+        """Register ``texts`` with their normalised embeddings [len(texts), dim]; returns their chunks.
+
+        A text another process registered meanwhile keeps that registration (and its vector).
+        """
+        if not persist or self.path is None:
+            self._register(*_unknown(self._by_text, texts, token_ids, vectors))
+            return [self._by_text[text] for text in texts]
+        with self._locked_for_append() as handle:
+            self._read_new(handle)
+            fresh_texts, fresh_ids, fresh_vectors = _unknown(self._by_text, texts, token_ids, vectors)
+            self._append(handle, [json.dumps({"text": t, "vector": v.tolist()}) for t, v in zip(fresh_texts, fresh_vectors)])
+            self._register(fresh_texts, fresh_ids, fresh_vectors)
+        return [self._by_text[text] for text in texts]
+
+    def record_fused(self, record: FusedRecord) -> None:
+        """Remember (in the file, with a folder) which neighbours a fused entry was computed after."""
+        if self.path is not None:
+            with self._locked_for_append() as handle:
+                self._read_new(handle)
+                self._append(handle, [record.to_json()])
+        self._fused[record.key] = record
+
+    def _register(self, texts: list[str], token_ids: list[TokenIds], vectors: np.ndarray) -> None:
+        if not texts:
+            return
         space = int(vectors.shape[1])
         rows = self._rows.setdefault(space, [])
-        added = []
         for text, ids in zip(texts, token_ids):
-            chunk = RegisteredChunk(chunk_id_of(text), text, ids, space=space, row=len(rows))
+            chunk = RegisteredChunk(chunk_id_of(text), text, tuple(ids), space=space, row=len(rows))
             rows.append(chunk)
-            self._by_text[text] = chunk
-            added.append(chunk)
+            self._by_text[text] = self._by_id[chunk.chunk_id] = chunk
         self._spaces.setdefault(space, NeighbourIndex()).add(vectors)
         self.finder.register(texts)
-        if persist and self.path is not None:
-            self._append(texts, vectors)
-        return added
+
+    @contextmanager
+    def _locked_for_append(self) -> Iterator[BinaryIO]:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(self.path, "a+b")
+        except OSError as exc:
+            raise self._write_error(exc) from exc
+        with handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released on close
+            yield handle
+
+    def _append(self, handle: BinaryIO, lines: list[str]) -> None:
+        """Append ``lines``; the caller has read the file to its last whole line under the same lock."""
+        if not lines:
+            return
+        data = separator(handle) + "".join(line + "\n" for line in lines).encode()
+        end = handle.seek(0, 2)
+        try:
+            handle.write(data)
+            handle.flush()
+        except OSError as exc:
+            raise self._write_error(exc) from exc
+        self._offset, self._lines = end + len(data), self._lines + data.count(b"\n")
+
+    def _write_error(self, exc: OSError) -> CatalogWriteError:
+        problem = _WRITE_PROBLEMS.get(exc.errno, exc.strerror or type(exc).__name__)
+        return CatalogWriteError(
+            f"cannot write the chunk catalog {self.path.name} in the store folder {self.path.parent}: "
+            f"{problem} ({exc}). A store that cannot be written can still be opened and queried; to "
+            "register chunks, use a writable store folder (store=...), or free space and run again."
+        )
+
+    # ------------------------------------------------------------------ neighbours
+    def neighbourhood(self, chunk: RegisteredChunk, count: int) -> Neighbourhood:
+        """Up to ``count`` most similar other chunks of ``chunk``'s embedding space, most similar first."""
+        index = self._spaces[chunk.space]
+        (found,) = index.search([chunk.row], count)
+        rows = self._rows[chunk.space]
+        floor = found[-1][1] if found and len(found) == count else None
+        return Neighbourhood(tuple(rows[row] for row, _ in found), count, len(index), floor)
 
     def neighbours_of(self, chunks: list[RegisteredChunk], count: int) -> list[list[RegisteredChunk]]:
         """Up to ``count`` most similar other chunks of each chunk's embedding space, most similar first."""
-        result = []
-        for chunk in chunks:
-            (found,) = self._spaces[chunk.space].neighbours([chunk.row], count)
-            result.append([self._rows[chunk.space][row] for row in found])
-        return result
+        return [list(self.neighbourhood(chunk, count).chunks) for chunk in chunks]
 
-    def _append(self, texts: list[str], vectors: np.ndarray) -> None:
-        lines = "".join(json.dumps({"text": t, "vector": v.tolist()}) + "\n" for t, v in zip(texts, vectors))
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                handle.write(lines)
-                handle.flush()
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+    def may_have_changed(self, record: FusedRecord) -> bool:
+        """Whether a chunk registered after ``record``'s view could be one of its neighbours now.
 
-    def _load(self, encode: Callable[[str], list[int]]) -> None:
-        seen: set[str] = set()
-        by_space: dict[int, list[tuple[str, np.ndarray]]] = {}
-        with open(self.path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                try:
-                    record = json.loads(line)
-                    text, vector = record["text"], np.asarray(record["vector"], dtype=np.float32)
-                    if not isinstance(text, str) or vector.ndim != 1:
-                        raise ValueError("bad record")
-                except (ValueError, KeyError, TypeError):
-                    logger.warning("skipping unreadable line %d of %s", number, self.path)
-                    continue
-                if text not in self._by_text and text not in seen:
-                    seen.add(text)
-                    by_space.setdefault(vector.shape[0], []).append((text, vector))
-        for records in by_space.values():
-            texts = [text for text, _ in records]
-            self.add(texts, [tuple(encode(t)) for t in texts], np.stack([v for _, v in records]), persist=False)
+        Cheap and conservative (a vector product with the later chunks only, never a full search):
+        False means the record's neighbours are certainly still the current ones.
+        """
+        chunk = self._by_id.get(record.chunk_id)
+        if chunk is None or record.count == 0:
+            return False
+        index = self._spaces[chunk.space]
+        if len(index) <= record.view:
+            return False
+        if record.floor is None:  # fewer than ``count`` neighbours: any later chunk joins them
+            return True
+        later = index.vectors(record.view, len(index))  # [later chunks, dim]
+        return float((later @ index.vector(chunk.row)).max()) >= record.floor - SIMILARITY_SLACK
+
+
+def registered_chunk_count(folder: Path) -> int:
+    """How many chunks the catalog in ``folder`` registers (bad lines skipped, duplicates counted once)."""
+    return len(ChunkCatalog(folder))
+
+
+def _chunk_record(record: dict) -> tuple[str, np.ndarray]:
+    text, vector = record["text"], np.asarray(record["vector"], dtype=np.float32)
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("the text must be a non-empty string")
+    if vector.ndim != 1 or not vector.size or not np.isfinite(vector).all():
+        raise ValueError("the vector must be a non-empty list of finite numbers")
+    return text, vector
+
+
+def _unknown(known: dict, texts: list[str], token_ids: list[TokenIds], vectors: np.ndarray):
+    """The texts (with their token ids and vectors) that ``known`` lacks, first occurrences only."""
+    rows: list[int] = []
+    seen: set[str] = set()
+    for row, text in enumerate(texts):
+        if text not in known and text not in seen:
+            seen.add(text)
+            rows.append(row)
+    return [texts[r] for r in rows], [token_ids[r] for r in rows], vectors[rows]
+
+
+def _no_token_ids(text: str) -> TokenIds:
+    return ()

@@ -1,30 +1,77 @@
 """The offline stage: plain entries, embeddings and FAISS neighbours, fused entries (DESIGN.md section 3).
 
-Idempotent: entries are keyed by content, so a second call with the same texts computes nothing.
-Plain entries of all chunks exist before any chunk is fused (two passes).
+Idempotent: entries are keyed by content and each fused entry's neighbours are recorded in the
+catalog, so a second call with the same texts computes nothing. Plain entries of all chunks exist
+before any chunk is fused (two passes).
+
+Several processes may ingest into one store at once, and must leave the fused entries that one
+process ingesting everything would. A fused entry depends on every chunk in the store (its
+neighbours are the most similar of them all), so:
+
+* the catalog is re-read (only what was appended) before neighbours are searched, and new chunks
+  are registered under its lock, so all processes number the chunks alike;
+* each fused entry stored is followed by a catalog record of the neighbours it was computed after;
+  the catalog is then re-read, and the entry computed again if its neighbours changed meanwhile
+  (another process registered a closer chunk while this one computed, and may already have
+  refreshed the entry: without this the older view could be written last);
+* at the end, this model's fused entries whose record is stale (their chunk has closer chunks now,
+  whoever registered them) are computed again. Fused entries are computed only for chunks this
+  call was given or whose record is stale. ``fuse=False`` calls register without refreshing; the
+  next fused ingestion does it.
+The last process to write an entry thus wrote it from a view in which its neighbours were final.
+
+Plain entries are computed one chunk per forward pass: batched passes differ in the last bits
+(~1e-6, measured) with the batch's make-up, and an entry must have the same bits whichever process,
+batch or online miss computed it, or the fused entries computed after it would differ too.
+
+Writes to a store folder are checked (``persist=True``): a failed write (full disk, read-only
+store) stops ingestion with one ``IngestionWriteError`` saying what was kept; a re-run resumes.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 from tqdm.auto import tqdm
 
+from fusionrag_llm import storage
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
-from fusionrag_llm.fusion.catalog import ChunkCatalog, RegisteredChunk
+from fusionrag_llm.fusion.catalog import CatalogWriteError, ChunkCatalog, FusedRecord, Neighbourhood, RegisteredChunk, chunk_id_of
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.ingest.embeddings import Embedder, default_embedder, normalized
+from fusionrag_llm.storage import KVEntry
 
 logger = logging.getLogger(__name__)
+# The store raises it from put(..., persist=True); a store without it raises plain OSErrors.
+StoreWriteError = getattr(storage, "StoreWriteError", OSError)
+MAX_RECOMPUTES = 100  # of one fused entry while other processes keep registering closer chunks
 
 
 @dataclass
 class IngestReport:
     chunk_ids: list[str]
     plain_computed: int = 0
-    fused_computed: int = 0
+    fused_computed: int = 0  # includes stale fused entries of other chunks refreshed by this call
+
+
+class IngestionWriteError(FusionRAGError):
+    """The store or its catalog could not be written during ingestion; what was written is kept.
+
+    ``directory``: the store folder; ``cause``: the write error; ``report``: what this call stored.
+    """
+
+    def __init__(self, directory: Path | None, cause: BaseException, report: IngestReport):
+        self.directory, self.cause, self.report = directory, cause, report
+        super().__init__(
+            f"ingestion stopped: the KV store at {directory} could not be written ({cause}). "
+            f"{report.plain_computed} plain and {report.fused_computed} fused entries of this call were "
+            "stored and are kept; free space (or use a writable store folder) and run the same call "
+            "again to resume where it stopped."
+        )
 
 
 def validate_texts(texts: Sequence[str]) -> list[str]:
@@ -53,7 +100,23 @@ def add_chunks(
     if isinstance(neighbors, bool) or not isinstance(neighbors, int) or neighbors < 0:
         raise FusionRAGError(f"neighbors must be an int >= 0, got {neighbors!r}")
     vectors = normalized(embeddings, len(texts)) if embeddings is not None else None
+    chunks = _register(entries, catalog, encode, texts, vectors, embedder)
+    report = IngestReport(chunk_ids=[chunk_id_of(text) for text in texts])
+    try:
+        _ensure_plain(entries, chunks, report, progress)
+        if fuse:
+            _ensure_fused(entries, catalog, chunks, neighbors, report, progress)
+    except (StoreWriteError, CatalogWriteError) as exc:
+        directory = getattr(exc, "directory", None) or entries.store.directory
+        cause = getattr(exc, "cause", None) or exc.__cause__ or exc
+        raise IngestionWriteError(directory, cause, report) from exc
+    return report
+
+
+def _register(entries: ChunkEntries, catalog: ChunkCatalog, encode, texts: list[str],
+              vectors: np.ndarray | None, embedder: Embedder | None) -> list[RegisteredChunk]:  # fmt: skip
     unique = list(dict.fromkeys(texts))
+    catalog.refresh()  # texts other processes registered are neither embedded nor registered again
     new_texts = [text for text in unique if catalog.get(text) is None]
     if new_texts:
         token_ids = [tuple(encode(text)) for text in new_texts]
@@ -64,12 +127,7 @@ def add_chunks(
             first_row = {text: row for row, text in reversed(list(enumerate(texts)))}
             new_vectors = vectors[[first_row[text] for text in new_texts]]
         catalog.add(new_texts, token_ids, new_vectors)
-    chunks = [catalog.get(text) for text in unique]
-    report = IngestReport(chunk_ids=[catalog.get(text).chunk_id for text in texts])
-    report.plain_computed = _ensure_plain(entries, chunks, progress)
-    if fuse:
-        report.fused_computed = _ensure_fused(entries, catalog, chunks, neighbors, progress)
-    return report
+    return [catalog.get(text) for text in unique]
 
 
 def _check_window(entries: ChunkEntries, token_ids: list[tuple[int, ...]]) -> None:
@@ -82,38 +140,103 @@ def _check_window(entries: ChunkEntries, token_ids: list[tuple[int, ...]]) -> No
             )
 
 
-def _ensure_plain(entries: ChunkEntries, chunks: list[RegisteredChunk], progress: bool) -> int:
+def _put(entries: ChunkEntries, entry: KVEntry, variant: str) -> bool:
+    # with a folder, a write that did not reach the disk must stop ingestion, not pass as stored
+    return entries.put(entry, variant, persist=entries.store.directory is not None)
+
+
+# ---------------------------------------------------------------------- plain entries
+def _ensure_plain(entries: ChunkEntries, chunks: list[RegisteredChunk], report: IngestReport, progress: bool) -> None:
     missing = [c for c in chunks if not entries.contains(c.token_ids, "plain")]
-    if not missing:
-        return 0
-    with tqdm(total=len(missing), desc="plain entries", unit="chunk", disable=not progress) as bar:
-        for start in range(0, len(missing), 16):
-            batch = missing[start : start + 16]
-            for entry in entries.compute_plain([c.token_ids for c in batch]):
-                entries.put(entry, "plain")
-            bar.update(len(batch))
-    return len(missing)
+    for chunk in tqdm(missing, desc="plain entries", unit="chunk", disable=not progress or not missing):
+        _store_plain(entries, chunk, report)
 
 
-def _ensure_fused(entries: ChunkEntries, catalog: ChunkCatalog, chunks: list[RegisteredChunk],
-                  neighbors: int, progress: bool) -> int:  # fmt: skip
-    neighbour_lists = catalog.neighbours_of(chunks, neighbors)
-    computed = 0
-    for chunk, found in tqdm(list(zip(chunks, neighbour_lists)), desc="fused entries", unit="chunk", disable=not progress):
-        wanted = [n.chunk_id for n in found]
-        existing = entries.lookup(chunk.token_ids, "fused")
-        if existing is not None and existing[0].meta.get("requested") == wanted:
-            continue
-        plain = [_plain_entry(entries, n) for n in found]
-        entries.put(entries.compute_fused(chunk.token_ids, plain, wanted), "fused")
-        computed += 1
-    return computed
-
-
-def _plain_entry(entries: ChunkEntries, chunk: RegisteredChunk):
-    found = entries.lookup(chunk.token_ids, "plain")
-    if found is not None:
-        return found[0]
-    entry = entries.compute_plain([chunk.token_ids])[0]  # evicted from a bounded store: recompute
-    entries.put(entry, "plain")
+def _store_plain(entries: ChunkEntries, chunk: RegisteredChunk, report: IngestReport) -> KVEntry:
+    entry = entries.compute_plain([chunk.token_ids])[0]  # one chunk per pass: see the module docstring
+    _put(entries, entry, "plain")
+    report.plain_computed += 1
     return entry
+
+
+def _plain_entry(entries: ChunkEntries, chunk: RegisteredChunk, report: IngestReport) -> KVEntry:
+    found = entries.lookup(chunk.token_ids, "plain")
+    # absent: registered by another process that has not stored it yet, or evicted from a bounded store
+    return found[0] if found is not None else _store_plain(entries, chunk, report)
+
+
+# ---------------------------------------------------------------------- fused entries
+def _ensure_fused(entries: ChunkEntries, catalog: ChunkCatalog, chunks: list[RegisteredChunk],
+                  neighbors: int, report: IngestReport, progress: bool) -> None:  # fmt: skip
+    catalog.refresh()
+    for chunk in tqdm(chunks, desc="fused entries", unit="chunk", disable=not progress):
+        _fuse(entries, catalog, chunk, neighbors, report)
+    _refresh_stale(entries, catalog, report)
+
+
+def _fuse(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, count: int, report: IngestReport) -> None:
+    """Make ``chunk``'s fused entry the one its current ``count`` neighbours give."""
+    near = catalog.neighbourhood(chunk, count)
+    if _is_current(entries, catalog, chunk, near):
+        return
+    for _ in range(MAX_RECOMPUTES):
+        _store_fused(entries, catalog, chunk, near, report)
+        catalog.refresh()
+        latest = catalog.neighbourhood(chunk, count)
+        if latest.ids == near.ids:
+            return
+        near = latest
+    logger.warning("fused entry of chunk %s: its neighbours kept changing; the last process to fuse it refreshes it",
+                   chunk.chunk_id)  # fmt: skip
+
+
+def _store_fused(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, near: Neighbourhood,
+                 report: IngestReport) -> None:  # fmt: skip
+    plain = [_plain_entry(entries, neighbour, report) for neighbour in near.chunks]
+    entry = entries.compute_fused(chunk.token_ids, plain, list(near.ids))
+    stored = _put(entries, entry, "fused")
+    report.fused_computed += 1
+    if stored:  # a record of an entry the store refused would claim it current
+        used = tuple(entry.meta.get("neighbours", near.ids))
+        catalog.record_fused(_record(entries, chunk, near, used))
+
+
+def _record(entries: ChunkEntries, chunk: RegisteredChunk, near: Neighbourhood, used: Sequence[str]) -> FusedRecord:
+    key = entries.key(chunk.token_ids, "fused")
+    return FusedRecord(key, chunk.chunk_id, near.count, near.ids, tuple(used), near.view, near.floor)
+
+
+def _is_current(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, near: Neighbourhood) -> bool:
+    record = catalog.fused_record(entries.key(chunk.token_ids, "fused"))
+    if record is None:
+        return _adopt_unrecorded(entries, catalog, chunk, near)
+    if record.requested != near.ids or not entries.contains(chunk.token_ids, "fused"):
+        return False
+    if record.count != near.count:  # same neighbours asked differently: later refreshes use the new count
+        catalog.record_fused(replace(record, count=near.count, view=near.view, floor=near.floor))
+    return True
+
+
+def _adopt_unrecorded(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, near: Neighbourhood) -> bool:
+    """A fused entry stored before records existed: current if it was computed after ``near``."""
+    found = entries.lookup(chunk.token_ids, "fused")
+    if found is None or list(found[0].meta.get("requested", ())) != list(near.ids):
+        return False
+    try:  # recorded from now on, so that later ingestions can tell when it goes stale
+        catalog.record_fused(_record(entries, chunk, near, found[0].meta.get("neighbours", near.ids)))
+    except CatalogWriteError as exc:
+        logger.debug("fused entry of chunk %s stays unrecorded: %s", chunk.chunk_id, exc)
+    return True
+
+
+def _refresh_stale(entries: ChunkEntries, catalog: ChunkCatalog, report: IngestReport) -> None:
+    """Fuse again this model's chunks whose recorded neighbours are no longer their nearest."""
+    catalog.refresh()
+    for record in catalog.fused_records():
+        chunk = catalog.by_id(record.chunk_id)
+        if chunk is None or not catalog.may_have_changed(record):
+            continue
+        if entries.key(chunk.token_ids, "fused") != record.key:
+            continue  # another model's (or prefix's) entry of this chunk
+        if catalog.neighbourhood(chunk, record.count).ids != record.requested:
+            _fuse(entries, catalog, chunk, record.count, report)

@@ -3,12 +3,17 @@
 Files in ``<store>/documents/``: ``chunks.jsonl`` (one line per chunk: text, source, vector;
 appended under a lock, the source of truth), ``index.faiss`` (rebuilt from the lines whenever it is
 behind them), ``meta.json`` (the model and embedding space it was built for).
+
+A bad line in ``chunks.jsonl`` (not UTF-8, not JSON, a field missing) is skipped with a warning
+naming it, and a torn last line never swallows the next append (see ``ingest.jsonl``). A folder
+that cannot be written is still searched: the rebuilt FAISS index then stays in memory.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +22,9 @@ import faiss
 import numpy as np
 
 from fusionrag_llm.errors import FusionRAGError
+from fusionrag_llm.ingest.jsonl import parse_line, separator, whole_lines, why_unreadable
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -60,11 +68,10 @@ class DocumentIndex:
 
     def add(self, texts: list[str], sources: list[str], vectors: np.ndarray) -> None:
         lines = "".join(json.dumps({"text": t, "source": s, "vector": v.tolist()}) + "\n" for t, s, v in zip(texts, sources, vectors))
-        with open(self.folder / "chunks.jsonl", "a", encoding="utf-8") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            handle.write(lines)
+        with open(self.folder / "chunks.jsonl", "a+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released on close
+            handle.write(separator(handle) + lines.encode())
             handle.flush()
-            fcntl.flock(handle, fcntl.LOCK_UN)
         for text, source, vector in zip(texts, sources, vectors):
             self._remember(text, source, vector)
         self._write_index()
@@ -91,29 +98,39 @@ class DocumentIndex:
         if meta_path.is_file():
             self.meta = IndexMeta(**json.loads(meta_path.read_text()))
         if lines_path.is_file():
-            with open(lines_path, encoding="utf-8") as handle:
-                for line in handle:
-                    try:
-                        record = json.loads(line)
-                    except ValueError:
-                        continue  # a line torn by an interrupted writer
-                    self._remember(record["text"], record["source"], record["vector"])
+            self._read_lines(lines_path)
         index_path = self.folder / "index.faiss"
         if index_path.is_file():
             self.index = faiss.read_index(str(index_path))
         if self.index is None or self.index.ntotal != len(self.texts):
-            self._write_index()
+            try:
+                self._write_index()
+            except (OSError, RuntimeError) as exc:  # a read-only store is still searched (faiss raises RuntimeError)
+                logger.warning("cannot save the rebuilt index in %s (%s); it is kept in memory", self.folder, exc)
+
+    def _read_lines(self, path: Path) -> None:
+        lines, _ = whole_lines(path.read_bytes())  # a torn last line is left to its writer
+        for number, raw in enumerate(lines, 1):
+            try:
+                record = parse_line(raw)
+                text, source, vector = record["text"], record["source"], np.asarray(record["vector"], dtype=np.float32)
+                if not isinstance(text, str) or not isinstance(source, str) or vector.ndim != 1 or not vector.size:
+                    raise ValueError("text and source must be strings, vector a list of numbers")
+            except (ValueError, KeyError, TypeError) as exc:
+                logger.warning("skipping line %d of %s: %s", number, path, why_unreadable(exc))
+                continue
+            self._remember(text, source, vector)
 
     def _write_index(self) -> None:
         if not self._vectors:
             return
         index = faiss.IndexFlatIP(len(self._vectors[0]))
         index.add(np.stack(self._vectors))
+        self.index = index
         self.folder.mkdir(parents=True, exist_ok=True)
         partial = self.folder / f".index.faiss.{os.getpid()}"
         faiss.write_index(index, str(partial))
         os.replace(partial, self.folder / "index.faiss")
-        self.index = index
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

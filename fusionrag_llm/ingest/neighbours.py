@@ -29,9 +29,22 @@ class NeighbourIndex:
 
     def neighbours(self, rows: list[int], count: int) -> list[list[int]]:
         """For each row, up to ``count`` other rows, most similar first."""
+        return [[row for row, _ in hits] for hits in self.search(rows, count)]
+
+    def search(self, rows: list[int], count: int) -> list[list[tuple[int, float]]]:
+        """For each row, up to ``count`` ``(other row, inner product)``, most similar first."""
         if self.index is None or count <= 0:
             return [[] for _ in rows]
         vectors = np.stack([self.index.reconstruct(row) for row in rows])
         k = min(count + 1, self.index.ntotal)
-        _, found = self.index.search(vectors, k)
-        return [[int(j) for j in hits if j >= 0 and j != row][:count] for row, hits in zip(rows, found)]
+        scores, found = self.index.search(vectors, k)
+        return [[(int(j), float(s)) for j, s in zip(hits, sims) if j >= 0 and j != row][:count]
+                for row, hits, sims in zip(rows, found, scores)]  # fmt: skip
+
+    def vector(self, row: int) -> np.ndarray:
+        """The normalised vector of ``row`` [dim]."""
+        return self.index.reconstruct(row)
+
+    def vectors(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start`` to ``stop`` (exclusive) [stop - start, dim]."""
+        return self.index.reconstruct_n(start, stop - start)
