@@ -1,4 +1,10 @@
-"""``fusionrag cache stats|verify|clear``: inspect, check and empty a KV store folder."""
+"""``fusionrag cache stats|verify|clear``: inspect, check, repair and empty a KV store folder.
+
+A damaged index never ends in a traceback: ``stats`` reports it, ``verify --repair`` rebuilds it from
+the entry files and ``clear --yes`` starts empty; both keep the damaged file as
+``cache.db.damaged-<time>``. ``verify`` exits 0 when the store is clean and 1 when it found problems
+(its output says whether they were repaired).
+"""
 
 from __future__ import annotations
 
@@ -6,66 +12,150 @@ from pathlib import Path
 
 import click
 
-from fusionrag_llm.fusion.catalog import CATALOG_FILE
+from fusionrag_llm.fusion.catalog import CATALOG_FILE, registered_chunk_count
 from fusionrag_llm.paths import store_dir
-
-
-def _open(folder: str | None):
-    from fusionrag_llm.storage import TieredStore
-
-    path = Path(folder).expanduser() if folder else store_dir()
-    if not path.is_dir():
-        raise click.ClickException(f"no KV store at {str(path)!r} (ingest something first, or pass --store)")
-    return path, TieredStore(path)
-
+from fusionrag_llm.storage import (
+    StoreDamagedError,
+    StoreOptions,
+    StoreWriteError,
+    TieredStore,
+    VerifyReport,
+    clear_damaged,
+    rebuild_index,
+)
+from fusionrag_llm.storage.safe_disk import entry_files
 
 store_option = click.option("--store", "folder", default=None, help="Store folder (default: $FUSIONRAG_STORE or the user cache).")
 
 
+def _folder(folder: str | None) -> Path:
+    path = Path(folder).expanduser() if folder else store_dir()
+    if not path.is_dir():
+        raise click.ClickException(f"no KV store at {str(path)!r} (ingest something first, or pass --store)")
+    return path
+
+
 @click.group()
 def cache() -> None:
-    """Inspect, verify or clear the KV store."""
+    """Inspect, verify, repair or clear the KV store."""
 
 
 @cache.command()
 @store_option
 def stats(folder: str | None) -> None:
-    """Entries and bytes per tier, and the registered chunks."""
-    path, store = _open(folder)
-    with store:
-        summary = store.stats()
+    """Entries and bytes on disk, and the registered chunks (exit 1 when the index is damaged)."""
+    path = _folder(folder)
+    click.echo(f"store: {path}")
+    damaged = None
+    try:
+        with TieredStore(path) as store:
+            summary = store.stats()
+    except StoreDamagedError as exc:
+        damaged = exc
+        click.echo(f"index damaged: {exc}")
+        click.echo(f"entry files: {sum(1 for _ in entry_files(path))}")
+    else:
         disk = summary.tiers.get("disk")
-        click.echo(f"store: {path}")
         click.echo(f"entries on disk: {disk.entries if disk else 0}  ({(disk.bytes if disk else 0) / 2**20:.1f} MiB)")
-    catalog = path / CATALOG_FILE
-    chunks = sum(1 for _ in open(catalog, encoding="utf-8")) if catalog.is_file() else 0
-    click.echo(f"registered chunks: {chunks}")
+        if summary.read_only:
+            click.echo("read-only: entries are served, new ones are not saved")
+    # The catalog's own reader: it skips lines that are not UTF-8 or not chunks (fused-entry records).
+    click.echo(f"registered chunks: {registered_chunk_count(path)}")
+    if damaged is not None:
+        raise SystemExit(1)
 
 
 @cache.command()
 @store_option
-def verify(folder: str | None) -> None:
-    """Check every entry's checksum; corrupt entries are removed and listed."""
-    path, store = _open(folder)
-    with store:
-        report = store.verify()
-    click.echo(f"checked {report.checked} entries in {path}: {len(report.corrupt)} corrupt")
-    for key in report.corrupt:
-        click.echo(f"  removed corrupt entry {key}")
-    if report.corrupt:
+@click.option("--repair", is_flag=True, help="Remove every problem found; rebuild a damaged index from the entry files.")
+def verify(folder: str | None, repair: bool) -> None:
+    """Check every entry, row and entry file; corrupt entries are always removed.
+
+    Exit status 0 when the store is clean, 1 when problems were found (repaired or not).
+    """
+    path = _folder(folder)
+    try:
+        with TieredStore(path) as store:
+            report = store.verify(repair=repair)
+    except StoreDamagedError as exc:
+        _recover_index(path, exc, repair)
+        raise SystemExit(1) from None
+    except StoreWriteError as exc:  # --repair on a read-only store
+        raise click.ClickException(str(exc)) from None
+    _echo_report(path, report)
+    if not report.ok:
         raise SystemExit(1)
+
+
+def _echo_report(path: Path, report: VerifyReport) -> None:
+    click.echo(
+        f"checked {report.checked} entries in {path}: {len(report.corrupt)} corrupt, {len(report.stale)} stale, "
+        f"{len(report.mismatched)} under another key, {len(report.missing_files)} with a missing file, "
+        f"{len(report.foreign_rows)} foreign rows, {len(report.orphan_files)} orphan files"
+    )
+    removed = "removed" if report.repaired else "found"
+    for key in report.corrupt:
+        click.echo(f"  {'found' if report.read_only else 'removed'} corrupt entry {key}")
+    for title, items in (("stale entry", report.stale), ("entry under another key", report.mismatched),
+                         ("entry with a missing file", report.missing_files), ("foreign row", report.foreign_rows),
+                         ("orphan file", report.orphan_files)):  # fmt: skip
+        for item in items:
+            click.echo(f"  {removed} {title} {item}")
+    if report.ok:
+        return
+    if report.repaired:
+        click.echo("problems repaired")
+    elif report.read_only:
+        click.echo("the store is read-only: nothing was removed")
+    elif report.problems > len(report.corrupt):
+        click.echo("not repaired: run 'fusionrag cache verify --repair' to remove them (corrupt entries are always removed)")
+    else:
+        click.echo("corrupt entries removed")
+
+
+def _recover_index(path: Path, exc: StoreDamagedError, repair: bool) -> None:
+    click.echo(str(exc))
+    if not repair:
+        click.echo("nothing was changed")
+        return
+    try:
+        report = rebuild_index(path, min_file_bytes=StoreOptions().disk_min_file_bytes)
+    except StoreWriteError as error:
+        raise click.ClickException(str(error)) from None
+    if report.quarantined is not None:
+        click.echo(f"damaged index kept as {report.quarantined}")
+    click.echo(f"index rebuilt: {len(report.recovered)} entries recovered from their files")
+    if report.unreadable or report.duplicates:
+        click.echo(f"removed {len(report.unreadable)} unreadable and {len(report.duplicates)} duplicate entry files")
+    small = f"small entries (under {StoreOptions().disk_min_file_bytes // 1024} KiB) that lived inside the damaged index"
+    lost = f"the {small} (how many cannot be read)" if report.lost_in_index is None else f"{report.lost_in_index} {small}"
+    click.echo(f"lost: {lost}; they are recomputed when needed")
+    click.echo("problems repaired")
 
 
 @cache.command()
 @store_option
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def clear(folder: str | None, yes: bool) -> None:
-    """Remove every entry and the chunk catalog."""
-    path, store = _open(folder)
+    """Remove every entry and the chunk catalog (a damaged index is kept aside, not deleted)."""
+    path = _folder(folder)
     if not yes:
         click.confirm(f"remove every entry in {path}?", abort=True)
-    with store:
-        count = len(store.keys())
-        store.clear()
+    try:
+        message = _clear_entries(path)
+    except StoreWriteError as exc:
+        raise click.ClickException(str(exc)) from None
     (path / CATALOG_FILE).unlink(missing_ok=True)
-    click.echo(f"removed {count} entries from {path}")
+    click.echo(message)
+
+
+def _clear_entries(path: Path) -> str:
+    try:
+        with TieredStore(path, options=StoreOptions()) as store:
+            count = len(store.keys())
+            store.clear()
+        return f"removed {count} entries from {path}"
+    except StoreDamagedError:
+        report = clear_damaged(path)
+    kept = f"; the damaged index was kept as {report.quarantined.name}" if report.quarantined else ""
+    return f"removed {len(report.cleared)} entry files from {path}{kept}"

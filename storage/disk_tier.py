@@ -237,13 +237,21 @@ class DiskTier:
             logger.warning("disk tier: entry %s in %s is corrupt (%s); skipped (read-only store)", row.key, self.directory, exc)
             return
         logger.warning("disk tier: entry %s in %s is corrupt (%s); deleting it", row.key, self.directory, exc)
-        # Another process may have rewritten the key since we read it: delete only the row we read.
-        self._index.delete_row(row)
+        try:  # another process may have rewritten the key since we read it: delete only the row we read
+            self._index.delete_row(row)
+        except WRITE_FAILURES as error:  # a full disk must not turn a miss into a failed query
+            logger.warning("disk tier: could not delete corrupt entry %s: %s", row.key, error)
 
     # ----------------------------------------------------------------------------- whole tier
     def delete(self, key: str) -> bool:
+        """Remove `key`; False when absent or the store is read-only, `StoreWriteError` when it fails."""
         check_key(key)
-        return False if self.read_only else self._delete(key)
+        if self.read_only:
+            return False
+        try:
+            return self._delete(key)
+        except WRITE_FAILURES as exc:
+            raise StoreWriteError(self.directory, key, exc) from exc
 
     def verify(self, repair: bool = False) -> VerifyReport:
         """Decode every entry. Corrupt ones are always deleted (as `get` does); with `repair`, stale
@@ -251,7 +259,10 @@ class DiskTier:
         references (older than `verify.ORPHAN_GRACE_S`) are removed too; without, only listed."""
         if repair and self.read_only:
             raise StoreWriteError(self.directory, None, OSError(errno.EROFS, "the store is read-only; cannot repair it"))
-        return Verifier(self._index, repair).run()
+        try:
+            return Verifier(self._index, repair).run()
+        except WRITE_FAILURES as exc:
+            raise StoreWriteError(self.directory, None, exc) from exc
 
     def clear(self) -> None:
         """Delete every entry (and entry files no row references, past the orphan grace period)."""

@@ -1,4 +1,9 @@
-"""Opening the KV store a ``FusionRAG`` reads and writes."""
+"""Opening the KV store a ``FusionRAG`` reads and writes.
+
+A store folder that exists but is read-only (a precomputed store shared by several users) opens
+read-only; a damaged store raises ``DamagedStoreError``, which is both the store's
+``StoreDamagedError`` and a ``FusionRAGError``, so user-facing code reports it like other bad input.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,14 @@ import torch
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.models.loader import resolve_dtype
 from fusionrag_llm.paths import store_dir
-from fusionrag_llm.storage import StoreBudgets, TieredStore
+from fusionrag_llm.storage import StoreBudgets, StoreDamagedError, TieredStore
 
 MEMORY = ":memory:"
 StoreSpec = TieredStore | str | Path | None
+
+
+class DamagedStoreError(FusionRAGError, StoreDamagedError):
+    """The store's index is damaged; the message names the file and the commands that fix it."""
 
 
 def open_store(store: StoreSpec, device: torch.device, store_dtype=None, budgets: StoreBudgets | None = None) -> TieredStore:
@@ -27,7 +36,20 @@ def open_store(store: StoreSpec, device: torch.device, store_dtype=None, budgets
     if store is not None and not isinstance(store, (str, Path)):
         raise FusionRAGError(f"store must be a folder, {MEMORY!r} or a TieredStore, got {type(store).__name__}")
     folder = Path(store).expanduser() if store is not None else store_dir()
+    _make_folder(folder)
+    try:
+        return TieredStore(folder, budgets, tier_device, storage_dtype=storage_dtype)
+    except StoreDamagedError as exc:
+        raise DamagedStoreError(exc.directory, exc.problem) from exc
+
+
+def _make_folder(folder: Path) -> None:
     if folder.exists() and not folder.is_dir():
         raise FusionRAGError(f"store {str(folder)!r} exists and is not a folder")
-    folder.mkdir(parents=True, exist_ok=True)
-    return TieredStore(folder, budgets, tier_device, storage_dtype=storage_dtype)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)  # an existing folder, even read-only, is fine
+    except OSError as exc:
+        raise FusionRAGError(
+            f"cannot create the store folder {str(folder)!r}: {exc.strerror or exc}; "
+            "create it yourself or choose a writable folder (--store or $FUSIONRAG_STORE)"
+        ) from None

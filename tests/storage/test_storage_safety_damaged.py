@@ -1,0 +1,144 @@
+"""A damaged or missing cache.db gives `StoreDamagedError` naming the file and the fix, and the
+index can be rebuilt from the entry files (whose bytes carry their key)."""
+
+import os
+import sqlite3
+
+import pytest
+from storage_testutil import key_for, make_entry
+
+from fusionrag_llm.storage import (
+    StoreBudgets,
+    StoreDamagedError,
+    StoreOptions,
+    TieredStore,
+    clear_damaged,
+    rebuild_index,
+)
+from fusionrag_llm.storage.safe_disk import entry_files
+
+OPTIONS = StoreOptions(disk_min_file_bytes=16 * 1024)
+SMALL, LARGE = [1, 3, 5], [2, 4, 6]  # seeds of entries kept in the db, and in files
+
+
+def _tokens(seed):
+    return 300 if seed in LARGE else 4
+
+
+@pytest.fixture
+def folder(tmp_path):
+    folder = tmp_path / "store"
+    with TieredStore(folder, options=OPTIONS) as store:
+        for seed in SMALL + LARGE:
+            store.put(key_for(seed, _tokens(seed)), make_entry(seed, _tokens(seed)))
+    return folder
+
+
+def _garbage(folder):
+    (folder / "cache.db").write_bytes(os.urandom(8192))
+
+
+def _truncate(folder):
+    db = folder / "cache.db"
+    with open(db, "r+b") as handle:
+        handle.truncate(os.path.getsize(db) // 2)
+
+
+def _remove(folder):
+    (folder / "cache.db").unlink()
+
+
+DAMAGES = {"garbage": _garbage, "truncated": _truncate, "missing": _remove}
+
+
+def _use(folder):
+    """Open and use the store: the damage must surface as StoreDamagedError, at open or first use."""
+    with TieredStore(folder, StoreBudgets(host_bytes=0), options=OPTIONS) as store:
+        store.keys()
+        for seed in SMALL + LARGE:
+            store.get(key_for(seed, _tokens(seed)))
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_damaged_index_is_a_clear_error_naming_file_and_fix(folder, damage):
+    DAMAGES[damage](folder)
+    with pytest.raises(StoreDamagedError) as info:
+        _use(folder)
+    message = str(info.value)
+    assert str(folder / "cache.db") in message
+    assert "fusionrag cache verify --repair" in message and "fusionrag cache clear --yes" in message
+    assert isinstance(info.value, ValueError) and info.value.directory == folder
+    assert damage == "missing" or isinstance(info.value.__cause__, sqlite3.DatabaseError)  # not a raw traceback
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_rebuild_recovers_file_entries_and_keeps_the_damaged_index(folder, damage):
+    original = (folder / "cache.db").read_bytes() if damage != "missing" else None
+    DAMAGES[damage](folder)
+    damaged = (folder / "cache.db").read_bytes() if damage != "missing" else None
+    report = rebuild_index(folder, min_file_bytes=16 * 1024)
+    assert sorted(report.recovered) == sorted(key_for(s, 300) for s in LARGE)
+    assert report.unreadable == [] and report.duplicates == []
+    if damage == "missing":
+        assert report.quarantined is None
+    else:
+        assert report.quarantined.name.startswith("cache.db.damaged-")
+        assert report.quarantined.read_bytes() == damaged != original  # kept, never deleted
+    if damage == "truncated":
+        assert report.lost_in_index in (None, len(SMALL))
+    with TieredStore(folder, StoreBudgets(host_bytes=0), options=OPTIONS) as store:
+        for seed in LARGE:
+            entry, tier = store.get(key_for(seed, 300))
+            assert tier == "disk" and entry.bitwise_equal(make_entry(seed, 300))
+        for seed in SMALL:  # lived inside the damaged index: lost, recomputed later
+            assert store.get(key_for(seed, 4)) is None
+        assert store.verify().ok
+
+
+def test_rebuild_counts_lost_small_entries_when_the_old_index_is_readable(folder):
+    sql = sqlite3.connect(folder / "cache.db")
+    # Damaged for the store (a column it needs is gone) while its rows can still be counted.
+    sql.execute("DROP INDEX Cache_access_time")
+    sql.execute("ALTER TABLE Cache RENAME COLUMN access_time TO gone")
+    sql.commit()
+    sql.close()
+    with pytest.raises(StoreDamagedError, match="no such column"):
+        _use(folder)
+    report = rebuild_index(folder, min_file_bytes=16 * 1024)
+    assert report.lost_in_index == len(SMALL) and len(report.recovered) == len(LARGE)
+
+
+def test_rebuild_drops_damaged_files_and_keeps_the_newest_of_a_key(folder):
+    names = sorted(entry_files(folder))
+    victim = folder / names[0]
+    victim.write_bytes(victim.read_bytes()[:1000])  # truncated entry file
+    survivor = folder / names[1]
+    copy = folder / "ab" / "cd" / f"{7:028x}.val"  # an older second copy of the same key
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_bytes(survivor.read_bytes())
+    os.utime(copy, (1, 1))
+    _garbage(folder)
+    report = rebuild_index(folder, min_file_bytes=16 * 1024)
+    assert report.unreadable == [names[0]] and report.duplicates == ["ab/cd/" + copy.name]
+    assert len(report.recovered) == len(LARGE) - 1 and not victim.exists() and not copy.exists()
+    with TieredStore(folder, options=OPTIONS) as store:
+        assert store.verify().ok and len(store.keys()) == len(LARGE) - 1
+
+
+def test_clear_damaged_starts_empty_and_keeps_the_index(folder):
+    _garbage(folder)
+    report = clear_damaged(folder)
+    assert len(report.cleared) == len(LARGE) and list(entry_files(folder)) == []
+    assert report.quarantined.exists() and not (folder / "cache.db").exists()
+    with TieredStore(folder, options=OPTIONS) as store:
+        assert store.keys() == [] and store.put(key_for(1), make_entry(1))
+
+
+def test_damage_after_open_surfaces_at_first_use(folder):
+    with TieredStore(folder, StoreBudgets(host_bytes=0), options=OPTIONS) as store:
+        db = folder / "cache.db"
+        with open(db, "r+b") as handle:  # overwritten in place under the open connection
+            handle.write(os.urandom(os.path.getsize(db)))
+        with pytest.raises(StoreDamagedError, match="cache verify --repair"):
+            store.get(key_for(2, 300))
+            store.keys()
