@@ -25,7 +25,9 @@ from fusionrag_llm.storage import (
 )
 from fusionrag_llm.storage.safe_disk import entry_files
 
-store_option = click.option("--store", "folder", default=None, help="Store folder (default: $FUSIONRAG_STORE or the user cache).")
+store_option = click.option(
+    "--store", "folder", default=None, help="Store folder (default: $FUSIONRAG_STORE or the user cache)."
+)
 
 
 def _folder(folder: str | None) -> Path:
@@ -67,7 +69,7 @@ def stats(folder: str | None) -> None:
 
 @cache.command()
 @store_option
-@click.option("--repair", is_flag=True, help="Remove every problem found; rebuild a damaged index from the entry files.")
+@click.option("--repair", is_flag=True, help="Remove every problem found; rebuild a damaged index from entry files.")
 def verify(folder: str | None, repair: bool) -> None:
     """Check every entry, row and entry file; corrupt entries are always removed.
 
@@ -108,7 +110,8 @@ def _echo_report(path: Path, report: VerifyReport) -> None:
     elif report.read_only:
         click.echo("the store is read-only: nothing was removed")
     elif report.problems > len(report.corrupt):
-        click.echo("not repaired: run 'fusionrag cache verify --repair' to remove them (corrupt entries are always removed)")
+        click.echo("not repaired: run 'fusionrag cache verify --repair' to remove them "
+                   "(corrupt entries are always removed)")  # fmt: skip
     else:
         click.echo("corrupt entries removed")
 
@@ -127,8 +130,10 @@ def _recover_index(path: Path, exc: StoreDamagedError, repair: bool) -> None:
     click.echo(f"index rebuilt: {len(report.recovered)} entries recovered from their files")
     if report.unreadable or report.duplicates:
         click.echo(f"removed {len(report.unreadable)} unreadable and {len(report.duplicates)} duplicate entry files")
-    small = f"small entries (under {StoreOptions().disk_min_file_bytes // 1024} KiB) that lived inside the damaged index"
-    lost = f"the {small} (how many cannot be read)" if report.lost_in_index is None else f"{report.lost_in_index} {small}"
+    kib = StoreOptions().disk_min_file_bytes // 1024
+    small = f"small entries (under {kib} KiB) that lived inside the damaged index"
+    count = report.lost_in_index
+    lost = f"the {small} (how many cannot be read)" if count is None else f"{count} {small}"
     click.echo(f"lost: {lost}; they are recomputed when needed")
     click.echo("problems repaired")
 

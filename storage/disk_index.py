@@ -25,13 +25,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import diskcache
+from diskcache.core import METADATA
 
-from .errors import DB_NAME, damage_guard
+from .errors import DB_NAME, StoreDamagedError, damage_guard
 from .safe_disk import SafeDisk
 
 logger = logging.getLogger(__name__)
 OURS = "(raw IS 1 AND typeof(key) = 'text' AND length(key) = 64 AND key NOT GLOB '*[^0-9a-f]*')"
 _ROW = "rowid, key, mode, filename, value, store_time"
+# Every diskcache setting is passed explicitly: diskcache would otherwise take them from cache.db's
+# Settings table, runs `sqlite_*` ones as PRAGMAs and sets any other as an attribute of the Cache.
+_SETTINGS = {**diskcache.DEFAULT_SETTINGS, "statistics": 0, "eviction_policy": "least-recently-used", "cull_limit": 0}
+_KNOWN_SETTINGS = set(diskcache.DEFAULT_SETTINGS) | set(METADATA)
 _INSERT = (
     "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count, tag, size, mode, filename, value)"
     " VALUES (?, 1, ?, NULL, ?, 0, NULL, ?, 2, ?, NULL)"  # mode 2: diskcache's MODE_BINARY, a file
@@ -93,12 +98,11 @@ class DiskIndex:
     def _open_writable(self, min_file_bytes: int, timeout_s: float) -> None:
         reason = unwritable_reason(self.directory)
         if reason is None:
+            self._check_settings()
             try:
                 with damage_guard(self.directory):
-                    self._cache = diskcache.Cache(
-                        str(self.directory), timeout=timeout_s, disk=SafeDisk, statistics=False,
-                        eviction_policy="least-recently-used", cull_limit=0, disk_min_file_size=min_file_bytes,
-                    )  # fmt: skip
+                    settings = {**_SETTINGS, "disk_min_file_size": min_file_bytes}
+                    self._cache = diskcache.Cache(str(self.directory), timeout=timeout_s, disk=SafeDisk, **settings)
             except (sqlite3.OperationalError, OSError) as exc:
                 if not is_read_only_error(exc):
                     raise
@@ -107,6 +111,25 @@ class DiskIndex:
                 self.disk = self._cache.disk
                 return
         self.read_only_reason = reason
+
+    def _check_settings(self) -> None:
+        """Refuse a cache.db whose Settings diskcache would act on but this store never writes."""
+        db = self.directory / DB_NAME
+        if not db.exists():
+            return
+        try:
+            con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=self._timeout_s)
+            try:
+                names = {name for (name,) in con.execute("SELECT key FROM Settings")}
+            finally:
+                con.close()
+        except sqlite3.Error:
+            return  # no Settings table yet, or damage: opening the Cache reports it
+        acted_on = ("sqlite_", "disk_", "_")  # PRAGMAs, Disk arguments, Cache attributes
+        odd = sorted(str(n) for n in names - _KNOWN_SETTINGS if not isinstance(n, str) or n.startswith(acted_on))
+        if odd:
+            problem = f"its Settings table holds keys this store never writes: {', '.join(odd)[:200]}"
+            raise StoreDamagedError(self.directory, problem)
 
     # ----------------------------------------------------------------------------- SQL
     def execute(self, statement: str, params: tuple = ()) -> list[tuple]:

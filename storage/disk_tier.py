@@ -79,7 +79,11 @@ class DiskTier:
         self._counter_lock = threading.Lock()
         self._prepare_folder(read_only)
         self._index = DiskIndex(self.directory, read_only=read_only, min_file_bytes=min_file_bytes, timeout_s=timeout_s)
-        self._index.count()  # first use: a damaged index fails here, at open, not at the first query
+        try:
+            self._index.count()  # reads every row: a damaged index fails here, at open, not mid-query
+        except BaseException:
+            self._index.close()
+            raise
         if self.read_only:
             logger.warning("KV store at %s is read-only (%s): entries are served, new ones are not saved",
                            self.directory, self._index.read_only_reason)  # fmt: skip
@@ -139,14 +143,16 @@ class DiskTier:
         if len(data) > self.budget_bytes:
             logger.warning("disk tier: entry %s of %d bytes exceeds the disk budget of %d bytes; not stored",
                            key, len(data), self.budget_bytes)  # fmt: skip
-            return self._refused(key, persist, ValueError(f"{len(data)} bytes exceed the disk budget of {self.budget_bytes}"))
+            too_big = ValueError(f"{len(data)} bytes exceed the disk budget of {self.budget_bytes}")
+            return self._refused(key, persist, too_big)
         try:
             fits = self._write(key, data)
         except WRITE_FAILURES as exc:
             return self._write_failed(key, persist, exc)
         if not fits:
             logger.warning("disk tier: no room for entry %s within %d bytes; not stored", key, self.budget_bytes)
-            return self._refused(key, persist, ValueError(f"no room within the disk budget of {self.budget_bytes} bytes"))
+            no_room = ValueError(f"no room within the disk budget of {self.budget_bytes} bytes")
+            return self._refused(key, persist, no_room)
         return True
 
     def _write(self, key: str, data: bytes) -> bool:
@@ -206,7 +212,8 @@ class DiskTier:
             self._drop_corrupt(row, exc)
             return None
         except OSError as exc:
-            logger.warning("disk tier: entry %s in %s could not be read (%s); treated as a miss", key, self.directory, exc)
+            logger.warning("disk tier: entry %s in %s could not be read (%s); treated as a miss",
+                           key, self.directory, exc)  # fmt: skip
             return None
         entry = self._decode_row(row, data)
         if entry is not None:
@@ -234,7 +241,8 @@ class DiskTier:
     def _drop_corrupt(self, row: Row, exc: CorruptEntryError) -> None:
         self._count("corrupt_count")
         if self.read_only:
-            logger.warning("disk tier: entry %s in %s is corrupt (%s); skipped (read-only store)", row.key, self.directory, exc)
+            logger.warning("disk tier: entry %s in %s is corrupt (%s); skipped (read-only store)",
+                           row.key, self.directory, exc)  # fmt: skip
             return
         logger.warning("disk tier: entry %s in %s is corrupt (%s); deleting it", row.key, self.directory, exc)
         try:  # another process may have rewritten the key since we read it: delete only the row we read
@@ -258,7 +266,8 @@ class DiskTier:
         and mis-keyed entries, rows whose file is gone, rows not in our form and entry files no row
         references (older than `verify.ORPHAN_GRACE_S`) are removed too; without, only listed."""
         if repair and self.read_only:
-            raise StoreWriteError(self.directory, None, OSError(errno.EROFS, "the store is read-only; cannot repair it"))
+            read_only = OSError(errno.EROFS, "the store is read-only; cannot repair it")
+            raise StoreWriteError(self.directory, None, read_only)
         try:
             return Verifier(self._index, repair).run()
         except WRITE_FAILURES as exc:

@@ -219,8 +219,9 @@ class TieredStore:
         if self._disk is not None:
             disk = self._disk
             tiers[disk.name] = TierStats(disk.name, len(disk), disk.used_bytes, disk.budget_bytes)
-            stats.corrupt, stats.disk_evictions, stats.key_mismatches = disk.corrupt_count, disk.evictions, disk.key_mismatches
-            stats.stale, stats.disk_write_failures, stats.read_only = disk.stale_count, disk.write_failures, disk.read_only
+            stats.corrupt, stats.stale, stats.key_mismatches = disk.corrupt_count, disk.stale_count, disk.key_mismatches
+            stats.disk_evictions, stats.disk_write_failures = disk.evictions, disk.write_failures
+            stats.read_only = disk.read_only
         return stats
 
     def verify(self, repair: bool = False) -> VerifyReport:

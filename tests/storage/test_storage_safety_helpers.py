@@ -31,7 +31,8 @@ def pickle_payload(marker: Path) -> bytes:
     return pickle.dumps(_CreatesFile(str(marker)))
 
 
-def insert_row(directory: Path, *, key, raw=1, mode=MODE_RAW, filename=None, value=None, size=0, access_time=0.0) -> int:
+def insert_row(directory: Path, *, key, raw=1, mode=MODE_RAW, filename=None, value=None, size=0,
+               access_time=0.0) -> int:  # fmt: skip
     """Insert one row into the store's `Cache` table by hand, as an attacker with write access could."""
     con = sqlite3.connect(directory / "cache.db")
     try:

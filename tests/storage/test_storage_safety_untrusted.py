@@ -15,9 +15,10 @@ from test_storage_safety_helpers import (
     insert_row,
     pickle_payload,
     row_ids,
+    sql,
 )
 
-from fusionrag_llm.storage import DiskTier, StoreBudgets, StoreOptions, TieredStore, encode
+from fusionrag_llm.storage import DiskTier, StoreBudgets, StoreDamagedError, StoreOptions, TieredStore, encode
 
 LARGE = 300  # tokens: a file-backed entry with min_file_bytes below
 
@@ -161,3 +162,16 @@ def test_file_outside_the_store_is_never_deleted(folder, outside, how, action):
     assert rowid not in row_ids(folder)  # the forged row is gone ...
     _assert_intact(outside, key)  # ... the file it named is not, nor its folder
     tier.close()
+
+
+def test_settings_in_cache_db_cannot_steer_the_store(folder):
+    sql(folder, "UPDATE Settings SET value = 'off' WHERE key = 'sqlite_journal_mode'")  # weaker crash safety
+    sql(folder, "UPDATE Settings SET value = 0 WHERE key = 'disk_min_file_size'")
+    with TieredStore(folder, options=StoreOptions(disk_min_file_bytes=16 * 1024)) as store:
+        store.put(key_for(5), make_entry(5))  # small: must still live inside the row
+        assert store.get(key_for(5)) is not None
+    assert sql(folder, "PRAGMA journal_mode") == [("wal",)]
+    assert sql(folder, "SELECT filename FROM Cache WHERE key = ?", (key_for(5),)) == [(None,)]
+    sql(folder, "INSERT INTO Settings VALUES ('sqlite_query_only', 1)")  # diskcache would run it as a PRAGMA
+    with pytest.raises(StoreDamagedError, match="sqlite_query_only"):
+        TieredStore(folder)
