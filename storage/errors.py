@@ -32,6 +32,9 @@ class StoreDamagedError(ValueError):
             + REPAIR_HINT.format(dir=self.directory)
         )
 
+    def __reduce__(self):  # picklable across processes despite the two-argument constructor
+        return type(self), (self.directory, self.problem)
+
 
 class StoreWriteError(OSError):
     """An entry could not be written to the disk tier (full disk, quota, read-only store, lock timeout).
@@ -47,6 +50,9 @@ class StoreWriteError(OSError):
         what = f"entry {key}" if key is not None else "the store"
         super().__init__(f"could not write {what} to the KV store at {self.directory}: {_describe(cause)}")
         self.errno = getattr(cause, "errno", None)
+
+    def __reduce__(self):
+        return type(self), (self.directory, self.key, self.cause)
 
 
 def _describe(cause: BaseException) -> str:

@@ -1,7 +1,9 @@
 """A damaged or missing cache.db gives `StoreDamagedError` naming the file and the fix, and the
 index can be rebuilt from the entry files (whose bytes carry their key)."""
 
+import errno
 import os
+import pickle
 import sqlite3
 
 import pytest
@@ -11,6 +13,7 @@ from fusionrag_llm.storage import (
     StoreBudgets,
     StoreDamagedError,
     StoreOptions,
+    StoreWriteError,
     TieredStore,
     clear_damaged,
     rebuild_index,
@@ -142,3 +145,10 @@ def test_damage_after_open_surfaces_at_first_use(folder):
         with pytest.raises(StoreDamagedError, match="cache verify --repair"):
             store.get(key_for(2, 300))
             store.keys()
+
+
+def test_store_errors_survive_pickling_between_processes(tmp_path):
+    damaged = pickle.loads(pickle.dumps(StoreDamagedError(tmp_path, "file is not a database")))
+    assert damaged.directory == tmp_path and "verify --repair" in str(damaged)
+    failed = pickle.loads(pickle.dumps(StoreWriteError(tmp_path, "ab" * 32, OSError(errno.ENOSPC, "full"))))
+    assert failed.key == "ab" * 32 and failed.errno == errno.ENOSPC and str(tmp_path) in str(failed)

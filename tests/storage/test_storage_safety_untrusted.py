@@ -85,10 +85,11 @@ def test_rows_with_foreign_keys_are_ignored_and_never_unpickled(folder, tmp_path
 def test_eviction_and_clear_pass_over_foreign_rows_without_unpickling(folder, tmp_path):
     marker = tmp_path / "pwned"
     insert_row(folder, key=pickle_payload(marker), raw=0, mode=MODE_PICKLE, value=pickle_payload(marker))
+    coldest = insert_row(folder, key=key_for(98), mode=MODE_PICKLE, value=pickle_payload(marker), access_time=0.0)
     tier = DiskTier(folder, budget_bytes=tier_volume(folder) + 2000, min_file_bytes=16 * 1024)
     for seed in range(10, 20):  # each write evicts the coldest of our entries to stay in budget
         assert tier.put(key_for(seed), make_entry(seed))
-    assert tier.evictions > 0
+    assert tier.evictions > 0 and coldest not in row_ids(folder)  # evicted first, never read
     tier.clear()
     tier.close()
     assert not marker.exists()
