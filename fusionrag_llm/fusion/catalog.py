@@ -95,8 +95,9 @@ class FusedRecord:
     floor: float | None
 
     def to_json(self) -> str:
-        return json.dumps({"fused": self.key, "chunk": self.chunk_id, "count": self.count, "requested": list(self.requested),
-                           "neighbours": list(self.neighbours), "view": self.view, "floor": self.floor})  # fmt: skip
+        return json.dumps({"fused": self.key, "chunk": self.chunk_id, "count": self.count,
+                           "requested": list(self.requested), "neighbours": list(self.neighbours),
+                           "view": self.view, "floor": self.floor})  # fmt: skip
 
     @classmethod
     def from_json(cls, record: dict) -> FusedRecord:
@@ -113,6 +114,12 @@ class FusedRecord:
 
 
 class ChunkCatalog:
+    """Registered chunks by text and id, their neighbour indexes, and the fused entries' records.
+
+    ``folder``: where ``catalog.jsonl`` lives (None: this process only). ``encode``: the model's
+    tokenizer, for the token ids of chunks read from the file.
+    """
+
     def __init__(self, folder: Path | None = None, encode: Callable[[str], list[int]] | None = None) -> None:
         self._by_text: dict[str, RegisteredChunk] = {}
         self._by_id: dict[str, RegisteredChunk] = {}
@@ -151,7 +158,7 @@ class ChunkCatalog:
         except FileNotFoundError:
             return
         except OSError as exc:  # unreadable: queries still work, without finding these chunks
-            logger.warning("cannot read the chunk catalog %s (%s); its chunks are unknown to this process", self.path, exc)
+            logger.warning("cannot read the chunk catalog %s (%s); its chunks stay unknown here", self.path, exc)
             return
         with handle:
             fcntl.flock(handle, fcntl.LOCK_SH)  # released on close
@@ -187,7 +194,8 @@ class ChunkCatalog:
             pending.setdefault(text, vector)  # the first registration of a text wins
 
     # ------------------------------------------------------------------ registering
-    def add(self, texts: list[str], token_ids: list[TokenIds], vectors: np.ndarray, persist: bool = True) -> list[RegisteredChunk]:
+    def add(self, texts: list[str], token_ids: list[TokenIds], vectors: np.ndarray,
+            persist: bool = True) -> list[RegisteredChunk]:  # fmt: skip
         """Register ``texts`` with their normalised embeddings [len(texts), dim]; returns their chunks.
 
         A text another process registered meanwhile keeps that registration (and its vector).
@@ -198,7 +206,8 @@ class ChunkCatalog:
         with self._locked_for_append() as handle:
             self._read_new(handle)
             fresh_texts, fresh_ids, fresh_vectors = _unknown(self._by_text, texts, token_ids, vectors)
-            self._append(handle, [json.dumps({"text": t, "vector": v.tolist()}) for t, v in zip(fresh_texts, fresh_vectors)])
+            lines = [json.dumps({"text": t, "vector": v.tolist()}) for t, v in zip(fresh_texts, fresh_vectors)]
+            self._append(handle, lines)
             self._register(fresh_texts, fresh_ids, fresh_vectors)
         return [self._by_text[text] for text in texts]
 
@@ -226,7 +235,8 @@ class ChunkCatalog:
     def _locked_for_append(self) -> Iterator[BinaryIO]:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            handle = open(self.path, "a+b")
+            # unbuffered: a failed write raises here, not again from close() over our clear error
+            handle = open(self.path, "a+b", buffering=0)
         except OSError as exc:
             raise self._write_error(exc) from exc
         with handle:
@@ -240,8 +250,9 @@ class ChunkCatalog:
         data = separator(handle) + "".join(line + "\n" for line in lines).encode()
         end = handle.seek(0, 2)
         try:
-            handle.write(data)
-            handle.flush()
+            written = 0
+            while written < len(data):  # a raw write may take only part of the bytes
+                written += handle.write(data[written:])
         except OSError as exc:
             raise self._write_error(exc) from exc
         self._offset, self._lines = end + len(data), self._lines + data.count(b"\n")

@@ -40,7 +40,8 @@ from tqdm.auto import tqdm
 
 from fusionrag_llm import storage
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
-from fusionrag_llm.fusion.catalog import CatalogWriteError, ChunkCatalog, FusedRecord, Neighbourhood, RegisteredChunk, chunk_id_of
+from fusionrag_llm.fusion.catalog import (CatalogWriteError, ChunkCatalog, FusedRecord, Neighbourhood,
+                                          RegisteredChunk, chunk_id_of)  # fmt: skip
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.ingest.embeddings import Embedder, default_embedder, normalized
 from fusionrag_llm.storage import KVEntry
@@ -174,7 +175,8 @@ def _ensure_fused(entries: ChunkEntries, catalog: ChunkCatalog, chunks: list[Reg
     _refresh_stale(entries, catalog, report)
 
 
-def _fuse(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, count: int, report: IngestReport) -> None:
+def _fuse(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, count: int,
+          report: IngestReport) -> None:  # fmt: skip
     """Make ``chunk``'s fused entry the one its current ``count`` neighbours give."""
     near = catalog.neighbourhood(chunk, count)
     if _is_current(entries, catalog, chunk, near):
@@ -213,20 +215,27 @@ def _is_current(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredC
     if record.requested != near.ids or not entries.contains(chunk.token_ids, "fused"):
         return False
     if record.count != near.count:  # same neighbours asked differently: later refreshes use the new count
-        catalog.record_fused(replace(record, count=near.count, view=near.view, floor=near.floor))
+        _record_if_writable(catalog, replace(record, count=near.count, view=near.view, floor=near.floor))
     return True
 
 
-def _adopt_unrecorded(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, near: Neighbourhood) -> bool:
+def _adopt_unrecorded(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk,
+                      near: Neighbourhood) -> bool:  # fmt: skip
     """A fused entry stored before records existed: current if it was computed after ``near``."""
     found = entries.lookup(chunk.token_ids, "fused")
     if found is None or list(found[0].meta.get("requested", ())) != list(near.ids):
         return False
-    try:  # recorded from now on, so that later ingestions can tell when it goes stale
-        catalog.record_fused(_record(entries, chunk, near, found[0].meta.get("neighbours", near.ids)))
-    except CatalogWriteError as exc:
-        logger.debug("fused entry of chunk %s stays unrecorded: %s", chunk.chunk_id, exc)
+    # recorded from now on, so that later ingestions can tell when it goes stale
+    _record_if_writable(catalog, _record(entries, chunk, near, found[0].meta.get("neighbours", near.ids)))
     return True
+
+
+def _record_if_writable(catalog: ChunkCatalog, record: FusedRecord) -> None:
+    """Update a record of an entry that is already right: a read-only store answers without it."""
+    try:
+        catalog.record_fused(record)
+    except CatalogWriteError as exc:
+        logger.debug("the record of fused entry %s is not updated: %s", record.key, exc)
 
 
 def _refresh_stale(entries: ChunkEntries, catalog: ChunkCatalog, report: IngestReport) -> None:
