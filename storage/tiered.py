@@ -135,9 +135,10 @@ class TieredStore:
     def put(self, key: str, entry: KVEntry, *, persist: bool = False) -> bool:
         """Store a copy of `entry` (cast to `storage_dtype`); True when some tier holds it.
 
-        A disk write that fails (full disk, read-only store, over budget) is logged and the entry is
-        kept in memory. With `persist=True` (ingestion, which must know what reached the disk) such
-        a failure raises `StoreWriteError` instead and the entry is not stored anywhere.
+        When the disk does not take it (full disk or lock timeout: logged; over budget: logged;
+        read-only store: said once at open) the entry is kept in memory. With `persist=True`
+        (ingestion, which must know what reached the disk) each of those raises `StoreWriteError`
+        instead and the entry is not stored anywhere.
         """
         check_key(key)
         self._check_open()
