@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from fusionrag_llm.cli.options import device_option, dtype_option, load_rag, model_option, store_option
+from fusionrag_llm.cli.options import device_option, dtype_option, load_rag, model_option, store_option, user_errors
 
 
 @click.command()
@@ -18,13 +18,12 @@ from fusionrag_llm.cli.options import device_option, dtype_option, load_rag, mod
 @click.option("--no-fuse", is_flag=True, help="Store plain entries only.")
 def ingest(paths, model, store, device, dtype, neighbors, max_words, no_fuse) -> None:
     """Ingest text and markdown files (folders are searched for *.txt, *.md, *.rst). Resumable."""
-    from fusionrag_llm import FusionRAGError
     from fusionrag_llm.ingest.pipeline import ingest_paths
 
     rag = load_rag(model, device, dtype, store)
     try:
         summary = ingest_paths(rag, paths, max_words=max_words, neighbors=neighbors, fuse=not no_fuse)
-    except FusionRAGError as exc:
+    except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{summary.files} files, {summary.chunks} chunks ({summary.new_chunks} new): "
                f"{summary.plain_computed} plain and {summary.fused_computed} fused entries computed "

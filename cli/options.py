@@ -22,11 +22,19 @@ def method_options(command):
     return click.option("--method", default="fusionrag", show_default=True, type=click.Choice(list(METHODS)))(command)
 
 
+def user_errors() -> tuple[type[Exception], ...]:
+    """Errors that are the user's input or store, shown as a message rather than a traceback."""
+    from fusionrag_llm import FusionRAGError
+    from fusionrag_llm.storage import StoreDamagedError
+
+    return FusionRAGError, StoreDamagedError
+
+
 def load_rag(model: str, device: str | None, dtype: str | None, store=None, **options):
     """Load the engine, turning the library's input errors into clean CLI errors."""
-    from fusionrag_llm import FusionRAG, FusionRAGError
+    from fusionrag_llm import FusionRAG
 
     try:
         return FusionRAG.from_pretrained(model, device=device, dtype=dtype, store=store, **options)
-    except FusionRAGError as exc:
+    except user_errors() as exc:
         raise click.ClickException(str(exc)) from None

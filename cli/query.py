@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from fusionrag_llm.cli.options import device_option, dtype_option, load_rag, method_options, model_option, store_option
+from fusionrag_llm.cli.options import (
+    device_option, dtype_option, load_rag, method_options, model_option, store_option, user_errors,
+)
 
 
 @click.command()
@@ -19,13 +21,12 @@ from fusionrag_llm.cli.options import device_option, dtype_option, load_rag, met
 @click.option("--show-chunks", is_flag=True, help="Print the retrieved chunks.")
 def query(question, model, store, device, dtype, method, ratio, top_k, max_new_tokens, show_chunks) -> None:
     """Answer QUESTION over the chunks ingested into the store."""
-    from fusionrag_llm import FusionRAGError
     from fusionrag_llm.ingest.pipeline import answer
 
     rag = load_rag(model, device, dtype, store)
     try:
         out, hits = answer(rag, question, top_k=top_k, method=method, recompute_ratio=ratio, max_new_tokens=max_new_tokens)
-    except FusionRAGError as exc:
+    except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
     if show_chunks:
         for rank, (text, source, score) in enumerate(hits, 1):
