@@ -73,6 +73,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 def load_model(name_or_path: str | Path, device=None, dtype=None, kernels: str | None = None) -> LoadedModel:
     """Resolve ``name_or_path`` (see ``MODEL_NAMES``, a folder, a ``.gguf`` file or a hub id) and load it.
 
+    An existing path always wins over a built-in name; built-in names match whole, ignoring case.
+
     ``kernels``: ``"auto"`` (Triton on CUDA, torch on CPU), ``"torch"`` or ``"triton"`` (on CPU only
     under ``TRITON_INTERPRET=1``); default ``$FUSIONRAG_KERNELS`` or ``"auto"``. Chosen once here.
     """
