@@ -9,8 +9,12 @@ from fusionrag_llm.api import FusionRAG
 from fusionrag_llm.engine.llm_engine import Generation
 from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.errors import FusionRAGError
-from fusionrag_llm.fusion.offline import IngestReport
+from fusionrag_llm.fusion.catalog import CatalogWriteError
+from fusionrag_llm.fusion.offline import IngestionWriteError, IngestReport
 from fusionrag_llm.request import PromptFormat, RAGRequest
 
-__all__ = ["FusionRAG", "FusionRAGError", "Generation", "GenerationStats", "IngestReport", "PromptFormat", "RAGRequest"]
+__all__ = [
+    "CatalogWriteError", "FusionRAG", "FusionRAGError", "Generation", "GenerationStats", "IngestReport",
+    "IngestionWriteError", "PromptFormat", "RAGRequest",
+]
 __version__ = "0.1.0"

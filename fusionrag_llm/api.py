@@ -138,6 +138,8 @@ class FusionRAG:
     def _find_chunks(self, text: str) -> list[Segment]:
         tokens = self.tokenizer.tokenize(text)
         catalog = getattr(self, "catalog", None)  # None while the canonical prefix is being derived
+        if catalog is not None:
+            catalog.refresh()  # chunks other processes registered since (reads only new lines)
         if catalog is None or not len(catalog):
             return [Segment("text", text, tuple(tokens.ids))]
         return [Segment(*piece) for piece in catalog.finder.split_tokens(tokens, self._registered_ids)]

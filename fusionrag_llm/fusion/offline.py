@@ -38,17 +38,14 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from fusionrag_llm import storage
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
 from fusionrag_llm.fusion.catalog import (CatalogWriteError, ChunkCatalog, FusedRecord, Neighbourhood,
                                           RegisteredChunk, chunk_id_of)  # fmt: skip
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.ingest.embeddings import Embedder, default_embedder, normalized
-from fusionrag_llm.storage import KVEntry
+from fusionrag_llm.storage import KVEntry, StoreWriteError
 
 logger = logging.getLogger(__name__)
-# The store raises it from put(..., persist=True); a store without it raises plain OSErrors.
-StoreWriteError = getattr(storage, "StoreWriteError", OSError)
 MAX_RECOMPUTES = 100  # of one fused entry while other processes keep registering closer chunks
 
 
