@@ -61,3 +61,13 @@ def test_engine_does_not_import_integrations_or_cli():
 def test_console_script_points_at_click_main():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["fusionrag"] == "fusionrag_llm.cli.main:main"
+
+
+def test_importing_the_package_loads_no_framework_or_index_library():
+    import subprocess
+    import sys
+
+    code = ("import fusionrag_llm, sys; "
+            "print([m for m in ('faiss', 'llama_index', 'langchain_core') if m in sys.modules])")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-import faiss
+from typing import Any
+
 import numpy as np
 
 from fusionrag_llm.errors import FusionRAGError
+
+
+def _flat_ip_index(dim: int) -> Any:
+    # Imported on first use: importing the package (or answering with a fixed chunk list) needs no FAISS.
+    import faiss
+
+    return faiss.IndexFlatIP(dim)
 
 
 class NeighbourIndex:
@@ -13,7 +21,7 @@ class NeighbourIndex:
 
     def __init__(self, dim: int | None = None):
         self.dim = dim
-        self.index: faiss.IndexFlatIP | None = faiss.IndexFlatIP(dim) if dim else None
+        self.index = _flat_ip_index(dim) if dim else None
 
     def __len__(self) -> int:
         return 0 if self.index is None else self.index.ntotal
@@ -22,7 +30,7 @@ class NeighbourIndex:
         """Append normalised vectors [n, dim]; row i of all additions is chunk number i."""
         if self.index is None:
             self.dim = vectors.shape[1]
-            self.index = faiss.IndexFlatIP(self.dim)
+            self.index = _flat_ip_index(self.dim)
         if vectors.shape[1] != self.dim:
             raise FusionRAGError(f"embedding dimension {vectors.shape[1]} differs from the index's {self.dim}")
         self.index.add(np.ascontiguousarray(vectors, dtype=np.float32))
