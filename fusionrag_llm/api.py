@@ -7,7 +7,6 @@ from typing import Sequence
 
 import torch
 
-from fusionrag_llm.engine.decode import check_token_ids
 from fusionrag_llm.engine.llm_engine import Generation, LLMEngine
 from fusionrag_llm.engine.scheduler import QueuedRequest, RequestScheduler
 from fusionrag_llm.engine.streaming import GenerationStream
@@ -197,5 +196,4 @@ class FusionRAG:
         ``continuation_ids`` must be ints in ``[0, vocab)``; anything else is refused before any compute.
         """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed)
-        continuation = check_token_ids(continuation_ids, self.loaded.model.cfg.vocab_size, "continuation_ids")
-        return self.engine.logits(self.segments(request), continuation, plan)
+        return self.engine.logits(self.segments(request), continuation_ids, plan)  # checks the ids first

@@ -44,9 +44,8 @@ class ChunkEntries:
     def __init__(self, model: DecoderLM, store: TieredStore, fingerprint: str, s0_ids: TokenIds):
         self.model = model
         self.store = store
-        storage_dtype = getattr(store, "storage_dtype", None)
-        self.lossless = storage_dtype is None or storage_dtype == model.dtype
-        self.fingerprint = storage_fingerprint(fingerprint, model.dtype, storage_dtype)
+        self.lossless = store.storage_dtype in (None, model.dtype)
+        self.fingerprint = storage_fingerprint(fingerprint, model.dtype, store.storage_dtype)
         self.s0_ids = tuple(s0_ids)
         self._prefix_memo: OrderedDict[TokenIds, KVEntry] = OrderedDict()
 
@@ -79,9 +78,7 @@ class ChunkEntries:
 
     def put(self, entry: KVEntry, variant: str, persist: bool = False) -> bool:
         """Store ``entry`` as the chunk's ``variant``; ``persist``: a failed disk write raises."""
-        if persist:
-            return self.store.put(self.key(entry.token_ids, variant), entry, persist=True)
-        return self.store.put(self.key(entry.token_ids, variant), entry)
+        return self.store.put(self.key(entry.token_ids, variant), entry, persist=persist)
 
     # ------------------------------------------------------------------ exact paths
     def path_key(self, *segments: Sequence[int]) -> str:
