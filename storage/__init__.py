@@ -3,9 +3,18 @@
 The disk tier is safe to share and robust to faults: it never runs code or touches files outside
 its folder whatever `cache.db` holds, binds every entry to its key, survives a full disk and a
 read-only folder, and reports a damaged index with the fix (`StoreDamagedError`).
+
+Pluggable parts: a codec (`EntryCodec`; `RawCodec` by default, others registered in `CODECS` by id),
+byte tiers (`ByteTier`: the disk's `DiskBytes`, or a remote cache) behind a codec (`CodedTier`), a
+tier list fastest first (`TieredStore.from_tiers`), and pins (`TieredStore.pin`/`pinned`) that keep
+entries handed out without a copy from being evicted.
 """
 
-from .codec import CorruptEntryError, StaleEntryError, decode, decode_keyed, encode
+from .byte_tier import ByteTier
+from .codec import CorruptEntryError, EntryCodec, RawCodec, StaleEntryError, decode, decode_keyed, encode
+from .codec_registry import CODECS, CodecRegistry
+from .coded_tier import CodedTier
+from .disk_bytes import DiskBytes
 from .disk_tier import DiskTier
 from .entry import KVEntry
 from .errors import StoreDamagedError, StoreWriteError
@@ -14,6 +23,7 @@ from .keys import chunk_key, model_fingerprint, path_key
 from .ledger import TierLedger
 from .loader import LoaderStats, LoadResult, PrefetchLoader
 from .memory_tier import DeviceTier, HostTier, MemoryTier
+from .pins import PinTable
 from .recovery import RebuildReport, clear_damaged, quarantine_index, rebuild_index
 from .settings import StoreBudgets, StoreOptions
 from .stats import StoreStats, TierStats
@@ -21,7 +31,13 @@ from .tiered import TieredStore
 from .verify import VerifyReport
 
 __all__ = [
+    "CODECS",
+    "ByteTier",
+    "CodecRegistry",
+    "CodedTier",
     "CorruptEntryError",
+    "DiskBytes",
+    "EntryCodec",
     "DeviceTier",
     "DiskTier",
     "HeatTracker",
@@ -30,7 +46,9 @@ __all__ = [
     "LoadResult",
     "LoaderStats",
     "MemoryTier",
+    "PinTable",
     "PrefetchLoader",
+    "RawCodec",
     "RebuildReport",
     "StaleEntryError",
     "StoreBudgets",

@@ -1,4 +1,9 @@
-"""Byte accounting of one tier against its budget, and the choice of eviction victims (no tensors)."""
+"""Byte accounting of one tier against its budget, and the choice of eviction victims (no tensors).
+
+Pinned keys (see `pins.py`) are never chosen as victims. When only pinned keys stand in the way of
+an entry that has no other home, the caller may add it over the budget (`add(..., over_budget=True)`):
+`overshoot_bytes` then says by how much the tier is over, until unpinned entries can go.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,8 @@ class TierLedger:
         ['b', 'a']
         >>> ledger.victims(50, heat={"a": 5.0, "b": 1.0}.get, colder_than=2.0) is None
         True
+        >>> ledger.victims(50, heat={"a": 5.0, "b": 1.0}.get, pinned={"b"}.__contains__)
+        ['a']
     """
 
     def __init__(self, name: str, budget_bytes: int):
@@ -38,14 +45,20 @@ class TierLedger:
     def free_bytes(self) -> int:
         return self.budget_bytes - self.used_bytes
 
+    @property
+    def overshoot_bytes(self) -> int:
+        """Bytes held beyond the budget (only ever after `add(..., over_budget=True)`)."""
+        return max(0, self.used_bytes - self.budget_bytes)
+
     def size_of(self, key: str) -> int:
         return self._sizes[key]
 
-    def add(self, key: str, nbytes: int) -> None:
-        """Account for `key`; `ValueError` if present already or if the budget would be passed."""
+    def add(self, key: str, nbytes: int, *, over_budget: bool = False) -> None:
+        """Account for `key`; `ValueError` if present already or if the budget would be passed
+        (unless `over_budget`: pinned entries leave no room and the entry has no other home)."""
         if key in self._sizes:
             raise ValueError(f"tier {self.name!r} already holds {key!r}")
-        if nbytes < 0 or self.used_bytes + nbytes > self.budget_bytes:
+        if nbytes < 0 or (self.used_bytes + nbytes > self.budget_bytes and not over_budget):
             raise ValueError(
                 f"tier {self.name!r}: adding {nbytes} bytes to {self.used_bytes} passes the budget "
                 f"of {self.budget_bytes}; make room first (see victims)"
@@ -68,11 +81,13 @@ class TierLedger:
         nbytes: int,
         heat: Callable[[str], float | None],
         colder_than: float | None = None,
+        pinned: Callable[[str], bool] | None = None,
     ) -> list[str] | None:
-        """Coldest keys whose removal leaves room for `nbytes`, coldest first.
+        """Coldest keys whose removal leaves room for `nbytes`, coldest first, never a `pinned` one.
 
         `[]` when there is room already; `None` when it cannot be done: `nbytes` passes the budget,
-        or (with `colder_than`) it would need evicting a key whose heat is not below `colder_than`.
+        (with `colder_than`) it would need evicting a key whose heat is not below `colder_than`, or
+        the keys left after skipping pinned ones do not free enough.
         """
         if nbytes > self.budget_bytes:
             return None
@@ -80,7 +95,7 @@ class TierLedger:
         if free >= nbytes:
             return []
         chosen: list[str] = []
-        for key in sorted(self._sizes, key=lambda k: heat(k) or 0.0):
+        for key in self.evictable(heat, pinned):
             if colder_than is not None and (heat(key) or 0.0) >= colder_than:
                 return None
             chosen.append(key)
@@ -88,3 +103,8 @@ class TierLedger:
             if free >= nbytes:
                 return chosen
         return None
+
+    def evictable(self, heat: Callable[[str], float | None], pinned: Callable[[str], bool] | None = None) -> list[str]:
+        """Keys that may be evicted (not `pinned`), coldest first."""
+        keys = self._sizes if pinned is None else [key for key in self._sizes if not pinned(key)]
+        return sorted(keys, key=lambda k: heat(k) or 0.0)

@@ -57,9 +57,14 @@ class MemoryTier:
     def get(self, key: str) -> KVEntry | None:
         return self._entries.get(key)
 
-    def put(self, key: str, entry: KVEntry) -> KVEntry:
-        """Hold `entry` on this tier's device; return the held entry. `ValueError` if it does not fit."""
-        self._ledger.add(key, entry.nbytes)
+    @property
+    def overshoot_bytes(self) -> int:
+        return self._ledger.overshoot_bytes
+
+    def put(self, key: str, entry: KVEntry, *, over_budget: bool = False) -> KVEntry:
+        """Hold `entry` on this tier's device; return the held entry. `ValueError` if it does not fit
+        (unless `over_budget`, see `TierLedger.add`)."""
+        self._ledger.add(key, entry.nbytes, over_budget=over_budget)
         try:
             held = entry.to(self.device)
         except Exception:
@@ -77,10 +82,18 @@ class MemoryTier:
         self._ledger.clear()
 
     def victims(
-        self, nbytes: int, heat: Callable[[str], float], colder_than: float | None = None
+        self,
+        nbytes: int,
+        heat: Callable[[str], float],
+        colder_than: float | None = None,
+        pinned: Callable[[str], bool] | None = None,
     ) -> list[str] | None:
         """See `TierLedger.victims`."""
-        return self._ledger.victims(nbytes, heat, colder_than)
+        return self._ledger.victims(nbytes, heat, colder_than, pinned)
+
+    def evictable(self, heat: Callable[[str], float], pinned: Callable[[str], bool] | None = None) -> list[str]:
+        """See `TierLedger.evictable`."""
+        return self._ledger.evictable(heat, pinned)
 
 
 class HostTier(MemoryTier):

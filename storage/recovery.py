@@ -2,8 +2,9 @@
 
 The damaged index is never deleted: it is renamed `cache.db.damaged-<time>` (with its `-wal` and
 `-shm` files, which SQLite would otherwise replay into a fresh index). `rebuild_index` then indexes
-again every entry file that decodes and verifies: since codec version 2 an entry's bytes carry its
-key, so a file alone says which key it belongs to. Entries small enough to live inside the index
+again every entry file that decodes and verifies with the codec its frame names (looked up in
+`codec_registry.CODECS`): since format version 2 an entry's bytes carry its key, so a file alone
+says which key it belongs to. Entries small enough to live inside the index
 itself (below `StoreOptions.disk_min_file_bytes`) are lost with it; the report counts them when the
 damaged file can still be read. `clear_damaged` starts empty instead. Both expect no other process
 to use the store meanwhile (with a damaged index none can).
@@ -33,9 +34,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .codec import CorruptEntryError, decode_keyed
+from .codec_registry import CODECS
 from .disk_index import OURS, DiskIndex, unwritable_reason
 from .errors import DB_NAME, StoreWriteError
+from .frame import CorruptEntryError, unpack_frame
 from .safe_disk import SafeDisk, entry_files
 
 logger = logging.getLogger(__name__)
@@ -46,7 +48,7 @@ class RebuildReport:
     """What a recovery did: where the damaged index went, which entries came back, which were lost.
 
     `recovered`: keys indexed again. `unreadable`: entry files that did not decode (damaged, of
-    another codec version, or without a key), removed. `duplicates`: older files of a key found twice,
+    another format version, of a codec not registered here, or without a key), removed. `duplicates`: older files of a key found twice,
     removed. `cleared`: entry files removed by `clear_damaged`. `lost_in_index`: entries whose bytes
     lived inside the damaged index (None when it could not be read to count them).
     """
@@ -109,7 +111,7 @@ def _recover_files(disk: SafeDisk, report: RebuildReport) -> list[tuple[str, str
         try:
             with disk.open_entry_file(name) as handle:
                 mtime, data = os.fstat(handle.fileno()).st_mtime, handle.read()
-            key, _ = decode_keyed(data)
+            key = _key_of(data)
         except (OSError, CorruptEntryError):
             key = None
         if key is None:
@@ -127,6 +129,15 @@ def _recover_files(disk: SafeDisk, report: RebuildReport) -> list[tuple[str, str
         report.recovered.append(key)
         rows.append((key, name, size, mtime))
     return rows
+
+
+def _key_of(data: bytes) -> str | None:
+    """The key written in a file's bytes once its frame and payload verify with the codec it names."""
+    try:
+        codec = CODECS.get(unpack_frame(data).codec_id)
+    except ValueError as exc:  # a codec not registered in this process
+        raise CorruptEntryError(str(exc)) from None
+    return codec.decode_keyed(data)[0]
 
 
 def _count_in_index(quarantined: Path | None) -> int | None:

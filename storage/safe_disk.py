@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import diskcache
 from diskcache.core import MODE_BINARY, MODE_RAW, UNKNOWN
 
-from .codec import CorruptEntryError
+from .frame import CorruptEntryError
 
 logger = logging.getLogger(__name__)
 _HEX2 = re.compile(r"[0-9a-f]{2}\Z")

@@ -45,6 +45,8 @@ class StoreOptions:
       still waiting then fails like one on a full disk (see `TieredStore.put`).
     * `read_only`: open the disk tier without writing to it (a precomputed store shared by several
       users). A folder that cannot take writes is opened read-only without asking.
+    * `codec`: id of the codec the disk tier stores entries with, looked up in
+      `codec_registry.CODECS` when the store opens (`"raw"`: tensors as they are, checksummed).
     """
 
     heat_half_life: float = 1024.0
@@ -52,6 +54,7 @@ class StoreOptions:
     disk_min_file_bytes: int = 32 * 1024
     disk_timeout_s: float = 60.0
     read_only: bool = False
+    codec: str = "raw"
 
     def __post_init__(self) -> None:
         if not isinstance(self.heat_half_life, (int, float)) or not self.heat_half_life > 0:
@@ -63,3 +66,5 @@ class StoreOptions:
             raise ValueError(f"StoreOptions.disk_timeout_s must be a number > 0, got {self.disk_timeout_s!r}")
         if not isinstance(self.read_only, bool):
             raise ValueError(f"StoreOptions.read_only must be a bool, got {self.read_only!r}")
+        if not isinstance(self.codec, str) or not self.codec:
+            raise ValueError(f"StoreOptions.codec must be a registered codec id such as 'raw', got {self.codec!r}")

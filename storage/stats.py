@@ -24,7 +24,10 @@ class StoreStats:
     bound to another key (`key_mismatches`) and entries of another codec version (`stale`).
     `evictions` counts entries that left the memory tiers; `disk_evictions` entries this process
     deleted from disk to stay within the disk budget; `disk_write_failures` writes to disk that
-    failed (full disk, lock timeout...); `read_only` whether the disk tier takes no writes.
+    failed (full disk, lock timeout...); `read_only` whether the disk tier takes no writes. With
+    several byte tiers, `corrupt`, `stale`, `key_mismatches`, `disk_evictions` and
+    `disk_write_failures` add up all of them. `pinned` counts keys pinned now; `pin_overshoots` how
+    often a memory tier went over its budget because only pinned entries stood in the way.
     """
 
     tiers: dict[str, TierStats]
@@ -40,6 +43,8 @@ class StoreStats:
     stale: int = 0
     disk_write_failures: int = 0
     read_only: bool = False
+    pinned: int = 0
+    pin_overshoots: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -55,6 +60,7 @@ class StoreCounters:
     promotions: int = 0
     demotions: int = 0
     evictions: int = 0
+    pin_overshoots: int = 0
 
     def hit(self, tier: str) -> None:
         self.hits[tier] = self.hits.get(tier, 0) + 1

@@ -1,17 +1,21 @@
-"""`TieredStore`: device -> host -> disk store of KV entries with heat-based placement.
+"""`TieredStore`: device -> host -> byte tiers (disk) store of KV entries with heat-based placement.
 
-The disk tier (when a directory is given) is the persistent home: every `put` writes through to
-it; memory tiers cache entries above it, promoted on access and demoted under pressure by heat
-(access count with exponential decay). See `placement.py` for the rules.
+The tiers are one list, fastest first (see `tier_list.py`): memory tiers hold decoded entries, byte
+tiers (a codec over a `ByteTier`: the disk, or a remote cache) hold encoded ones. The last byte
+tier is the persistent home: every `put` writes through to it; the tiers above cache entries,
+promoted on access and demoted under pressure by heat (access count with exponential decay). See
+`placement.py` for the rules.
 
 Faults of the disk are never fatal to queries: a failed write (full disk, read-only store, lock
 timeout) leaves the entry in memory and `put` says whether some tier holds it; ingestion passes
 `persist=True` to learn, through `StoreWriteError`, that an entry did not reach the disk. A damaged
-index raises `StoreDamagedError` naming the fix. See `disk_tier.py` for the disk's guarantees.
+index raises `StoreDamagedError` naming the fix. See `disk_bytes.py` for the disk's guarantees.
 
 Returned tensors: with the default `copy_on_get`, `get` returns fresh tensors, so callers may do
 anything with them. `get(..., copy=False)` returns the tier's own tensors (zero copy): the caller
-must treat them as read-only (e.g. copy-on-assemble) or it corrupts the store for everyone.
+must treat them as read-only (e.g. copy-on-assemble) or it corrupts the store for everyone, and
+should pin them (`get(..., pin=True)` then `unpin`, or `with store.pinned(keys)`) while it reads
+them, so that eviction neither drops nor moves them meanwhile (see `pins.py`).
 """
 
 from __future__ import annotations
@@ -25,20 +29,28 @@ import torch
 
 from .disk_tier import DiskTier
 from .entry import KVEntry, normalise_token_ids
+from .errors import StoreWriteError
 from .heat import HeatTracker
 from .keys import check_key
-from .memory_tier import DeviceTier, HostTier, MemoryTier
+from .pins import PinTable
+from .pinning import PinningMixin
 from .placement import TierStack
 from .settings import StoreBudgets, StoreOptions
-from .stats import StoreCounters, StoreStats, TierStats
+from .stats import StoreCounters, StoreStats
+from .store_report import add_byte_tier_stats, memory_stats, verify_tiers
+from .tier_list import Tier, default_tiers, split_tiers
 from .verify import VerifyReport
 
 logger = logging.getLogger(__name__)
 _NOT_IN_MEMORY = object()
 
 
-class TieredStore:
-    """Content-addressed KV store over device, host and disk tiers (mapping-like, thread-safe).
+class TieredStore(PinningMixin):
+    """Content-addressed KV store over a list of tiers, fastest first (mapping-like, thread-safe).
+
+    `TieredStore(directory, budgets, device, storage_dtype=..., options=...)` builds the default
+    list: a device tier (on an accelerator), a host tier and a disk tier (given a directory) using
+    `options.codec`. `TieredStore.from_tiers([...])` takes any list of memory tiers then byte tiers.
 
     Example:
         >>> import torch
@@ -63,58 +75,41 @@ class TieredStore:
     ):
         if not isinstance(budgets, StoreBudgets) or not isinstance(options, StoreOptions):
             raise ValueError("budgets must be a StoreBudgets and options a StoreOptions")
-        memory: list[MemoryTier] = []
-        if device is not None and torch.device(device).type != "cpu" and budgets.device_bytes > 0:
-            memory.append(DeviceTier(budgets.device_bytes, device))
-        if budgets.host_bytes > 0:
-            memory.append(HostTier(budgets.host_bytes))
-        disk = None
-        if directory is not None:
-            if budgets.disk_bytes <= 0:
-                raise ValueError("StoreBudgets.disk_bytes must be > 0 when a directory is given")
-            disk = DiskTier(
-                directory,
-                budgets.disk_bytes,
-                min_file_bytes=options.disk_min_file_bytes,
-                timeout_s=options.disk_timeout_s,
-                read_only=options.read_only,
-            )
-        self._setup(memory, disk, storage_dtype, options)
+        self._setup(default_tiers(directory, budgets, device, options), storage_dtype, options)
 
     @classmethod
     def from_tiers(
         cls,
-        memory_tiers: Sequence[MemoryTier],
+        tiers: Sequence[Tier],
         disk: DiskTier | None = None,
         *,
         storage_dtype: torch.dtype | None = None,
         options: StoreOptions = StoreOptions(),
     ) -> TieredStore:
-        """A store over an explicit tier stack, top (fastest) first, e.g. two host tiers in tests."""
+        """A store over an explicit tier list, fastest first: memory tiers, then byte tiers
+        (`CodedTier`s, the last one the home of every entry). `disk` is appended when given."""
         store = cls.__new__(cls)
-        store._setup(list(memory_tiers), disk, storage_dtype, options)
+        store._setup([*tiers, *([disk] if disk is not None else [])], storage_dtype, options)
         return store
 
-    def _setup(self, memory: list[MemoryTier], disk: DiskTier | None, storage_dtype, options) -> None:
-        if not memory and disk is None:
-            raise ValueError("a store needs a directory (disk tier) or host_bytes > 0 (memory tier)")
-        names = [tier.name for tier in memory] + ([disk.name] if disk is not None else [])
-        if len(set(names)) != len(names):
-            raise ValueError(f"tier names must be unique, got {names}")
+    def _setup(self, tiers: list[Tier], storage_dtype, options: StoreOptions) -> None:
+        memory, byte_tiers = split_tiers(tiers)
         if storage_dtype is not None and not isinstance(storage_dtype, torch.dtype):
             raise ValueError(f"storage_dtype must be a torch.dtype or None, got {storage_dtype!r}")
-        self._memory, self._disk = memory, disk
+        self._memory, self._bytes = memory, byte_tiers
         self._storage_dtype, self._options = storage_dtype, options
         self._heat = HeatTracker(options.heat_half_life)
-        self._counters = StoreCounters(hits={name: 0 for name in names})
-        self._stack = TierStack(memory, disk, self._heat, self._counters)
+        self._counters = StoreCounters(hits={t.name: 0 for t in tiers})
+        self._pins = PinTable()
+        self._stack = TierStack(memory, byte_tiers, self._heat, self._counters, self._pins)
         self._lock = threading.RLock()
         self._closed = False
 
     @property
     def directory(self) -> Path | None:
-        """The disk tier's folder, or None for a memory-only store."""
-        return self._disk.directory if self._disk is not None else None
+        """The disk tier's folder, or None for a store without one."""
+        folders = [getattr(t.bytes, "directory", None) for t in self._bytes]
+        return next((Path(f) for f in folders if f is not None), None)
 
     @property
     def storage_dtype(self) -> torch.dtype | None:
@@ -122,49 +117,66 @@ class TieredStore:
         return self._storage_dtype
 
     @property
+    def codec_id(self) -> str:
+        """Id of the codec the byte tiers store entries with (`options.codec` for a memory-only
+        store); part of what an entry is, so the engine folds it into its keys."""
+        return self._bytes[0].codec_id if self._bytes else self._options.codec
+
+    @property
     def read_only(self) -> bool:
-        """True when the disk tier takes no writes (read-only folder or `StoreOptions.read_only`)."""
-        return self._disk is not None and self._disk.read_only
+        """True when the home tier (the disk) takes no writes (read-only folder or `StoreOptions.read_only`)."""
+        return bool(self._bytes) and self._bytes[-1].read_only
 
     @property
     def tier_names(self) -> list[str]:
         """Tier names, top first (e.g. `['device', 'host', 'disk']`)."""
-        return [tier.name for tier in self._memory] + ([self._disk.name] if self._disk else [])
+        return [tier.name for tier in [*self._memory, *self._bytes]]
 
     # ----------------------------------------------------------------------------- mapping API
     def put(self, key: str, entry: KVEntry, *, persist: bool = False) -> bool:
         """Store a copy of `entry` (cast to `storage_dtype`); True when some tier holds it.
 
-        When the disk does not take it (full disk or lock timeout: logged; over budget: logged;
-        read-only store: said once at open) the entry is kept in memory. With `persist=True`
-        (ingestion, which must know what reached the disk) each of those raises `StoreWriteError`
-        instead and the entry is not stored anywhere.
+        It goes to the home tier (the disk) and the lowest memory tier. When the home does not take
+        it (full disk or lock timeout: logged; over budget: logged; read-only store: said once at
+        open) the entry is kept in memory. With `persist=True` (ingestion, which must know what
+        reached the disk) each of those raises `StoreWriteError` instead and the entry is not
+        stored anywhere.
         """
         check_key(key)
         self._check_open()
         if not isinstance(entry, KVEntry):
             raise ValueError(f"put expects a KVEntry, got {type(entry).__name__}")
         stored = entry.copy_to("cpu", self._storage_dtype)
-        on_disk = self._disk.put(key, stored, persist=persist) if self._disk is not None else False
+        on_home = self._bytes[-1].put(key, stored, persist=persist) if self._bytes else False
+        self._forget_above_home(key)
         with self._lock:
             self._heat.touch(key)
-            return self._stack.insert(key, stored, force=not on_disk) or on_disk
+            return self._stack.insert(key, stored, force=not on_home) or on_home
+
+    def _forget_above_home(self, key: str) -> None:
+        """Drop an older value of `key` from the byte tiers that cache the home (best effort)."""
+        for tier in self._bytes[:-1]:
+            try:
+                tier.delete(key)
+            except StoreWriteError as exc:
+                logger.warning("%s tier kept an older value of %s: %s", tier.name, key, exc)
 
     def get(
-        self, key: str, expect_token_ids: Iterable[int] | None = None, *, copy: bool | None = None
+        self, key: str, expect_token_ids: Iterable[int] | None = None, *, copy: bool | None = None, pin: bool = False
     ) -> tuple[KVEntry, str] | None:
         """`(entry, tier found in)` or None on a miss.
 
         With `expect_token_ids`, an entry whose token ids differ is a miss (and a warning). A corrupt
-        disk entry is a miss too (deleted, warning). `copy` defaults to `options.copy_on_get`.
+        stored entry is a miss too (deleted, warning). `copy` defaults to `options.copy_on_get`.
+        `pin=True` pins the key on a hit, in the same step as the lookup (call `unpin` when done).
         """
         check_key(key)
         self._check_open()
         expected = None if expect_token_ids is None else normalise_token_ids(expect_token_ids)
         copy = self._options.copy_on_get if copy is None else copy
-        found = self._get_memory(key, expected)
+        found = self._get_memory(key, expected, pin)
         if found is _NOT_IN_MEMORY:
-            found = self._get_disk(key, expected) if self._disk is not None else None
+            found = self._get_below(key, expected, pin)
         if found is None:
             with self._lock:
                 self._counters.misses += 1
@@ -177,7 +189,7 @@ class TieredStore:
         with self._lock:
             if any(key in tier for tier in self._memory):
                 return True
-        return self._disk is not None and key in self._disk
+        return any(key in tier for tier in self._bytes)
 
     def tier_of(self, key: str) -> str | None:
         """Name of the highest tier holding `key`, without counting an access."""
@@ -186,70 +198,60 @@ class TieredStore:
             for tier in self._memory:
                 if key in tier:
                     return tier.name
-        return self._disk.name if self._disk is not None and key in self._disk else None
+        return next((tier.name for tier in self._bytes if key in tier), None)
 
     def delete(self, key: str) -> bool:
-        """Remove `key` from every tier; True when some tier held it."""
+        """Remove `key` from every tier; True when some tier held it. A pinned key is removed too
+        (its holders keep their tensors; its pin count stays until they unpin)."""
         check_key(key)
         self._check_open()
         with self._lock:
             removed = self._stack.remove(key)
             self._heat.forget(key)
-        on_disk = self._disk.delete(key) if self._disk is not None else False
-        return removed or on_disk
+        on_bytes = [tier.delete(key) for tier in self._bytes]
+        return removed or any(on_bytes)
 
     def keys(self) -> list[str]:
         """All keys held by any tier (each once)."""
         self._check_open()
         with self._lock:
             keys = dict.fromkeys(key for tier in self._memory for key in tier.keys())
-        if self._disk is not None:
-            keys.update(dict.fromkeys(self._disk.keys()))
+        for tier in self._bytes:
+            keys.update(dict.fromkeys(tier.keys()))
         return list(keys)
 
     def stats(self) -> StoreStats:
-        """Entries and bytes per tier, and this process's hit/miss/corrupt counters."""
+        """Entries and bytes per tier, and this process's hit/miss/corrupt/pin counters."""
         self._check_open()
         with self._lock:
-            tiers = {t.name: TierStats(t.name, len(t), t.used_bytes, t.budget_bytes) for t in self._memory}
-            c = self._counters
-            stats = StoreStats(
-                tiers, dict(c.hits), c.misses, token_mismatches=c.token_mismatches, promotions=c.promotions,
-                demotions=c.demotions, evictions=c.evictions,
-            )  # fmt: skip
-        if self._disk is not None:
-            disk = self._disk
-            tiers[disk.name] = TierStats(disk.name, len(disk), disk.used_bytes, disk.budget_bytes)
-            stats.corrupt, stats.stale, stats.key_mismatches = disk.corrupt_count, disk.stale_count, disk.key_mismatches
-            stats.disk_evictions, stats.disk_write_failures = disk.evictions, disk.write_failures
-            stats.read_only = disk.read_only
-        return stats
+            stats = memory_stats(self._memory, self._counters, len(self._pins))
+        return add_byte_tier_stats(stats, self._bytes)
 
     def verify(self, repair: bool = False) -> VerifyReport:
-        """Check every disk entry and the store folder; see `DiskTier.verify` for what `repair` removes."""
+        """Check every stored entry and the store folder; see `DiskBytes.verify` for what `repair` removes."""
         self._check_open()
-        return self._disk.verify(repair) if self._disk is not None else VerifyReport()
+        return verify_tiers(self._bytes, repair)
 
     def clear(self) -> None:
-        """Remove every entry from every tier (the disk directory too)."""
+        """Remove every entry from every tier (the disk directory too); pins stay with their holders."""
         self._check_open()
         with self._lock:
             for tier in self._memory:
                 tier.clear()
             self._heat.clear()
-        if self._disk is not None:
-            self._disk.clear()
+        for tier in self._bytes:
+            tier.clear()
 
     def close(self) -> None:
-        """Release memory tiers and the disk handle; further use raises `RuntimeError`."""
+        """Release memory tiers and the byte tiers' handles; further use raises `RuntimeError`."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             for tier in self._memory:
                 tier.clear()
-        if self._disk is not None:
-            self._disk.close()
+        for tier in self._bytes:
+            tier.close()
 
     def __enter__(self) -> TieredStore:
         return self
@@ -258,8 +260,7 @@ class TieredStore:
         self.close()
 
     def __repr__(self) -> str:
-        tiers = ", ".join(repr(t) for t in [*self._memory, *([self._disk] if self._disk else [])])
-        return f"TieredStore([{tiers}])"
+        return f"TieredStore([{', '.join(repr(t) for t in [*self._memory, *self._bytes])}])"
 
     # ----------------------------------------------------------------------------- placement
     def _check_open(self) -> None:
@@ -277,7 +278,7 @@ class TieredStore:
         )
         return False
 
-    def _get_memory(self, key: str, expected) -> tuple[KVEntry, str] | None | object:
+    def _get_memory(self, key: str, expected, pin: bool) -> tuple[KVEntry, str] | None | object:
         """A hit, None for a token-id mismatch, or `_NOT_IN_MEMORY`."""
         with self._lock:
             self._heat.touch(key)
@@ -289,12 +290,27 @@ class TieredStore:
                 return None
             tier = self._memory[level].name
             self._counters.hit(tier)
-            return self._stack.promote(level, key, entry), tier
+            held = self._stack.promote(level, key, entry)
+            if pin:
+                self._pins.pin(key)
+            return held, tier
 
-    def _get_disk(self, key: str, expected) -> tuple[KVEntry, str] | None:
-        entry = self._disk.get(key)  # disk I/O and decoding outside the lock
-        if entry is None or not self._tokens_match(key, entry, expected):
-            return None
-        with self._lock:
-            self._counters.hit(self._disk.name)
-            return self._stack.cache_from_disk(key, entry), self._disk.name
+    def _get_below(self, key: str, expected, pin: bool) -> tuple[KVEntry, str] | None:
+        """Read through the byte tiers, fastest first; a hit is copied up into the faster ones."""
+        for level, tier in enumerate(self._bytes):
+            found = tier.fetch(key)  # I/O and decoding outside the lock
+            if found is None:
+                continue
+            entry, data = found
+            if not self._tokens_match(key, entry, expected):
+                return None
+            for upper in self._bytes[:level]:
+                if not upper.read_only:
+                    upper.put_bytes(key, data)
+            with self._lock:
+                self._counters.hit(tier.name)
+                held = self._stack.cache_from_below(key, entry)
+                if pin:
+                    self._pins.pin(key)
+                return held, tier.name
+        return None

@@ -3,7 +3,7 @@
 Corrupt entries are always removed (as `get` does: they can never be served). The other problems
 are listed, and removed only with `repair=True`:
 
-* stale: bytes of another codec version (recomputed on the next miss anyway);
+* stale: bytes of another format version or codec (recomputed on the next miss anyway);
 * mismatched: a valid entry filed under another key than the one in its bytes;
 * missing_files: rows whose file is gone or unreadable;
 * foreign_rows: rows not in the store's form (pickled or non-hex keys), listed by rowid; removing
@@ -18,10 +18,11 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .codec import CorruptEntryError, StaleEntryError, decode_keyed
 from .disk_index import DiskIndex, Row
+from .frame import CorruptEntryError
 from .safe_disk import entry_files
 
 logger = logging.getLogger(__name__)
@@ -55,12 +56,22 @@ class VerifyReport:
     def ok(self) -> bool:
         return self.problems == 0
 
+    def merge(self, other: VerifyReport) -> VerifyReport:
+        """One report for two tiers: counts and lists added, `repaired` only when both were."""
+        lists = ("corrupt", "stale", "mismatched", "missing_files", "foreign_rows", "orphan_files")
+        merged = VerifyReport(self.checked + other.checked, repaired=self.repaired and other.repaired,
+                              read_only=self.read_only or other.read_only)  # fmt: skip
+        for name in lists:
+            setattr(merged, name, getattr(self, name) + getattr(other, name))
+        return merged
+
 
 class Verifier:
-    """One pass of `DiskTier.verify` over `index`."""
+    """One pass of `DiskBytes.verify` over `index`; `classify(key, data)` says what is wrong with a
+    value (`(report field, detail)`) or None (`CodedTier.classify` decodes it with its codec)."""
 
-    def __init__(self, index: DiskIndex, repair: bool):
-        self.index, self.repair = index, repair
+    def __init__(self, index: DiskIndex, repair: bool, classify: Callable[[str, bytes], tuple[str, str] | None] | None):
+        self.index, self.repair, self.classify = index, repair, classify
         self.writable = not index.read_only
 
     def run(self) -> VerifyReport:
@@ -94,15 +105,7 @@ class Verifier:
             return "corrupt", str(exc)
         except OSError as exc:
             return "missing_files", f"its file {row.filename!r} is missing or unreadable ({exc.strerror or exc})"
-        try:
-            stored_key, _ = decode_keyed(data)
-        except StaleEntryError as exc:
-            return "stale", str(exc)
-        except CorruptEntryError as exc:
-            return "corrupt", str(exc)
-        if stored_key != row.key:
-            return "mismatched", f"holds the entry of key {stored_key}"
-        return None
+        return self.classify(row.key, data)
 
     def _check_foreign(self, report: VerifyReport) -> None:
         for row in self.index.foreign_rows():

@@ -1,0 +1,94 @@
+"""`ByteTier`: the shape of a tier that keeps encoded entries (bytes) by store key.
+
+The disk (`DiskBytes`, a diskcache folder) is one such tier; a remote cache (Redis, say) or a dict
+in a test is another. Byte tiers know nothing of tensors or codecs: `CodedTier` puts a codec in
+front of one, checks every value it reads (checksum, key binding, codec) and asks the tier to
+`discard` a corrupt value. Memory and device tiers, which hold decoded entries, are `MemoryTier`s.
+
+A byte tier keeps itself within `budget_bytes` (evicting what it chooses), and never raises on a
+failed write unless `persist=True` (then `StoreWriteError`), so a full disk or a lost connection
+costs a recompute, not a query.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+from .stats import TierStats
+from .verify import VerifyReport
+
+Problem = tuple[str, str]  # (VerifyReport field: "corrupt", "stale" or "mismatched", detail)
+Classify = Callable[[str, bytes], "Problem | None"]
+
+
+@runtime_checkable
+class ByteTier(Protocol):
+    """Encoded entries by store key, within a byte budget; thread-safe.
+
+    Counters (this process): `evictions` (values removed to stay within the budget),
+    `write_failures` (writes that failed: full disk, lost connection...) and `corrupt_count` (values
+    the tier refused to read itself, e.g. rows in a form it never writes).
+    """
+
+    name: str
+    evictions: int
+    write_failures: int
+    corrupt_count: int
+
+    @property
+    def read_only(self) -> bool: ...
+
+    @property
+    def budget_bytes(self) -> int: ...
+
+    @property
+    def used_bytes(self) -> int: ...
+
+    def __contains__(self, key: object) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+    def keys(self) -> list[str]: ...
+
+    def get(self, key: str) -> bytes | None:
+        """The value stored under `key`, or None (absent or unreadable: logged by the tier)."""
+
+    def put(self, key: str, data: bytes, *, persist: bool = False) -> bool:
+        """Store `data` under `key`; True when stored. False (logged) when refused or failed, or
+        `StoreWriteError` with `persist=True`."""
+
+    def delete(self, key: str) -> bool:
+        """Remove `key`; False when absent or read-only, `StoreWriteError` when the removal fails."""
+
+    def discard(self, key: str, data: bytes) -> bool:
+        """Remove `key` only while it still holds `data` (a value found corrupt): a value another
+        process wrote meanwhile is kept. Never raises for a failed removal (logged)."""
+
+    def verify(self, classify: Classify, repair: bool = False) -> VerifyReport:
+        """Pass every value to `classify` and report the problems; corrupt values are removed, the
+        others only with `repair` (see `VerifyReport`)."""
+
+    def stats(self) -> TierStats: ...
+
+    def clear(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def verify_values(tier: ByteTier, classify: Classify, repair: bool) -> VerifyReport:
+    """`ByteTier.verify` for a tier with nothing to check beyond its values (no files, no rows)."""
+    writable = not tier.read_only
+    report = VerifyReport(repaired=repair and writable, read_only=not writable)
+    for key in tier.keys():
+        data = tier.get(key)
+        if data is None:
+            continue
+        report.checked += 1
+        problem = classify(key, data)
+        if problem is None:
+            continue
+        getattr(report, problem[0]).append(key)
+        if writable and (repair or problem[0] == "corrupt"):
+            tier.discard(key, data)
+    return report

@@ -1,0 +1,68 @@
+"""The tier list of a `TieredStore`: built from budgets and options, or checked when given.
+
+A store's tiers are one list, fastest first: memory tiers (`MemoryTier`, decoded entries on a
+device or in host memory), then byte tiers (`CodedTier`: encoded entries, e.g. the disk). The last
+byte tier is the home of every entry. All byte tiers share one codec, so bytes move between them
+as they are and the store has one `codec_id`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from .codec_registry import CODECS
+from .coded_tier import CodedTier
+from .disk_tier import DiskTier
+from .memory_tier import DeviceTier, HostTier, MemoryTier
+from .settings import StoreBudgets, StoreOptions
+
+Tier = MemoryTier | CodedTier
+
+
+def default_tiers(
+    directory: str | Path | None, budgets: StoreBudgets, device: torch.device | str | None, options: StoreOptions
+) -> list[Tier]:
+    """[device tier (on an accelerator)], [host tier], [disk tier (with a directory)] from settings."""
+    codec = CODECS.get(options.codec)  # before any folder is opened: an unknown id opens nothing
+    tiers: list[Tier] = []
+    if device is not None and torch.device(device).type != "cpu" and budgets.device_bytes > 0:
+        tiers.append(DeviceTier(budgets.device_bytes, device))
+    if budgets.host_bytes > 0:
+        tiers.append(HostTier(budgets.host_bytes))
+    if directory is not None:
+        if budgets.disk_bytes <= 0:
+            raise ValueError("StoreBudgets.disk_bytes must be > 0 when a directory is given")
+        disk = DiskTier(
+            directory,
+            budgets.disk_bytes,
+            codec=codec,
+            min_file_bytes=options.disk_min_file_bytes,
+            timeout_s=options.disk_timeout_s,
+            read_only=options.read_only,
+        )
+        tiers.append(disk)
+    return tiers
+
+
+def split_tiers(tiers: Sequence[Tier]) -> tuple[list[MemoryTier], list[CodedTier]]:
+    """`(memory tiers, byte tiers)` of a list, fastest first; `ValueError` saying what is wrong."""
+    tiers = list(tiers)
+    if not tiers:
+        raise ValueError("a store needs a directory (disk tier) or host_bytes > 0 (memory tier)")
+    for tier in tiers:
+        if not isinstance(tier, (MemoryTier, CodedTier)):
+            raise ValueError(f"a tier must be a MemoryTier or a CodedTier (a codec over a ByteTier), got {tier!r}")
+    memory = [t for t in tiers if isinstance(t, MemoryTier)]
+    coded = [t for t in tiers if isinstance(t, CodedTier)]
+    if tiers != memory + coded:
+        raise ValueError(f"memory tiers must come before byte tiers (fastest first), got {[t.name for t in tiers]}")
+    names = [t.name for t in tiers]
+    if len(set(names)) != len(names):
+        raise ValueError(f"tier names must be unique, got {names}")
+    codecs = sorted({t.codec_id for t in coded})
+    if len(codecs) > 1:
+        raise ValueError(f"byte tiers of one store must share a codec, got {codecs}")
+    return memory, coded
