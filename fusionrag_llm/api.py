@@ -8,7 +8,6 @@ from typing import Sequence
 import torch
 
 from fusionrag_llm.engine.llm_engine import Generation, LLMEngine
-from fusionrag_llm.engine.scheduler import QueuedRequest, RequestScheduler
 from fusionrag_llm.engine.streaming import GenerationStream
 from fusionrag_llm.engine.methods import METHODS, plan_run
 from fusionrag_llm.errors import FusionRAGError
@@ -20,7 +19,7 @@ from fusionrag_llm.models.default_model import DEFAULT_MODEL
 from fusionrag_llm.models.fingerprint import fingerprint_of
 from fusionrag_llm.models.loader import LoadedModel, load_model
 from fusionrag_llm.models.tokenizer import ChatPart
-from fusionrag_llm.request import RAGRequest, Segment, build_segments, prompt_ids, validate_messages
+from fusionrag_llm.request import RAGRequest, Segment, build_segments, validate_messages
 from fusionrag_llm.engine.store import StoreSpec, open_store
 
 Request = RAGRequest | str | Sequence[dict]
@@ -174,19 +173,17 @@ class FusionRAG:
     def generate_many(self, requests: Sequence[Request], method: str = "fusionrag", recompute_ratio: float = 0.15,
                       max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
                       seed: int = 0, lookahead: int = 4) -> list[Generation]:  # fmt: skip
-        """Answer several requests in order, loading the entries of the next ``lookahead`` requests
-        from the store on a background thread while the current one computes.
+        """Answer several requests as one batch: their prefills are admitted together and every
+        decode step runs all unfinished answers in one forward. Results come in request order and
+        equal answering each alone (greedy decoding).
 
-        Each result's ``stats.prefetch_s`` is the loading done in the background and ``stats.wait_s``
-        the part of it the engine still had to wait for.
+        The entries of the next ``lookahead`` waiting requests load from the store on a background
+        thread while the engine computes: each result's ``stats.prefetch_s`` is that loading and
+        ``stats.wait_s`` the part of it the engine still had to wait for.
         """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed)
-        queued = []
-        for index, request in enumerate(requests):
-            segments = self.segments(request)
-            self.engine.check_fits(len(prompt_ids(segments)), max_new_tokens)
-            queued.append(QueuedRequest(index, segments, plan, max_new_tokens))
-        return RequestScheduler(self.engine, lookahead=lookahead).run(queued)
+        batch = [(self.segments(request), plan, max_new_tokens) for request in requests]
+        return self.engine.generate_many(batch, lookahead=lookahead)
 
     def logits(self, request: Request, continuation_ids: Sequence[int], method: str = "fusionrag",
                recompute_ratio: float = 0.15, *, kv_variant: str | None = None, selector: str | None = None,

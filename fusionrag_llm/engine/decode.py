@@ -1,10 +1,11 @@
-"""Decoding over a request's prefilled KV cache: greedy token by token, or teacher-forced."""
+"""Token-id checks, and greedy decoding of one sequence as a plain loop (the reference the parity
+tests compare the engine's model with; the engine itself decodes through its step loop)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from numbers import Integral
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import torch
 
@@ -58,16 +59,3 @@ def greedy_tokens(
             slots=cache.reserve(1),
         )
         logits = model(forward, cache).logits[0]
-
-
-def teacher_forced(model: DecoderLM, cache: KVCache, first_logits: torch.Tensor, next_position: int,
-                   tokens: Sequence[int]) -> torch.Tensor:  # fmt: skip
-    """``[len(tokens) + 1, vocab]``: ``first_logits`` then the logits after each of ``tokens``, which
-    run in one pass at the positions after the prompt (the cache needs room for them)."""
-    if not tokens:
-        return first_logits[None]
-    device = cache.keys.device
-    ids = torch.tensor(list(tokens), device=device, dtype=torch.long)
-    positions = torch.arange(next_position, next_position + len(ids), device=device)
-    out = model(ForwardPass(ids, positions, cache.reserve(len(ids))), cache)
-    return torch.cat([first_logits[None], out.logits])

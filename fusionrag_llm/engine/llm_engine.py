@@ -1,32 +1,43 @@
-"""Runs one request: resolve chunk entries, assemble, select, sparse prefill, decode.
+"""The engine: requests in, one scheduling step at a time, tokens out.
 
-DESIGN.md section 4. Prompt tokens occupy slots equal to their positions; the prefix comes from the
-exact prefix cache, chunks from their entries (rotary applied at their assembled positions), and the
-recompute set (selected chunk tokens plus all fresh text) is run through every layer, replacing the
-reused K/V of its positions layer by layer in the request's own cache. Shared entries are only read.
+DESIGN.md section 4. ``add_request`` queues a sequence; ``step`` admits what fits (resolve and
+assemble its context, select the tokens to recompute), then runs the admitted sequences' sparse
+prefills and one decode token of every running sequence in one batched forward. ``generate``,
+``stream`` and ``generate_many`` are loops over ``step``, so concurrent callers share its batches.
+
+Prompt tokens occupy slots equal to their positions; the prefix comes from the exact prefix cache,
+chunks from their entries (rotary applied at their assembled positions), and the recompute set
+(selected chunk tokens plus all fresh text) is run through every layer, replacing the reused K/V of
+its positions layer by layer in the request's own cache. Shared entries are only read.
 """
 
 from __future__ import annotations
 
+import itertools
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Sequence as Seq
 
 import torch
 
-from fusionrag_llm.engine.decode import check_token_ids, teacher_forced
+from fusionrag_llm.engine.decode import check_token_ids
 from fusionrag_llm.engine.methods import METHODS, RunPlan
+from fusionrag_llm.engine.model_runner import ModelRunner
+from fusionrag_llm.engine.prefetch import Prefetcher
+from fusionrag_llm.engine.resolve import ContextResolver, Preloaded, ResolvedContext
+from fusionrag_llm.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
+from fusionrag_llm.engine.sequence import Sequence, Status
 from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.engine.streaming import GenerationStream
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
-from fusionrag_llm.engine.resolve import ContextResolver, Preloaded
 from fusionrag_llm.fusion.selectors import select_tokens
-from fusionrag_llm.models.kv_cache import KVCache
+from fusionrag_llm.models.llama import ForwardOutput, ForwardPass
 from fusionrag_llm.models.loader import LoadedModel
 from fusionrag_llm.request import Segment, prompt_ids
 
-__all__ = ["METHODS", "Generation", "LLMEngine", "Prefilled"]
+__all__ = ["METHODS", "Generation", "LLMEngine", "SchedulerConfig"]
 
 
 @dataclass
@@ -36,25 +47,36 @@ class Generation:
     prompt_ids: list[int]  # exactly the ids the model saw
     stats: GenerationStats
     segments: list[Segment] = field(default_factory=list, repr=False)
+    finish_reason: str | None = None  # "stop" (a stop token), "length" (max_new_tokens) or "abort"
 
 
 @dataclass
-class Prefilled:
-    """A prompt's KV cache and the logits that give the first generated token."""
+class PrefillWork:
+    """A sequence admitted in this step: its sparse-prefill pass and what to do with its output."""
 
-    cache: KVCache
-    last_logits: torch.Tensor  # [vocab]
-    next_position: int
-    stats: GenerationStats
+    seq: Sequence
+    forward: ForwardPass
+    resolver: ContextResolver
+    resolved: ResolvedContext
+    recompute: torch.Tensor  # sorted slots run through the model
+    exact: bool  # every context token is exact after this pass (its path blocks can be stored)
+    started: float
+    chosen: float
 
 
 class LLMEngine:
-    def __init__(self, loaded: LoadedModel, entries: ChunkEntries, prefix_cache: bool = True):
+    def __init__(self, loaded: LoadedModel, entries: ChunkEntries, prefix_cache: bool = True,
+                 config: SchedulerConfig = SchedulerConfig()):  # fmt: skip
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.entries = entries
         self.prefix_cache = prefix_cache
+        self.runner = ModelRunner(loaded.model)
+        self.scheduler = Scheduler(config)
+        self.prefetcher = Prefetcher(entries.store, self.resolver)
+        self._lock = threading.RLock()  # one step at a time; callers on other threads join its batches
+        self._request_ids = itertools.count()
 
     def resolver(self, preloaded: Preloaded | None = None) -> ContextResolver:
         return ContextResolver(self.entries, preloaded, self.prefix_cache)
@@ -68,55 +90,160 @@ class LLMEngine:
                 "pass fewer or shorter chunks, or lower max_new_tokens"
             )
 
-    def prefill(self, segments: Sequence[Segment], plan: RunPlan, extra_capacity: int,
-                preloaded: Preloaded | None = None) -> Prefilled:  # fmt: skip
-        start = time.perf_counter()
+    # ------------------------------------------------------------------ the step API
+    def add_request(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, *,
+                    prefetch: int = 0, preloaded: Preloaded | None = None) -> Sequence:  # fmt: skip
+        """Queue a request; returns its sequence (``request_id``, ``token_ids``, ``finished``, ``stats``).
+
+        ``prefetch``: load its chunk entries on the loader thread once it is within this many
+        places of the head of the queue (0: load them when it is admitted).
+        """
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise FusionRAGError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        seq = self._sequence(segments, plan, max_new_tokens)
+        seq.prefetch, seq.preloaded = prefetch, preloaded
+        with self._lock:
+            self.scheduler.add(seq)
+        return seq
+
+    def step(self) -> list[Sequence]:
+        """Admit, prefill and decode once; returns the sequences that finished in this step."""
+        with self._lock:
+            self.prefetcher.submit(self.scheduler.to_prefetch())
+            scheduled = self.scheduler.schedule(self.prefetcher.ready)
+            if scheduled.empty:
+                return []
+            self._run(scheduled)
+            self.scheduler.update(scheduled)
+            self.prefetcher.release_if_idle(self.scheduler.waiting)
+            return [seq for seq in [*scheduled.prefills, *scheduled.decodes] if seq.finished]
+
+    def abort(self, request_id: int) -> bool:
+        """Stop a waiting or running request; its sequence finishes with reason ``"abort"``."""
+        with self._lock:
+            seq = self.scheduler.abort(request_id)
+            if seq is None:
+                return False
+            self.prefetcher.discard(seq)
+            seq.finish("abort")
+            return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def _run(self, scheduled: ScheduledStep) -> None:
+        work = [w for w in map(self._admit, scheduled.prefills) if w is not None]
+        decodes = scheduled.decodes
+        passes = [w.forward for w in work] + [self.runner.decode_pass(seq) for seq in decodes]
+        caches = [w.seq.cache for w in work] + [seq.cache for seq in decodes]
+        if not passes:
+            return
+        try:
+            outputs = self.runner.run(passes, caches)
+            tokens = self.runner.greedy([out.logits[-1] for out in outputs])
+            for w, out, token in zip(work, outputs, tokens):
+                self._finish_prefill(w, out, token)
+        except Exception as exc:  # the batch's sequences fail together; their callers raise it
+            for seq in [w.seq for w in work] + decodes:
+                seq.finish("error", exc)
+            return
+        for seq, token in zip(decodes, tokens[len(work) :]):
+            seq.accept(token)
+
+    # ------------------------------------------------------------------ one sequence's prefill
+    def _sequence(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int) -> Sequence:
         ids = prompt_ids(segments)
+        self.check_fits(len(ids), max_new_tokens)
         stats = GenerationStats(method=plan.method, recompute_ratio=plan.recompute_ratio, prompt_tokens=len(ids))
-        cache = self.model.new_cache(len(ids) + extra_capacity)
+        return Sequence(next(self._request_ids), list(segments), plan, max_new_tokens, ids,
+                        self.tokenizer.stop_ids, stats=stats)  # fmt: skip
+
+    def _admit(self, seq: Sequence) -> PrefillWork | None:
+        try:
+            return self._prepare_prefill(seq, self.prefetcher.take(seq))
+        except Exception as exc:  # a bad store entry or input fails this request only
+            seq.finish("error", exc)
+            return None
+
+    def _prepare_prefill(self, seq: Sequence, preloaded: Preloaded | None) -> PrefillWork:
+        start = time.perf_counter()
+        stats, plan = seq.stats, seq.plan
+        stats.queue_s = start - seq.arrival
+        seq.cache = self.runner.new_cache(seq.num_prompt_tokens + seq.max_new_tokens)
         resolver = self.resolver(preloaded)
-        resolved = resolver.assemble(segments, plan, cache, stats)
+        resolved = resolver.assemble(seq.segments, plan, seq.cache, stats)
         layout = resolved.layout
         loaded = time.perf_counter()
         k = round(plan.recompute_ratio * len(layout.reused_slots))
-        selected = select_tokens(plan.selector, k, self.model, cache, layout, plan.seed)
+        selected = select_tokens(plan.selector, k, self.model, seq.cache, layout, plan.seed)
         chosen = time.perf_counter()
         recompute = torch.cat([selected, layout.fresh_slots]).sort().values
-        exact = len(selected) == len(layout.reused_slots)  # every context token is exact after this run
-        last_row = torch.tensor([len(recompute) - 1], device=recompute.device)
-        out = self.model(layout.step(recompute, logit_rows=last_row, capture_raw_kv=exact), cache)
-        done = time.perf_counter()
-        if exact:
-            resolver.store_exact_blocks(resolved, recompute, out.raw_keys, out.raw_values, ids)
-        stats.load_s, stats.select_s, stats.prefill_s = loaded - start, chosen - loaded, done - chosen
-        stats.ttft_s = done - start
+        exact = len(selected) == len(layout.reused_slots)
+        stats.load_s, stats.select_s = loaded - start, chosen - loaded
         stats.recomputed_tokens = len(selected)
         stats.reused_tokens = len(layout.reused_slots) - len(selected)
         stats.computed_tokens += len(recompute)
-        return Prefilled(cache=cache, last_logits=out.logits[0], next_position=len(ids), stats=stats)
+        forward = self.runner.recompute_pass(layout, recompute, capture_raw_kv=exact)
+        return PrefillWork(seq, forward, resolver, resolved, recompute, exact, start, chosen)
 
-    def stream(self, segments: Sequence[Segment], plan: RunPlan, max_new_tokens: int,
+    def _finish_prefill(self, work: PrefillWork, out: ForwardOutput, token: int | None) -> None:
+        seq = work.seq
+        if work.exact:
+            work.resolver.store_exact_blocks(work.resolved, work.recompute, out.raw_keys, out.raw_values, seq.prompt_ids)
+        done = time.perf_counter()
+        seq.stats.prefill_s, seq.stats.ttft_s = done - work.chosen, done - work.started
+        seq.prompt_logits, seq.first_token_at = out.logits[-1], done
+        if token is not None:
+            seq.accept(token)
+
+    # ------------------------------------------------------------------ loops over step
+    def run_until_finished(self, seqs: Seq[Sequence]) -> None:
+        """Step until every one of ``seqs`` has finished; re-raise the first one's error."""
+        while not all(seq.finished for seq in seqs):
+            self.step()
+        for seq in seqs:
+            if seq.error is not None:
+                raise seq.error
+
+    def generate(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int,
+                 preloaded: Preloaded | None = None) -> Generation:  # fmt: skip
+        seq = self.add_request(segments, plan, max_new_tokens, preloaded=preloaded)
+        self.run_until_finished([seq])
+        return self.generation(seq)
+
+    def generate_many(self, requests: Seq[tuple[Seq[Segment], RunPlan, int]], lookahead: int = 4) -> list[Generation]:
+        """Run ``(segments, plan, max_new_tokens)`` requests as one batch, in order of the results.
+
+        Every request is checked before any is queued; entries of the next ``lookahead`` waiting
+        requests load on a background thread while the engine computes.
+        """
+        checked = [(list(segments), plan, max_new) for segments, plan, max_new in requests]
+        for segments, _, max_new in checked:
+            self.check_fits(len(prompt_ids(segments)), max_new)
+        seqs = [self.add_request(segments, plan, max_new, prefetch=lookahead) for segments, plan, max_new in checked]
+        self.run_until_finished(seqs)
+        return [self.generation(seq) for seq in seqs]
+
+    def stream(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int,
                preloaded: Preloaded | None = None) -> GenerationStream:  # fmt: skip
         """Prefill now; iterate the returned stream for text deltas."""
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise FusionRAGError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-        ids = prompt_ids(segments)
-        self.check_fits(len(ids), max_new_tokens)
-        state = self.prefill(segments, plan, extra_capacity=max_new_tokens, preloaded=preloaded)
-        return GenerationStream(self, state, ids, max_new_tokens)
+        seq = self.add_request(segments, plan, max_new_tokens, preloaded=preloaded)
+        while seq.status is Status.WAITING:
+            self.step()
+        if seq.error is not None:
+            raise seq.error
+        return GenerationStream(self, seq)
 
-    def generate(self, segments: Sequence[Segment], plan: RunPlan, max_new_tokens: int,
-                 preloaded: Preloaded | None = None) -> Generation:  # fmt: skip
-        stream = self.stream(segments, plan, max_new_tokens, preloaded)
-        for _ in stream:
-            pass
-        return Generation(text=stream.text, token_ids=stream.token_ids, prompt_ids=stream.prompt_ids,
-                          stats=stream.stats, segments=list(segments))  # fmt: skip
+    def generation(self, seq: Sequence) -> Generation:
+        return Generation(text=self.tokenizer.decode(seq.token_ids), token_ids=list(seq.token_ids),
+                          prompt_ids=seq.prompt_ids, stats=seq.stats, segments=seq.segments,
+                          finish_reason=seq.finish_reason)  # fmt: skip
 
-    def logits(self, segments: Sequence[Segment], continuation: Sequence[int], plan: RunPlan) -> torch.Tensor:
+    def logits(self, segments: Seq[Segment], continuation: Seq[int], plan: RunPlan) -> torch.Tensor:
         """[len(continuation) + 1, vocab] teacher-forced logits after the prompt and each continuation token."""
         continuation = check_token_ids(continuation, self.model.cfg.vocab_size)
-        ids = prompt_ids(segments)
-        self.check_fits(len(ids), len(continuation))
-        state = self.prefill(segments, plan, extra_capacity=len(continuation))
-        return teacher_forced(self.model, state.cache, state.last_logits, state.next_position, continuation)
+        seq = self._sequence(segments, plan, len(continuation))
+        with self._lock:
+            work = self._prepare_prefill(seq, None)
+            self._finish_prefill(work, self.runner.run([work.forward], [seq.cache])[0], token=None)
+        return self.runner.teacher_forced(seq.cache, seq.prompt_logits, seq.num_prompt_tokens, continuation)

@@ -1,31 +1,23 @@
-"""Request-level overlap of loading and computing (the paper's asynchronous KV scheduler).
+"""Which sequences run in the next step: admissions (prefills) and the running ones (one decode token).
 
-While the engine computes one request, a loader thread fetches the entries of the next queued ones
-from the store (disk -> memory). A request starts only when its entries are ready; among queued
-requests the oldest ready one runs first, and when none is ready the scheduler waits for the
-oldest. The choice of the next request is plain bookkeeping over ids (``pick_next``).
+Plain bookkeeping over ``Sequence`` objects, no tensors. Waiting sequences whose chunk entries are
+loaded on a background thread (the paper's asynchronous KV scheduler) are admitted when ready: the
+oldest ready one first, so a request still loading does not hold up those behind it. When nothing
+is running and nothing is ready, the oldest waiting one is admitted and the engine waits for its
+entries. Admissions are bounded by a number of sequences and of prompt tokens per step; at least one
+is always admitted when nothing else would run.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence as Seq
 
-from fusionrag_llm.engine.methods import RunPlan
-from fusionrag_llm.request import Segment
-from fusionrag_llm.storage import PrefetchLoader
+from fusionrag_llm.engine.sequence import Sequence, Status
 
 
-@dataclass
-class QueuedRequest:
-    request_id: int
-    segments: list[Segment]
-    plan: RunPlan
-    max_new_tokens: int
-
-
-def pick_next(queued: Sequence[int], is_ready: Callable[[int], bool]) -> tuple[int, bool]:
+def pick_next(queued: Seq[int], is_ready: Callable[[int], bool]) -> tuple[int, bool]:
     """(request id to run next, whether it is ready): the oldest ready one, else the oldest."""
     for request_id in queued:
         if is_ready(request_id):
@@ -33,41 +25,72 @@ def pick_next(queued: Sequence[int], is_ready: Callable[[int], bool]) -> tuple[i
     return queued[0], False
 
 
-class RequestScheduler:
-    """Runs queued requests through ``engine`` with entries prefetched ``lookahead`` requests ahead."""
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 16  # sequences decoding together
+    max_prefill_tokens: int = 16384  # prompt tokens admitted in one step
+    lookahead: int = 4  # waiting sequences considered for admission (the oldest ready one first)
 
-    def __init__(self, engine, lookahead: int = 4, loader_threads: int = 1):
-        if lookahead < 1:
-            raise ValueError(f"lookahead must be >= 1, got {lookahead}")
-        self.engine = engine
-        self.lookahead = lookahead
-        self.loader_threads = loader_threads
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_prefill_tokens", "lookahead"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
-    def run(self, requests: Sequence[QueuedRequest]) -> list:
-        """Generations in the order of ``requests``; each one's stats carry wait and prefetch times."""
-        pending = {r.request_id: r for r in requests}
-        order = [r.request_id for r in requests]
-        results = {}
-        with PrefetchLoader(self.engine.entries.store, num_threads=self.loader_threads) as loader:
-            submitted: list[int] = []
-            while order or submitted:
-                while order and len(submitted) < self.lookahead:
-                    self._submit(loader, pending[order[0]])
-                    submitted.append(order.pop(0))
-                request_id, _ = pick_next(submitted, loader.ready)
-                submitted.remove(request_id)
-                waited = time.perf_counter()
-                loaded = loader.wait(request_id)
-                results[request_id] = self._run(pending[request_id], loaded, time.perf_counter() - waited)
-        return [results[r.request_id] for r in requests]
 
-    def _submit(self, loader: PrefetchLoader, request: QueuedRequest) -> None:
-        wanted = self.engine.resolver().keys_to_prefetch(request.segments, request.plan)
-        loader.submit(request.request_id, [key for key, _ in wanted], dict(wanted))
+@dataclass
+class ScheduledStep:
+    prefills: list[Sequence] = field(default_factory=list)
+    decodes: list[Sequence] = field(default_factory=list)
 
-    def _run(self, request: QueuedRequest, loaded, waited_s: float):
-        preloaded = {key: (entry, loaded.tiers[key]) for key, entry in loaded.entries.items()}
-        generation = self.engine.generate(request.segments, request.plan, request.max_new_tokens, preloaded=preloaded)
-        stats = generation.stats
-        stats.prefetch_s, stats.wait_s, stats.prefetched_entries = loaded.load_s, waited_s, len(preloaded)
-        return generation
+    @property
+    def empty(self) -> bool:
+        return not self.prefills and not self.decodes
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig = SchedulerConfig()):
+        self.config = config
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def to_prefetch(self) -> list[Sequence]:
+        """Waiting sequences within their own prefetch window of the queue's head (submitted once)."""
+        return [seq for place, seq in enumerate(self.waiting) if place < seq.prefetch]
+
+    def schedule(self, is_ready: Callable[[Sequence], bool]) -> ScheduledStep:
+        step = ScheduledStep(decodes=list(self.running))
+        budget = self.config.max_prefill_tokens
+        while self.waiting and len(self.running) + len(step.prefills) < self.config.max_num_seqs:
+            window = list(self.waiting)[: self.config.lookahead]
+            index, ready = pick_next(range(len(window)), lambda i: is_ready(window[i]))
+            seq = window[index]
+            must_run = not step.decodes and not step.prefills
+            if not must_run and (not ready or seq.num_prompt_tokens > budget):
+                break
+            self.waiting.remove(seq)
+            step.prefills.append(seq)
+            budget -= seq.num_prompt_tokens
+        return step
+
+    def update(self, step: ScheduledStep) -> None:
+        """After the step ran: admitted sequences start decoding, finished ones leave."""
+        for seq in step.prefills:
+            if not seq.finished:
+                seq.status = Status.RUNNING
+                self.running.append(seq)
+        self.running = [seq for seq in self.running if not seq.finished]
+
+    def abort(self, request_id: int) -> Sequence | None:
+        for queue in (self.waiting, self.running):
+            for seq in queue:
+                if seq.request_id == request_id:
+                    queue.remove(seq)
+                    return seq
+        return None

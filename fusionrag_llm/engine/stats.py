@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass, field
 class GenerationStats:
     method: str = "full_attention"
     recompute_ratio: float = 1.0
-    ttft_s: float = 0.0  # request start to first token's logits (includes load, select, prefill)
+    ttft_s: float = 0.0  # admission to first token's logits (includes load, select, prefill)
+    queue_s: float = 0.0  # waiting in the engine's queue before admission
     load_s: float = 0.0  # fetching and placing chunk entries
     select_s: float = 0.0  # choosing the tokens to recompute
     prefill_s: float = 0.0  # the (sparse) prefill itself

@@ -2,51 +2,100 @@
 
 from __future__ import annotations
 
-import time
 from typing import Iterator, Sequence
 
 import torch
 
-from fusionrag_llm.engine.decode import check_token_ids, greedy_tokens, teacher_forced
-from fusionrag_llm.engine.stats import GenerationStats
+from fusionrag_llm.engine.decode import check_token_ids
 from fusionrag_llm.errors import FusionRAGError
+
+UNFINISHED_UTF8 = "\ufffd"
+
+
+class IncrementalText:
+    """Text deltas of a growing token list, decoding a short window per token instead of everything.
+
+    The window starts at the last token whose text was already emitted, so tokenizers that decode
+    a token differently at the start of a text (a leading space) give the same deltas as decoding
+    the whole list; a delta is held back while it ends in an incomplete UTF-8 sequence.
+    """
+
+    def __init__(self, decode):
+        self.decode = decode
+        self.ids: list[int] = []
+        self.text = ""
+        self._prefix = 0  # window start
+        self._read = 0  # tokens whose text is emitted
+
+    def add(self, token: int) -> str:
+        self.ids.append(token)
+        before = self.decode(self.ids[self._prefix : self._read])
+        after = self.decode(self.ids[self._prefix :])
+        if len(after) <= len(before) or after.endswith(UNFINISHED_UTF8):
+            return ""
+        self._prefix, self._read = self._read, len(self.ids)
+        return self._emit(after[len(before) :])
+
+    def flush(self) -> str:
+        """What the held-back tokens decode to once no more tokens come."""
+        if self._read == len(self.ids):
+            return ""
+        before = self.decode(self.ids[self._prefix : self._read])
+        after = self.decode(self.ids[self._prefix :])
+        self._read = len(self.ids)
+        return self._emit(after[len(before) :])
+
+    def _emit(self, delta: str) -> str:
+        self.text += delta
+        return delta
 
 
 class GenerationStream:
     """Iterate for text deltas; afterwards ``text``, ``token_ids`` and ``stats`` hold the whole answer.
 
     The prefill has already run when the stream is created, so ``stats.ttft_s`` is known at once.
+    Iterating steps the engine, which also advances the other requests it is running.
     """
 
-    def __init__(self, engine, state, prompt_ids: list[int], max_new_tokens: int):
-        self.stats: GenerationStats = state.stats
-        self.prompt_ids = prompt_ids
+    def __init__(self, engine, seq):
+        self.stats = seq.stats
+        self.prompt_ids = seq.prompt_ids
         self.token_ids: list[int] = []
-        self.text = ""
-        self._tokenizer = engine.tokenizer
-        self._model = engine.model
-        self._state = state
-        self._tokens = greedy_tokens(engine.model, state.cache, state.last_logits, state.next_position,
-                                     max_new_tokens, engine.tokenizer.stop_ids)  # fmt: skip
+        self._engine = engine
+        self._seq = seq
+        self._text = IncrementalText(engine.tokenizer.decode)
+        self._closed = False
+
+    @property
+    def text(self) -> str:
+        return self._text.text
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self._seq.finish_reason
 
     def __iter__(self) -> Iterator[str]:
-        start = time.perf_counter()
-        for token in self._tokens:
-            self.token_ids.append(token)
-            text = self._tokenizer.decode(self.token_ids)
-            if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
-                continue
-            delta, self.text = text[len(self.text) :], text
-            self.stats.generated_tokens = len(self.token_ids)
-            self.stats.decode_s = time.perf_counter() - start
-            if delta:
-                yield delta
-        final = self._tokenizer.decode(self.token_ids)
-        delta, self.text = final[len(self.text) :], final  # a tail held back as incomplete UTF-8
-        self.stats.generated_tokens = len(self.token_ids)
-        self.stats.decode_s = time.perf_counter() - start
-        if delta:
-            yield delta
+        seq = self._seq
+        while not self._closed:
+            while len(self.token_ids) < len(seq.token_ids) and not self._closed:
+                token = seq.token_ids[len(self.token_ids)]
+                self.token_ids.append(token)
+                delta = self._text.add(token)
+                if delta:
+                    yield delta
+            if seq.finished:
+                break
+            self._engine.step()
+        if seq.error is not None:
+            raise seq.error
+        tail = "" if self._closed else self._text.flush()
+        if tail:
+            yield tail
+
+    def close(self) -> None:
+        """Stop generating (the request leaves the engine's batch); the text so far stays."""
+        self._closed = True
+        self._engine.abort(self._seq.request_id)
 
     def score(self, continuation: Sequence[int]) -> torch.Tensor:
         """Teacher-forced logits ``[len(continuation), vocab]``: row i predicts ``continuation[i]``.
@@ -56,10 +105,10 @@ class GenerationStream:
         exhausted (it ends the stream); ``continuation`` may hold up to ``max_new_tokens + 1`` tokens.
         Ids outside the vocabulary are refused before the stream is touched.
         """
-        continuation = check_token_ids(continuation, self._model.cfg.vocab_size, "continuation")
-        self._tokens.close()
-        state, cache = self._state, self._state.cache
-        prompt_len = state.next_position
+        seq = self._seq
+        continuation = check_token_ids(continuation, self._engine.model.cfg.vocab_size, "continuation")
+        self.close()
+        cache, prompt_len = seq.cache, seq.num_prompt_tokens
         if len(continuation) - 1 > cache.capacity - prompt_len:
             raise FusionRAGError(
                 f"cannot score {len(continuation)} tokens: this stream has room for "
@@ -67,4 +116,4 @@ class GenerationStream:
             )
         cache.valid[prompt_len : cache.length] = False  # forget the generated tokens' KV
         cache.length = prompt_len
-        return teacher_forced(self._model, cache, state.last_logits, prompt_len, continuation[:-1])
+        return self._engine.runner.teacher_forced(cache, seq.prompt_logits, prompt_len, continuation[:-1])

@@ -3,6 +3,8 @@
 The general case applies the cache's position mask. Two common shapes go faster on CPU, with the
 same result:
 
+* one query that sees every used slot (a decode step): the query heads of each key/value head
+  attend as a group, without a mask or repeated keys;
 * a contiguous causal block at the end of the cache (a prefill after a cached prefix, a fused
   chunk after its neighbours, a decode step): full attention over the earlier slots plus causal
   attention within the block, merged by their log-sum-exp, through the fused kernel without a
@@ -48,6 +50,8 @@ def dense_sorted(positions: torch.Tensor, cache_positions: torch.Tensor, cache_v
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
            tail_start: int | None, sorted_positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """q [heads, n, d] over keys/values [kv_heads, length, d] -> [heads, n, d]."""
+    if tail_start is not None and q.shape[1] == 1:
+        return attend_one(q, keys, values)
     if sorted_positions is not None:
         return _attend_sorted(q[None], keys[None], values[None], sorted_positions)[0]
     if tail_start is None:
@@ -59,6 +63,17 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
         return own[0]
     seen, seen_lse = _FLASH_CPU(q[None], keys[:, :, :tail_start], values[:, :, :tail_start])[:2]
     return _merge(own, own_lse, seen, seen_lse)[0].to(q.dtype)
+
+
+def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """One query that sees every key (a decode step): q [heads, 1, d] -> [heads, 1, d].
+
+    The heads sharing a key/value head become that head's rows, so grouped-query attention needs
+    neither a mask nor a copy of the keys per query head."""
+    heads, _, dim = q.shape
+    grouped = q.reshape(keys.shape[0], heads // keys.shape[0], dim)  # [kv_heads, group, d]
+    out = F.scaled_dot_product_attention(grouped[None], keys[None], values[None])[0]
+    return out.reshape(heads, 1, dim)
 
 
 def _merge(a: torch.Tensor, a_lse: torch.Tensor, b: torch.Tensor, b_lse: torch.Tensor) -> torch.Tensor:

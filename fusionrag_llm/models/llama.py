@@ -6,12 +6,13 @@ Module names follow `transformers` so checkpoints load with ``load_state_dict`` 
 The forward runs any set of tokens (ids + absolute positions) against a request's ``KVCache``:
 their fresh K/V are written into the given slots first, then every query attends to the valid
 slots at positions <= its own. A full prefill, a sparse recompute and a decode step are the same
-call with different tokens.
+call with different tokens, and ``forward_batch`` runs several sequences (each with its own cache)
+in one pass: one matrix through the linear layers, attention per sequence.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -19,31 +20,13 @@ from torch import nn
 
 from fusionrag_llm.kernels import dispatch
 from fusionrag_llm.kernels.rotary import rotate
-from fusionrag_llm.models.attention import attend, causal_tail_start, dense_sorted
+from fusionrag_llm.models.attention_backend import attention_backend
 from fusionrag_llm.models.config import ModelConfig
+from fusionrag_llm.models.forward import BatchContext, ForwardOutput, ForwardPass, spans_of
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.models.rotary import RotaryTable
 
-
-@dataclass
-class ForwardPass:
-    """What one forward call computes; travels through the layers instead of long signatures."""
-
-    token_ids: torch.Tensor  # [n] int64
-    positions: torch.Tensor  # [n] int64 absolute positions
-    slots: torch.Tensor  # [n] where the tokens' K/V go in the cache
-    logit_rows: torch.Tensor | None = None  # rows of the n tokens to produce logits for; None = all
-    capture_query_layers: frozenset[int] = frozenset()  # layers whose rotated queries to return
-    capture_raw_kv: bool = False  # return pre-rotary keys and values of the n tokens, all layers
-    groups: torch.Tensor | None = None  # [n] int32 attention groups (see KVCache.attention_mask)
-
-
-@dataclass
-class ForwardOutput:
-    logits: torch.Tensor  # [len(logit_rows), vocab] float32
-    queries: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [heads, n, head_dim]
-    raw_keys: torch.Tensor | list | None = None  # [layers, kv_heads, n, head_dim], before rotary
-    raw_values: torch.Tensor | list | None = None  # [layers, kv_heads, n, head_dim]
+__all__ = ["DecoderLM", "ForwardOutput", "ForwardPass"]
 
 
 class RMSNorm(nn.Module):
@@ -60,9 +43,10 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.cfg = cfg
+        self.layer = layer
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.q_proj = nn.Linear(cfg.hidden_size, q_size, bias=cfg.attention_bias)
         self.k_proj = nn.Linear(cfg.hidden_size, kv_size, bias=cfg.attention_bias)
@@ -82,6 +66,14 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         return q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
 
+    def forward(self, x: torch.Tensor, batch: BatchContext) -> torch.Tensor:
+        q, k, v = self.project(x)
+        batch.capture_raw_kv(k, v)
+        q, k = batch.rotate(q), batch.rotate(k)
+        batch.capture_queries(self.layer, q)
+        out = batch.attend(self.layer, q, k, v)  # [heads, n, d]
+        return self.o_proj(out.transpose(0, 1).reshape(x.shape[0], -1))
+
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -95,19 +87,23 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, layer)
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, batch: BatchContext) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), batch)
+        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class DecoderBody(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, index) for index in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -122,7 +118,16 @@ class DecoderLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryTable(cfg.rope, cfg.head_dim)
-        self.kernels = "torch"  # "triton": attention and rotary through the Triton kernels (set once at load)
+        self.kernels = "torch"
+
+    @property
+    def kernels(self) -> str:
+        """``"torch"`` or ``"triton"``: the attention and rotary backend, set once at load."""
+        return self.attention.name
+
+    @kernels.setter
+    def kernels(self, name: str) -> None:
+        self.attention = attention_backend(name)
 
     def to(self, *args, **kwargs):  # keep the rotary table on the module's device
         module = super().to(*args, **kwargs)
@@ -156,62 +161,54 @@ class DecoderLM(nn.Module):
         cos, sin = cos_sin if cos_sin is not None else self.rotary_cos_sin(positions)
         return rotate(x, cos, sin)
 
-    def _begin(self, step: ForwardPass, cache: KVCache):
-        cache.positions[step.slots] = step.positions
-        cache.valid[step.slots] = True
-        if step.groups is not None:
-            cache.groups[step.slots] = step.groups
-        tail = None if step.groups is not None or self.kernels == "triton" else causal_tail_start(
-            step.slots, step.positions, cache.positions, cache.valid, cache.length)  # fmt: skip
-        dense = tail is None and step.groups is None and self.kernels == "torch" and dense_sorted(
-            step.positions, cache.positions, cache.valid, cache.length)  # fmt: skip
-        plain = tail is not None or dense
-        mask = None if plain else cache.attention_mask(step.positions, step.groups)[None, None]
-        return (mask, tail, step.positions if dense else None), self.rotary_cos_sin(step.positions), self.model.embed_tokens(step.token_ids)
-
-    def _layer(self, index: int, x, step: ForwardPass, cache: KVCache, mask, cos, sin, out: ForwardOutput):
-        layer = self.model.layers[index]
-        q, k, v = layer.self_attn.project(layer.input_layernorm(x))
-        if step.capture_raw_kv:
-            out.raw_keys.append(k)
-            out.raw_values.append(v)
-        q, k = self.rotate(q, step.positions, (cos, sin)), self.rotate(k, step.positions, (cos, sin))
-        if index in step.capture_query_layers:
-            out.queries[index] = q
-        cache.keys[index][:, step.slots] = k
-        cache.values[index][:, step.slots] = v
-        keys, values = cache.keys[index, :, : cache.length], cache.values[index, :, : cache.length]
-        if self.kernels == "triton" and step.groups is None:
-            n = cache.length
-            attn = dispatch.q_sparse_attention(q, step.positions, keys, values, cache.positions[:n],
-                                               cache.valid[:n], backend="triton")  # fmt: skip
-        else:
-            attn = attend(q, keys, values, *mask)  # mask: (position mask, causal tail start, sorted positions)
-        x = x + layer.self_attn.o_proj(attn.transpose(0, 1).reshape(x.shape[0], -1))  # attn: [heads, n, d]
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+    def _batch(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> tuple[BatchContext, torch.Tensor]:
+        """The forward's shared metadata and the stacked token embeddings [n_total, hidden]."""
+        for step, cache in zip(steps, caches):
+            cache.positions[step.slots] = step.positions
+            cache.valid[step.slots] = True
+            if step.groups is not None:
+                cache.groups[step.slots] = step.groups
+        steps, caches = list(steps), list(caches)
+        positions = steps[0].positions if len(steps) == 1 else torch.cat([s.positions for s in steps])
+        cos_sin = None if self.kernels == "triton" else self.rotary_cos_sin(positions)
+        batch = BatchContext(
+            steps=steps,
+            caches=caches,
+            spans=spans_of(steps),
+            rotate=lambda x: self.rotate(x, positions, cos_sin),
+            attention=self.attention,
+            metas=[self.attention.prepare(step, cache) for step, cache in zip(steps, caches)],
+            outputs=[ForwardOutput(logits=torch.empty(0), raw_keys=[], raw_values=[]) for _ in steps],
+        )
+        ids = steps[0].token_ids if len(steps) == 1 else torch.cat([s.token_ids for s in steps])
+        return batch, self.model.embed_tokens(ids)
 
     @torch.inference_mode()
     def project_layer_kv(self, step: ForwardPass, cache: KVCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Run layers [0, layer) for the step's tokens, then return their rotated keys and values at
         ``layer`` [kv_heads, n, d] without attending (CacheBlend's layer-wise KV deviation)."""
-        mask, (cos, sin), x = self._begin(step, cache)
-        scratch = ForwardOutput(logits=torch.empty(0), raw_keys=[], raw_values=[])
-        for index in range(layer):
-            x = self._layer(index, x, step, cache, mask, cos, sin, scratch)
-        attn = self.model.layers[layer].self_attn
-        _, k, v = attn.project(self.model.layers[layer].input_layernorm(x))
-        return self.rotate(k, step.positions, (cos, sin)), v
+        batch, x = self._batch([step], [cache])
+        for block in self.model.layers[:layer]:
+            x = block(x, batch)
+        block = self.model.layers[layer]
+        _, k, v = block.self_attn.project(block.input_layernorm(x))
+        return batch.rotate(k), v
 
     @torch.inference_mode()
     def forward(self, step: ForwardPass, cache: KVCache) -> ForwardOutput:
-        mask, (cos, sin), x = self._begin(step, cache)  # x: [n, hidden]
-        out = ForwardOutput(logits=torch.empty(0), raw_keys=[], raw_values=[])
-        for index in range(len(self.model.layers)):
-            x = self._layer(index, x, step, cache, mask, cos, sin, out)
-        rows = x if step.logit_rows is None else x[step.logit_rows]
-        out.logits = self.lm_head(self.model.norm(rows)).float()
-        if step.capture_raw_kv:
-            out.raw_keys, out.raw_values = torch.stack(out.raw_keys), torch.stack(out.raw_values)
-        else:
-            out.raw_keys = out.raw_values = None
-        return out
+        return self.forward_batch([step], [cache])[0]
+
+    @torch.inference_mode()
+    def forward_batch(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> list[ForwardOutput]:
+        """Several sequences in one pass, each over its own cache; one output per sequence."""
+        batch, x = self._batch(steps, caches)  # x: [n_total, hidden]
+        for block in self.model.layers:
+            x = block(x, batch)
+        for step, out, (start, end) in zip(batch.steps, batch.outputs, batch.spans):
+            rows = x[start:end] if step.logit_rows is None else x[start:end][step.logit_rows]
+            out.logits = self.lm_head(self.model.norm(rows)).float()
+            if step.capture_raw_kv:
+                out.raw_keys, out.raw_values = torch.stack(out.raw_keys), torch.stack(out.raw_values)
+            else:
+                out.raw_keys = out.raw_values = None
+        return batch.outputs

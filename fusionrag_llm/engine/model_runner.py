@@ -1,0 +1,63 @@
+"""The engine's device work: request caches, the batched forward of a step, greedy tokens.
+
+The scheduler and the sequences move integers; this is where a step's sequences become one
+forward call (one sequence: ``model(step, cache)``; several: ``model.forward_batch``), where
+decode inputs are built and where logits become token ids with one device sync per step.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence as Seq
+
+import torch
+
+from fusionrag_llm.engine.sequence import Sequence
+from fusionrag_llm.fusion.selectors import RequestLayout
+from fusionrag_llm.models.kv_cache import KVCache
+from fusionrag_llm.models.llama import DecoderLM, ForwardOutput, ForwardPass
+
+
+class ModelRunner:
+    def __init__(self, model: DecoderLM):
+        self.model = model
+
+    def new_cache(self, capacity: int) -> KVCache:
+        return self.model.new_cache(capacity)
+
+    def recompute_pass(self, layout: RequestLayout, recompute: torch.Tensor, capture_raw_kv: bool) -> ForwardPass:
+        """The sparse prefill: the recompute set (sorted slots), logits of the last prompt token only."""
+        last_row = torch.tensor([len(recompute) - 1], device=recompute.device)
+        return layout.step(recompute, logit_rows=last_row, capture_raw_kv=capture_raw_kv)
+
+    def decode_pass(self, seq: Sequence) -> ForwardPass:
+        """Feed the sequence's last token at its position, into the next free slot of its cache."""
+        device = seq.cache.keys.device
+        return ForwardPass(
+            token_ids=torch.tensor([seq.token_ids[-1]], device=device),
+            positions=torch.tensor([seq.next_position], device=device),
+            slots=seq.cache.reserve(1),
+        )
+
+    def run(self, passes: Seq[ForwardPass], caches: Seq[KVCache]) -> list[ForwardOutput]:
+        if len(passes) == 1:
+            return [self.model(passes[0], caches[0])]
+        return self.model.forward_batch(passes, caches)
+
+    @staticmethod
+    def greedy(logits: Seq[torch.Tensor]) -> list[int]:
+        """The argmax token of each [vocab] row, read back in one transfer."""
+        if not logits:
+            return []
+        return torch.stack(list(logits)).argmax(dim=-1).tolist()
+
+    def teacher_forced(self, cache: KVCache, first_logits: torch.Tensor, next_position: int,
+                       tokens: Seq[int]) -> torch.Tensor:  # fmt: skip
+        """``[len(tokens) + 1, vocab]``: ``first_logits`` then the logits after each of ``tokens``, which
+        run in one pass at the positions after the prompt (the cache needs room for them)."""
+        if not tokens:
+            return first_logits[None]
+        device = cache.keys.device
+        ids = torch.tensor(list(tokens), device=device, dtype=torch.long)
+        positions = torch.arange(next_position, next_position + len(ids), device=device)
+        out = self.model(ForwardPass(ids, positions, cache.reserve(len(ids))), cache)
+        return torch.cat([first_logits[None], out.logits])

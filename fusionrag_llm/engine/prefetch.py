@@ -1,0 +1,58 @@
+"""Loading the chunk entries of waiting sequences on a background thread.
+
+The loader thread exists only while prefetching sequences wait: it is started by the first one and
+closed once none is left, so an idle engine holds no threads.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable
+
+from fusionrag_llm.engine.sequence import Sequence
+from fusionrag_llm.storage import PrefetchLoader
+
+
+class Prefetcher:
+    def __init__(self, store, resolver: Callable):
+        self.store = store
+        self.resolver = resolver  # () -> ContextResolver, to list the keys a request may read
+        self._loader: PrefetchLoader | None = None
+        self._submitted: set[int] = set()
+
+    def submit(self, seqs: Iterable[Sequence]) -> None:
+        for seq in seqs:
+            if seq.request_id in self._submitted:
+                continue
+            wanted = self.resolver().keys_to_prefetch(seq.segments, seq.plan)
+            if self._loader is None:
+                self._loader = PrefetchLoader(self.store)
+            self._loader.submit(seq.request_id, [key for key, _ in wanted], dict(wanted))
+            self._submitted.add(seq.request_id)
+
+    def ready(self, seq: Sequence) -> bool:
+        """Whether admitting ``seq`` now would not wait for the loader."""
+        if seq.request_id in self._submitted:
+            return self._loader.ready(seq.request_id)
+        return not seq.prefetch  # a prefetching sequence not submitted yet is not ready
+
+    def take(self, seq: Sequence):
+        """The entries loaded for ``seq`` (waiting for them if needed), else what the caller preloaded."""
+        if seq.request_id not in self._submitted:
+            return seq.preloaded
+        self._submitted.discard(seq.request_id)
+        waited = time.perf_counter()
+        loaded = self._loader.wait(seq.request_id)
+        seq.stats.wait_s = time.perf_counter() - waited
+        seq.stats.prefetch_s, seq.stats.prefetched_entries = loaded.load_s, len(loaded.entries)
+        return {key: (entry, loaded.tiers[key]) for key, entry in loaded.entries.items()}
+
+    def discard(self, seq: Sequence) -> None:
+        if seq.request_id in self._submitted:
+            self._submitted.discard(seq.request_id)
+            self._loader.discard(seq.request_id)
+
+    def release_if_idle(self, waiting: Iterable[Sequence]) -> None:
+        if self._loader is not None and not self._submitted and not any(seq.prefetch for seq in waiting):
+            self._loader.close()
+            self._loader = None

@@ -1,0 +1,75 @@
+"""One request's state as it moves through the engine: waiting, running (decoding), finished.
+
+Plain bookkeeping: the scheduler moves sequences between queues by these fields and never touches
+their tensors. The device state (the request's KV cache and the logits after its prompt) is held
+here for the model runner and for scoring after generation.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fusionrag_llm.engine.methods import RunPlan
+from fusionrag_llm.engine.stats import GenerationStats
+from fusionrag_llm.request import Segment
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # queued; its entries may be loading in the background
+    RUNNING = "running"  # prefilled; one token per step
+    FINISHED = "finished"
+
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: int
+    segments: list[Segment]
+    plan: RunPlan
+    max_new_tokens: int
+    prompt_ids: list[int]
+    stop_ids: frozenset[int]
+    prefetch: bool = False  # load its entries on the loader thread while others compute
+    preloaded: dict | None = None  # key -> (entry, tier) the caller fetched already
+    status: Status = Status.WAITING
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: BaseException | None = None
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    arrival: float = field(default_factory=time.perf_counter)
+    first_token_at: float = 0.0
+    cache: Any = None  # the request's KVCache, owned by the model runner's allocations
+    prompt_logits: Any = None  # [vocab] logits after the last prompt token
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    @property
+    def next_position(self) -> int:
+        """Position of the last generated token, the one the next decode step feeds."""
+        return self.num_prompt_tokens + len(self.token_ids) - 1
+
+    def accept(self, token: int) -> None:
+        """Take the next greedy token; finish on a stop token (not kept) or at ``max_new_tokens``."""
+        if token in self.stop_ids:
+            self.finish("stop")
+            return
+        self.token_ids.append(token)
+        if len(self.token_ids) >= self.max_new_tokens:
+            self.finish("length")
+
+    def finish(self, reason: str, error: BaseException | None = None) -> None:
+        self.status, self.finish_reason, self.error = Status.FINISHED, reason, error
+        self.stats.generated_tokens = len(self.token_ids)
+        if self.first_token_at:
+            self.stats.decode_s = time.perf_counter() - self.first_token_at

@@ -1,0 +1,71 @@
+"""Attention backends, chosen once when a model is loaded.
+
+A backend prepares per-sequence metadata once per forward (``prepare``) and attends one layer of one
+sequence over its cache (``__call__``). ``torch`` picks the fastest exact CPU path for the shape of
+the step (see ``models/attention.py``); ``triton`` runs the query-sparse attention kernel, and the
+masked torch path where a step uses attention groups (batched plain-entry computation), which the
+kernel does not model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fusionrag_llm.kernels import dispatch
+from fusionrag_llm.models.attention import attend, causal_tail_start, dense_sorted
+from fusionrag_llm.models.kv_cache import KVCache
+
+BACKEND_NAMES = ("torch", "triton")
+
+
+@dataclass
+class AttentionMeta:
+    mask: torch.Tensor | None = None  # [1, 1, n, length] position (and group) mask, when no fast path applies
+    tail_start: int | None = None  # the step is a causal block ending the cache, from this slot
+    sorted_positions: torch.Tensor | None = None  # sorted queries over a cache where slot j is position j
+
+
+def _masked(step, cache: KVCache) -> AttentionMeta:
+    return AttentionMeta(mask=cache.attention_mask(step.positions, step.groups)[None, None])
+
+
+class TorchAttention:
+    name = "torch"
+
+    def prepare(self, step, cache: KVCache) -> AttentionMeta:
+        if step.groups is not None:
+            return _masked(step, cache)
+        tail = causal_tail_start(step.slots, step.positions, cache.positions, cache.valid, cache.length)
+        if tail is not None:
+            return AttentionMeta(tail_start=tail)
+        if dense_sorted(step.positions, cache.positions, cache.valid, cache.length):
+            return AttentionMeta(sorted_positions=step.positions)
+        return _masked(step, cache)
+
+    def __call__(self, q: torch.Tensor, cache: KVCache, layer: int, step, meta: AttentionMeta) -> torch.Tensor:
+        n = cache.length
+        return attend(q, cache.keys[layer, :, :n], cache.values[layer, :, :n], meta.mask, meta.tail_start,
+                      meta.sorted_positions)  # fmt: skip
+
+
+class TritonAttention:
+    name = "triton"
+
+    def prepare(self, step, cache: KVCache) -> AttentionMeta | None:
+        return _masked(step, cache) if step.groups is not None else None
+
+    def __call__(self, q: torch.Tensor, cache: KVCache, layer: int, step, meta: AttentionMeta | None) -> torch.Tensor:
+        n = cache.length
+        keys, values = cache.keys[layer, :, :n], cache.values[layer, :, :n]
+        if meta is not None:
+            return attend(q, keys, values, meta.mask, None)
+        return dispatch.q_sparse_attention(q, step.positions, keys, values, cache.positions[:n], cache.valid[:n],
+                                           backend="triton")  # fmt: skip
+
+
+def attention_backend(name: str) -> TorchAttention | TritonAttention:
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"unknown attention backend {name!r}; allowed: {', '.join(BACKEND_NAMES)}")
+    return TorchAttention() if name == "torch" else TritonAttention()

@@ -1,0 +1,82 @@
+"""What one forward call computes, and the metadata its layers share.
+
+A forward runs one or several sequences at once. Every sequence brings a ``ForwardPass`` (its
+tokens, their absolute positions and the slots of its own ``KVCache`` they write) and gets back a
+``ForwardOutput``. The linear layers see all sequences' tokens as one matrix; attention runs per
+sequence over that sequence's cache. ``BatchContext`` carries what every layer needs (row spans,
+rotary tables, each sequence's attention metadata, what to capture) so layer signatures stay short.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from fusionrag_llm.models.kv_cache import KVCache
+
+
+@dataclass
+class ForwardPass:
+    """One sequence's part of a forward call."""
+
+    token_ids: torch.Tensor  # [n] int64
+    positions: torch.Tensor  # [n] int64 absolute positions
+    slots: torch.Tensor  # [n] where the tokens' K/V go in the cache
+    logit_rows: torch.Tensor | None = None  # rows of the n tokens to produce logits for; None = all
+    capture_query_layers: frozenset[int] = frozenset()  # layers whose rotated queries to return
+    capture_raw_kv: bool = False  # return pre-rotary keys and values of the n tokens, all layers
+    groups: torch.Tensor | None = None  # [n] int32 attention groups (see KVCache.attention_mask)
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [len(logit_rows), vocab] float32
+    queries: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [heads, n, head_dim]
+    raw_keys: torch.Tensor | list | None = None  # [layers, kv_heads, n, head_dim], before rotary
+    raw_values: torch.Tensor | list | None = None  # [layers, kv_heads, n, head_dim]
+
+
+@dataclass
+class BatchContext:
+    """One forward's metadata: built once, read by every layer."""
+
+    steps: list[ForwardPass]
+    caches: list[KVCache]
+    spans: list[tuple[int, int]]  # rows [start, end) of each sequence in the stacked tokens
+    rotate: Callable[[torch.Tensor], torch.Tensor]  # [..., n_total, d] -> rotated to every token's position
+    attention: Any  # the model's AttentionBackend
+    metas: list[Any]  # per sequence: what the backend prepared (masks, fast-path flags)
+    outputs: list[ForwardOutput]
+
+    def capture_raw_kv(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Keep the pre-rotary K/V rows of the sequences that asked for them."""
+        for step, out, (start, end) in zip(self.steps, self.outputs, self.spans):
+            if step.capture_raw_kv:
+                out.raw_keys.append(k[:, start:end])
+                out.raw_values.append(v[:, start:end])
+
+    def capture_queries(self, layer: int, q: torch.Tensor) -> None:
+        for step, out, (start, end) in zip(self.steps, self.outputs, self.spans):
+            if layer in step.capture_query_layers:
+                out.queries[layer] = q[:, start:end]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Write each sequence's rotated K/V into its cache, then attend per sequence.
+
+        q [heads, n_total, d], k/v [kv_heads, n_total, d] -> [heads, n_total, d]."""
+        outputs = []
+        for step, cache, meta, (start, end) in zip(self.steps, self.caches, self.metas, self.spans):
+            cache.keys[layer][:, step.slots] = k[:, start:end]
+            cache.values[layer][:, step.slots] = v[:, start:end]
+            outputs.append(self.attention(q[:, start:end], cache, layer, step, meta))
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+
+
+def spans_of(steps: list[ForwardPass]) -> list[tuple[int, int]]:
+    spans, start = [], 0
+    for step in steps:
+        spans.append((start, start + len(step.token_ids)))
+        start += len(step.token_ids)
+    return spans
