@@ -1,8 +1,15 @@
 """Content-addressed store keys: sha256 over a canonical JSON encoding of what determines the KV.
 
 Two entries get the same key only when everything that changes their tensors is equal: the model
-(weights, config, tokenizer and compute dtype, folded into one fingerprint), the prefix the chunk was
-computed after, the chunk's token ids, the variant and the fusion parameters.
+(weights, config, tokenizer and compute dtype, folded into one fingerprint: a sha256 hex digest the
+model side computes; this module only checks its form), the prefix the chunk was computed after,
+the chunk's token ids, the variant and the fusion parameters.
+
+Exact prefix-cache entries are path blocks keyed by a hash chain, as in a paged prefix cache:
+block i's key hashes block i-1's key with block i's token ids, so every boundary key of a prompt
+costs one pass over its tokens, not one pass per boundary. Path keys of format 2 replaced keys that
+hashed every segment up to the boundary; blocks stored under those older keys are simply never
+asked for again (a miss, computed once more).
 
 Example:
     >>> fp = model_fingerprint("tiny", "float32")
@@ -11,6 +18,9 @@ Example:
     False
     >>> len(a)
     64
+    >>> first, second = path_keys(fp, [[1, 2], [7, 8, 9]])
+    >>> second == path_block_key(fp, first, [7, 8, 9]) == path_key(fp, [1, 2], [7, 8, 9])
+    True
 """
 
 from __future__ import annotations
@@ -25,7 +35,8 @@ import torch
 
 from .entry import normalise_token_ids
 
-KEY_FORMAT = 1
+KEY_FORMAT = 1  # chunk entries and model fingerprints
+PATH_KEY_FORMAT = 2  # chained path blocks
 _VARIANT_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 _HEX_KEY_RE = re.compile(r"[0-9a-f]{64}\Z")  # \Z: "$" would accept a trailing newline
 
@@ -51,8 +62,10 @@ def _dtype_name(dtype: torch.dtype | str) -> str:
 
 
 def _check_fingerprint(model_fingerprint: str) -> None:
-    if not isinstance(model_fingerprint, str) or not model_fingerprint:
-        raise ValueError(f"model_fingerprint must be a non-empty str, got {model_fingerprint!r}")
+    if not is_store_key(model_fingerprint):
+        raise ValueError(
+            f"model_fingerprint must be a sha256 hex digest (64 lowercase hex chars), got {model_fingerprint!r}"
+        )
 
 
 def model_fingerprint(
@@ -63,10 +76,12 @@ def model_fingerprint(
     tokenizer: str | None = None,
     weights: str | None = None,
 ) -> str:
-    """Identity of a model as the store sees it: a hex sha256 of id, compute dtype, config, tokenizer
-    identity (e.g. a hash of tokenizer.json) and weights identity (e.g. a file hash or revision).
+    """A fingerprint for callers that hold no model (tools, tests): a hex sha256 of id, compute dtype,
+    config, tokenizer identity and weights identity.
 
-    Any difference gives a different fingerprint and so different keys for every entry.
+    Any difference gives a different fingerprint and so different keys for every entry. Loaded
+    models get theirs from ``fusionrag_llm.models.fingerprint``, which digests the same fields the
+    same way; the store itself only needs the result to be a 64-hex digest.
     """
     if not isinstance(model_id, str) or not model_id:
         raise ValueError(f"model_id must be a non-empty str, got {model_id!r}")
@@ -114,20 +129,41 @@ def chunk_key(
     return _digest(payload)
 
 
-def path_key(model_fingerprint: str, *segments: Sequence[int]) -> str:
-    """Key of an exact prefix-cache entry: the KV of `segments` run back to back from position 0.
+def path_block_key(model_fingerprint: str, previous: str | None, token_ids: Sequence[int]) -> str:
+    """Key of one exact path block: the KV of ``token_ids`` run right after the path keyed ``previous``.
 
-    Segments are e.g. the prefix, then chunks in order, then earlier turns. Their order and their
-    boundaries are part of the key (a path is a list of segments, not just a token string).
+    ``previous`` is the key of the block before (``None`` for the block at position 0), so the key
+    stands for the whole path while hashing only this block's tokens. Where a path is cut into
+    blocks is part of the key: the same tokens cut elsewhere give other keys.
     """
     _check_fingerprint(model_fingerprint)
-    if not segments:
-        raise ValueError("path_key needs at least one segment")
-    lists = [list(normalise_token_ids(segment)) for segment in segments]
-    if any(not segment for segment in lists):
-        raise ValueError("every segment of a path must hold at least one token")
-    payload = {"kind": "path", "format": KEY_FORMAT, "model": model_fingerprint, "segments": lists}
+    if previous is not None and not is_store_key(previous):
+        raise ValueError(f"previous must be None or the key of the block before, got {previous!r}")
+    tokens = normalise_token_ids(token_ids)
+    if not tokens:
+        raise ValueError("every block of a path must hold at least one token")
+    payload = {"kind": "path", "format": PATH_KEY_FORMAT, "model": model_fingerprint, "previous": previous,
+               "tokens": list(tokens)}  # fmt: skip
     return _digest(payload)
+
+
+def path_keys(model_fingerprint: str, blocks: Sequence[Sequence[int]]) -> list[str]:
+    """Keys of every prefix of a path of ``blocks`` (each block's key chained on the one before)."""
+    keys: list[str] = []
+    for block in blocks:
+        keys.append(path_block_key(model_fingerprint, keys[-1] if keys else None, block))
+    return keys
+
+
+def path_key(model_fingerprint: str, *blocks: Sequence[int]) -> str:
+    """Key of the exact KV of ``blocks`` run back to back from position 0 (the last block's chain key).
+
+    Blocks are e.g. the prefix, then each chunk with the text before it. Their order and their
+    boundaries are part of the key (a path is a list of blocks, not just a token string).
+    """
+    if not blocks:
+        raise ValueError("path_key needs at least one segment")
+    return path_keys(model_fingerprint, blocks)[-1]
 
 
 def is_store_key(key: Any) -> bool:

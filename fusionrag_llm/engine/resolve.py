@@ -1,144 +1,159 @@
 """Resolving a request's context: the longest exact path first, then each chunk's single entry.
 
-The paper's alternative path (DESIGN.md section 4.1). Exact KV of a prompt is stored as a chain of
-path blocks, one per boundary (the prefix, then each chunk with the text before it), each keyed by
-every segment up to that boundary, like a prefix cache's hash chain. A request walks the chain as
-far as the store has it; the chunks after that come from their plain or fused entries, or are
-computed once on a miss. Blocks are written only by runs whose context KV is exact, and only to a
-lossless store (one that keeps the compute dtype): KV read back from a lossy store is not exact.
+The paper's alternative path (DESIGN.md section 4.1). ``plan`` names every entry the request may
+read (``fusionrag_llm.engine.plan``, no tensors); ``assemble_plan`` walks the chain of path blocks
+as far as the store has it, then serves the chunks after that from their fused or plain entries,
+computing a missing plain entry once, and places everything in the request's cache. Blocks are
+written only by runs whose context KV is exact, and only to a lossless store (one that keeps the
+compute dtype): KV read back from a lossy store is not exact.
+
+``assemble``, ``keys_to_prefetch`` and ``boundaries`` are the same steps for callers that hold
+segments and a ``RunPlan`` rather than a ``ContextPlan``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import Sequence
 
 import torch
 
 from fusionrag_llm.engine.methods import RunPlan
+from fusionrag_llm.engine.plan import (Boundary, ContextPlan, PlannedSegment, ResolveCounts, plan_boundaries,
+                                       plan_context)  # fmt: skip
 from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
+from fusionrag_llm.fusion.placement import place_entry
 from fusionrag_llm.fusion.selectors import RequestLayout
 from fusionrag_llm.models.kv_cache import KVCache
-from fusionrag_llm.request import Segment, prompt_ids
+from fusionrag_llm.request import Segment
 from fusionrag_llm.storage import KVEntry
 
+__all__ = ["Boundary", "ContextPlan", "ContextResolver", "Preloaded", "ResolveCounts", "ResolvedContext"]
+
 Preloaded = dict[str, tuple[KVEntry, str]]
-
-
-@dataclass
-class Boundary:
-    segment: int  # index of the segment the block ends with (the prefix or a chunk)
-    start: int  # first slot of the block
-    end: int  # one past its last slot
-    key: str
 
 
 @dataclass
 class ResolvedContext:
     layout: RequestLayout
     boundaries: list[Boundary]
-    matched: int  # leading boundaries served exactly from path blocks
+    matched: int  # leading boundaries whose KV is already stored (served from path blocks or known exact)
+
+
+@dataclass
+class _Placed:
+    """Slots of the non-exact part of a context, by what will happen to them."""
+
+    reused: list[torch.Tensor]  # chunk tokens served from entries
+    fresh: list[torch.Tensor]  # tokens computed in the prefill
+    suffix: list[torch.Tensor]
 
 
 class ContextResolver:
     def __init__(self, entries: ChunkEntries, preloaded: Preloaded | None = None, prefix_cache: bool = True):
         self.entries = entries
+        self.keys, self.entry_store, self.computer = entries.keys, entries.entry_store, entries.computer
+        self.model = entries.model
         self.preloaded = preloaded or {}  # key -> (entry, tier it came from), fetched ahead by the loader
         self.prefix_cache = prefix_cache  # False: only the prompt prefix is cached, chunks never by path
 
-    def boundaries(self, segments: Sequence[Segment]) -> list[Boundary]:
-        ends = list(accumulate(len(s.token_ids) for s in segments))
-        found, start = [], 0
-        for index, segment in enumerate(segments):
-            if index == 0 or (segment.kind == "chunk" and self.prefix_cache and self.entries.lossless):
-                key = self.entries.path_key(*(s.token_ids for s in segments[: index + 1]))
-                found.append(Boundary(index, start, ends[index], key))
-                start = ends[index]
-        return found
+    # ------------------------------------------------------------------ the plan API
+    def plan(self, segments: Sequence[Segment], run_plan: RunPlan) -> ContextPlan:
+        """Slots and keys of every entry the request may read; computed once, no tensors."""
+        return plan_context(segments, run_plan, self.keys, self.prefix_cache)
 
-    def assemble(self, segments: Sequence[Segment], plan: RunPlan, cache: KVCache, stats: GenerationStats) -> ResolvedContext:
-        ids = prompt_ids(segments)
-        boundaries = self.boundaries(segments)
-        matched = self._place_exact_blocks(boundaries, ids, cache, stats)
+    def assemble_plan(self, context_plan: ContextPlan, cache: KVCache) -> tuple[ResolvedContext, ResolveCounts]:
+        """Place the context's stored or computed KV into ``cache``; returns where it went and what was found."""
+        counts = ResolveCounts()
+        matched = self._place_exact_blocks(context_plan, cache, counts)
         if matched == 0:
-            prefix, hit = self.entries.prefix_entry(segments[0].token_ids)
-            stats.computed_tokens += 0 if hit else len(prefix.token_ids)
-            self.entries.place(cache, prefix, 0)
-            matched = 1
-        reused, fresh, suffix = [], [], []
-        position, first = boundaries[matched - 1].end, boundaries[matched - 1].segment + 1
-        if matched == 1 and plan.reuses_chunks and self._plain_is_exact(segments, first):
-            # A chunk right after the canonical prefix: its plain entry is that path's exact KV.
-            entry = self._chunk_entry(segments[first].token_ids, "plain", stats, exact=True)
-            self.entries.place(cache, entry, position)
-            position += len(entry.token_ids)
-            matched += 1 if len(boundaries) > 1 else 0  # that block is known; do not store it again
-            first += 1
-        for segment in segments[first:]:
-            if segment.kind == "chunk" and plan.reuses_chunks:
-                entry = self._chunk_entry(segment.token_ids, plan.kv_variant, stats)
-                reused.append(self.entries.place(cache, entry, position))
+            self._place_prefix(context_plan, cache, counts)
+            matched = 1 if context_plan.boundaries else 0
+        first = context_plan.boundaries[matched - 1].segment + 1 if matched else 1
+        placed = _Placed([], [], [])
+        for segment in context_plan.segments[first:]:
+            if segment.candidates:
+                slots = place_entry(self.model, cache, self._chunk_entry(segment, counts), segment.start)
+                if segment.exact_plain:  # exact KV: nothing to recompute, and its path block is known
+                    matched += 1 if segment.path_key is not None else 0
+                else:
+                    placed.reused.append(slots)
             else:
-                slots = cache.reserve(len(segment.token_ids))
-                cache.positions[slots] = slots  # prompt slots equal positions; valid once computed
-                fresh.append(slots)
-                if segment.kind == "suffix":
-                    suffix.append(slots)
-            position += len(segment.token_ids)
-        device = cache.keys.device
-        empty = torch.zeros(0, dtype=torch.long, device=device)
-        layout = RequestLayout(
-            token_ids=torch.tensor(ids, device=device),
-            reused_slots=torch.cat(reused) if reused else empty,
-            fresh_slots=torch.cat(fresh),
-            suffix_slots=torch.cat(suffix),
-        )
-        return ResolvedContext(layout, boundaries, matched)
+                self._reserve_fresh(segment, cache, placed)
+        layout = _layout(context_plan, placed, cache.keys.device)
+        return ResolvedContext(layout, list(context_plan.boundaries), matched), counts
 
-    def _plain_is_exact(self, segments: Sequence[Segment], index: int) -> bool:
-        if not self.entries.lossless or index >= len(segments) or segments[index].kind != "chunk":
-            return False
-        return segments[0].token_ids == self.entries.s0_ids
+    # ------------------------------------------------------------------ segments + RunPlan
+    def assemble(self, segments: Sequence[Segment], plan: RunPlan, cache: KVCache, stats: GenerationStats) -> ResolvedContext:
+        """``assemble_plan`` of a fresh plan, its counts merged into ``stats``."""
+        resolved, counts = self.assemble_plan(self.plan(segments, plan), cache)
+        counts.merge_into(stats)
+        return resolved
 
+    def keys_to_prefetch(self, segments: Sequence[Segment], plan: RunPlan) -> list[tuple[str, tuple[int, ...]]]:
+        """(key, token ids) of every entry this request reads first, for the asynchronous loader."""
+        return self.plan(segments, plan).prefetch_keys()
+
+    def boundaries(self, segments: Sequence[Segment]) -> list[Boundary]:
+        return plan_boundaries(segments, self.keys, self.prefix_cache)
+
+    # ------------------------------------------------------------------ reading entries
     def _fetch(self, key: str, token_ids: Sequence[int], variant: str) -> tuple[KVEntry, str] | None:
         found = self.preloaded.get(key)
-        if found is not None and found[0].token_ids == tuple(token_ids) and self.entries.accepts(found[0], key, variant):
+        if found is not None and found[0].token_ids == tuple(token_ids) and self.keys.accepts(found[0], key, variant):
             return found
-        return self.entries.fetch(key, token_ids, variant)
+        return self.entry_store.fetch(key, token_ids, variant)
 
-    def _place_exact_blocks(self, boundaries: list[Boundary], ids: list[int], cache: KVCache, stats: GenerationStats) -> int:
-        if not self.entries.lossless:
-            return 0  # a lossy store holds no exact blocks; the prefix comes from prefix_entry
+    def _place_exact_blocks(self, context_plan: ContextPlan, cache: KVCache, counts: ResolveCounts) -> int:
+        """Place the leading path blocks the store holds; returns how many."""
         matched = 0
-        for boundary in boundaries:
-            found = self._fetch(boundary.key, ids[boundary.start : boundary.end], "path")
+        for boundary in context_plan.boundaries:
+            found = self._fetch(boundary.key, context_plan.block_ids(boundary), "path")
             if found is None:
                 break
             entry, tier = found
-            self.entries.place(cache, entry, boundary.start)
-            stats.tier_hits[tier] = stats.tier_hits.get(tier, 0) + 1
-            stats.path_hits["exact"] += 1 if boundary.segment > 0 else 0
+            place_entry(self.model, cache, entry, boundary.start)
+            _count_tier(counts, tier)
+            counts.path_hits["exact"] += 1 if boundary.segment > 0 else 0
             matched += 1
         return matched
 
-    def _chunk_entry(self, token_ids: tuple[int, ...], variant: str, stats: GenerationStats, exact: bool = False) -> KVEntry:
-        """The chunk's entry of ``variant``, else its plain entry, else compute and store the plain entry."""
-        for name in (variant, "plain") if variant != "plain" else ("plain",):
-            found = self._fetch(self.entries.key(token_ids, name), token_ids, name)
+    def _place_prefix(self, context_plan: ContextPlan, cache: KVCache, counts: ResolveCounts) -> None:
+        """Exact KV of segment 0 when no path block served it: computed, or from the lossy store's memo."""
+        prefix = context_plan.segments[0]
+        if context_plan.boundaries:  # lossless: its block was just found missing, so compute and store it
+            entry, hit = self.computer.compute_exact(prefix.token_ids), False
+            self.entry_store.put_keyed(context_plan.boundaries[0].key, entry)
+        else:
+            entry, hit = self.computer.prefix_entry(prefix.token_ids)
+        counts.computed_tokens += 0 if hit else len(prefix.token_ids)
+        place_entry(self.model, cache, entry, 0)
+
+    def _chunk_entry(self, segment: PlannedSegment, counts: ResolveCounts) -> KVEntry:
+        """The first of the segment's candidates the store has, else its plain entry computed and stored."""
+        for candidate in segment.candidates:
+            found = self._fetch(candidate.key, segment.token_ids, candidate.variant)
             if found is not None:
-                entry, tier = found
-                stats.path_hits["exact" if exact else "chunk"] += 1
-                stats.variant_hits[name] += 0 if exact else 1
-                stats.tier_hits[tier] = stats.tier_hits.get(tier, 0) + 1
-                return entry
-        entry = self.entries.compute_plain([token_ids])[0]
-        self.entries.put(entry, "plain")
-        stats.path_hits["miss"] += 1
-        stats.computed_tokens += len(token_ids)
+                counts.path_hits["exact" if segment.exact_plain else "chunk"] += 1
+                counts.variant_hits[candidate.variant] += 0 if segment.exact_plain else 1
+                _count_tier(counts, found[1])
+                return found[0]
+        entry = self.computer.compute_plain([segment.token_ids])[0]
+        self.entry_store.put_keyed(segment.candidates[-1].key, entry)  # the last candidate is always plain
+        counts.path_hits["miss"] += 1
+        counts.computed_tokens += len(segment.token_ids)
         return entry
 
+    @staticmethod
+    def _reserve_fresh(segment: PlannedSegment, cache: KVCache, placed: _Placed) -> None:
+        slots = cache.reserve(len(segment.token_ids))
+        cache.positions[slots] = slots  # prompt slots equal positions; valid once computed
+        placed.fresh.append(slots)
+        if segment.kind == "suffix":
+            placed.suffix.append(slots)
+
+    # ------------------------------------------------------------------ writing path blocks
     def store_exact_blocks(self, resolved: ResolvedContext, recomputed: torch.Tensor,
                            raw_keys: torch.Tensor, raw_values: torch.Tensor, ids: list[int]) -> int:  # fmt: skip
         """After a run whose context is exact, store the path blocks the store did not have yet."""
@@ -147,17 +162,21 @@ class ContextResolver:
             slots = torch.arange(boundary.start, boundary.end, device=recomputed.device)
             rows = torch.searchsorted(recomputed, slots)
             entry = KVEntry(tuple(ids[boundary.start : boundary.end]), raw_keys[:, :, rows].clone(),
-                            raw_values[:, :, rows].clone(), self.entries.meta("path"))  # fmt: skip
-            self.entries.store.put(boundary.key, entry)
+                            raw_values[:, :, rows].clone(), self.keys.meta("path"))  # fmt: skip
+            self.entry_store.put_keyed(boundary.key, entry)
             stored += 1
         return stored
 
-    def keys_to_prefetch(self, segments: Sequence[Segment], plan: RunPlan) -> list[tuple[str, tuple[int, ...]]]:
-        """(key, token ids) of every entry this request may read, for the asynchronous loader."""
-        ids = prompt_ids(segments)
-        wanted = [(b.key, tuple(ids[b.start : b.end])) for b in self.boundaries(segments)]
-        if plan.reuses_chunks:
-            for segment in segments:
-                if segment.kind == "chunk":
-                    wanted.append((self.entries.key(segment.token_ids, plan.kv_variant), segment.token_ids))
-        return wanted
+
+def _count_tier(counts: ResolveCounts, tier: str) -> None:
+    counts.tier_hits[tier] = counts.tier_hits.get(tier, 0) + 1
+
+
+def _layout(context_plan: ContextPlan, placed: _Placed, device: torch.device) -> RequestLayout:
+    empty = torch.zeros(0, dtype=torch.long, device=device)
+    return RequestLayout(
+        token_ids=torch.tensor(context_plan.prompt_ids, device=device),
+        reused_slots=torch.cat(placed.reused) if placed.reused else empty,
+        fresh_slots=torch.cat(placed.fresh),
+        suffix_slots=torch.cat(placed.suffix),
+    )

@@ -131,34 +131,34 @@ def _register(entries: ChunkEntries, catalog: ChunkCatalog, encode, texts: list[
 def _check_window(entries: ChunkEntries, token_ids: list[tuple[int, ...]]) -> None:
     window = entries.model.cfg.max_position_embeddings
     for ids in token_ids:
-        if len(entries.s0_ids) + len(ids) > window:
+        if len(entries.keys.s0_ids) + len(ids) > window:
             raise PromptTooLongError(
                 f"a chunk of {len(ids)} tokens does not fit the context window of {window} tokens "
-                f"after the {len(entries.s0_ids)}-token prefix; split it into smaller chunks"
+                f"after the {len(entries.keys.s0_ids)}-token prefix; split it into smaller chunks"
             )
 
 
 def _put(entries: ChunkEntries, entry: KVEntry, variant: str) -> bool:
     # with a folder, a write that did not reach the disk must stop ingestion, not pass as stored
-    return entries.put(entry, variant, persist=entries.store.directory is not None)
+    return entries.entry_store.put(entry, variant, persist=entries.store.directory is not None)
 
 
 # ---------------------------------------------------------------------- plain entries
 def _ensure_plain(entries: ChunkEntries, chunks: list[RegisteredChunk], report: IngestReport, progress: bool) -> None:
-    missing = [c for c in chunks if not entries.contains(c.token_ids, "plain")]
+    missing = [c for c in chunks if not entries.entry_store.contains(c.token_ids, "plain")]
     for chunk in tqdm(missing, desc="plain entries", unit="chunk", disable=not progress or not missing):
         _store_plain(entries, chunk, report)
 
 
 def _store_plain(entries: ChunkEntries, chunk: RegisteredChunk, report: IngestReport) -> KVEntry:
-    entry = entries.compute_plain([chunk.token_ids])[0]  # one chunk per pass: see the module docstring
+    entry = entries.computer.compute_plain([chunk.token_ids])[0]  # one chunk per pass: see the module docstring
     _put(entries, entry, "plain")
     report.plain_computed += 1
     return entry
 
 
 def _plain_entry(entries: ChunkEntries, chunk: RegisteredChunk, report: IngestReport) -> KVEntry:
-    found = entries.lookup(chunk.token_ids, "plain")
+    found = entries.entry_store.lookup(chunk.token_ids, "plain")
     # absent: registered by another process that has not stored it yet, or evicted from a bounded store
     return found[0] if found is not None else _store_plain(entries, chunk, report)
 
@@ -192,7 +192,7 @@ def _fuse(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, 
 def _store_fused(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, near: Neighbourhood,
                  report: IngestReport) -> None:  # fmt: skip
     plain = [_plain_entry(entries, neighbour, report) for neighbour in near.chunks]
-    entry = entries.compute_fused(chunk.token_ids, plain, list(near.ids))
+    entry = entries.computer.compute_fused(chunk.token_ids, plain, list(near.ids))
     stored = _put(entries, entry, "fused")
     report.fused_computed += 1
     if stored:  # a record of an entry the store refused would claim it current
@@ -201,15 +201,15 @@ def _store_fused(entries: ChunkEntries, catalog: ChunkCatalog, chunk: Registered
 
 
 def _record(entries: ChunkEntries, chunk: RegisteredChunk, near: Neighbourhood, used: Sequence[str]) -> FusedRecord:
-    key = entries.key(chunk.token_ids, "fused")
+    key = entries.keys.key(chunk.token_ids, "fused")
     return FusedRecord(key, chunk.chunk_id, near.count, near.ids, tuple(used), near.view, near.floor)
 
 
 def _is_current(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, near: Neighbourhood) -> bool:
-    record = catalog.fused_record(entries.key(chunk.token_ids, "fused"))
+    record = catalog.fused_record(entries.keys.key(chunk.token_ids, "fused"))
     if record is None:
         return _adopt_unrecorded(entries, catalog, chunk, near)
-    if record.requested != near.ids or not entries.contains(chunk.token_ids, "fused"):
+    if record.requested != near.ids or not entries.entry_store.contains(chunk.token_ids, "fused"):
         return False
     if record.count != near.count:  # same neighbours asked differently: later refreshes use the new count
         _record_if_writable(catalog, replace(record, count=near.count, view=near.view, floor=near.floor))
@@ -219,7 +219,7 @@ def _is_current(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredC
 def _adopt_unrecorded(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk,
                       near: Neighbourhood) -> bool:  # fmt: skip
     """A fused entry stored before records existed: current if it was computed after ``near``."""
-    found = entries.lookup(chunk.token_ids, "fused")
+    found = entries.entry_store.lookup(chunk.token_ids, "fused")
     if found is None or list(found[0].meta.get("requested", ())) != list(near.ids):
         return False
     # recorded from now on, so that later ingestions can tell when it goes stale
@@ -242,7 +242,7 @@ def _refresh_stale(entries: ChunkEntries, catalog: ChunkCatalog, report: IngestR
         chunk = catalog.by_id(record.chunk_id)
         if chunk is None or not catalog.may_have_changed(record):
             continue
-        if entries.key(chunk.token_ids, "fused") != record.key:
+        if entries.keys.key(chunk.token_ids, "fused") != record.key:
             continue  # another model's (or prefix's) entry of this chunk
         if catalog.neighbourhood(chunk, record.count).ids != record.requested:
             _fuse(entries, catalog, chunk, record.count, report)

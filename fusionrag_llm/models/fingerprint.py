@@ -1,5 +1,9 @@
 """A model's identity for the KV store: config, tokenizer, weights and compute dtype.
 
+The fingerprint is a sha256 over a canonical JSON of those fields. It is computed here, on the
+model side: the store's key scheme takes it as an opaque 64-hex digest and never needs to know
+what a model is made of.
+
 The weights part is a sha256 of the files' bytes, so another model's KV entries are never served.
 Hashing is cheap for small models (SmolLM2-135M's 538 MB float32 safetensors: ~0.5 s with a warm
 page cache) but not for large ones (tens of seconds for 14 GB), so a file's digest is remembered in
@@ -22,15 +26,17 @@ import logging
 import os
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from fusionrag_llm.paths import cache_dir
-from fusionrag_llm.storage import model_fingerprint
 
 logger = logging.getLogger(__name__)
 
+FINGERPRINT_FORMAT = 1  # bump to give every model new fingerprints (and so new store keys)
 RACY_SECONDS = 2.0  # a little above the coarsest common timestamp granularity (FAT: 2 s)
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 
@@ -94,11 +100,52 @@ def _hash_bytes(file: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
+def model_digest(
+    model_id: str,
+    dtype: torch.dtype | str,
+    *,
+    config: Mapping[str, Any] | None = None,
+    tokenizer: str | None = None,
+    weights: str | None = None,
+) -> str:
+    """Hex sha256 of a model's id, compute dtype, config, tokenizer identity and weights identity.
+
+    Any difference gives another digest, and so other store keys for every entry.
+
+    >>> model_digest("tiny", torch.float32) == model_digest("tiny", "float32")
+    True
+    """
+    if not isinstance(model_id, str) or not model_id:
+        raise ValueError(f"model_id must be a non-empty str, got {model_id!r}")
+    payload = {
+        "kind": "model",
+        "format": FINGERPRINT_FORMAT,
+        "model_id": model_id,
+        "dtype": _dtype_name(dtype),
+        "config": dict(config) if config is not None else None,
+        "tokenizer": tokenizer,
+        "weights": weights,
+    }
+    try:
+        text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"a model's config must be JSON-serialisable with str keys and no NaN: {exc}") from None
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def _dtype_name(dtype: torch.dtype | str) -> str:
+    name = str(dtype).removeprefix("torch.") if isinstance(dtype, (torch.dtype, str)) else ""
+    if not isinstance(getattr(torch, name, None), torch.dtype):
+        raise ValueError(f"dtype must be a torch.dtype or its name (e.g. 'bfloat16'), got {dtype!r}")
+    return name
+
+
 def fingerprint_of(name: str, source: str, hf_config: dict, tokenizer_hf, dtype: torch.dtype) -> str:
+    """The store fingerprint of a loaded model: its tokenizer, weights, config and compute dtype."""
     vocab = json.dumps(sorted(tokenizer_hf.get_vocab().items()))
     template = getattr(tokenizer_hf, "chat_template", "") or ""
     tokenizer_id = hashlib.sha256((vocab + template).encode()).hexdigest()
     weights = weights_digest(Path(source)) if source != "built-in" else f"built-in:{name}"
     config = {k: v for k, v in hf_config.items() if not k.startswith("_") and k != "transformers_version"}
-    return model_fingerprint(name if source == "built-in" else "model", dtype, config=config,
-                             tokenizer=tokenizer_id, weights=weights)  # fmt: skip
+    return model_digest(name if source == "built-in" else "model", dtype, config=config,
+                        tokenizer=tokenizer_id, weights=weights)  # fmt: skip

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from fusionrag_llm import FusionRAG
-from fusionrag_llm.fusion import chunk_entries
 from fusionrag_llm.fusion.catalog import chunk_id_of
+from fusionrag_llm.fusion.entry_compute import EntryComputer
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -101,19 +101,19 @@ def test_a_chunk_registered_later_by_another_process_refreshes_earlier_fused_ent
 def test_an_entry_computed_from_an_older_view_is_computed_again_after_it_is_written(tmp_path, monkeypatch):
     first = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False)
     second = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False)
-    compute_fused = chunk_entries.ChunkEntries.compute_fused
+    compute_fused = EntryComputer.compute_fused
     seen = {}
 
     def other_process_meanwhile(self, token_ids, neighbours, neighbour_ids):
         # While the first engine computes X after Z, the second registers Y (closer to X) and
         # finishes; X has no record yet, so only the first engine can still put X right.
-        if self is first.entries and "second" not in seen:
+        if self is first.entries.computer and "second" not in seen:
             seen["second"] = second.ingest([Y], neighbors=1, embeddings=[VY])
-        elif self is first.entries and token_ids == first.catalog.get(Z).token_ids:
+        elif self is first.entries.computer and token_ids == first.catalog.get(Z).token_ids:
             seen["X when Z starts"] = neighbour_texts(first, X)  # right away, not only at the end
         return compute_fused(self, token_ids, neighbours, neighbour_ids)
 
-    monkeypatch.setattr(chunk_entries.ChunkEntries, "compute_fused", other_process_meanwhile)
+    monkeypatch.setattr(EntryComputer, "compute_fused", other_process_meanwhile)
     first.ingest([X, Z], neighbors=1, embeddings=[VX, VZ])
     assert seen["X when Z starts"] == [Y]
     assert neighbour_texts(first, X) == [Y] and neighbour_texts(first, Z) == [Y]

@@ -5,6 +5,7 @@ rsync do) must change the weights digest, the KV store fingerprint and the GGUF 
 names match whole; a path that exists is always loaded as a path.
 """
 
+import ast
 import json
 import os
 import shutil
@@ -19,10 +20,11 @@ from fusionrag_llm import FusionRAG
 from fusionrag_llm.errors import ModelNotFoundError
 from fusionrag_llm.models import default_model, fingerprint, gguf
 from fusionrag_llm.models.config import config_from_hf
-from fusionrag_llm.models.fingerprint import file_digest, weights_digest
+from fusionrag_llm.models.fingerprint import file_digest, model_digest, weights_digest
 from fusionrag_llm.models.llama import DecoderLM
 from fusionrag_llm.models.loader import TINY_NAMES, load_model
 from fusionrag_llm.models.tiny import byte_tokenizer, tiny_hf_config, tiny_state_dict
+from fusionrag_llm.storage import model_fingerprint
 
 SETTLE_S = 0.1  # files older than fingerprint.RACY_SECONDS (patched to half this) get a memo
 
@@ -124,6 +126,31 @@ def test_replaced_weights_never_reuse_the_old_models_kv(tmp_path, in_place):
     assert new.entries.fingerprint != old.entries.fingerprint
     report = new.ingest(texts, embeddings=[[1.0, 0.0], [0.0, 1.0]])
     assert report.plain_computed == 2 and report.fused_computed == 2  # none of the old model's entries
+
+
+# ------------------------------------------------------------------ the fingerprint's layering
+MODELS_DIR = Path(__file__).resolve().parents[2] / "fusionrag_llm" / "models"
+# fingerprints made before the digest moved to models/: stores written then keep their entries
+KNOWN_DIGEST = "26cf719af1a0bcd9d8ec3ae14df680f91bb37a0550a65c8f95e4518b7854c0fe"
+
+
+def test_a_models_fingerprint_is_what_it_was_for_the_same_inputs():
+    fields = dict(config={"a": 1}, tokenizer="t", weights="w")
+    assert model_digest("m", "float32", **fields) == KNOWN_DIGEST
+    for args in [("m", torch.float32), ("m", "bfloat16"), ("tiny", "float16")]:
+        assert model_digest(*args, **fields) == model_fingerprint(*args, **fields)
+        assert model_digest(*args) == model_fingerprint(*args)
+    with pytest.raises(ValueError, match="dtype"):
+        model_digest("m", "notadtype")
+
+
+def test_models_do_not_import_the_store():
+    """The store takes a fingerprint as an opaque digest; the model side never needs its key scheme."""
+    for path in MODELS_DIR.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            assert not any(n.startswith("fusionrag_llm.storage") for n in names), f"{path.name} imports {names}"
 
 
 # ------------------------------------------------------------------ GGUF conversions

@@ -5,7 +5,7 @@ import torch
 from storage_testutil import FINGERPRINT, make_entry
 
 from fusionrag_llm.storage import KVEntry, chunk_key, model_fingerprint, path_key
-from fusionrag_llm.storage.keys import check_key
+from fusionrag_llm.storage.keys import check_key, path_block_key, path_keys
 
 
 def test_entry_validates_shapes_against_token_ids():
@@ -74,11 +74,35 @@ def test_keys_are_deterministic_and_canonical():
 def test_path_keys_depend_on_order_and_model_and_differ_from_chunk_keys():
     s0, c1, c2 = [1, 2], [10, 11], [20, 21]
     forward = path_key(FINGERPRINT, s0, c1, c2)
-    assert forward == path_key(FINGERPRINT, s0, c1, c2)
+    assert forward == path_key(FINGERPRINT, (1, 2), (10, 11), (20, 21))  # same content, same key
     assert forward != path_key(FINGERPRINT, s0, c2, c1)
     assert forward != path_key(FINGERPRINT, s0, c1)
     assert forward != path_key(model_fingerprint("tiny-test", "float16"), s0, c1, c2)
     assert path_key(FINGERPRINT, s0, c1) != chunk_key(FINGERPRINT, s0, c1, "plain")
+    assert check_key(forward) == forward
+
+
+def test_a_path_key_is_the_chain_of_its_block_keys():
+    blocks = [[1, 2], [10, 11], [20, 21]]
+    chain = path_keys(FINGERPRINT, blocks)
+    assert chain[0] == path_block_key(FINGERPRINT, None, blocks[0])
+    assert chain[1] == path_block_key(FINGERPRINT, chain[0], blocks[1])
+    assert chain[2] == path_block_key(FINGERPRINT, chain[1], blocks[2]) == path_key(FINGERPRINT, *blocks)
+    assert chain[:2] == path_keys(FINGERPRINT, blocks[:2])  # a prefix of a path keeps its keys
+
+
+def test_a_path_key_depends_on_every_earlier_block_and_on_where_blocks_end():
+    base = path_keys(FINGERPRINT, [[1, 2], [10, 11], [20, 21]])
+    for changed in ([[1, 3], [10, 11], [20, 21]], [[1, 2], [10, 12], [20, 21]], [[1, 2], [10, 11], [20, 22]]):
+        other = path_keys(FINGERPRINT, changed)
+        first = next(i for i in range(3) if base[i] != other[i])
+        assert all(base[i] != other[i] for i in range(first, 3)), "a change reaches every later block"
+        assert base[:first] == other[:first], "and no earlier one"
+    # the same token string cut into other blocks is another path
+    assert path_key(FINGERPRINT, [1, 2, 10, 11], [20, 21]) != base[-1]
+    assert path_key(FINGERPRINT, [1, 2], [10, 11, 20, 21]) != base[-1]
+    # a block after another prefix differs even when the previous key's tokens are the same length
+    assert path_block_key(FINGERPRINT, path_key(FINGERPRINT, [1, 3]), [10, 11]) != base[1]
 
 
 @pytest.mark.parametrize(
@@ -89,7 +113,11 @@ def test_path_keys_depend_on_order_and_model_and_differ_from_chunk_keys():
         (lambda: chunk_key(FINGERPRINT, [1], [2], "has space"), "variant"),
         (lambda: chunk_key(FINGERPRINT, [1], [2], "fused", {"x": float("nan")}), "NaN"),
         (lambda: chunk_key(FINGERPRINT, [1], "abc", "plain"), "string"),
+        (lambda: chunk_key("f" * 63, [1], [2], "plain"), "64 lowercase hex"),
         (lambda: path_key(FINGERPRINT), "at least one segment"),
+        (lambda: path_key(FINGERPRINT, [1], []), "at least one token"),
+        (lambda: path_block_key(FINGERPRINT, "not-a-key", [1]), "previous"),
+        (lambda: path_block_key("model", None, [1]), "model_fingerprint"),
         (lambda: model_fingerprint("m", "notadtype"), "dtype"),
         (lambda: check_key("xyz"), "64 lowercase hex"),
     ],

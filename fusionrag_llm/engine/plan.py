@@ -1,0 +1,161 @@
+"""A request's resolve plan: where each segment sits and which stored entries may serve it.
+
+The bookkeeping half of the alternative path (DESIGN.md section 4.1), in plain Python: slots,
+path-block keys and chunk-entry keys, each computed once per request and read by both the
+asynchronous loader (``prefetch_keys``) and assembly. Exact KV of a prompt is stored as a chain of
+path blocks, one per boundary: segment 0, then (with the prefix cache on and a lossless store)
+each chunk together with the text before it. A block's key chains on the key before it, so a plan
+hashes each prompt token once whatever the number of boundaries.
+
+Example:
+    >>> from fusionrag_llm.engine.methods import plan_run
+    >>> from fusionrag_llm.fusion.entry_keys import EntryKeys
+    >>> from fusionrag_llm.request import Segment
+    >>> keys = EntryKeys("ab" * 32, s0_ids=(1, 2), lossless=True)
+    >>> segments = [Segment("prefix", "", (1, 2)), Segment("chunk", "", (7, 8)), Segment("suffix", "", (9,))]
+    >>> plan = plan_context(segments, plan_run("fusionrag", 0.1), keys, prefix_cache=True)
+    >>> [(b.segment, b.start, b.end) for b in plan.boundaries]
+    [(0, 0, 2), (1, 2, 4)]
+    >>> [c.variant for c in plan.segments[1].candidates]  # right after S0: its plain entry is exact
+    ['plain']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from fusionrag_llm.engine.methods import RunPlan
+from fusionrag_llm.engine.stats import GenerationStats
+from fusionrag_llm.fusion.entry_keys import EntryKeys, TokenIds
+from fusionrag_llm.request import Segment
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """One path block: the slots from the previous boundary to the end of ``segment``."""
+
+    segment: int  # index of the segment the block ends with (the prefix or a chunk)
+    start: int  # first slot of the block
+    end: int  # one past its last slot
+    key: str  # chained on the key of the block before
+
+
+@dataclass(frozen=True)
+class ChunkCandidate:
+    variant: str  # "fused" or "plain"
+    key: str
+
+
+@dataclass(frozen=True)
+class PlannedSegment:
+    kind: str
+    token_ids: TokenIds
+    start: int  # first slot (slots equal positions for prompt tokens)
+    end: int  # one past its last slot
+    path_key: str | None = None  # key of the path block this segment ends, when it ends one
+    candidates: tuple[ChunkCandidate, ...] = ()  # entries that may serve it, first choice first; () = computed
+    exact_plain: bool = False  # a chunk right after S0: its plain entry is its path's exact KV
+
+
+@dataclass(frozen=True)
+class ContextPlan:
+    """Everything about a request's context that needs no tensor, computed once."""
+
+    segments: tuple[PlannedSegment, ...]
+    boundaries: tuple[Boundary, ...]
+    prompt_ids: TokenIds
+    lossless: bool  # the store keeps the compute dtype; False: no path blocks, exact prefixes in memory
+
+    def block_ids(self, boundary: Boundary) -> TokenIds:
+        return self.prompt_ids[boundary.start : boundary.end]
+
+    def prefetch_keys(self) -> list[tuple[str, TokenIds]]:
+        """(key, token ids) of every entry assembly reads first: path blocks, then chunks' first choices.
+
+        Fallbacks (a chunk's plain entry behind its fused one) are read only on a miss, so they are
+        not fetched ahead: that would load two entries for every chunk that has its first choice.
+        """
+        wanted = {b.key: self.block_ids(b) for b in self.boundaries}
+        for segment in self.segments:
+            if segment.candidates:
+                wanted.setdefault(segment.candidates[0].key, segment.token_ids)
+        return list(wanted.items())
+
+
+@dataclass
+class ResolveCounts:
+    """What assembling one context found, returned for the caller to merge into its stats."""
+
+    path_hits: dict[str, int] = field(default_factory=lambda: {"exact": 0, "chunk": 0, "miss": 0})
+    tier_hits: dict[str, int] = field(default_factory=dict)
+    variant_hits: dict[str, int] = field(default_factory=lambda: {"fused": 0, "plain": 0})
+    computed_tokens: int = 0  # tokens run through the model to make missing entries
+
+    def merge_into(self, stats: GenerationStats) -> None:
+        for mine, theirs in ((self.path_hits, stats.path_hits), (self.tier_hits, stats.tier_hits),
+                             (self.variant_hits, stats.variant_hits)):  # fmt: skip
+            for name, count in mine.items():
+                theirs[name] = theirs.get(name, 0) + count
+        stats.computed_tokens += self.computed_tokens
+
+
+def plan_context(segments: Sequence[Segment], run_plan: RunPlan, keys: EntryKeys, prefix_cache: bool) -> ContextPlan:
+    """The plan of a request's ``segments`` under ``run_plan``; ``prefix_cache``: chunks end path blocks."""
+    if not segments:
+        raise ValueError("a context needs at least its prefix segment")
+    spans = _spans(segments)
+    ids = tuple(token for segment in segments for token in segment.token_ids)
+    boundaries = _boundaries(segments, spans, ids, keys, prefix_cache)
+    ends = {boundary.segment: boundary.key for boundary in boundaries}
+    exact = _exact_plain_index(segments, run_plan, keys)
+    planned = []
+    for index, (segment, (start, end)) in enumerate(zip(segments, spans)):
+        candidates = _candidates(segment, run_plan, keys, index == exact)
+        planned.append(PlannedSegment(segment.kind, tuple(segment.token_ids), start, end, ends.get(index),
+                                      candidates, index == exact))  # fmt: skip
+    return ContextPlan(tuple(planned), tuple(boundaries), ids, keys.lossless)
+
+
+def plan_boundaries(segments: Sequence[Segment], keys: EntryKeys, prefix_cache: bool) -> list[Boundary]:
+    """The path blocks of ``segments`` alone (what ``plan_context`` puts in ``boundaries``)."""
+    ids = tuple(token for segment in segments for token in segment.token_ids)
+    return _boundaries(segments, _spans(segments), ids, keys, prefix_cache)
+
+
+def _spans(segments: Sequence[Segment]) -> list[tuple[int, int]]:
+    spans, start = [], 0
+    for segment in segments:
+        spans.append((start, start + len(segment.token_ids)))
+        start += len(segment.token_ids)
+    return spans
+
+
+def _boundaries(segments: Sequence[Segment], spans: list[tuple[int, int]], ids: TokenIds, keys: EntryKeys,
+                prefix_cache: bool) -> list[Boundary]:  # fmt: skip
+    """Segment 0 ends a block, and so does each chunk with the prefix cache on; none in a lossy store."""
+    if not keys.lossless:
+        return []  # KV read back from a lossy store is not exact
+    found: list[Boundary] = []
+    for index, (segment, (_, end)) in enumerate(zip(segments, spans)):
+        if index == 0 or (segment.kind == "chunk" and prefix_cache):
+            start = found[-1].end if found else 0
+            key = keys.path_block_key(found[-1].key if found else None, ids[start:end])
+            found.append(Boundary(index, start, end, key))
+    return found
+
+
+def _exact_plain_index(segments: Sequence[Segment], run_plan: RunPlan, keys: EntryKeys) -> int | None:
+    """Index of the chunk whose plain entry is exact: one right after a prefix equal to S0."""
+    if not run_plan.reuses_chunks or not keys.lossless or len(segments) < 2 or segments[1].kind != "chunk":
+        return None
+    return 1 if tuple(segments[0].token_ids) == keys.s0_ids else None
+
+
+def _candidates(segment: Segment, run_plan: RunPlan, keys: EntryKeys, exact: bool) -> tuple[ChunkCandidate, ...]:
+    """A reused chunk's entries in fallback order: its variant, then plain (on a miss: computed plain)."""
+    if segment.kind != "chunk" or not run_plan.reuses_chunks:
+        return ()
+    variant = "plain" if exact else run_plan.kv_variant
+    order = (variant, "plain") if variant != "plain" else ("plain",)
+    return tuple(ChunkCandidate(name, keys.key(segment.token_ids, name)) for name in order)

@@ -1,0 +1,130 @@
+"""Computing entries with the model: exact prefixes, plain chunk entries, fused chunk entries.
+
+A plain entry is a chunk's KV computed after the canonical prefix S0; a fused entry is its KV
+computed after S0 and its neighbours' plain entries (FusionRAG eq. 10). Keys are kept before
+rotary embedding, so an entry can be placed at any position of a later prompt.
+
+A lossy store cannot hold exact KV, so exact prompt prefixes are then kept in this process's
+memory instead (a few, most recently used).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Sequence
+
+import torch
+
+from fusionrag_llm.fusion.entry_keys import EntryKeys, TokenIds
+from fusionrag_llm.fusion.entry_store import EntryStore
+from fusionrag_llm.fusion.placement import place_entry
+from fusionrag_llm.models.llama import DecoderLM, ForwardPass
+from fusionrag_llm.storage import KVEntry
+
+PREFIX_MEMO_SIZE = 8  # exact prompt prefixes kept in memory when the store is lossy
+
+
+class EntryComputer:
+    """Runs the model to make entries; the S0 entry they all start from comes from ``prefix_entry``."""
+
+    def __init__(self, model: DecoderLM, keys: EntryKeys, entry_store: EntryStore):
+        self.model = model
+        self.keys = keys
+        self.entry_store = entry_store
+        self._prefix_memo: OrderedDict[TokenIds, KVEntry] = OrderedDict()
+
+    def prefix_entry(self, token_ids: TokenIds) -> tuple[KVEntry, bool]:
+        """Exact KV of a prompt prefix run from position 0 and whether it was already known.
+
+        A lossless store keeps it as the first block of a path; a lossy one cannot hold exact KV.
+        """
+        if not self.keys.lossless:
+            return self._memo_prefix(tuple(token_ids))
+        key = self.keys.path_block_key(None, token_ids)
+        found = self.entry_store.fetch(key, token_ids, "path")
+        if found is not None:
+            return found[0], True
+        entry = self.compute_exact(token_ids)
+        self.entry_store.put_keyed(key, entry)
+        return entry, False
+
+    def _memo_prefix(self, token_ids: TokenIds) -> tuple[KVEntry, bool]:
+        if token_ids in self._prefix_memo:
+            self._prefix_memo.move_to_end(token_ids)
+            return self._prefix_memo[token_ids], True
+        entry = self.compute_exact(token_ids)
+        self._prefix_memo[token_ids] = entry
+        if len(self._prefix_memo) > PREFIX_MEMO_SIZE:
+            self._prefix_memo.popitem(last=False)
+        return entry, False
+
+    def compute_exact(self, token_ids: TokenIds) -> KVEntry:
+        """KV of ``token_ids`` run from position 0 with nothing before them."""
+        cache = self.model.new_cache(len(token_ids))
+        ids = torch.tensor(token_ids, device=self.model.device)
+        positions = torch.arange(len(token_ids), device=self.model.device)
+        step = ForwardPass(ids, positions, cache.reserve(len(ids)), logit_rows=ids[:0], capture_raw_kv=True)
+        out = self.model(step, cache)
+        return KVEntry(tuple(token_ids), out.raw_keys, out.raw_values, self.keys.meta("path"))
+
+    def compute_plain(self, chunks: Sequence[TokenIds], max_batch_tokens: int = 2048) -> list[KVEntry]:
+        """Plain entries of ``chunks``; several chunks share one forward pass (each sees S0 and itself)."""
+        entries: list[KVEntry] = []
+        for batch in _batches(chunks, max_batch_tokens):
+            entries.extend(self._plain_batch(batch))
+        return entries
+
+    def _plain_batch(self, batch: Sequence[TokenIds]) -> list[KVEntry]:
+        s0, _ = self.prefix_entry(self.keys.s0_ids)
+        start = len(self.keys.s0_ids)
+        cache = self.model.new_cache(start + sum(map(len, batch)))
+        place_entry(self.model, cache, s0, 0)
+        device = self.model.device
+        ids = torch.tensor([t for chunk in batch for t in chunk], device=device)
+        positions = torch.cat([torch.arange(start, start + len(c), device=device) for c in batch])
+        groups = torch.cat([torch.full((len(c),), i + 1, dtype=torch.int32, device=device) for i, c in enumerate(batch)])
+        step = ForwardPass(ids, positions, cache.reserve(len(ids)), logit_rows=ids[:0], capture_raw_kv=True, groups=groups)
+        out = self.model(step, cache)
+        sizes = [len(c) for c in batch]
+        keys, values = out.raw_keys.split(sizes, dim=2), out.raw_values.split(sizes, dim=2)
+        return [KVEntry(c, k.clone(), v.clone(), self.keys.meta("plain")) for c, k, v in zip(batch, keys, values)]
+
+    def compute_fused(self, token_ids: TokenIds, neighbours: Sequence[KVEntry], neighbour_ids: Sequence[str]) -> KVEntry:
+        """The chunk's KV computed after S0 and ``neighbours`` (most similar first) at consecutive positions."""
+        s0, _ = self.prefix_entry(self.keys.s0_ids)
+        neighbours = self._fitting(token_ids, neighbours)
+        context = len(self.keys.s0_ids) + sum(len(n.token_ids) for n in neighbours)
+        cache = self.model.new_cache(context + len(token_ids))
+        place_entry(self.model, cache, s0, 0)
+        position = len(self.keys.s0_ids)
+        for neighbour in neighbours:
+            place_entry(self.model, cache, neighbour, position)
+            position += len(neighbour.token_ids)
+        device = self.model.device
+        ids = torch.tensor(token_ids, device=device)
+        step = ForwardPass(ids, torch.arange(context, context + len(ids), device=device),
+                           cache.reserve(len(ids)), logit_rows=ids[:0], capture_raw_kv=True)  # fmt: skip
+        out = self.model(step, cache)
+        meta = self.keys.meta("fused", neighbours=list(neighbour_ids[: len(neighbours)]), requested=list(neighbour_ids))
+        return KVEntry(tuple(token_ids), out.raw_keys.clone(), out.raw_values.clone(), meta)
+
+    def _fitting(self, token_ids: TokenIds, neighbours: Sequence[KVEntry]) -> list[KVEntry]:
+        """The most similar neighbours that fit the context window with S0 and the chunk."""
+        window = self.model.cfg.max_position_embeddings
+        kept = list(neighbours)
+        while kept and len(self.keys.s0_ids) + sum(len(n.token_ids) for n in kept) + len(token_ids) > window:
+            kept.pop()  # drop the least similar first
+        return kept
+
+
+def _batches(chunks: Sequence[TokenIds], max_tokens: int) -> list[list[TokenIds]]:
+    batches: list[list[TokenIds]] = []
+    current: list[TokenIds] = []
+    for chunk in chunks:
+        if current and sum(map(len, current)) + len(chunk) > max_tokens:
+            batches.append(current)
+            current = []
+        current.append(chunk)
+    if current:
+        batches.append(current)
+    return batches

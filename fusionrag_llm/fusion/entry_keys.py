@@ -1,0 +1,85 @@
+"""The key scheme of one model's entries in one store: chunk keys, path-block keys, meta and its check.
+
+Plain Python over ints and strings, so the resolve plan and the offline stage can name every entry
+a request or an ingestion touches without a model or a tensor. What an entry claims to be is
+checked on every read, not only its bytes: the store binds each entry to its key, and the entry's
+meta names its variant and the model fingerprint, so an entry filed under the wrong variant or
+written by another model is a miss.
+
+A store that keeps entries in a lossy dtype (``store_dtype="float16"`` under float32 compute) gets
+a fingerprint, and so keys, of its own, and never holds exact path blocks: such KV is approximate.
+
+Example:
+    >>> keys = EntryKeys("ab" * 32, s0_ids=(1, 2), lossless=True)
+    >>> keys.key((7, 8), "plain") == keys.key((7, 8), "fused")
+    False
+    >>> keys.path_block_key(None, (1, 2)) == keys.path_key((1, 2))
+    True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from fusionrag_llm.storage import KVEntry, chunk_key
+from fusionrag_llm.storage.keys import path_block_key, path_key
+
+TokenIds = tuple[int, ...]
+logger = logging.getLogger(__name__)
+
+
+def storage_fingerprint(fingerprint: str, model_dtype: torch.dtype, storage_dtype: torch.dtype | None) -> str:
+    """The fingerprint keys are made from: the model's own, or a distinct one for a lossy storage dtype."""
+    if storage_dtype is None or storage_dtype == model_dtype:
+        return fingerprint
+    stored_as = str(storage_dtype).removeprefix("torch.")
+    return hashlib.sha256(f"{fingerprint}:stored-as:{stored_as}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class EntryKeys:
+    """Keys and meta of the entries one model writes to one store, after the canonical prefix S0.
+
+    ``fingerprint`` is the storage fingerprint (see ``for_store``); ``lossless``: the store keeps
+    the compute dtype, so its path blocks can be exact.
+    """
+
+    fingerprint: str
+    s0_ids: TokenIds
+    lossless: bool
+
+    @classmethod
+    def for_store(cls, fingerprint: str, s0_ids: Sequence[int], model_dtype: torch.dtype,
+                  storage_dtype: torch.dtype | None) -> "EntryKeys":  # fmt: skip
+        lossless = storage_dtype in (None, model_dtype)
+        return cls(storage_fingerprint(fingerprint, model_dtype, storage_dtype), tuple(s0_ids), lossless)
+
+    def key(self, token_ids: Sequence[int], variant: str) -> str:
+        """Key of the chunk's ``variant`` entry (computed after S0)."""
+        return chunk_key(self.fingerprint, self.s0_ids, token_ids, variant)
+
+    def path_block_key(self, previous: str | None, token_ids: Sequence[int]) -> str:
+        """Key of the path block ``token_ids`` right after the block keyed ``previous`` (None: position 0)."""
+        return path_block_key(self.fingerprint, previous, token_ids)
+
+    def path_key(self, *blocks: Sequence[int]) -> str:
+        """Key of the last block of a path of ``blocks`` from position 0."""
+        return path_key(self.fingerprint, *blocks)
+
+    def meta(self, variant: str, **extra) -> dict:
+        """Meta of an entry this engine writes: what it is and which model computed it."""
+        return {"variant": variant, "model": self.fingerprint, **extra}
+
+    def accepts(self, entry: KVEntry, key: str, variant: str) -> bool:
+        """Whether a stored entry is what ``key`` asked for: its variant and model, not only its bytes."""
+        claimed = (entry.meta.get("variant"), entry.meta.get("model"))
+        if claimed == (variant, self.fingerprint):
+            return True
+        logger.warning("store entry %s claims variant %r of model %.12s, expected %r of %.12s; treated as a miss",
+                       key, claimed[0], claimed[1], variant, self.fingerprint)  # fmt: skip
+        return False

@@ -1,0 +1,41 @@
+"""Reading and writing one model's entries in a store, each read checked against what its key asked for.
+
+The store checks bytes and token ids; this layer adds the entry's claim (variant and model) on
+top, so a read either returns exactly the entry the key names or is a miss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from fusionrag_llm.fusion.entry_keys import EntryKeys, TokenIds
+from fusionrag_llm.storage import KVEntry, TieredStore
+
+Found = tuple[KVEntry, str]  # the entry and the tier it came from
+
+
+@dataclass
+class EntryStore:
+    store: TieredStore
+    keys: EntryKeys
+
+    def fetch(self, key: str, token_ids: Sequence[int], variant: str) -> Found | None:
+        """``(entry, tier)`` stored under ``key`` when its token ids, variant and model all match."""
+        found = self.store.get(key, expect_token_ids=token_ids, copy=False)
+        return found if found is not None and self.keys.accepts(found[0], key, variant) else None
+
+    def lookup(self, token_ids: TokenIds, variant: str) -> Found | None:
+        """The chunk's ``variant`` entry, checked as ``fetch`` does."""
+        return self.fetch(self.keys.key(token_ids, variant), token_ids, variant)
+
+    def contains(self, token_ids: TokenIds, variant: str) -> bool:
+        return self.keys.key(token_ids, variant) in self.store
+
+    def put(self, entry: KVEntry, variant: str, persist: bool = False) -> bool:
+        """Store ``entry`` as the chunk's ``variant``; ``persist``: a failed disk write raises."""
+        return self.store.put(self.keys.key(entry.token_ids, variant), entry, persist=persist)
+
+    def put_keyed(self, key: str, entry: KVEntry, persist: bool = False) -> bool:
+        """Store ``entry`` under a key already computed (a plan's path-block or chunk key)."""
+        return self.store.put(key, entry, persist=persist)

@@ -1,0 +1,24 @@
+"""Placing a stored entry into a request's cache: rotary at the positions it takes there.
+
+Stored keys are position-free (before rotary), so one entry serves any position of any prompt.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fusionrag_llm.models.kv_cache import KVCache
+from fusionrag_llm.models.llama import DecoderLM
+from fusionrag_llm.storage import KVEntry
+
+
+def place_entry(model: DecoderLM, cache: KVCache, entry: KVEntry, start_position: int) -> torch.Tensor:
+    """Put ``entry`` into the next slots at consecutive positions from ``start_position``; returns the slots."""
+    slots = cache.reserve(len(entry.token_ids))
+    positions = torch.arange(start_position, start_position + len(slots), device=slots.device)
+    keys = entry.keys.to(device=cache.keys.device, dtype=cache.keys.dtype)
+    cache.keys[:, :, slots] = model.rotate(keys.contiguous(), positions)
+    cache.values[:, :, slots] = entry.values.to(device=cache.keys.device, dtype=cache.keys.dtype)
+    cache.positions[slots] = positions
+    cache.valid[slots] = True
+    return slots
