@@ -1,4 +1,4 @@
-"""``fusionrag bench quality|ttft|ingest|store``: the benchmarks of docs/BENCHMARKS.md.
+"""``fusionrag bench quality|ttft|ingest|store|batch``: the benchmarks of docs/BENCHMARKS.md.
 
 Each command parses its options into a typed config, runs a runner from ``fusionrag_llm.eval``,
 writes JSON, a markdown table (echoed) and plots into ``--out``.
@@ -6,6 +6,7 @@ writes JSON, a markdown table (echoed) and plots into ``--out``.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import click
@@ -232,3 +233,39 @@ def store(dataset, passages, requests, ratio, model, neighbors, seed, out, store
     (folder / "store.json").write_text(json.dumps(result, indent=2))
     (folder / "store.md").write_text(store_markdown(result) + "\n")
     _echo_outputs([folder / "store.json", folder / "store.md"])
+
+
+@bench.command()
+@dataset_option
+@click.option("--requests", default=8, show_default=True, type=click.IntRange(1), help="Requests (one question each).")
+@click.option("--tokens", default=1024, show_default=True, type=click.IntRange(1), help="Target prompt length in tokens.")
+@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1, 512))
+@click.option("--method", default="fusionrag", show_default=True, help="Method every request runs.")
+@click.option("--ratio", default=0.15, show_default=True, type=click.FloatRange(0, 1), help="Recompute ratio.")
+@model_option
+@device_option
+@dtype_option
+@click.option("--neighbors", default=3, show_default=True, type=click.IntRange(0), help="Fusion neighbours per chunk.")
+@seed_option
+@out_option("bench_results")
+@store_option
+@host_option
+@disk_option
+@progress_option
+def batch(dataset, requests, tokens, max_new_tokens, method, ratio, model, device, dtype, neighbors, seed, out,
+          store, host_gib, disk_gib, progress) -> None:  # fmt: skip
+    """Throughput of generate_many (one batch) against the same requests one by one; same answers."""
+    from fusionrag_llm.eval.bench_batch import BatchConfig, build_requests, run_batch, write_batch
+    from fusionrag_llm.eval.results import machine_info
+
+    rag = _load(model, device, dtype, store, host_gib, disk_gib)
+    try:
+        config = BatchConfig(dataset, model, requests, tokens, max_new_tokens, method, ratio, neighbors, seed)
+        prompts = build_requests(rag, config)
+        start = time.perf_counter()
+        report = rag.ingest(list(dict.fromkeys(c for p in prompts for c in p.chunks)), neighbors=neighbors, progress=progress)
+        offline = {"chunks": len(report.chunk_ids), "seconds": time.perf_counter() - start}
+        result = run_batch(rag, prompts, config)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    _echo_outputs(write_batch(Path(out), config.to_dict(), machine_info(rag), offline, result))

@@ -1,0 +1,78 @@
+"""The scheduler is bookkeeping over sequences: testable without a model or a tensor."""
+
+import pytest
+
+from fusionrag_llm.engine.methods import plan_run
+from fusionrag_llm.engine.scheduler import Scheduler, SchedulerConfig
+from fusionrag_llm.engine.sequence import Sequence, Status
+
+
+def _seq(request_id, prompt_tokens=10, prefetch=0):
+    return Sequence(request_id, [], plan_run("full_reuse", 0.0), 4, list(range(prompt_tokens)), frozenset({0}),
+                    prefetch=prefetch)  # fmt: skip
+
+
+def _run(scheduler, step):
+    for seq in step.prefills:
+        seq.accept(7)
+    scheduler.update(step)
+
+
+def test_admits_within_the_limits_and_decodes_the_running():
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=3, max_prefill_tokens=25))
+    seqs = [_seq(i) for i in range(5)]
+    for seq in seqs:
+        scheduler.add(seq)
+    step = scheduler.schedule(lambda s: True)
+    assert step.prefills == seqs[:2] and not step.decodes  # 10 + 10 tokens fit, a third would not
+    _run(scheduler, step)
+    step = scheduler.schedule(lambda s: True)
+    assert step.decodes == seqs[:2] and step.prefills == seqs[2:3]  # three sequences at most
+    assert all(s.status is Status.RUNNING for s in seqs[:2])
+
+
+def test_the_oldest_ready_goes_first_and_nothing_waits_while_others_run():
+    scheduler = Scheduler()
+    loading, loaded = _seq(0, prefetch=4), _seq(1, prefetch=4)
+    scheduler.add(loading)
+    scheduler.add(loaded)
+    step = scheduler.schedule(lambda s: s is loaded)
+    assert step.prefills == [loaded]  # not held up by the one still loading
+    _run(scheduler, step)
+    step = scheduler.schedule(lambda s: False)
+    assert step.prefills == [] and step.decodes == [loaded]  # decode on; do not block on the loader
+    scheduler.running.clear()
+    assert scheduler.schedule(lambda s: False).prefills == [loading]  # nothing else to do: wait for it
+
+
+def test_a_prompt_over_the_token_budget_still_runs_alone():
+    scheduler = Scheduler(SchedulerConfig(max_prefill_tokens=5))
+    big = _seq(0, prompt_tokens=50)
+    scheduler.add(big)
+    assert scheduler.schedule(lambda s: True).prefills == [big]
+
+
+def test_prefetch_window_and_abort():
+    scheduler = Scheduler()
+    seqs = [_seq(i, prefetch=2) for i in range(4)] + [_seq(4)]
+    for seq in seqs:
+        scheduler.add(seq)
+    assert scheduler.to_prefetch() == seqs[:2]
+    assert scheduler.abort(1) is seqs[1] and scheduler.abort(1) is None
+    assert scheduler.to_prefetch() == [seqs[0], seqs[2]]
+
+
+@pytest.mark.parametrize("field", ["max_num_seqs", "max_prefill_tokens", "lookahead"])
+def test_bad_limits_are_refused(field):
+    with pytest.raises(ValueError, match=field):
+        SchedulerConfig(**{field: 0})
+
+
+def test_a_sequence_finishes_on_a_stop_token_or_the_length():
+    stopped, capped = _seq(0), _seq(1)
+    stopped.accept(5)
+    stopped.accept(0)  # the stop id is not kept
+    assert stopped.token_ids == [5] and stopped.finish_reason == "stop"
+    for token in (1, 2, 3, 4):
+        capped.accept(token)
+    assert capped.finished and capped.finish_reason == "length" and len(capped.token_ids) == 4

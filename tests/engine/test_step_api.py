@@ -1,0 +1,153 @@
+"""The step API: requests share batched forwards and still get exactly the answers they get alone."""
+
+import threading
+
+import pytest
+import torch
+
+from fusionrag_llm import FusionRAG, RAGRequest
+from fusionrag_llm.engine.methods import plan_run
+from fusionrag_llm.engine.streaming import IncrementalText
+from fusionrag_llm.models.llama import ForwardPass
+
+CHUNKS = [
+    "The river Sel floods the lower town of Brightwater every spring after the snow melts.",
+    "Brightwater's mayor in 1901 was Ida Renn, who built the first stone embankment.",
+    "Renn's embankment was rebuilt in 1950 after a storm broke its eastern wall.",
+    "The eastern wall faces the old mill, which grinds barley from the valley farms.",
+]
+REQUESTS = [
+    RAGRequest(chunks=[CHUNKS[1], CHUNKS[2], CHUNKS[0]], question="Who built the embankment?"),
+    RAGRequest(chunks=[CHUNKS[3], CHUNKS[0]], question="What does the mill grind?"),
+    RAGRequest(chunks=[CHUNKS[2]], question="When was it rebuilt?"),
+    RAGRequest(chunks=[CHUNKS[0], CHUNKS[1], CHUNKS[2], CHUNKS[3]], question="Which river floods the town?"),
+]
+
+
+@pytest.fixture(scope="module")
+def rag():
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.8, 0.6], [0.6, 0.8], [0, 1]], neighbors=2)
+    return rag
+
+
+def _batched_calls(rag):
+    """Record how many sequences each batched forward carried."""
+    sizes = []
+    original = rag.engine.model.forward_batch
+
+    def spy(steps, caches):
+        sizes.append(len(steps))
+        return original(steps, caches)
+
+    rag.engine.model.forward_batch = spy
+    return sizes
+
+
+@pytest.mark.parametrize("method, ratio", [("full_attention", 1.0), ("full_reuse", 0.0), ("cacheblend", 0.3),
+                                           ("fusionrag", 0.15)])  # fmt: skip
+def test_generate_many_batches_decode_and_equals_one_by_one(rag, method, ratio):
+    alone = [rag.generate(r, method=method, recompute_ratio=ratio, max_new_tokens=6) for r in REQUESTS]
+    sizes = _batched_calls(rag)
+    try:
+        together = rag.generate_many(REQUESTS, method=method, recompute_ratio=ratio, max_new_tokens=6)
+    finally:
+        del rag.engine.model.forward_batch
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+    assert [g.text for g in together] == [g.text for g in alone]
+    assert sizes and max(sizes) == len(REQUESTS)  # the four prefills, then decode steps of all four, in one forward
+    assert all(g.finish_reason in ("stop", "length") for g in together)
+
+
+def test_forward_batch_equals_separate_forwards(rag):
+    """A prefill and a decode step of two different requests in one forward give each its own result."""
+    model = rag.engine.model
+    ids = [torch.arange(5, 25), torch.arange(40, 47)]
+
+    def prefilled(tokens):
+        cache = model.new_cache(len(tokens) + 1)
+        model(ForwardPass(tokens, torch.arange(len(tokens)), cache.reserve(len(tokens))), cache)
+        return cache
+
+    def passes(caches):
+        decode = ForwardPass(torch.tensor([3]), torch.tensor([len(ids[0])]), caches[0].reserve(1))
+        prefill = ForwardPass(ids[1], torch.arange(len(ids[1])), caches[1].reserve(len(ids[1])), capture_raw_kv=True)
+        return [decode, prefill]
+
+    separate_caches = [prefilled(ids[0]), model.new_cache(len(ids[1]))]
+    separate = [model(step, cache) for step, cache in zip(passes(separate_caches), separate_caches)]
+    batched_caches = [prefilled(ids[0]), model.new_cache(len(ids[1]))]
+    batched = model.forward_batch(passes(batched_caches), batched_caches)
+    for one, many in zip(separate, batched):
+        torch.testing.assert_close(many.logits, one.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(batched[1].raw_keys, separate[1].raw_keys, atol=1e-6, rtol=1e-6)
+    assert batched[0].raw_keys is None
+    for one, many in zip(separate_caches, batched_caches):
+        torch.testing.assert_close(many.keys[:, :, : many.length], one.keys[:, :, : one.length], atol=1e-6, rtol=1e-6)
+
+
+def test_step_api_admits_decodes_and_aborts(rag):
+    engine = rag.engine
+    plan = plan_run("fusionrag", 0.15)
+    expected = [rag.generate(r, max_new_tokens=8) for r in REQUESTS[:2]]
+    first = engine.add_request(rag.segments(REQUESTS[0]), plan, 8)
+    second = engine.add_request(rag.segments(REQUESTS[1]), plan, 8)
+    assert engine.has_unfinished() and not first.token_ids
+    engine.step()  # both admitted: prefilled, first token taken
+    assert len(first.token_ids) == 1 or first.finished
+    assert engine.abort(second.request_id) and second.finish_reason == "abort"
+    assert not engine.abort(second.request_id)  # already gone
+    kept = list(second.token_ids)
+    engine.run_until_finished([first])
+    assert second.token_ids == kept  # an aborted request gets no more tokens
+    assert first.token_ids == expected[0].token_ids
+    assert not engine.has_unfinished()
+
+
+def test_threads_share_the_engine_and_get_their_own_answers(rag):
+    expected = [rag.generate(r, max_new_tokens=6).token_ids for r in REQUESTS]
+    results = [None] * len(REQUESTS)
+
+    def ask(index):
+        results[index] = rag.generate(REQUESTS[index], max_new_tokens=6).token_ids
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(REQUESTS))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert results == expected
+
+
+def test_a_failing_request_fails_alone(rag, monkeypatch):
+    engine = rag.engine
+    plan = plan_run("fusionrag", 0.15)
+    original = engine._prepare_prefill
+    bad = engine.add_request(rag.segments(REQUESTS[0]), plan, 4)
+
+    def failing(seq, preloaded):
+        if seq is bad:
+            raise OSError("disk went away")
+        return original(seq, preloaded)
+
+    monkeypatch.setattr(engine, "_prepare_prefill", failing)
+    good = engine.add_request(rag.segments(REQUESTS[1]), plan, 4)
+    with pytest.raises(OSError, match="disk went away"):
+        engine.run_until_finished([bad, good])
+    assert bad.finish_reason == "error" and good.finish_reason in ("stop", "length")
+    assert good.token_ids == rag.generate(REQUESTS[1], max_new_tokens=4).token_ids
+
+
+def test_stream_close_leaves_the_batch(rag):
+    stream = rag.stream(REQUESTS[0], max_new_tokens=8)
+    stream.close()
+    assert list(stream) == [] and not rag.engine.has_unfinished()
+
+
+def test_incremental_text_equals_decoding_everything(rag):
+    decode = rag.tokenizer.decode
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, rag.engine.model.cfg.vocab_size, (200,), generator=generator).tolist()
+    text = IncrementalText(decode)
+    deltas = [text.add(token) for token in ids] + [text.flush()]
+    assert "".join(deltas) == text.text == decode(ids)
