@@ -74,7 +74,7 @@ class LLMEngine:
         self.prefix_cache = prefix_cache
         self.runner = ModelRunner(loaded.model)
         self.scheduler = Scheduler(config)
-        self.prefetcher = Prefetcher(entries.store, self.resolver)
+        self.prefetcher = Prefetcher(entries.store)
         self._lock = threading.RLock()  # one step at a time; callers on other threads join its batches
         self._request_ids = itertools.count()
 
@@ -102,6 +102,7 @@ class LLMEngine:
             raise FusionRAGError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         seq = self._sequence(segments, plan, max_new_tokens)
         seq.prefetch, seq.preloaded = prefetch, preloaded
+        seq.context_plan = self.resolver().plan(seq.segments, plan)  # keys once, for prefetch and assembly
         with self._lock:
             self.scheduler.add(seq)
         return seq
@@ -171,7 +172,10 @@ class LLMEngine:
         stats.queue_s = start - seq.arrival
         seq.cache = self.runner.new_cache(seq.num_prompt_tokens + seq.max_new_tokens)
         resolver = self.resolver(preloaded)
-        resolved = resolver.assemble(seq.segments, plan, seq.cache, stats)
+        if seq.context_plan is None:
+            seq.context_plan = resolver.plan(seq.segments, plan)
+        resolved, counts = resolver.assemble_plan(seq.context_plan, seq.cache)
+        counts.merge_into(stats)
         layout = resolved.layout
         loaded = time.perf_counter()
         k = round(plan.recompute_ratio * len(layout.reused_slots))

@@ -7,16 +7,15 @@ closed once none is left, so an idle engine holds no threads.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable
+from typing import Iterable
 
 from fusionrag_llm.engine.sequence import Sequence
 from fusionrag_llm.storage import PrefetchLoader
 
 
 class Prefetcher:
-    def __init__(self, store, resolver: Callable):
+    def __init__(self, store):
         self.store = store
-        self.resolver = resolver  # () -> ContextResolver, to list the keys a request may read
         self._loader: PrefetchLoader | None = None
         self._submitted: set[int] = set()
 
@@ -24,7 +23,7 @@ class Prefetcher:
         for seq in seqs:
             if seq.request_id in self._submitted:
                 continue
-            wanted = self.resolver().keys_to_prefetch(seq.segments, seq.plan)
+            wanted = seq.context_plan.prefetch_keys()
             if self._loader is None:
                 self._loader = PrefetchLoader(self.store)
             self._loader.submit(seq.request_id, [key for key, _ in wanted], dict(wanted))

@@ -43,6 +43,7 @@ class Sequence:
     stats: GenerationStats = field(default_factory=GenerationStats)
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float = 0.0
+    context_plan: Any = None  # the tensor-free ContextPlan: every key its context may read
     cache: Any = None  # the request's KVCache, owned by the model runner's allocations
     prompt_logits: Any = None  # [vocab] logits after the last prompt token
 
