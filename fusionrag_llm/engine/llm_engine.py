@@ -114,6 +114,8 @@ class LLMEngine:
             scheduled = self.scheduler.schedule(self.prefetcher.ready)
             if scheduled.empty:
                 return []
+            # admitted ones still to load start now, behind the assembly of those admitted before them
+            self.prefetcher.submit([seq for seq in scheduled.prefills if seq.prefetch])
             self._run(scheduled)
             self.scheduler.update(scheduled)
             self.prefetcher.release_if_idle(self.scheduler.waiting)

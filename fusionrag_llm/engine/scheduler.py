@@ -1,11 +1,12 @@
 """Which sequences run in the next step: admissions (prefills) and the running ones (one decode token).
 
-Plain bookkeeping over ``Sequence`` objects, no tensors. Waiting sequences whose chunk entries are
-loaded on a background thread (the paper's asynchronous KV scheduler) are admitted when ready: the
-oldest ready one first, so a request still loading does not hold up those behind it. When nothing
-is running and nothing is ready, the oldest waiting one is admitted and the engine waits for its
-entries. Admissions are bounded by a number of sequences and of prompt tokens per step; at least one
-is always admitted when nothing else would run.
+Plain bookkeeping over ``Sequence`` objects, no tensors. Every step decodes all running sequences
+and admits waiting ones while the batch has room (``max_num_seqs``) and the step's prompt-token
+budget lasts; a sequence over the budget still runs when nothing else would. Sequences whose chunk
+entries were loaded on the background thread (the paper's asynchronous KV scheduler) are admitted
+first, oldest first, so a request still loading does not hold up those behind it; the others are
+admitted too when there is room, since a bigger batch is worth more than the short wait for
+entries already on their way from host memory or disk.
 """
 
 from __future__ import annotations
@@ -17,22 +18,20 @@ from typing import Callable, Sequence as Seq
 from fusionrag_llm.engine.sequence import Sequence, Status
 
 
-def pick_next(queued: Seq[int], is_ready: Callable[[int], bool]) -> tuple[int, bool]:
-    """(request id to run next, whether it is ready): the oldest ready one, else the oldest."""
-    for request_id in queued:
-        if is_ready(request_id):
-            return request_id, True
-    return queued[0], False
+def admission_order(waiting: Seq[Sequence], is_ready: Callable[[Sequence], bool]) -> list[Sequence]:
+    """Sequences whose entries are loaded first, then the others (which load as they are admitted),
+    each group oldest first."""
+    ready = [seq for seq in waiting if is_ready(seq)]
+    return ready + [seq for seq in waiting if not is_ready(seq)]
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 16  # sequences decoding together
     max_prefill_tokens: int = 16384  # prompt tokens admitted in one step
-    lookahead: int = 4  # waiting sequences considered for admission (the oldest ready one first)
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_prefill_tokens", "lookahead"):
+        for name in ("max_num_seqs", "max_prefill_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -67,16 +66,15 @@ class Scheduler:
     def schedule(self, is_ready: Callable[[Sequence], bool]) -> ScheduledStep:
         step = ScheduledStep(decodes=list(self.running))
         budget = self.config.max_prefill_tokens
-        while self.waiting and len(self.running) + len(step.prefills) < self.config.max_num_seqs:
-            window = list(self.waiting)[: self.config.lookahead]
-            index, ready = pick_next(range(len(window)), lambda i: is_ready(window[i]))
-            seq = window[index]
-            must_run = not step.decodes and not step.prefills
-            if not must_run and (not ready or seq.num_prompt_tokens > budget):
+        room = self.config.max_num_seqs - len(self.running)
+        for seq in admission_order(self.waiting, is_ready):
+            if room == 0 or (seq.num_prompt_tokens > budget and (step.prefills or step.decodes)):
                 break
-            self.waiting.remove(seq)
             step.prefills.append(seq)
             budget -= seq.num_prompt_tokens
+            room -= 1
+        for seq in step.prefills:
+            self.waiting.remove(seq)
         return step
 
     def update(self, step: ScheduledStep) -> None:

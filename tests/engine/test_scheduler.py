@@ -31,18 +31,16 @@ def test_admits_within_the_limits_and_decodes_the_running():
     assert all(s.status is Status.RUNNING for s in seqs[:2])
 
 
-def test_the_oldest_ready_goes_first_and_nothing_waits_while_others_run():
-    scheduler = Scheduler()
-    loading, loaded = _seq(0, prefetch=4), _seq(1, prefetch=4)
-    scheduler.add(loading)
-    scheduler.add(loaded)
+def test_loaded_sequences_are_admitted_first_then_the_others_while_there_is_room():
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=2))
+    loading, loaded, later = _seq(0, prefetch=4), _seq(1, prefetch=4), _seq(2, prefetch=4)
+    for seq in (loading, loaded, later):
+        scheduler.add(seq)
     step = scheduler.schedule(lambda s: s is loaded)
-    assert step.prefills == [loaded]  # not held up by the one still loading
+    assert step.prefills == [loaded, loading]  # the ready one first; the batch has room for one more
     _run(scheduler, step)
-    step = scheduler.schedule(lambda s: False)
-    assert step.prefills == [] and step.decodes == [loaded]  # decode on; do not block on the loader
-    scheduler.running.clear()
-    assert scheduler.schedule(lambda s: False).prefills == [loading]  # nothing else to do: wait for it
+    step = scheduler.schedule(lambda s: True)
+    assert step.prefills == [] and step.decodes == [loaded, loading]  # full: decode on, `later` waits
 
 
 def test_a_prompt_over_the_token_budget_still_runs_alone():
@@ -62,7 +60,7 @@ def test_prefetch_window_and_abort():
     assert scheduler.to_prefetch() == [seqs[0], seqs[2]]
 
 
-@pytest.mark.parametrize("field", ["max_num_seqs", "max_prefill_tokens", "lookahead"])
+@pytest.mark.parametrize("field", ["max_num_seqs", "max_prefill_tokens"])
 def test_bad_limits_are_refused(field):
     with pytest.raises(ValueError, match=field):
         SchedulerConfig(**{field: 0})
