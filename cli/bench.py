@@ -1,4 +1,4 @@
-"""``fusionrag bench quality|ttft|ingest|store|batch``: the benchmarks of docs/BENCHMARKS.md.
+"""``fusionrag bench quality|ttft|ingest|store|batch|resolve``: the benchmarks of docs/BENCHMARKS.md.
 
 Each command parses its options into a typed config, runs a runner from ``fusionrag_llm.eval``,
 writes JSON, a markdown table (echoed) and plots into ``--out``.
@@ -269,3 +269,24 @@ def batch(dataset, requests, tokens, max_new_tokens, method, ratio, model, devic
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     _echo_outputs(write_batch(Path(out), config.to_dict(), machine_info(rag), offline, result))
+
+
+@bench.command()
+@click.option("--sizes", default="1024,2048,4096,8192,16384,32768", show_default=True, callback=_lengths,
+              help="Prompt lengths in tokens of chunks.")  # fmt: skip
+@click.option("--chunk-tokens", default=128, show_default=True, type=click.IntRange(8), help="Tokens per chunk.")
+@click.option("--method", default="fusionrag", show_default=True, help="A method that reuses chunk entries.")
+@click.option("--repeats", default=5, show_default=True, type=click.IntRange(1), help="Timed runs per size (median).")
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(1), help="torch CPU threads during the run.")
+@out_option("bench_results")
+def resolve(sizes, chunk_tokens, method, repeats, threads, out) -> None:
+    """Cost of planning and assembling a request's context per prompt token, 1k to 32k tokens (tiny model)."""
+    from fusionrag_llm.eval.bench_resolve import ResolveBenchConfig, run_resolve_bench
+
+    try:
+        config = ResolveBenchConfig(sizes=sizes, chunk_tokens=chunk_tokens, method=method, repeats=repeats,
+                                    threads=threads, out=Path(out))  # fmt: skip
+        run_resolve_bench(config)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    _echo_outputs([Path(out) / "resolve.json", Path(out) / "resolve.md"])
