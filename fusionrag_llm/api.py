@@ -93,8 +93,9 @@ class FusionRAG:
     def ingest(self, texts: Sequence[str], fuse: bool = True, neighbors: int = 10,
                embeddings=None, progress: bool = False) -> IngestReport:  # fmt: skip
         """``add_chunks`` that also says how many entries it computed."""
-        return add_chunks(self.entries, self.catalog, self.tokenizer.encode, texts, fuse=fuse,
-                          neighbors=neighbors, embeddings=embeddings, embedder=self.embedder, progress=progress)  # fmt: skip
+        with self.engine.lock:  # not between two steps of requests other threads are running
+            return add_chunks(self.entries, self.catalog, self.tokenizer.encode, texts, fuse=fuse,
+                              neighbors=neighbors, embeddings=embeddings, embedder=self.embedder, progress=progress)  # fmt: skip
 
     def segments(self, request: Request) -> list[Segment]:
         """How ``request`` is split into prefix, chunks, text between, and suffix.

@@ -78,6 +78,11 @@ class LLMEngine:
         self._lock = threading.RLock()  # one step at a time; callers on other threads join its batches
         self._request_ids = itertools.count()
 
+    @property
+    def lock(self) -> threading.RLock:
+        """Held by every step; hold it too for work that must not interleave with one (ingestion)."""
+        return self._lock
+
     def resolver(self, preloaded: Preloaded | None = None) -> ContextResolver:
         return ContextResolver(self.entries, preloaded, self.prefix_cache)
 
