@@ -31,7 +31,7 @@ class ChunkEntries:
     def __init__(self, model: DecoderLM, store: TieredStore, fingerprint: str, s0_ids: TokenIds):
         self.model = model
         self.store = store
-        self.keys = EntryKeys.for_store(fingerprint, s0_ids, model.dtype, store.storage_dtype)
+        self.keys = EntryKeys.for_store(fingerprint, s0_ids, model.dtype, store.storage_dtype, store.codec_id)
         self.entry_store = EntryStore(store, self.keys)
         self.computer = EntryComputer(model, self.keys, self.entry_store)
 

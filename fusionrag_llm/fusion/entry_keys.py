@@ -30,15 +30,20 @@ from fusionrag_llm.storage import KVEntry, chunk_key
 from fusionrag_llm.storage.keys import path_block_key, path_key
 
 TokenIds = tuple[int, ...]
+RAW_CODEC = "raw"  # today's format: the stored tensors exactly
 logger = logging.getLogger(__name__)
 
 
-def storage_fingerprint(fingerprint: str, model_dtype: torch.dtype, storage_dtype: torch.dtype | None) -> str:
-    """The fingerprint keys are made from: the model's own, or a distinct one for a lossy storage dtype."""
-    if storage_dtype is None or storage_dtype == model_dtype:
+def storage_fingerprint(fingerprint: str, model_dtype: torch.dtype, storage_dtype: torch.dtype | None,
+                        codec_id: str = RAW_CODEC) -> str:  # fmt: skip
+    """The fingerprint keys are made from: the model's own, or a distinct one when the store keeps
+    entries in another dtype or through another codec than the raw one (their KV is not the same)."""
+    lossy_dtype = storage_dtype is not None and storage_dtype != model_dtype
+    if not lossy_dtype and codec_id == RAW_CODEC:
         return fingerprint
-    stored_as = str(storage_dtype).removeprefix("torch.")
-    return hashlib.sha256(f"{fingerprint}:stored-as:{stored_as}".encode()).hexdigest()
+    stored_as = str(storage_dtype or model_dtype).removeprefix("torch.")
+    tag = f"{fingerprint}:stored-as:{stored_as}" + ("" if codec_id == RAW_CODEC else f":codec:{codec_id}")
+    return hashlib.sha256(tag.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -55,9 +60,10 @@ class EntryKeys:
 
     @classmethod
     def for_store(cls, fingerprint: str, s0_ids: Sequence[int], model_dtype: torch.dtype,
-                  storage_dtype: torch.dtype | None) -> "EntryKeys":  # fmt: skip
-        lossless = storage_dtype in (None, model_dtype)
-        return cls(storage_fingerprint(fingerprint, model_dtype, storage_dtype), tuple(s0_ids), lossless)
+                  storage_dtype: torch.dtype | None, codec_id: str = RAW_CODEC) -> "EntryKeys":  # fmt: skip
+        """A codec other than the raw one may be lossy, so its entries never serve as exact path blocks."""
+        lossless = storage_dtype in (None, model_dtype) and codec_id == RAW_CODEC
+        return cls(storage_fingerprint(fingerprint, model_dtype, storage_dtype, codec_id), tuple(s0_ids), lossless)
 
     def key(self, token_ids: Sequence[int], variant: str) -> str:
         """Key of the chunk's ``variant`` entry (computed after S0)."""

@@ -193,3 +193,16 @@ def test_the_segment_api_is_the_plan_api(rag):
     _, counts = resolver.assemble_plan(plan, rag.loaded.model.new_cache(len(plan.prompt_ids)))
     assert resolved.boundaries == list(plan.boundaries)
     assert stats.path_hits == counts.path_hits and stats.variant_hits == counts.variant_hits
+
+
+def test_another_codec_gets_keys_of_its_own_and_no_exact_blocks():
+    import torch
+
+    from fusionrag_llm.fusion.entry_keys import EntryKeys
+
+    fingerprint = "ab" * 32
+    raw = EntryKeys.for_store(fingerprint, (1, 2), torch.float32, None)
+    coded = EntryKeys.for_store(fingerprint, (1, 2), torch.float32, None, codec_id="int8")
+    assert raw.fingerprint == fingerprint and raw.lossless
+    assert coded.fingerprint != fingerprint and not coded.lossless
+    assert coded.key((5, 6), "plain") != raw.key((5, 6), "plain")
