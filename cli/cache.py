@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from fusionrag_llm.fusion.catalog import CATALOG_FILE, registered_chunk_count
+from fusionrag_llm import CATALOG_FILE, registered_chunk_count
 from fusionrag_llm.paths import store_dir
 from fusionrag_llm.storage import (
     StoreDamagedError,

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from fusionrag_llm.engine.methods import METHODS
-from fusionrag_llm.models.default_model import DEFAULT_MODEL
+from fusionrag_llm import DEFAULT_MODEL, METHODS
 
 model_option = click.option(
     "--model", default=DEFAULT_MODEL, show_default=True,

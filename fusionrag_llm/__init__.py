@@ -3,18 +3,66 @@
     from fusionrag_llm import FusionRAG, RAGRequest
     rag = FusionRAG.from_pretrained("smollm2-135m")
     out = rag.generate(RAGRequest(chunks=[...], question="..."))
+
+These are the public names the adapters, the CLI and users import. Each is loaded on first access
+(PEP 562), so ``import fusionrag_llm`` (or one of its subpackages) loads no model code, and no
+optional dependency (FAISS, sentence-transformers, LlamaIndex, LangChain) is ever loaded by it.
 """
 
-from fusionrag_llm.api import FusionRAG
-from fusionrag_llm.engine.llm_engine import Generation
-from fusionrag_llm.engine.stats import GenerationStats
-from fusionrag_llm.errors import FusionRAGError
-from fusionrag_llm.fusion.catalog import CatalogWriteError
-from fusionrag_llm.fusion.offline import IngestionWriteError, IngestReport
-from fusionrag_llm.request import PromptFormat, RAGRequest
+from __future__ import annotations
 
-__all__ = [
-    "CatalogWriteError", "FusionRAG", "FusionRAGError", "Generation", "GenerationStats", "IngestReport",
-    "IngestionWriteError", "PromptFormat", "RAGRequest",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "FusionRAG": "fusionrag_llm.api",
+    "Generation": "fusionrag_llm.engine.llm_engine",
+    "GenerationStats": "fusionrag_llm.engine.stats",
+    "FusionRAGError": "fusionrag_llm.errors",
+    "CatalogWriteError": "fusionrag_llm.fusion.catalog",
+    "CATALOG_FILE": "fusionrag_llm.fusion.catalog",
+    "registered_chunk_count": "fusionrag_llm.fusion.catalog",
+    "IngestionWriteError": "fusionrag_llm.fusion.offline",
+    "IngestReport": "fusionrag_llm.fusion.offline",
+    "PromptFormat": "fusionrag_llm.request",
+    "RAGRequest": "fusionrag_llm.request",
+    "KV_VARIANTS": "fusionrag_llm.engine.methods",
+    "METHODS": "fusionrag_llm.engine.methods",
+    "MethodSpec": "fusionrag_llm.engine.methods",
+    "RunPlan": "fusionrag_llm.engine.methods",
+    "check_run_options": "fusionrag_llm.engine.methods",
+    "SELECTORS": "fusionrag_llm.fusion.selectors",
+    "SelectorSpec": "fusionrag_llm.fusion.selectors",
+    "DEFAULT_MODEL": "fusionrag_llm.models.default_model",
+    "MissingDependencyError": "fusionrag_llm.errors",
+}
+
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fusionrag_llm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
+    from fusionrag_llm.api import FusionRAG
+    from fusionrag_llm.engine.llm_engine import Generation
+    from fusionrag_llm.engine.methods import KV_VARIANTS, METHODS, MethodSpec, RunPlan, check_run_options
+    from fusionrag_llm.engine.stats import GenerationStats
+    from fusionrag_llm.errors import FusionRAGError, MissingDependencyError
+    from fusionrag_llm.fusion.catalog import CATALOG_FILE, CatalogWriteError, registered_chunk_count
+    from fusionrag_llm.fusion.offline import IngestionWriteError, IngestReport
+    from fusionrag_llm.fusion.selectors import SELECTORS, SelectorSpec
+    from fusionrag_llm.models.default_model import DEFAULT_MODEL
+    from fusionrag_llm.request import PromptFormat, RAGRequest

@@ -12,13 +12,13 @@ import uuid
 import weakref
 from typing import Any, Mapping, Sequence
 
-from fusionrag_llm.api import FusionRAG
-from fusionrag_llm.fusion.offline import IngestReport
+from fusionrag_llm import FusionRAG, IngestReport, check_run_options
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "smollm2-135m"
-CALL_OPTIONS = ("method", "recompute_ratio", "max_new_tokens", "kv_variant", "selector", "seed")
+RUN_OPTIONS = ("method", "recompute_ratio", "kv_variant", "selector", "seed")  # check_run_options' knobs
+CALL_OPTIONS = (*RUN_OPTIONS[:2], "max_new_tokens", *RUN_OPTIONS[2:])
 
 _locks: "weakref.WeakKeyDictionary[FusionRAG, threading.Lock]" = weakref.WeakKeyDictionary()
 _sessions: "weakref.WeakKeyDictionary[FusionRAG, str]" = weakref.WeakKeyDictionary()
@@ -45,16 +45,12 @@ def check_rag(value: Any) -> FusionRAG | None:
     return value
 
 
-def check_method(value: str) -> str:
-    if value not in FusionRAG.methods:
-        raise ValueError(f"unknown method {value!r}; valid methods: {', '.join(FusionRAG.methods)}")
-    return value
+def check_run(options: Mapping[str, Any]) -> None:
+    """The engine's own validator over the run knobs in ``options`` (method, ratio, ablation overrides).
 
-
-def check_ratio(value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ValueError(f"recompute_ratio must be a number in [0, 1], got {value!r}")
-    return float(value)
+    It raises ``FusionRAGError``, a ``ValueError``, which is what the frameworks' validators expect.
+    """
+    check_run_options(**{name: options[name] for name in RUN_OPTIONS if name in options})
 
 
 def check_max_new_tokens(value: int) -> int:
@@ -78,8 +74,7 @@ def call_options(defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -> d
     if unknown:
         raise ValueError(f"unknown option(s) {unknown}; per-call options: {', '.join(CALL_OPTIONS)}, temperature")
     options = {**defaults, **overrides}
-    check_method(options["method"])
-    check_ratio(options["recompute_ratio"])
+    check_run(options)
     check_max_new_tokens(options["max_new_tokens"])
     return options
 

@@ -21,6 +21,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
 
+from fusionrag_llm.errors import require
+
+require("langchain_core", "langchain", "fusionrag_llm.integrations.langchain")  # a clear hint, not a bare ImportError
+
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.documents import BaseDocumentTransformer, Document
 from langchain_core.embeddings import Embeddings
@@ -31,8 +35,7 @@ from langchain_core.runnables.config import run_in_executor
 from langchain_core.vectorstores import VectorStore
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
-from fusionrag_llm.api import FusionRAG
-from fusionrag_llm.fusion.offline import IngestReport
+from fusionrag_llm import FusionRAG, IngestReport
 from fusionrag_llm.integrations import _shared
 
 __all__ = ["AddedDocuments", "ChatFusionRAG", "FusionRAGDocumentTransformer", "FusionRAGLLMLangChain", "add_documents"]
@@ -56,8 +59,7 @@ class _FusionRAGSettings(BaseModel):
     @model_validator(mode="after")
     def _check_settings(self):
         _shared.check_rag(self.rag)
-        _shared.check_method(self.method)
-        _shared.check_ratio(self.recompute_ratio)
+        _shared.check_run({"method": self.method, "recompute_ratio": self.recompute_ratio})
         _shared.check_max_new_tokens(self.max_tokens)
         _shared.check_temperature(self.temperature)
         if self.rag is not None:

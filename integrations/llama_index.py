@@ -21,6 +21,10 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from fusionrag_llm.errors import require
+
+require("llama_index.core", "llama-index", "fusionrag_llm.integrations.llama_index")  # a clear hint, not a bare ImportError
+
 from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
@@ -36,7 +40,7 @@ from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.schema import BaseNode, MetadataMode, TransformComponent
 from pydantic import ConfigDict, Field, model_validator
 
-from fusionrag_llm.api import FusionRAG
+from fusionrag_llm import FusionRAG
 from fusionrag_llm.integrations import _shared
 
 __all__ = ["FusionRAGIngestion", "FusionRAGLLM"]
@@ -63,15 +67,14 @@ class FusionRAGLLM(CustomLLM):
 
     rag: Optional[Any] = Field(default=None, exclude=True, description="A FusionRAG engine; None: load model_name.")
     model_name: str = Field(default=_shared.DEFAULT_MODEL_NAME, description="Model to load when rag is None.")
-    method: str = Field(default="fusionrag", description="One of FusionRAG.methods.")
+    method: str = Field(default="fusionrag", description="One of fusionrag_llm.METHODS.")
     recompute_ratio: float = Field(default=0.15, description="Share of reused chunk tokens recomputed, in [0, 1].")
     max_new_tokens: int = Field(default=32, description="Most tokens generated per call.")
 
     @model_validator(mode="after")
     def _check_settings(self) -> "FusionRAGLLM":
         _shared.check_rag(self.rag)
-        _shared.check_method(self.method)
-        _shared.check_ratio(self.recompute_ratio)
+        _shared.check_run({"method": self.method, "recompute_ratio": self.recompute_ratio})
         _shared.check_max_new_tokens(self.max_new_tokens)
         if self.rag is not None:
             self.model_name = self.rag.loaded.name

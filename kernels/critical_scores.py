@@ -20,7 +20,8 @@ import torch
 from ._common import (KEY_NEVER, QUERY_NONE, check_devices, check_head_dim,
                       check_last_dim_contiguous, default_scale, interpreting, require_triton, tl,
                       triton)
-from .q_sparse_attention import check_attention_inputs, masked_key_positions, masked_softmax_parts
+from .q_sparse_attention import (check_attention_inputs, launch_config, launch_forward, masked_key_positions,
+                                 masked_softmax_parts)
 
 _OP = "critical_scores"
 _LOG2E = 1.4426950408889634
@@ -79,7 +80,6 @@ def critical_scores(q, q_positions, k, k_positions, k_valid, scale=None):
 
     >>> top = critical_scores(q_question, qpos, k_ctx, kpos, valid).topk(n_recompute)  # doctest: +SKIP
     """
-    from .q_sparse_attention_varlen import launch_config, launch_forward
 
     require_triton(_OP)
     check_attention_inputs(_OP, q, q_positions, k, k, k_positions, k_valid)

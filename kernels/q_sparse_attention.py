@@ -17,19 +17,23 @@ softmax over key tiles, and skips a key tile whose smallest visible position lie
 query position of the row block. No ``[Nq, Nk]`` mask is ever built. Decode (one query per
 request) goes through the same kernel.
 
-See ``q_sparse_attention_varlen.py`` for the batched (packed requests) form.
+This module holds the kernel, its launcher (``launch_forward``, shared by the packed form in
+``q_sparse_attention_varlen.py`` and by ``critical_scores.py``, which import it from here; this
+module imports neither) and the torch reference.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._common import (FLOAT_DTYPES, KEY_NEVER, QUERY_NONE, check, check_tensor, default_scale,
+from ._common import (FLOAT_DTYPES, KEY_NEVER, QUERY_NONE, check, check_devices, check_head_dim,
+                      check_last_dim_contiguous, check_tensor, default_scale, interpreting, require_triton,
                       tl, triton)
 
 _OP = "q_sparse_attention"
 # Bound on the score elements the reference materialises per query chunk (fp32 elements).
 _REF_CHUNK_ELEMENTS = 1 << 24
+_LOG2E = 1.4426950408889634
 
 
 if triton is not None:
@@ -160,16 +164,65 @@ def q_sparse_attention(q, q_positions, k, v, k_positions, k_valid, scale=None,
 
     >>> out = q_sparse_attention(q, qpos, k, v, kpos, valid)  # doctest: +SKIP
     """
-    from .q_sparse_attention_varlen import q_sparse_attention_varlen
-
+    require_triton(_OP)
     check_attention_inputs(_OP, q, q_positions, k, v, k_positions, k_valid,
                            page_k, page_v, page_positions)
     dev = q.device
     cu_q = torch.tensor([0, q.shape[1]], dtype=torch.int64, device=dev)
     cu_k = torch.tensor([0, k.shape[1]], dtype=torch.int64, device=dev)
     cu_p = None if page_k is None else torch.tensor([0, page_k.shape[1]], dtype=torch.int64, device=dev)
-    return q_sparse_attention_varlen(q, q_positions, cu_q, k, v, k_positions, k_valid, cu_k, scale,
-                                     page_k, page_v, page_positions, cu_p, max_seqlen_q=q.shape[1])
+    out, _ = launch_forward(q, q_positions, cu_q, k, v, k_positions, k_valid, cu_k, page_k, page_v,
+                            page_positions, cu_p, scale, q.shape[1], with_v=True, store_lse=False, op=_OP)
+    return out
+
+
+def launch_forward(q, q_positions, cu_q, k, v, k_positions, k_valid, cu_k, page_k, page_v,
+                   page_positions, cu_p, scale, max_seqlen_q, with_v, store_lse, op="q_sparse_attention_varlen"):
+    """Launch the forward kernel on validated inputs; returns (out or None, lse2 or None).
+
+    lse2 [Hq, Tq] float32 is the log2-domain log-sum-exp of ``scale * log2(e) * q.k`` over the
+    visible keys (-inf for rows that see nothing); critical_scores uses it.
+    """
+    check_devices(op, q=q, q_positions=q_positions, cu_seqlens_q=cu_q, k=k, v=v,
+                  k_positions=k_positions, k_valid=k_valid, cu_seqlens_k=cu_k, page_k=page_k,
+                  page_v=page_v, page_positions=page_positions, cu_seqlens_page=cu_p)
+    hq, tq, d = q.shape
+    hkv = k.shape[0]
+    check_head_dim(op, d)
+    check_last_dim_contiguous(op, q=q, k=k, v=v, page_k=page_k, page_v=page_v)
+    q_positions, k_positions = q_positions.contiguous(), k_positions.contiguous()
+    cu_q, cu_k = cu_q.to(torch.int64).contiguous(), cu_k.to(torch.int64).contiguous()
+    valid = None if k_valid is None else k_valid.contiguous().view(torch.uint8)
+    has_page = page_k is not None
+    pk, pv = (page_k, page_v) if has_page else (k, v)
+    p_pos = page_positions.contiguous() if has_page else k_positions
+    cu_p = cu_p.to(torch.int64).contiguous() if has_page else cu_k
+    out = torch.empty_like(q, memory_format=torch.contiguous_format) if with_v else None
+    lse = torch.empty((hq, tq), dtype=torch.float32, device=q.device) if store_lse else None
+    group = hq // hkv
+    cfg = launch_config(d, max_seqlen_q * group)
+    n_req = cu_q.shape[0] - 1
+    grid = (max(1, triton.cdiv(max_seqlen_q * group, cfg["BLOCK_M"])), hkv, n_req)
+    if tq == 0 or n_req == 0:
+        return out, lse
+    _q_sparse_fwd_kernel[grid](
+        q, q_positions, cu_q, k, v, k_positions, valid if valid is not None else k_positions, cu_k,
+        pk, pv, p_pos, cu_p, out if with_v else q, lse if store_lse else q_positions,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        pk.stride(0), pk.stride(1), pv.stride(0), pv.stride(1),
+        out.stride(0) if with_v else 0, out.stride(1) if with_v else 0, tq,
+        default_scale(scale, d) * _LOG2E, GROUP=group, HEAD_DIM=d, HAS_VALID=valid is not None,
+        HAS_PAGE=has_page, WITH_V=with_v, STORE_LSE=store_lse,
+        F32=q.dtype == torch.float32 or interpreting(), **cfg)
+    return out, lse
+
+
+def launch_config(head_dim: int, rows_max: int) -> dict:
+    """Tile sizes: tiny tiles under the interpreter (speed), flash-attention-like ones on GPU."""
+    if interpreting():
+        return {"BLOCK_M": 16, "BLOCK_N": 32}
+    block_m = 16 if rows_max <= 16 else 32 if rows_max <= 32 else 64
+    return {"BLOCK_M": block_m, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 
 
 def q_sparse_attention_ref(q, q_positions, k, v, k_positions, k_valid, scale=None,
@@ -232,5 +285,5 @@ def _row_max(s):
     return s.amax(-1)
 
 
-__all__ = ["q_sparse_attention", "q_sparse_attention_ref", "check_attention_inputs",
-           "masked_key_positions", "masked_softmax_parts"]
+__all__ = ["q_sparse_attention", "q_sparse_attention_ref", "check_attention_inputs", "launch_config",
+           "launch_forward", "masked_key_positions", "masked_softmax_parts"]

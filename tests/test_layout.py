@@ -1,12 +1,47 @@
-"""The top-level folders are the architecture: each installs as a package and imports flow one way."""
+"""The top-level folders are the architecture: each installs as a package and imports flow one way.
+
+Layers inside ``fusionrag_llm`` (a unit is a subpackage, a top-level module, or the package root;
+a unit may import itself and units of a strictly lower rank, nothing else):
+
+====  =========================================================================================
+rank  units
+====  =========================================================================================
+0     leaves: ``kernels`` (torch/triton), ``storage`` (torch/diskcache), ``data`` (bundled
+      files); they import no other unit at all
+0     base modules anyone may import: ``errors``, ``paths``, ``request`` (they import only
+      each other)
+1     ``models`` (model runtime) and ``ingest`` (chunking, embeddings, FAISS: offline helpers)
+2     ``fusion`` (chunk entries, catalog, selectors, scorers)
+3     ``engine`` (resolve, select, sparse prefill, decode, methods registry)
+4     ``api`` (the ``FusionRAG`` facade)
+5     the package root ``fusionrag_llm`` (its public names, loaded lazily from ``_EXPORTS``)
+6     ``eval`` (benchmarks: an application of the facade)
+7     ``cli`` and ``integrations`` (the application layer)
+====  =========================================================================================
+
+Imports are read with ``ast``: module-level and function-level imports both count, except those
+under ``if TYPE_CHECKING:``; the root's lazy export table counts as imports of the modules it names.
+The CLI and the adapters reach ``models``, ``fusion``, ``engine`` and ``api`` only through the
+root's public names.
+"""
 
 import ast
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 MAPPED = {"kernels": "fusionrag_llm.kernels", "storage": "fusionrag_llm.storage",
           "integrations": "fusionrag_llm.integrations", "cli": "fusionrag_llm.cli"}  # fmt: skip
+PACKAGE = "fusionrag_llm"
+BASE = ("errors", "paths", "request")
+LEAVES = ("kernels", "storage", "data")
+RANKS = {**dict.fromkeys(("errors", "paths", "request", "kernels", "storage", "data"), 0), "models": 1, "ingest": 1,
+         "fusion": 2, "engine": 3, "api": 4, PACKAGE: 5, "eval": 6, "cli": 7, "integrations": 7}  # fmt: skip
+INTERNALS = ("models", "fusion", "engine", "api")  # the CLI and adapters use the root's names instead
+# (importing unit, imported unit) edges that break the order in files owned elsewhere; each names its file.
+ALLOWED: set[tuple[str, str]] = set()
 
 
 def _setuptools() -> dict:
@@ -35,27 +70,135 @@ def test_package_dir_maps_the_top_level_folders():
     assert _setuptools()["package-dir"] == {name: folder for folder, name in MAPPED.items()}
 
 
-def _imports(folder: str) -> set[str]:
-    names = set()
-    for path in (ROOT / folder).rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names.add(node.module)
-            elif isinstance(node, ast.Import):
-                names.update(alias.name for alias in node.names)
-    return names
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    parts = MAPPED.get(parts[0], parts[0]).split(".") + parts[1:]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def test_kernels_and_storage_do_not_import_the_engine():
-    for folder in ("kernels", "storage"):
-        own = f"fusionrag_llm.{folder}"
-        bad = {n for n in _imports(folder) if n.startswith("fusionrag_llm") and not n.startswith(own)}
-        assert not bad, f"{folder}/ must depend on torch/triton/diskcache only, imports {sorted(bad)}"
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")  # fmt: skip
 
 
-def test_engine_does_not_import_integrations_or_cli():
-    bad = {n for n in _imports("fusionrag_llm") if n.startswith(("fusionrag_llm.integrations", "fusionrag_llm.cli"))}
-    assert not bad, f"fusionrag_llm/ must not import the adapters or the CLI: {sorted(bad)}"
+def _imported(node: ast.AST, module: str, is_package: bool) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    if node.level == 0:
+        return [node.module]
+    anchor = module.split(".")[: len(module.split(".")) - node.level + is_package]
+    base = ".".join([*anchor, node.module] if node.module else anchor)
+    return [base] if node.module else [f"{base}.{alias.name}" for alias in node.names]
+
+
+def _walk(node: ast.AST, module: str, is_package: bool, out: list[tuple[int, str]]) -> None:
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and _is_type_checking(child):
+            for other in child.orelse:
+                _walk(ast.Module(body=[other], type_ignores=[]), module, is_package, out)
+            continue
+        out.extend((child.lineno, name) for name in _imported(child, module, is_package))
+        _walk(child, module, is_package, out)
+
+
+def _lazy_exports(tree: ast.Module) -> list[tuple[int, str]]:
+    """The modules named in the root's ``_EXPORTS`` table (imported on first attribute access)."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_EXPORTS" for t in node.targets):
+            return [(value.lineno, value.value) for value in node.value.values]
+    return []
+
+
+def _all_imports() -> list[tuple[str, int, str]]:
+    """(importing module, line, imported module) for every in-package import of the installed folders."""
+    found = []
+    for folder in (PACKAGE, *(f for f in MAPPED)):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            module, tree = _module_name(path), ast.parse(path.read_text())
+            edges: list[tuple[int, str]] = []
+            _walk(tree, module, path.name == "__init__.py", edges)
+            if module == PACKAGE:
+                edges += _lazy_exports(tree)
+            found += [(module, line, name) for line, name in edges if name.split(".")[0] == PACKAGE]
+    return found
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else PACKAGE
+
+
+def test_every_unit_has_a_rank():
+    units = {_unit(m) for m, _, _ in _all_imports()} | {_unit(n) for _, _, n in _all_imports()}
+    assert units <= set(RANKS), f"give these units a rank in RANKS (and the docstring): {sorted(units - set(RANKS))}"
+
+
+def _violations() -> list[str]:
+    bad = []
+    for module, line, name in _all_imports():
+        src, dst = _unit(module), _unit(name)
+        if src == dst or (src, dst) in ALLOWED or (src in BASE and dst in BASE):
+            continue
+        leaf = src in LEAVES
+        if leaf or RANKS[dst] >= RANKS[src] or (src in ("cli", "integrations") and dst in INTERNALS):
+            bad.append(f"{module}:{line} imports {name} ({src} -> {dst})")
+    return bad
+
+
+def test_imports_follow_the_layer_order():
+    bad = _violations()
+    assert not bad, "imports against the layer order (see this module's docstring):\n" + "\n".join(bad)
+
+
+def _unit_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for module, _, name in _all_imports():
+        if _unit(module) != _unit(name):
+            graph.setdefault(_unit(module), set()).add(_unit(name))
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [node, nxt] if nxt in path else [node, nxt]
+            if nxt not in state and (found := visit(nxt, path + [node])):
+                return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [])):
+            return found
+    return None
+
+
+def test_no_import_cycles_between_subpackages():
+    cycle = _cycle(_unit_graph())
+    assert cycle is None, f"import cycle between subpackages: {' -> '.join(cycle)}"
+
+
+@pytest.mark.parametrize("unit", ["kernels", "fusion", "ingest"])
+def test_no_import_cycles_between_modules_of(unit):
+    graph: dict[str, set[str]] = {}
+    for module, _, name in _all_imports():
+        if _unit(module) == unit == _unit(name) and module != name:
+            graph.setdefault(module, set()).add(name)
+    cycle = _cycle(graph)
+    assert cycle is None, f"import cycle inside {unit}/: {' -> '.join(cycle)}"
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) is not None
+    assert _cycle({"a": {"b"}, "b": {"c"}}) is None
 
 
 def test_console_script_points_at_click_main():
@@ -68,6 +211,23 @@ def test_importing_the_package_loads_no_framework_or_index_library():
     import sys
 
     code = ("import fusionrag_llm, sys; "
-            "print([m for m in ('faiss', 'llama_index', 'langchain_core') if m in sys.modules])")  # fmt: skip
+            "print([m for m in ('faiss', 'llama_index', 'langchain_core', 'sentence_transformers') if m in sys.modules])")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_the_facade_loads_no_optional_dependency():
+    import subprocess
+    import sys
+
+    code = ("from fusionrag_llm import FusionRAG, RAGRequest, METHODS; import sys; "
+            "print([m for m in ('faiss', 'llama_index', 'langchain_core', 'sentence_transformers') if m in sys.modules])")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_public_names_resolve():
+    import fusionrag_llm
+
+    for name in fusionrag_llm.__all__:
+        assert getattr(fusionrag_llm, name) is not None, name

@@ -1,28 +1,84 @@
-"""The methods one engine runs, as (KV variant, selector) pairs with validated knobs."""
+"""The method registry: every method the engine runs is one ``MethodSpec`` row, checked by one validator.
+
+A method is where its chunk KV comes from (``kv_variant``), how it picks the reused tokens to
+recompute (``selector``, a row of ``fusion.selectors.SELECTORS``) and the extra stages it needs,
+all as data. ``check_run_options`` is the only place that validates a run's knobs; the facade, the
+engine, the framework adapters, the CLI and the benchmarks all go through it (or through
+``plan_run``, its positional form) and list names from ``METHODS`` / ``SELECTORS`` / ``KV_VARIANTS``.
+
+Adding a method:
+
+1. its selection rule, if new: one module ``fusion/scorers/<name>.py`` with
+   ``scores(inp: ScoringInput) -> Tensor`` and its ``SelectorSpec`` row in ``fusion/selectors.py``;
+2. one ``MethodSpec`` row in ``METHODS`` below, with the stages it needs switched on.
+
+A row that needs a stage the engine does not run yet (``MethodSpec.stages``) is listed but refused
+by the validator with a message naming the stage, so a method can be described before it runs.
+
+    >>> plan = check_run_options(method="cacheblend", recompute_ratio=0.15)
+    >>> plan.kv_variant, plan.selector, plan.recompute_ratio
+    ('plain', 'kv_deviation', 0.15)
+    >>> check_run_options(method="full_reuse", recompute_ratio=0.5).recompute_ratio  # selects nothing
+    0.0
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from fusionrag_llm.errors import FusionRAGError
+from fusionrag_llm.fusion.selectors import SELECTORS, selector_spec
 
 KV_VARIANTS = ("plain", "fused")
-SELECTORS = ("query_guided", "kv_deviation", "random", "oracle", "none")
+# Stages beyond resolve -> select -> sparse prefill -> decode that this engine runs today.
+ENGINE_STAGES: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
 class MethodSpec:
+    """One method as data; every stage flag is off for a method the plain pipeline runs."""
+
     name: str
     kv_variant: str | None  # None: no chunk reuse at all (full attention)
-    selector: str
+    selector: str  # a key of SELECTORS
+    description: str = ""
+    # selection from stored data before any forward pass (e.g. EPIC's first tokens of each chunk)
+    select_before_prefill: bool = False
+    # a recompute set that changes from layer to layer (e.g. CacheBlend's gradual filtering)
+    per_layer_selection: bool = False
+    # a temperature / scale on attention over reused chunks (e.g. APE)
+    attention_scaling: bool = False
+    # the selector needs each chunk's token span (e.g. EPIC, CacheClip's 8-token groups)
+    needs_chunk_boundaries: bool = False
+    # names of per-chunk data the offline stage must store (e.g. Cache-Craft's "cci")
+    offline_metadata: tuple[str, ...] = ()
+    # a second, smaller model the selector runs (e.g. CacheClip); None: none
+    auxiliary_model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kv_variant is not None and self.kv_variant not in KV_VARIANTS:
+            raise FusionRAGError(f"method {self.name!r}: kv_variant {self.kv_variant!r} is not one of {KV_VARIANTS}")
+        if selector_spec(self.selector).selects and self.kv_variant is None:
+            raise FusionRAGError(f"method {self.name!r} reuses no chunk KV, so its selector must be 'none'")
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The names of the extra stages this method needs (empty for the plain pipeline)."""
+        defaults = {f.name: f.default for f in fields(self)}
+        flags = ("select_before_prefill", "per_layer_selection", "attention_scaling", "needs_chunk_boundaries",
+                 "offline_metadata", "auxiliary_model")  # fmt: skip
+        return tuple(name for name in flags if getattr(self, name) != defaults[name])
 
 
-METHODS = {
-    "full_attention": MethodSpec("full_attention", None, "none"),
-    "full_reuse": MethodSpec("full_reuse", "plain", "none"),
-    "cacheblend": MethodSpec("cacheblend", "plain", "kv_deviation"),
-    "fusionrag": MethodSpec("fusionrag", "fused", "query_guided"),
-}
+METHODS: dict[str, MethodSpec] = {
+    spec.name: spec
+    for spec in (
+        MethodSpec("full_attention", None, "none", "exact prefill of the whole prompt (the baseline)"),
+        MethodSpec("full_reuse", "plain", "none", "reuse every chunk's plain KV, positions corrected (TurboRAG)"),
+        MethodSpec("cacheblend", "plain", "kv_deviation", "plain KV, recompute the tokens whose layer-1 KV drifts most"),
+        MethodSpec("fusionrag", "fused", "query_guided", "fused KV, recompute the tokens the question attends to most"),
+    )
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -39,23 +95,67 @@ class RunPlan:
     def reuses_chunks(self) -> bool:
         return self.kv_variant is not None
 
+    @property
+    def ratio_free(self) -> bool:
+        """True when the ratio cannot change the run: no chunk reuse, or a selector that picks nothing."""
+        return not self.reuses_chunks or not SELECTORS[self.selector].selects
+
+
+def check_run_options(*, method: str, recompute_ratio: float, kv_variant: str | None = None,
+                      selector: str | None = None, seed: int = 0) -> RunPlan:  # fmt: skip
+    """Validate a run's knobs; ``kv_variant``/``selector`` override the method's own (ablations).
+
+    Raises ``FusionRAGError`` (a ``ValueError``) naming the bad knob and what is allowed.
+    """
+    spec = _method(method)
+    _check_choice("kv_variant", kv_variant, KV_VARIANTS)
+    if selector is not None:
+        selector_spec(selector)
+    _check_ratio(recompute_ratio)
+    _check_seed(seed)
+    _check_stages(spec)
+    if spec.kv_variant is None:
+        if kv_variant is not None or selector not in (None, "none"):
+            raise FusionRAGError(f"{method} reuses no chunk KV; kv_variant and selector do not apply to it")
+        return RunPlan(method, None, "none", 1.0, seed)
+    chosen = selector or spec.selector
+    ratio = float(recompute_ratio) if SELECTORS[chosen].selects else 0.0
+    return RunPlan(method, kv_variant or spec.kv_variant, chosen, ratio, seed)
+
 
 def plan_run(method: str, recompute_ratio: float, kv_variant: str | None = None,
              selector: str | None = None, seed: int = 0) -> RunPlan:  # fmt: skip
-    """Validate the knobs; ``kv_variant``/``selector`` override the method's own (ablations)."""
-    if method not in METHODS:
-        raise FusionRAGError(f"unknown method {method!r}; valid methods: {', '.join(METHODS)}")
-    if kv_variant is not None and kv_variant not in KV_VARIANTS:
-        raise FusionRAGError(f"unknown kv_variant {kv_variant!r}; valid: {', '.join(KV_VARIANTS)}")
-    if selector is not None and selector not in SELECTORS:
-        raise FusionRAGError(f"unknown selector {selector!r}; valid selectors: {', '.join(SELECTORS)}")
-    if isinstance(recompute_ratio, bool) or not isinstance(recompute_ratio, (int, float)) or not 0 <= recompute_ratio <= 1:
-        raise FusionRAGError(f"recompute_ratio must be a number in [0, 1], got {recompute_ratio!r}")
-    spec = METHODS[method]
-    if spec.kv_variant is None:
-        if kv_variant is not None or selector not in (None, "none"):
-            raise FusionRAGError("full_attention reuses no chunk KV; kv_variant and selector do not apply to it")
-        return RunPlan(method, None, "none", 1.0, seed)
-    chosen_selector = selector or spec.selector
-    ratio = 0.0 if chosen_selector == "none" else float(recompute_ratio)
-    return RunPlan(method, kv_variant or spec.kv_variant, chosen_selector, ratio, seed)
+    """Positional form of :func:`check_run_options` (the facade's call sites)."""
+    return check_run_options(method=method, recompute_ratio=recompute_ratio, kv_variant=kv_variant,
+                             selector=selector, seed=seed)  # fmt: skip
+
+
+def _method(name: str) -> MethodSpec:
+    spec = METHODS.get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise FusionRAGError(f"unknown method {name!r}; valid methods: {', '.join(METHODS)}")
+    return spec
+
+
+def _check_choice(knob: str, value: str | None, allowed: tuple[str, ...]) -> None:
+    if value is not None and value not in allowed:
+        raise FusionRAGError(f"unknown {knob} {value!r}; valid: {', '.join(allowed)}")
+
+
+def _check_ratio(value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise FusionRAGError(f"recompute_ratio must be a number in [0, 1], got {value!r}")
+
+
+def _check_seed(value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise FusionRAGError(f"seed must be an int >= 0, got {value!r}")
+
+
+def _check_stages(spec: MethodSpec) -> None:
+    missing = [stage for stage in spec.stages if stage not in ENGINE_STAGES]
+    if missing:
+        raise FusionRAGError(f"method {spec.name!r} needs stage(s) {', '.join(missing)}, which this engine does not run yet")
+
+
+__all__ = ["ENGINE_STAGES", "KV_VARIANTS", "METHODS", "MethodSpec", "RunPlan", "SELECTORS", "check_run_options", "plan_run"]

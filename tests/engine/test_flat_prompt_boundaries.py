@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fusionrag_llm import FusionRAG
-from fusionrag_llm.engine.chunk_finder import MIN_CHUNK_CHARS, ChunkFinder
+from fusionrag_llm.fusion.chunk_finder import MIN_CHUNK_CHARS, ChunkFinder
 from fusionrag_llm.models.config import config_from_hf
 from fusionrag_llm.models.llama import DecoderLM
 from fusionrag_llm.models.loader import LoadedModel

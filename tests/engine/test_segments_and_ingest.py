@@ -3,7 +3,7 @@
 import pytest
 
 from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest
-from fusionrag_llm.engine.chunk_finder import WINDOW, ChunkFinder
+from fusionrag_llm.fusion.chunk_finder import WINDOW, ChunkFinder
 from fusionrag_llm.errors import PromptTooLongError
 
 CHUNKS = [

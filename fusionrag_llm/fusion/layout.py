@@ -1,0 +1,33 @@
+"""Where each prompt token of a request sits in its cache, and what every selector is given."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fusionrag_llm.models.kv_cache import KVCache
+from fusionrag_llm.models.llama import DecoderLM, ForwardPass
+
+
+@dataclass
+class RequestLayout:
+    """Where each prompt token sits in the request cache (slot == position for prompt tokens)."""
+
+    token_ids: torch.Tensor  # [N] prompt ids
+    reused_slots: torch.Tensor  # chunk tokens served from entries
+    fresh_slots: torch.Tensor  # text between chunks and the suffix: always computed
+    suffix_slots: torch.Tensor  # the question and template tail (a subset of fresh_slots)
+
+    def step(self, slots: torch.Tensor, **kw) -> ForwardPass:
+        return ForwardPass(token_ids=self.token_ids[slots], positions=slots, slots=slots, **kw)
+
+
+@dataclass(frozen=True)
+class ScoringInput:
+    """Everything a scorer may read; one object, so a new scorer needs no new parameters elsewhere."""
+
+    model: DecoderLM
+    cache: KVCache  # the assembled request cache (reused chunk KV in place)
+    layout: RequestLayout
+    seed: int = 0
