@@ -1,4 +1,4 @@
-"""Benchmark Q-sparse attention against torch SDPA (explicit boolean mask) and full causal SDPA.
+"""Benchmark every kernel: Q-sparse attention against SDPA, and each kernel against its torch reference.
 
     python -m fusionrag_llm.kernels.bench [--json PATH] [--context 32768] [--fractions ...]
     python -m fusionrag_llm.kernels.bench --small      # CPU smoke run (Triton interpreter)
@@ -11,6 +11,11 @@ separately); and, once, full causal SDPA over all ``context`` tokens (what Full 
 TFLOP/s count the useful work only (4 * D * Hq per visible query-key pair); GB/s count the
 algorithmic bytes (each input read once, output written once), so both are lower bounds on what
 the hardware moved.
+
+One entry per kernel module (``KERNEL_BENCHES``): ``q_sparse_attention`` (above),
+``q_sparse_attention_varlen`` (packed decode: one query per request), ``apply_rotary`` and
+``critical_scores``, each timed against its torch reference on the same inputs with their max
+difference. A new kernel adds its entry there.
 """
 
 from __future__ import annotations
@@ -151,6 +156,73 @@ def bench_fraction(shape: dict, fraction: float, device: str, reps: int) -> list
     return rows
 
 
+def _rand(g, shape: dict, device: str, *size):
+    return torch.randn(*size, generator=g).to(device=device, dtype=getattr(torch, shape["dtype"]))
+
+
+def _kernel_vs_ref(name, kernel, reference, fraction, queries, flops, nbytes, device, reps) -> list[dict]:
+    """Rows for a kernel and its torch reference on the same inputs (+ their max difference)."""
+    t_kernel, err_kernel = _attempt(kernel, device, reps)
+    t_ref, err_ref = _attempt(reference, device, reps)
+    diff = (kernel().float() - reference().float()).abs().max().item() if err_kernel is None else None
+    return [_row(name, fraction, queries, t_kernel, flops, nbytes, error=err_kernel, max_abs_diff_vs_ref=diff),
+            _row(f"{name}_ref", fraction, queries, t_ref, flops, nbytes, error=err_ref)]
+
+
+def bench_rotary(shape: dict, device: str, reps: int) -> list[dict]:
+    """Rotary embedding of a whole context's position-free keys at arbitrary positions."""
+    from .rotary import apply_rotary, apply_rotary_ref
+
+    g = torch.Generator().manual_seed(1)
+    n, hkv, d = shape["context"], shape["heads_kv"], shape["head_dim"]
+    x = _rand(g, shape, device, hkv, n, d)
+    positions = torch.randperm(4 * n, generator=g)[:n].to(device)
+    inv_freq = (10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)).to(device)
+    args = (x, positions, inv_freq)
+    return _kernel_vs_ref("apply_rotary", lambda: apply_rotary(*args), lambda: apply_rotary_ref(*args), 1.0, n,
+                          3 * hkv * n * d, 2 * x.element_size() * x.numel() + 8 * n, device, reps)  # fmt: skip
+
+
+def bench_critical_scores(shape: dict, device: str, reps: int) -> list[dict]:
+    """Question-to-context attention column sums: the last 32 tokens over the whole context."""
+    from .critical_scores import critical_scores, critical_scores_ref
+
+    g = torch.Generator().manual_seed(2)
+    n, hq, hkv, d = shape["context"], shape["heads_q"], shape["heads_kv"], shape["head_dim"]
+    nq = min(32, n)
+    q, k = _rand(g, shape, device, hq, nq, d), _rand(g, shape, device, hkv, n, d)
+    args = (q, torch.arange(n - nq, n, device=device), k, torch.arange(n, device=device),
+            torch.ones(n, dtype=torch.bool, device=device))  # fmt: skip
+    return _kernel_vs_ref("critical_scores", lambda: critical_scores(*args), lambda: critical_scores_ref(*args),
+                          nq / n, nq, 4 * d * hq * nq * n, q.element_size() * (q.numel() + k.numel()) + 4 * n,
+                          device, reps)  # fmt: skip
+
+
+def bench_varlen_decode(shape: dict, device: str, reps: int, requests: int = 4) -> list[dict]:
+    """Packed decode: ``requests`` requests, one query each, over their own context share."""
+    from .q_sparse_attention_varlen import q_sparse_attention_varlen, q_sparse_attention_varlen_ref
+
+    g = torch.Generator().manual_seed(3)
+    n, hq, hkv, d = shape["context"], shape["heads_q"], shape["heads_kv"], shape["head_dim"]
+    per = max(1, n // requests)
+    q, k, v = _rand(g, shape, device, hq, requests, d), *(_rand(g, shape, device, hkv, per * requests, d) for _ in "kv")
+    k_positions = torch.arange(per, device=device).repeat(requests)
+    args = (q, torch.full((requests,), per, device=device), torch.arange(requests + 1, device=device), k, v,
+            k_positions, None, torch.arange(0, per * requests + 1, per, device=device))  # fmt: skip
+    kernel = lambda: q_sparse_attention_varlen(*args, max_seqlen_q=1)  # noqa: E731
+    reference = lambda: q_sparse_attention_varlen_ref(*args)  # noqa: E731
+    return _kernel_vs_ref("q_sparse_attention_varlen", kernel, reference, 1 / per, requests,
+                          4 * d * hq * requests * per, q.element_size() * 2 * k.numel(), device, reps)  # fmt: skip
+
+
+# kernel module -> its benchmark beyond the SDPA comparison (q_sparse_attention's is bench_fraction)
+KERNEL_BENCHES = {
+    "q_sparse_attention_varlen": bench_varlen_decode,
+    "rotary": bench_rotary,
+    "critical_scores": bench_critical_scores,
+}
+
+
 def run(shape: dict, fractions, device: str, reps: int) -> dict:
     """All rows plus the Full Attention reference; speedups are relative to causal SDPA."""
     n, hq, d = shape["context"], shape["heads_q"], shape["head_dim"]
@@ -160,6 +232,8 @@ def run(shape: dict, fractions, device: str, reps: int) -> dict:
                  4 * es * hq * n * d, error=err)]
     for fraction in fractions:
         rows += bench_fraction(shape, fraction, device, reps)
+    for bench_kernel in KERNEL_BENCHES.values():
+        rows += bench_kernel(shape, device, reps)
     for row in rows:
         ok = t_full is not None and row["ms"] is not None
         row["speedup_vs_full"] = t_full * 1e3 / row["ms"] if ok else None
@@ -169,7 +243,7 @@ def run(shape: dict, fractions, device: str, reps: int) -> dict:
 
 def format_table(result: dict) -> str:
     """Fixed-width text table of the rows."""
-    head = (f"{'method':<20} {'frac':>5} {'queries':>8} {'ms':>10} {'TFLOP/s':>8} {'GB/s':>8} "
+    head = (f"{'method':<30} {'frac':>5} {'queries':>8} {'ms':>10} {'TFLOP/s':>8} {'GB/s':>8} "
             f"{'vs full':>8} {'max|diff|':>9}")
     lines = [f"device: {result['device']}  shape: {result['shape']}", head, "-" * len(head)]
 
@@ -177,10 +251,10 @@ def format_table(result: dict) -> str:
         return format(x, spec) if x is not None else "-"
 
     for r in result["rows"]:
-        lines.append(f"{r['method']:<20} {r['fraction']:>5.2f} {r['queries']:>8} {fmt(r['ms'], '>10.3f')} "
+        lines.append(f"{r['method']:<30} {r['fraction']:>5.2f} {r['queries']:>8} {fmt(r['ms'], '>10.3f')} "
                      f"{fmt(r['tflops'], '>8.2f')} {fmt(r['gbps'], '>8.1f')} "
                      f"{fmt(r['speedup_vs_full'], '>7.2f')}x "
-                     f"{fmt(r.get('max_abs_diff_vs_sdpa'), '>9.1e')}"
+                     f"{fmt(r.get('max_abs_diff_vs_sdpa', r.get('max_abs_diff_vs_ref')), '>9.1e')}"
                      + (f"  ({r['error']})" if r.get("error") else ""))
     return "\n".join(lines)
 

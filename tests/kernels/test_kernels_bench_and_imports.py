@@ -19,6 +19,32 @@ def test_bench_small_smoke(tmp_path):
     assert methods.count("q_sparse_attention") == 2 and "sdpa_causal_full" in methods
     sparse = [r for r in result["rows"] if r["method"] == "q_sparse_attention"]
     assert all(r["max_abs_diff_vs_sdpa"] < 1e-4 for r in sparse)
+    against_ref = {r["method"]: r for r in result["rows"] if "max_abs_diff_vs_ref" in r}
+    assert set(against_ref) == {"q_sparse_attention_varlen", "apply_rotary", "critical_scores"}
+    assert all(r["max_abs_diff_vs_ref"] < 1e-4 for r in against_ref.values())
+    assert {f"{name}_ref" for name in against_ref} <= set(methods)
+
+
+# kernel module -> (its launcher; whether the module holds the @triton.jit kernel itself)
+KERNEL_MODULES = {
+    "q_sparse_attention": ("q_sparse_attention", True),
+    "q_sparse_attention_varlen": ("q_sparse_attention_varlen", False),  # q_sparse_attention's kernel, packed
+    "rotary": ("apply_rotary", True),
+    "critical_scores": ("critical_scores", True),
+}
+
+
+def test_every_kernel_module_has_kernel_launcher_reference_and_benchmark():
+    import importlib
+    import inspect
+
+    from fusionrag_llm.kernels import bench
+
+    for module_name, (launcher, has_kernel) in KERNEL_MODULES.items():
+        module = importlib.import_module(f"fusionrag_llm.kernels.{module_name}")
+        assert ("@triton.jit" in inspect.getsource(module)) == has_kernel, module_name
+        assert callable(getattr(module, launcher)) and callable(getattr(module, f"{launcher}_ref")), module_name
+        assert module_name == "q_sparse_attention" or module_name in bench.KERNEL_BENCHES, module_name
 
 
 def test_bench_refuses_cpu_without_small(capsys):
