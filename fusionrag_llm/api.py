@@ -32,8 +32,8 @@ class FusionRAG:
     >>> ids = rag.add_chunks(["Paris is in France.", "Lyon is in France too."], embeddings=[[1, 0], [1, 1]])
     >>> out = rag.generate(RAGRequest(chunks=["Lyon is in France too.", "Paris is in France."],
     ...                               question="Where is Paris?"), method="fusionrag", max_new_tokens=4)
-    >>> out.stats.path_hits["chunk"], out.stats.recomputed_tokens > 0
-    (2, True)
+    >>> out.stats.path_hits, out.stats.recomputed_tokens > 0  # the first chunk after the prefix is exact
+    ({'exact': 1, 'chunk': 1, 'miss': 0}, True)
     """
 
     methods = tuple(METHODS)
@@ -143,6 +143,11 @@ class FusionRAG:
             return [Segment("text", text, tuple(tokens.ids))]
         return [Segment(*piece) for piece in catalog.finder.split_tokens(tokens, self._registered_ids)]
 
+    def _locked_segments(self, request: Request) -> list[Segment]:
+        """``segments`` while no other thread ingests (the catalog it reads may be growing)."""
+        with self.engine.lock:
+            return self.segments(request)
+
     def _registered_ids(self, text: str) -> tuple[int, ...] | None:
         chunk = self.catalog.get(text)
         return None if chunk is None else chunk.token_ids
@@ -158,7 +163,7 @@ class FusionRAG:
         True
         """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed)
-        return self.engine.stream(self.segments(request), plan, max_new_tokens)
+        return self.engine.stream(self._locked_segments(request), plan, max_new_tokens)
 
     def generate(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
                  max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
@@ -169,7 +174,7 @@ class FusionRAG:
         (query_guided|kv_deviation|random|oracle|none) override the method's own for ablations.
         """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed)
-        return self.engine.generate(self.segments(request), plan, max_new_tokens)
+        return self.engine.generate(self._locked_segments(request), plan, max_new_tokens)
 
     def generate_many(self, requests: Sequence[Request], method: str = "fusionrag", recompute_ratio: float = 0.15,
                       max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
@@ -183,7 +188,7 @@ class FusionRAG:
         ``stats.wait_s`` the part of it the engine still had to wait for.
         """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed)
-        batch = [(self.segments(request), plan, max_new_tokens) for request in requests]
+        batch = [(self._locked_segments(request), plan, max_new_tokens) for request in requests]
         return self.engine.generate_many(batch, lookahead=lookahead)
 
     def logits(self, request: Request, continuation_ids: Sequence[int], method: str = "fusionrag",
@@ -194,4 +199,4 @@ class FusionRAG:
         ``continuation_ids`` must be ints in ``[0, vocab)``; anything else is refused before any compute.
         """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed)
-        return self.engine.logits(self.segments(request), continuation_ids, plan)  # checks the ids first
+        return self.engine.logits(self._locked_segments(request), continuation_ids, plan)  # checks the ids first

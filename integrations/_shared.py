@@ -20,7 +20,6 @@ DEFAULT_MODEL_NAME = "smollm2-135m"
 RUN_OPTIONS = ("method", "recompute_ratio", "kv_variant", "selector", "seed")  # check_run_options' knobs
 CALL_OPTIONS = (*RUN_OPTIONS[:2], "max_new_tokens", *RUN_OPTIONS[2:])
 
-_locks: "weakref.WeakKeyDictionary[FusionRAG, threading.Lock]" = weakref.WeakKeyDictionary()
 _sessions: "weakref.WeakKeyDictionary[FusionRAG, str]" = weakref.WeakKeyDictionary()
 _registry_lock = threading.Lock()
 
@@ -79,10 +78,9 @@ def call_options(defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -> d
     return options
 
 
-def engine_lock(rag: FusionRAG) -> threading.Lock:
-    """One lock per engine: framework thread pools (batch, async) must not prefill or ingest at once."""
-    with _registry_lock:
-        return _locks.setdefault(rag, threading.Lock())
+def engine_lock(rag: FusionRAG) -> threading.RLock:
+    """The engine's own lock: every step holds it, and so does ingestion."""
+    return rag.engine.lock
 
 
 def engine_session(rag: FusionRAG) -> str:
@@ -92,14 +90,12 @@ def engine_session(rag: FusionRAG) -> str:
 
 
 def generate(rag: FusionRAG, request, options: Mapping[str, Any]):
-    with engine_lock(rag):
-        return rag.generate(request, **options)
+    """Calls from a framework's thread pool (batch, async) join the engine's batches; it locks each step."""
+    return rag.generate(request, **options)
 
 
 def stream(rag: FusionRAG, request, options: Mapping[str, Any]):
-    """Prefill under the engine lock; decoding only touches the request's own cache."""
-    with engine_lock(rag):
-        return rag.stream(request, **options)
+    return rag.stream(request, **options)
 
 
 def finish_reason(token_ids: Sequence[int], max_new_tokens: int) -> str:
@@ -119,5 +115,4 @@ def register_texts(rag: FusionRAG, texts: Sequence[str], embeddings=None, fuse: 
     if not keep:
         return IngestReport(chunk_ids=[])
     vectors = [embeddings[index] for index in keep] if embeddings is not None else None
-    with engine_lock(rag):
-        return rag.ingest([texts[index].strip() for index in keep], fuse=fuse, neighbors=neighbors, embeddings=vectors)
+    return rag.ingest([texts[index].strip() for index in keep], fuse=fuse, neighbors=neighbors, embeddings=vectors)

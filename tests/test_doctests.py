@@ -16,10 +16,7 @@ MAPPED = {"kernels": "fusionrag_llm.kernels", "storage": "fusionrag_llm.storage"
           "integrations": "fusionrag_llm.integrations", "cli": "fusionrag_llm.cli"}  # fmt: skip
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 # module -> why its examples fail today (strict: the entry must go once the example passes again)
-KNOWN_FAILING = {
-    "fusionrag_llm.api": "FusionRAG's example expects path_hits['chunk'] == 2, but the engine now serves "
-                         "the first chunk from an exact path block ({'exact': 1, 'chunk': 1}); api.py's example needs updating",
-}
+KNOWN_FAILING: dict[str, str] = {}  # module -> why its examples fail (strict xfail)
 
 
 def _module_name(path: Path) -> str:
