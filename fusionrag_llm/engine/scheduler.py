@@ -21,8 +21,8 @@ from fusionrag_llm.engine.sequence import Sequence, Status
 def admission_order(waiting: Seq[Sequence], is_ready: Callable[[Sequence], bool]) -> list[Sequence]:
     """Sequences whose entries are loaded first, then the others (which load as they are admitted),
     each group oldest first."""
-    ready = [seq for seq in waiting if is_ready(seq)]
-    return ready + [seq for seq in waiting if not is_ready(seq)]
+    ready = {seq.request_id for seq in waiting if is_ready(seq)}  # asked once: loads finish meanwhile
+    return [seq for seq in waiting if seq.request_id in ready] + [seq for seq in waiting if seq.request_id not in ready]
 
 
 @dataclass(frozen=True)

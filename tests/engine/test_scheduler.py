@@ -74,3 +74,13 @@ def test_a_sequence_finishes_on_a_stop_token_or_the_length():
     for token in (1, 2, 3, 4):
         capped.accept(token)
     assert capped.finished and capped.finish_reason == "length" and len(capped.token_ids) == 4
+
+
+def test_a_load_that_finishes_during_admission_is_not_skipped():
+    scheduler = Scheduler()
+    seqs = [_seq(i, prefetch=4) for i in range(3)]
+    for seq in seqs:
+        scheduler.add(seq)
+    answers = iter([False, True, False] + [True] * 10)  # request 1 becomes ready between two looks
+    step = scheduler.schedule(lambda s: next(answers))
+    assert sorted(s.request_id for s in step.prefills) == [0, 1, 2]
