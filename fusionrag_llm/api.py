@@ -154,7 +154,7 @@ class FusionRAG:
 
     def stream(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
                max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
-               seed: int = 0) -> GenerationStream:  # fmt: skip
+               seed: int = 0, stop: str | Sequence[str] | None = None) -> GenerationStream:  # fmt: skip
         """Like ``generate``, but iterate the result for text deltas as they are decoded.
 
         >>> rag = FusionRAG.from_pretrained("tiny")
@@ -163,22 +163,24 @@ class FusionRAG:
         True
         """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed)
-        return self.engine.stream(self._locked_segments(request), plan, max_new_tokens)
+        return self.engine.stream(self._locked_segments(request), plan, max_new_tokens, stop=() if stop is None else stop)
 
     def generate(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
                  max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
-                 seed: int = 0) -> Generation:  # fmt: skip
+                 seed: int = 0, stop: str | Sequence[str] | None = None) -> Generation:  # fmt: skip
         """Answer ``request`` greedily; ``out.stats`` holds TTFT, its parts and token counts.
 
         ``method``: one of ``FusionRAG.methods``; ``kv_variant`` (plain|fused) and ``selector``
         (query_guided|kv_deviation|random|oracle|none) override the method's own for ablations.
+        ``stop``: a string or up to 16 strings that end the answer where one first appears (the
+        answer is cut before it; ``out.finish_reason`` is then ``"stop"``).
         """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed)
-        return self.engine.generate(self._locked_segments(request), plan, max_new_tokens)
+        return self.engine.generate(self._locked_segments(request), plan, max_new_tokens, stop=() if stop is None else stop)
 
     def generate_many(self, requests: Sequence[Request], method: str = "fusionrag", recompute_ratio: float = 0.15,
                       max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
-                      seed: int = 0, lookahead: int = 4) -> list[Generation]:  # fmt: skip
+                      seed: int = 0, lookahead: int = 4, stop: str | Sequence[str] | None = None) -> list[Generation]:  # fmt: skip
         """Answer several requests as one batch: their prefills are admitted together and every
         decode step runs all unfinished answers in one forward. Results come in request order and
         equal answering each alone (greedy decoding).
@@ -189,7 +191,7 @@ class FusionRAG:
         """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed)
         batch = [(self._locked_segments(request), plan, max_new_tokens) for request in requests]
-        return self.engine.generate_many(batch, lookahead=lookahead)
+        return self.engine.generate_many(batch, lookahead=lookahead, stop=() if stop is None else stop)
 
     def logits(self, request: Request, continuation_ids: Sequence[int], method: str = "fusionrag",
                recompute_ratio: float = 0.15, *, kv_variant: str | None = None, selector: str | None = None,

@@ -96,17 +96,18 @@ class LLMEngine:
             )
 
     # ------------------------------------------------------------------ the step API
-    def add_request(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, *,
+    def add_request(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, *, stop: Seq[str] = (),
                     prefetch: int = 0, preloaded: Preloaded | None = None) -> Sequence:  # fmt: skip
         """Queue a request; returns its sequence (``request_id``, ``token_ids``, ``finished``, ``stats``).
 
-        ``prefetch``: load its chunk entries on the loader thread once it is within this many
+        ``stop``: strings that end decoding once the answer contains one (the answer is cut before
+        it). ``prefetch``: load its chunk entries on the loader thread once it is within this many
         places of the head of the queue (0: load them when it is admitted).
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise FusionRAGError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         seq = self._sequence(segments, plan, max_new_tokens)
-        seq.prefetch, seq.preloaded = prefetch, preloaded
+        seq.stop_strings, seq.prefetch, seq.preloaded = check_stop(stop), prefetch, preloaded
         seq.context_plan = self.resolver().plan(seq.segments, plan)  # keys once, for prefetch and assembly
         with self._lock:
             self.scheduler.add(seq)
@@ -157,6 +158,9 @@ class LLMEngine:
             return
         for seq, token in zip(decodes, tokens[len(work) :]):
             seq.accept(token)
+        for seq in [w.seq for w in work] + decodes:
+            if seq.stop_strings and seq.token_ids:
+                seq.find_stop_string(self.tokenizer.decode(seq.token_ids))
 
     # ------------------------------------------------------------------ one sequence's prefill
     def _sequence(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int) -> Sequence:
@@ -217,12 +221,13 @@ class LLMEngine:
                 raise seq.error
 
     def generate(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int,
-                 preloaded: Preloaded | None = None) -> Generation:  # fmt: skip
-        seq = self.add_request(segments, plan, max_new_tokens, preloaded=preloaded)
+                 preloaded: Preloaded | None = None, stop: Seq[str] = ()) -> Generation:  # fmt: skip
+        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, preloaded=preloaded)
         self.run_until_finished([seq])
         return self.generation(seq)
 
-    def generate_many(self, requests: Seq[tuple[Seq[Segment], RunPlan, int]], lookahead: int = 4) -> list[Generation]:
+    def generate_many(self, requests: Seq[tuple[Seq[Segment], RunPlan, int]], lookahead: int = 4,
+                      stop: Seq[str] = ()) -> list[Generation]:  # fmt: skip
         """Run ``(segments, plan, max_new_tokens)`` requests as one batch, in order of the results.
 
         Every request is checked before any is queued; entries of the next ``lookahead`` waiting
@@ -231,14 +236,15 @@ class LLMEngine:
         checked = [(list(segments), plan, max_new) for segments, plan, max_new in requests]
         for segments, _, max_new in checked:
             self.check_fits(len(prompt_ids(segments)), max_new)
-        seqs = [self.add_request(segments, plan, max_new, prefetch=lookahead) for segments, plan, max_new in checked]
+        seqs = [self.add_request(segments, plan, max_new, stop=stop, prefetch=lookahead)
+                for segments, plan, max_new in checked]  # fmt: skip
         self.run_until_finished(seqs)
         return [self.generation(seq) for seq in seqs]
 
     def stream(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int,
-               preloaded: Preloaded | None = None) -> GenerationStream:  # fmt: skip
+               preloaded: Preloaded | None = None, stop: Seq[str] = ()) -> GenerationStream:  # fmt: skip
         """Prefill now; iterate the returned stream for text deltas."""
-        seq = self.add_request(segments, plan, max_new_tokens, preloaded=preloaded)
+        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, preloaded=preloaded)
         while seq.status is Status.WAITING:
             self.step()
         if seq.error is not None:
@@ -246,7 +252,7 @@ class LLMEngine:
         return GenerationStream(self, seq)
 
     def generation(self, seq: Sequence) -> Generation:
-        return Generation(text=self.tokenizer.decode(seq.token_ids), token_ids=list(seq.token_ids),
+        return Generation(text=self.tokenizer.decode(seq.token_ids)[: seq.text_end], token_ids=list(seq.token_ids),
                           prompt_ids=seq.prompt_ids, stats=seq.stats, segments=seq.segments,
                           finish_reason=seq.finish_reason)  # fmt: skip
 
@@ -258,3 +264,19 @@ class LLMEngine:
             work = self._prepare_prefill(seq, None)
             self._finish_prefill(work, self.runner.run([work.forward], [seq.cache])[0], token=None)
         return self.runner.teacher_forced(seq.cache, seq.prompt_logits, seq.num_prompt_tokens, continuation)
+
+
+MAX_STOP_STRINGS = 16
+
+
+def check_stop(stop) -> tuple[str, ...]:
+    """``stop`` as a tuple of non-empty strings (one string alone is one stop string)."""
+    stop = (stop,) if isinstance(stop, str) else stop
+    if stop is None:
+        return ()
+    if not hasattr(stop, "__iter__") or isinstance(stop, (bytes, dict)):
+        raise FusionRAGError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
+    stop = tuple(stop)
+    if len(stop) > MAX_STOP_STRINGS or not all(isinstance(s, str) and s for s in stop):
+        raise FusionRAGError(f"stop must hold at most {MAX_STOP_STRINGS} non-empty strings, got {stop!r:.80}")
+    return stop

@@ -44,6 +44,8 @@ class Sequence:
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float = 0.0
     context_plan: Any = None  # the tensor-free ContextPlan: every key its context may read
+    text_end: int | None = None  # where the returned text ends: the start of the stop string found
+    searched: int = 0  # characters of the text already searched for stop strings
     cache: Any = None  # the request's KVCache, owned by the model runner's allocations
     prompt_logits: Any = None  # [vocab] logits after the last prompt token
 
@@ -68,6 +70,16 @@ class Sequence:
         self.token_ids.append(token)
         if len(self.token_ids) >= self.max_new_tokens:
             self.finish("length")
+
+    def find_stop_string(self, text: str) -> None:
+        """Finish at the first stop string in ``text`` (the answer so far); only new text is searched."""
+        longest = max(map(len, self.stop_strings))
+        start = max(0, self.searched - longest + 1)
+        found = [i for i in (text.find(stop, start) for stop in self.stop_strings) if i >= 0]
+        self.searched = len(text)
+        if found and not self.finished:
+            self.text_end = min(found)
+            self.finish("stop")
 
     def finish(self, reason: str, error: BaseException | None = None) -> None:
         self.status, self.finish_reason, self.error = Status.FINISHED, reason, error

@@ -65,10 +65,12 @@ class GenerationStream:
         self._seq = seq
         self._text = IncrementalText(engine.tokenizer.decode)
         self._closed = False
+        self._sent = 0  # characters of the decoded text handed out
 
     @property
     def text(self) -> str:
-        return self._text.text
+        """The text handed out so far."""
+        return self._text.text[: self._sent]
 
     @property
     def finish_reason(self) -> str | None:
@@ -80,7 +82,8 @@ class GenerationStream:
             while len(self.token_ids) < len(seq.token_ids) and not self._closed:
                 token = seq.token_ids[len(self.token_ids)]
                 self.token_ids.append(token)
-                delta = self._text.add(token)
+                self._text.add(token)
+                delta = self._release()
                 if delta:
                     yield delta
             if seq.finished:
@@ -88,9 +91,24 @@ class GenerationStream:
             self._engine.step()
         if seq.error is not None:
             raise seq.error
-        tail = "" if self._closed else self._text.flush()
-        if tail:
-            yield tail
+        if not self._closed:
+            self._text.flush()
+            delta = self._release()
+            if delta:
+                yield delta
+
+    def _release(self) -> str:
+        """New text that can no longer turn out to be part of a stop string (never the stop string)."""
+        text, seq = self._text.text, self._seq
+        if seq.finished:
+            end = len(text) if seq.text_end is None else min(seq.text_end, len(text))
+        elif seq.stop_strings:
+            end = len(text) - max(map(len, seq.stop_strings)) + 1
+        else:
+            end = len(text)
+        delta = text[self._sent : end] if end > self._sent else ""
+        self._sent += len(delta)
+        return delta
 
     def close(self) -> None:
         """Stop generating (the request leaves the engine's batch); the text so far stays."""

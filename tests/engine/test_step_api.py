@@ -151,3 +151,26 @@ def test_incremental_text_equals_decoding_everything(rag):
     text = IncrementalText(decode)
     deltas = [text.add(token) for token in ids] + [text.flush()]
     assert "".join(deltas) == text.text == decode(ids)
+
+
+def test_stop_strings_end_the_answer_before_them(rag):
+    full = rag.generate(REQUESTS[0], max_new_tokens=24)
+    assert len(full.text) > 6, full.text
+    stop = full.text[3:5]
+    cut = full.text[: full.text.index(stop)]
+    out = rag.generate(REQUESTS[0], max_new_tokens=24, stop=[stop, "never appears"])
+    assert out.text == cut and out.finish_reason == "stop"
+    assert out.token_ids == full.token_ids[: len(out.token_ids)] and len(out.token_ids) <= len(full.token_ids)
+    stream = rag.stream(REQUESTS[0], max_new_tokens=24, stop=stop)
+    deltas = list(stream)
+    assert "".join(deltas) == stream.text == cut and stream.finish_reason == "stop"
+    batch = rag.generate_many(REQUESTS[:2], max_new_tokens=24, stop=stop)
+    assert batch[0].text == cut
+
+
+@pytest.mark.parametrize("bad", ["", [""], [1], b"x", ["a"] * 17])
+def test_bad_stop_values_are_refused(rag, bad):
+    from fusionrag_llm import FusionRAGError
+
+    with pytest.raises(FusionRAGError, match="stop"):
+        rag.generate(REQUESTS[0], max_new_tokens=2, stop=bad)
