@@ -179,4 +179,5 @@ def _layout(context_plan: ContextPlan, placed: _Placed, device: torch.device) ->
         reused_slots=torch.cat(placed.reused) if placed.reused else empty,
         fresh_slots=torch.cat(placed.fresh),
         suffix_slots=torch.cat(placed.suffix),
+        chunk_spans=tuple((seg.start, seg.end) for seg in context_plan.segments if seg.kind == "chunk"),
     )

@@ -206,3 +206,18 @@ def test_another_codec_gets_keys_of_its_own_and_no_exact_blocks():
     assert raw.fingerprint == fingerprint and raw.lossless
     assert coded.fingerprint != fingerprint and not coded.lossless
     assert coded.key((5, 6), "plain") != raw.key((5, 6), "plain")
+
+
+def test_the_request_layout_carries_every_chunks_span(tiny_rag):
+    from fusionrag_llm import RAGRequest
+    from fusionrag_llm.engine.methods import plan_run
+
+    request = RAGRequest(chunks=["The first chunk says one thing.", "The second chunk says another."], question="Which?")
+    segments = tiny_rag.segments(request)
+    resolver = tiny_rag.engine.resolver()
+    context = resolver.plan(segments, plan_run("full_reuse", 0.0))
+    cache = tiny_rag.engine.model.new_cache(sum(len(s.token_ids) for s in segments))
+    resolved, _ = resolver.assemble_plan(context, cache)
+    starts = [sum(len(s.token_ids) for s in segments[:i]) for i in range(len(segments))]
+    expected = tuple((starts[i], starts[i] + len(s.token_ids)) for i, s in enumerate(segments) if s.kind == "chunk")
+    assert resolved.layout.chunk_spans == expected and len(expected) == 2
