@@ -64,6 +64,8 @@ class Sequence:
 
     def accept(self, token: int) -> None:
         """Take the next greedy token; finish on a stop token (not kept) or at ``max_new_tokens``."""
+        if self.finished:  # aborted while its step ran
+            return
         if token in self.stop_ids:
             self.finish("stop")
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Iterator, Sequence
 
 import torch
@@ -54,7 +55,8 @@ class GenerationStream:
     """Iterate for text deltas; afterwards ``text``, ``token_ids`` and ``stats`` hold the whole answer.
 
     The prefill has already run when the stream is created, so ``stats.ttft_s`` is known at once.
-    Iterating steps the engine, which also advances the other requests it is running.
+    Iterating steps the engine, which also advances the other requests it is running; a stream
+    closed or dropped before its end takes its request out of the engine's batch.
     """
 
     def __init__(self, engine, seq):
@@ -65,6 +67,8 @@ class GenerationStream:
         self._seq = seq
         self._text = IncrementalText(engine.tokenizer.decode)
         self._closed = False
+        # a stream dropped before its end leaves the engine's batch instead of decoding on for nobody
+        self._release_request = weakref.finalize(self, engine.abort, seq.request_id)
         self._sent = 0  # characters of the decoded text handed out
 
     @property

@@ -174,3 +174,13 @@ def test_bad_stop_values_are_refused(rag, bad):
 
     with pytest.raises(FusionRAGError, match="stop"):
         rag.generate(REQUESTS[0], max_new_tokens=2, stop=bad)
+
+
+def test_a_dropped_stream_leaves_the_batch(rag):
+    import gc
+
+    stream = rag.stream(REQUESTS[0], max_new_tokens=8)
+    assert rag.engine.has_unfinished()  # prefilled, still decoding
+    del stream
+    gc.collect()
+    assert not rag.engine.has_unfinished()
