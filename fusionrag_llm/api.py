@@ -11,7 +11,7 @@ from fusionrag_llm.engine.llm_engine import Generation, LLMEngine
 from fusionrag_llm.engine.streaming import GenerationStream
 from fusionrag_llm.engine.methods import METHODS, plan_run
 from fusionrag_llm.errors import FusionRAGError
-from fusionrag_llm.fusion.catalog import ChunkCatalog
+from fusionrag_llm.fusion.catalog import CATALOG_FILE, ChunkCatalog
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.offline import IngestReport, add_chunks
 from fusionrag_llm.ingest.embeddings import Embedder
@@ -46,7 +46,7 @@ class FusionRAG:
         fingerprint = fingerprint_of(loaded.name, loaded.source, loaded.hf_config, loaded.tokenizer.hf, loaded.model.dtype)
         s0_ids = self.segments(RAGRequest(chunks=["-"], question="-"))[0].token_ids
         self.entries = ChunkEntries(loaded.model, self.store, fingerprint, s0_ids)
-        self.catalog = ChunkCatalog(self.store.directory, self.tokenizer.encode)
+        self.catalog = ChunkCatalog(self.store.record_log(CATALOG_FILE), self.tokenizer.encode)
         self.engine = LLMEngine(loaded, self.entries, prefix_cache=prefix_cache)
 
     @classmethod

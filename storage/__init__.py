@@ -24,6 +24,7 @@ from .ledger import TierLedger
 from .loader import LoaderStats, LoadResult, PrefetchLoader
 from .memory_tier import DeviceTier, HostTier, MemoryTier
 from .pins import PinTable
+from .record_log import AppendSession, FileRecordLog, MemoryRecordLog, RecordLog
 from .recovery import RebuildReport, clear_damaged, quarantine_index, rebuild_index
 from .settings import StoreBudgets, StoreOptions
 from .stats import StoreStats, TierStats
@@ -31,6 +32,7 @@ from .tiered import TieredStore
 from .verify import VerifyReport
 
 __all__ = [
+    "AppendSession", "FileRecordLog", "MemoryRecordLog", "RecordLog",
     "CODECS",
     "ByteTier",
     "CodecRegistry",

@@ -34,6 +34,7 @@ from .heat import HeatTracker
 from .keys import check_key
 from .pins import PinTable
 from .pinning import PinningMixin
+from .record_log import FileRecordLog, MemoryRecordLog, RecordLog
 from .placement import TierStack
 from .settings import StoreBudgets, StoreOptions
 from .stats import StoreCounters, StoreStats
@@ -104,12 +105,22 @@ class TieredStore(PinningMixin):
         self._stack = TierStack(memory, byte_tiers, self._heat, self._counters, self._pins)
         self._lock = threading.RLock()
         self._closed = False
+        self._record_logs: dict[str, RecordLog] = {}
 
     @property
     def directory(self) -> Path | None:
         """The disk tier's folder, or None for a store without one."""
         folders = [getattr(t.bytes, "directory", None) for t in self._bytes]
         return next((Path(f) for f in folders if f is not None), None)
+
+    def record_log(self, name: str) -> RecordLog:
+        """The append-only log ``name`` that travels with this store (a file in its folder, else kept
+        in memory by this store object): the chunk catalog lives in one."""
+        with self._lock:
+            if name not in self._record_logs:
+                folder = self.directory
+                self._record_logs[name] = FileRecordLog(folder, name) if folder is not None else MemoryRecordLog(name)
+            return self._record_logs[name]
 
     @property
     def storage_dtype(self) -> torch.dtype | None:

@@ -1,7 +1,9 @@
 """The registered chunks (texts, token ids, embeddings in FAISS) and the neighbours of their fused entries.
 
-With a folder, the catalog is ``catalog.jsonl`` there, one JSON record a line, shared by every
-process that opens the store and appended under an exclusive ``flock``:
+The catalog is the store's record log ``catalog.jsonl`` (``TieredStore.record_log``), so it travels
+with the store: with a folder, a file there, one JSON record a line, shared by every process that
+opens the store and appended under an exclusive ``flock``; without one, kept in memory by the store
+object, shared by every engine on it:
 
 * ``{"text", "vector"}`` registers a chunk. A process appends new texts only after reading, under
   the same lock, what others appended, so its catalog is always a prefix of the file: every process
@@ -21,7 +23,6 @@ chunks in it raises ``CatalogWriteError`` naming the folder.
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import json
 import logging
@@ -29,14 +30,15 @@ import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
 from fusionrag_llm.fusion.chunk_finder import ChunkFinder
 from fusionrag_llm.errors import FusionRAGError
-from fusionrag_llm.ingest.jsonl import parse_line, separator, whole_lines, why_unreadable
+from fusionrag_llm.ingest.jsonl import parse_line, whole_lines, why_unreadable
 from fusionrag_llm.ingest.neighbours import NeighbourIndex
+from fusionrag_llm.storage import AppendSession, FileRecordLog, MemoryRecordLog, RecordLog
 
 logger = logging.getLogger(__name__)
 TokenIds = tuple[int, ...]
@@ -120,16 +122,18 @@ class ChunkCatalog:
     tokenizer, for the token ids of chunks read from the file.
     """
 
-    def __init__(self, folder: Path | None = None, encode: Callable[[str], list[int]] | None = None) -> None:
+    def __init__(self, log: RecordLog | Path | str | None = None,
+                 encode: Callable[[str], list[int]] | None = None) -> None:  # fmt: skip
         self._by_text: dict[str, RegisteredChunk] = {}
         self._by_id: dict[str, RegisteredChunk] = {}
         self._rows: dict[int, list[RegisteredChunk]] = {}  # per embedding space
         self._spaces: dict[int, NeighbourIndex] = {}
-        self._fused: dict[str, FusedRecord] = {}  # by entry key; the file's last record wins
+        self._fused: dict[str, FusedRecord] = {}  # by entry key; the log's last record wins
         self.finder = ChunkFinder()
-        self.path = None if folder is None else Path(folder) / CATALOG_FILE
+        self.log = _as_log(log)
+        self.path = self.log.path  # the file, for a store with a folder
         self._encode = encode
-        self._offset = 0  # bytes of the file read so far: whole lines only
+        self._offset = 0  # bytes of the log read so far: whole lines only
         self._lines = 0  # lines read so far, to name bad lines in warnings
         self.refresh()
 
@@ -150,24 +154,15 @@ class ChunkCatalog:
 
     # ------------------------------------------------------------------ reading
     def refresh(self) -> None:
-        """Read what other processes appended since the last read (nothing to do without a folder)."""
-        if self.path is None:
-            return
+        """Read what other processes (or engines on the same store) appended since the last read."""
         try:
-            handle = open(self.path, "rb")
-        except FileNotFoundError:
-            return
+            self._read_new(self.log.read_from(self._offset))
         except OSError as exc:  # unreadable: queries still work, without finding these chunks
-            logger.warning("cannot read the chunk catalog %s (%s); its chunks stay unknown here", self.path, exc)
-            return
-        with handle:
-            fcntl.flock(handle, fcntl.LOCK_SH)  # released on close
-            self._read_new(handle)
+            logger.warning("cannot read the chunk catalog %s (%s); its chunks stay unknown here", self._where, exc)
 
-    def _read_new(self, handle: BinaryIO) -> None:
-        handle.seek(self._offset)
-        lines, consumed = whole_lines(handle.read())
-        pending: dict[str, np.ndarray] = {}  # new chunks' vectors by text, in file order
+    def _read_new(self, data: bytes) -> None:
+        lines, consumed = whole_lines(data)
+        pending: dict[str, np.ndarray] = {}  # new chunks' vectors by text, in log order
         for raw in lines:
             self._lines += 1
             self._apply(raw, pending)
@@ -176,6 +171,10 @@ class ChunkCatalog:
         for space in dict.fromkeys(vector.shape[0] for vector in pending.values()):
             texts = [text for text, vector in pending.items() if vector.shape[0] == space]
             self._register(texts, [tuple(encode(text)) for text in texts], np.stack([pending[t] for t in texts]))
+
+    @property
+    def _where(self) -> str:
+        return str(self.path) if self.path is not None else f"{self.log.name} (in memory)"
 
     def _apply(self, raw: bytes, pending: dict[str, np.ndarray]) -> None:
         if not raw.strip():
@@ -188,7 +187,7 @@ class ChunkCatalog:
                 return
             text, vector = _chunk_record(record)
         except (ValueError, KeyError, TypeError) as exc:
-            logger.warning("skipping line %d of %s: %s", self._lines, self.path, why_unreadable(exc))
+            logger.warning("skipping line %d of %s: %s", self._lines, self._where, why_unreadable(exc))
             return
         if text not in self._by_text:
             pending.setdefault(text, vector)  # the first registration of a text wins
@@ -200,23 +199,22 @@ class ChunkCatalog:
 
         A text another process registered meanwhile keeps that registration (and its vector).
         """
-        if not persist or self.path is None:
+        if not persist:
             self._register(*_unknown(self._by_text, texts, token_ids, vectors))
             return [self._by_text[text] for text in texts]
-        with self._locked_for_append() as handle:
-            self._read_new(handle)
+        with self._appending() as session:
+            self._read_new(session.read_from(self._offset))
             fresh_texts, fresh_ids, fresh_vectors = _unknown(self._by_text, texts, token_ids, vectors)
             lines = [json.dumps({"text": t, "vector": v.tolist()}) for t, v in zip(fresh_texts, fresh_vectors)]
-            self._append(handle, lines)
+            self._append(session, lines)
             self._register(fresh_texts, fresh_ids, fresh_vectors)
         return [self._by_text[text] for text in texts]
 
     def record_fused(self, record: FusedRecord) -> None:
-        """Remember (in the file, with a folder) which neighbours a fused entry was computed after."""
-        if self.path is not None:
-            with self._locked_for_append() as handle:
-                self._read_new(handle)
-                self._append(handle, [record.to_json()])
+        """Remember (in the log) which neighbours a fused entry was computed after."""
+        with self._appending() as session:
+            self._read_new(session.read_from(self._offset))
+            self._append(session, [record.to_json()])
         self._fused[record.key] = record
 
     def _register(self, texts: list[str], token_ids: list[TokenIds], vectors: np.ndarray) -> None:
@@ -232,35 +230,31 @@ class ChunkCatalog:
         self.finder.register(texts)
 
     @contextmanager
-    def _locked_for_append(self) -> Iterator[BinaryIO]:
+    def _appending(self) -> Iterator[AppendSession]:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # unbuffered: a failed write raises here, not again from close() over our clear error
-            handle = open(self.path, "a+b", buffering=0)
+            with self.log.appending() as session:
+                yield session
+        except CatalogWriteError:
+            raise
         except OSError as exc:
             raise self._write_error(exc) from exc
-        with handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)  # released on close
-            yield handle
 
-    def _append(self, handle: BinaryIO, lines: list[str]) -> None:
-        """Append ``lines``; the caller has read the file to its last whole line under the same lock."""
+    def _append(self, session: AppendSession, lines: list[str]) -> None:
+        """Append ``lines``; the caller has read the log to its last whole line in the same session."""
         if not lines:
             return
-        data = separator(handle) + "".join(line + "\n" for line in lines).encode()
-        end = handle.seek(0, 2)
+        data = "".join(line + "\n" for line in lines).encode()
         try:
-            written = 0
-            while written < len(data):  # a raw write may take only part of the bytes
-                written += handle.write(data[written:])
+            end = session.append(data)
         except OSError as exc:
             raise self._write_error(exc) from exc
-        self._offset, self._lines = end + len(data), self._lines + data.count(b"\n")
+        # the log may have ended a torn line first: everything up to ``end`` is whole lines we know
+        self._offset, self._lines = end, self._lines + data.count(b"\n")
 
     def _write_error(self, exc: OSError) -> CatalogWriteError:
         problem = _WRITE_PROBLEMS.get(exc.errno, exc.strerror or type(exc).__name__)
         return CatalogWriteError(
-            f"cannot write the chunk catalog {self.path.name} in the store folder {self.path.parent}: "
+            f"cannot write the chunk catalog {self.log.name} in the store folder {self.path.parent if self.path else '(memory)'}: "
             f"{problem} ({exc}). A store that cannot be written can still be opened and queried; to "
             "register chunks, use a writable store folder (store=...), or free space and run again."
         )
@@ -294,6 +288,14 @@ class ChunkCatalog:
             return True
         later = index.vectors(record.view, len(index))  # [later chunks, dim]
         return float((later @ index.vector(chunk.row)).max()) >= record.floor - SIMILARITY_SLACK
+
+
+def _as_log(log: RecordLog | Path | str | None) -> RecordLog:
+    if log is None:
+        return MemoryRecordLog(CATALOG_FILE)
+    if isinstance(log, (str, Path)):
+        return FileRecordLog(Path(log), CATALOG_FILE)
+    return log
 
 
 def registered_chunk_count(folder: Path) -> int:

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest
-from fusionrag_llm.fusion import catalog as catalog_module
 from fusionrag_llm.fusion.catalog import CATALOG_FILE, registered_chunk_count
 from fusionrag_llm.ingest.doc_index import DocumentIndex
 from fusionrag_llm.storage import StoreWriteError
@@ -78,6 +77,8 @@ def test_the_document_index_skips_bad_lines_and_survives_a_torn_one(tmp_path, ca
 # ---------------------------------------------------------------------- a catalog that cannot be written
 @pytest.fixture(params=[errno.EROFS, errno.EACCES, errno.EPERM], ids=["EROFS", "EACCES", "EPERM"])
 def unwritable_catalog(request, monkeypatch):
+    from fusionrag_llm.storage import record_log as record_log_module
+
     """Call it to make opening the catalog for writing fail as on a read-only mount (as root, chmod would not)."""
 
     def refusing_open(file, mode="r", *args, **kwargs):
@@ -86,7 +87,7 @@ def unwritable_catalog(request, monkeypatch):
         return builtins.open(file, mode, *args, **kwargs)
 
     def make_unwritable() -> int:
-        monkeypatch.setattr(catalog_module, "open", refusing_open, raising=False)
+        monkeypatch.setattr(record_log_module, "open", refusing_open, raising=False)  # the catalog's file
         return request.param
 
     return make_unwritable
