@@ -5,12 +5,13 @@ Framework-free on purpose, so importing it pulls in neither LlamaIndex nor LangC
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import threading
 import uuid
 import weakref
-from typing import Any, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from fusionrag_llm import FusionRAG, IngestReport, check_run_options
 
@@ -19,6 +20,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL_NAME = "smollm2-135m"
 RUN_OPTIONS = ("method", "recompute_ratio", "kv_variant", "selector", "seed")  # check_run_options' knobs
 CALL_OPTIONS = (*RUN_OPTIONS[:2], "max_new_tokens", *RUN_OPTIONS[2:])
+
+T = TypeVar("T")
+_ITEM, _END, _ERROR = range(3)
 
 _sessions: "weakref.WeakKeyDictionary[FusionRAG, str]" = weakref.WeakKeyDictionary()
 _registry_lock = threading.Lock()
@@ -96,6 +100,80 @@ def generate(rag: FusionRAG, request, options: Mapping[str, Any]):
 
 def stream(rag: FusionRAG, request, options: Mapping[str, Any]):
     return rag.stream(request, **options)
+
+
+async def iterate_in_thread(open_iterator: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
+    """The items of a blocking iterator, produced on a worker thread and handed to the loop as they come.
+
+    ``open_iterator`` runs on the worker too (opening an engine stream prefills). When the consumer
+    stops early (``break``, cancellation, ``aclose``), the worker stops at its next item and closes
+    the iterator, so an abandoned stream leaves the engine's batch instead of decoding on.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()  # unbounded: the worker never waits for the consumer
+    abandoned = threading.Event()
+
+    def hand_over(kind: int, value: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
+        except RuntimeError:  # the loop is closed: nobody will read on
+            abandoned.set()
+
+    def work() -> None:
+        try:
+            iterator = open_iterator()
+            try:
+                for item in iterator:
+                    if abandoned.is_set():
+                        break
+                    hand_over(_ITEM, item)
+            finally:
+                if hasattr(iterator, "close"):
+                    iterator.close()
+        except BaseException as error:  # raised again on the loop, in the consumer
+            hand_over(_ERROR, error)
+        else:
+            hand_over(_END, None)
+
+    loop.run_in_executor(None, work)
+    try:
+        while True:
+            kind, value = await queue.get()
+            if kind == _END:
+                return
+            if kind == _ERROR:
+                raise value
+            yield value
+    finally:
+        abandoned.set()
+
+
+def count_chat_tokens(rag: FusionRAG, messages: list[dict[str, str]]) -> int:
+    """Tokens the model reads for ``messages``: chat template, contents and the generation prompt.
+
+    A complete chat (ending with a user message) is counted as the engine splits it; any other list
+    (``trim_messages`` counts partial and reversed ones) through the same template, without checks.
+    """
+    if not messages:
+        return 0
+    if messages[-1]["role"] == "user" and messages[-1]["content"].strip():
+        with engine_lock(rag):  # the chunk catalog it reads may be growing on another thread
+            return sum(len(segment.token_ids) for segment in rag.segments(messages))
+    body, generation_prompt = rag.tokenizer.split_generation_prompt(messages)
+    return sum(len(_part_ids(rag, part)) for part in [*body, *generation_prompt])
+
+
+def count_prompt_tokens(rag: FusionRAG, prompt: str) -> int:
+    """Tokens the model reads for a flat prompt (sent as the chat template's user message)."""
+    if not prompt.strip():
+        return 0
+    with engine_lock(rag):
+        return sum(len(segment.token_ids) for segment in rag.segments(prompt))
+
+
+def _part_ids(rag: FusionRAG, part) -> list[int]:
+    """Template text with its control tokens; message contents as data."""
+    return rag.tokenizer.encode_template(part.text) if part.message is None else rag.tokenizer.encode(part.text)
 
 
 def finish_reason(token_ids: Sequence[int], max_new_tokens: int) -> str:

@@ -12,14 +12,18 @@ retrieved documents into the prompt, and the engine finds them there by content.
 Stats of every call: ``generation_info`` (LLM), ``response_metadata["fusionrag_stats"]`` and
 ``usage_metadata`` (chat model), so callbacks see them too. Decoding is greedy: ``temperature`` may
 only be 0 or None. ``stop`` sequences cut the answer (the model stops decoding at the first one).
+Async calls (``ainvoke``, ``abatch``, ``astream``) run the engine on worker threads, whose requests
+it batches; ``get_num_tokens*`` count with the engine's tokenizer and chat template, offline.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import warnings
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, AsyncIterator, Iterator, Optional, Sequence
 
 from fusionrag_llm.errors import require
 
@@ -29,7 +33,15 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.documents import BaseDocumentTransformer, Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseChatModel, LLM
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ChatMessage, HumanMessage, SystemMessage
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    ChatMessage,
+    HumanMessage,
+    SystemMessage,
+    get_buffer_string,
+)
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, Generation, GenerationChunk, LLMResult
 from langchain_core.runnables.config import run_in_executor
 from langchain_core.vectorstores import VectorStore
@@ -99,17 +111,30 @@ class _FusionRAGSettings(BaseModel):
         options = self._options(kwargs)
         stream = _shared.stream(self.engine, request, options)
         watch = _StopWatch(stop or self.stop)
-        for delta in stream:
-            if piece := watch.push(delta):
-                yield piece, None
-            if watch.done:
-                break
+        try:
+            for delta in stream:
+                if piece := watch.push(delta):
+                    yield piece, None
+                if watch.done:
+                    break
+        finally:  # a stop string or a consumer that stops early takes the request out of the engine's batch
+            stream.close()
         if not watch.done and stream.text.startswith(watch.text):  # text the stream held back (incomplete UTF-8)
             if piece := watch.push(stream.text[len(watch.text) :]):
                 yield piece, None
         if tail := watch.flush():
             yield tail, None
         yield "", self._info(stream.stats, stream.token_ids, options, watch.done)
+
+    def _adeltas(self, request, stop: Optional[list[str]], kwargs: dict) -> AsyncIterator[tuple[str, Optional[dict]]]:
+        """``_deltas`` run on a worker thread, handed to the event loop as they come."""
+        return _shared.iterate_in_thread(lambda: self._deltas(request, stop, kwargs))
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """The engine's own tokenizer (offline, no GPT-2 download); ``custom_get_token_ids`` wins if set."""
+        if self.custom_get_token_ids is not None:
+            return self.custom_get_token_ids(text)
+        return self.engine.tokenizer.encode(text)
 
 
 class FusionRAGLLMLangChain(_FusionRAGSettings, LLM):
@@ -136,7 +161,10 @@ class FusionRAGLLMLangChain(_FusionRAGSettings, LLM):
 
     async def _agenerate(self, prompts: list[str], stop: Optional[list[str]] = None,
                          run_manager: Optional[AsyncCallbackManagerForLLMRun] = None, **kwargs: Any) -> LLMResult:  # fmt: skip
-        return await run_in_executor(None, self._generate, prompts, stop, None, **kwargs)  # keeps generation_info
+        # one worker thread per prompt: the engine batches them (abatch sends every prompt in one call)
+        answers = await asyncio.gather(*(run_in_executor(None, self._answer, prompt, stop, kwargs) for prompt in prompts))
+        generations = [[Generation(text=text, generation_info=info)] for text, info in answers]
+        return LLMResult(generations=generations, llm_output={"model_name": self.model_name})
 
     def _stream(self, prompt: str, stop: Optional[list[str]] = None, run_manager: Optional[CallbackManagerForLLMRun] = None,
                 **kwargs: Any) -> Iterator[GenerationChunk]:  # fmt: skip
@@ -145,6 +173,20 @@ class FusionRAGLLMLangChain(_FusionRAGSettings, LLM):
             if run_manager and delta:
                 run_manager.on_llm_new_token(delta, chunk=chunk)
             yield chunk
+
+    async def _astream(self, prompt: str, stop: Optional[list[str]] = None,
+                       run_manager: Optional[AsyncCallbackManagerForLLMRun] = None,
+                       **kwargs: Any) -> AsyncIterator[GenerationChunk]:  # fmt: skip
+        async for delta, info in self._adeltas(prompt, stop, kwargs):
+            chunk = GenerationChunk(text=delta, generation_info=info)
+            if run_manager and delta:
+                await run_manager.on_llm_new_token(delta, chunk=chunk)
+            yield chunk
+
+    def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Optional[Sequence[Any]] = None) -> int:
+        """Tokens the model reads for ``messages``: as a prompt, they become one user message (buffer string)."""
+        _warn_tools(tools)
+        return _shared.count_prompt_tokens(self.engine, get_buffer_string(messages))
 
 
 class ChatFusionRAG(_FusionRAGSettings, BaseChatModel):
@@ -172,15 +214,40 @@ class ChatFusionRAG(_FusionRAGSettings, BaseChatModel):
                 run_manager: Optional[CallbackManagerForLLMRun] = None,
                 **kwargs: Any) -> Iterator[ChatGenerationChunk]:  # fmt: skip
         for delta, info in self._deltas(_chat(messages), stop, kwargs):
-            if info is None:
-                chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
-            else:  # usage once, on the last chunk, so that summing chunks counts it once
-                last = AIMessageChunk(content="", response_metadata=info, usage_metadata=_usage(info),
-                                      chunk_position="last")  # fmt: skip
-                chunk = ChatGenerationChunk(message=last, generation_info=info)
+            chunk = _chat_chunk(delta, info)
             if run_manager and delta:
                 run_manager.on_llm_new_token(delta, chunk=chunk)
             yield chunk
+
+    async def _astream(self, messages: list[BaseMessage], stop: Optional[list[str]] = None,
+                       run_manager: Optional[AsyncCallbackManagerForLLMRun] = None,
+                       **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:  # fmt: skip
+        async for delta, info in self._adeltas(_chat(messages), stop, kwargs):
+            chunk = _chat_chunk(delta, info)
+            if run_manager and delta:
+                await run_manager.on_llm_new_token(delta, chunk=chunk)
+            yield chunk
+
+    def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Optional[Sequence[Any]] = None) -> int:
+        """Tokens the model reads for ``messages``: the chat template, the contents and the generation prompt.
+
+        Counted by the engine's own tokenizer, offline; ``trim_messages(..., token_counter=chat)`` works.
+        """
+        _warn_tools(tools)
+        return _shared.count_chat_tokens(self.engine, _chat(messages))
+
+
+def _chat_chunk(delta: str, info: Optional[dict]) -> ChatGenerationChunk:
+    if info is None:
+        return ChatGenerationChunk(message=AIMessageChunk(content=delta))
+    # usage once, on the last chunk, so that summing chunks counts it once
+    last = AIMessageChunk(content="", response_metadata=info, usage_metadata=_usage(info), chunk_position="last")
+    return ChatGenerationChunk(message=last, generation_info=info)
+
+
+def _warn_tools(tools: Optional[Sequence[Any]]) -> None:
+    if tools is not None:
+        warnings.warn("FusionRAG models take no tools; their schemas are not counted", stacklevel=3)
 
 
 def _usage(info: dict) -> dict[str, int]:

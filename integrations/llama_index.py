@@ -13,13 +13,16 @@ fused KV entries.
 
 Per-call stats travel in ``CompletionResponse.additional_kwargs["fusionrag_stats"]`` (and ``raw``),
 so a ``CallbackManager`` handler (e.g. ``LlamaDebugHandler``) sees them for every LLM call.
-Retrieved texts must fit the prompt as they are: when they exceed ``context_window - num_output``
+The async methods (``acomplete``, ``achat``, ``astream_complete``, ``astream_chat``) run the engine on
+worker threads, whose concurrent requests it batches, so they never block the event loop; async
+streams yield deltas as tokens are decoded. Retrieved texts must fit the prompt as they are: when they exceed ``context_window - num_output``
 LlamaIndex re-splits them and the pieces are computed, not reused.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+import asyncio
+from typing import Any, Callable, Optional, Sequence
 
 from fusionrag_llm.errors import require
 
@@ -28,8 +31,10 @@ require("llama_index.core", "llama-index", "fusionrag_llm.integrations.llama_ind
 from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
+    ChatResponseAsyncGen,
     ChatResponseGen,
     CompletionResponse,
+    CompletionResponseAsyncGen,
     CompletionResponseGen,
     LLMMetadata,
     MessageRole,
@@ -103,28 +108,67 @@ class FusionRAGLLM(CustomLLM):
             raise ValueError("the prompt is empty; pass a non-empty string")
         return prompt if formatted or self.completion_to_prompt is None else self.completion_to_prompt(prompt)
 
+    def _job(self, run, request, kwargs: dict) -> Callable[[], Any]:
+        """The blocking part of a call (loading, prefill, decoding) as a function; options are checked now."""
+        options = self._options(kwargs)
+        return lambda: run(self.engine, request, options)
+
+    # Each public method is decorated once and calls undecorated parts, so instrumentation events
+    # fire once per call; the async ones run the blocking parts on worker threads, whose concurrent
+    # requests the engine batches.
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        out = _shared.generate(self.engine, self._prompt(prompt, formatted), self._options(kwargs))
-        return CompletionResponse(text=out.text, **_extras(out.stats, out.token_ids))
+        return _completion(self._job(_shared.generate, self._prompt(prompt, formatted), kwargs)())
+
+    @llm_completion_callback()
+    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        job = self._job(_shared.generate, self._prompt(prompt, formatted), kwargs)
+        return _completion(await asyncio.to_thread(job))
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        stream = _shared.stream(self.engine, self._prompt(prompt, formatted), self._options(kwargs))
-        return _deltas(stream, lambda text, delta, extras: CompletionResponse(text=text, delta=delta, **extras))
+        return _deltas(self._job(_shared.stream, self._prompt(prompt, formatted), kwargs)(), _completion_delta)
+
+    @llm_completion_callback()
+    async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
+        job = self._job(_shared.stream, self._prompt(prompt, formatted), kwargs)
+        return _shared.iterate_in_thread(lambda: _deltas(job(), _completion_delta))
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """The whole chat goes to the model's own chat template (chunk texts in any message are found)."""
-        out = _shared.generate(self.engine, _chat(messages), self._options(kwargs))
-        message = ChatMessage(role=MessageRole.ASSISTANT, content=out.text)
-        return ChatResponse(message=message, **_extras(out.stats, out.token_ids))
+        return _chat_response(self._job(_shared.generate, _chat(messages), kwargs)())
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        job = self._job(_shared.generate, _chat(messages), kwargs)
+        return _chat_response(await asyncio.to_thread(job))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        stream = _shared.stream(self.engine, _chat(messages), self._options(kwargs))
-        return _deltas(stream, lambda text, delta, extras: ChatResponse(
-            message=ChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta, **extras))  # fmt: skip
+        return _deltas(self._job(_shared.stream, _chat(messages), kwargs)(), _chat_delta)
+
+    @llm_chat_callback()
+    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
+        job = self._job(_shared.stream, _chat(messages), kwargs)
+        return _shared.iterate_in_thread(lambda: _deltas(job(), _chat_delta))
+
+
+def _completion(out) -> CompletionResponse:
+    return CompletionResponse(text=out.text, **_extras(out.stats, out.token_ids))
+
+
+def _completion_delta(text: str, delta: str, extras: dict) -> CompletionResponse:
+    return CompletionResponse(text=text, delta=delta, **extras)
+
+
+def _chat_response(out) -> ChatResponse:
+    return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=out.text),
+                        **_extras(out.stats, out.token_ids))  # fmt: skip
+
+
+def _chat_delta(text: str, delta: str, extras: dict) -> ChatResponse:
+    return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta, **extras)
 
 
 def _extras(stats, token_ids) -> dict:
@@ -139,9 +183,12 @@ def _deltas(stream, make):
     usually empty, so that the deltas always add up to the final text.
     """
     text = ""
-    for delta in stream:
-        text += delta
-        yield make(text, delta, _extras(stream.stats, stream.token_ids))
+    try:
+        for delta in stream:
+            text += delta
+            yield make(text, delta, _extras(stream.stats, stream.token_ids))
+    finally:  # a consumer that stops early takes the request out of the engine's batch
+        stream.close()
     rest = stream.text[len(text) :] if stream.text.startswith(text) else ""
     yield make(text + rest, rest, _extras(stream.stats, stream.token_ids))
 
