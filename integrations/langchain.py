@@ -101,10 +101,9 @@ class _FusionRAGSettings(BaseModel):
 
     def _answer(self, request, stop: Optional[list[str]], kwargs: dict) -> tuple[str, dict[str, Any]]:
         options = self._options(kwargs)
-        out = _shared.generate(self.engine, request, options)
-        cut = _first_stop(out.text, stop or self.stop)
-        text = out.text if cut is None else out.text[:cut]
-        return text, self._info(out.stats, out.token_ids, options, cut is not None)
+        stops = [s for s in stop or self.stop or () if s]
+        out = _shared.generate(self.engine, request, {**options, "stop": stops})  # decoding ends at a stop string
+        return out.text, self._info(out.stats, out.token_ids, options, out.finish_reason == "stop")
 
     def _deltas(self, request, stop: Optional[list[str]], kwargs: dict) -> Iterator[tuple[str, Optional[dict]]]:
         """(delta, None) per text delta, then ("", info) once decoding ends."""

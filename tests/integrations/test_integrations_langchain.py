@@ -116,7 +116,10 @@ def test_stop_sequences_cut_the_answer_when_streaming_too(rag):
     assert llm.invoke("Tell me about the island of Varrow.", stop=[stop]) == expected
     assert "".join(llm.stream("Tell me about the island of Varrow.", stop=[stop])) == expected
     chat = ChatFusionRAG(rag=rag, max_tokens=10, method="full_attention", stop=[stop])
-    assert chat.invoke("Tell me about the island of Varrow.").response_metadata["finish_reason"] == "stop"
+    reply = chat.invoke("Tell me about the island of Varrow.")
+    assert reply.response_metadata["finish_reason"] == "stop"
+    generated = reply.response_metadata["fusionrag_stats"]["generated_tokens"]
+    assert generated < 10  # decoding ended at the stop string, not at max_tokens
 
 
 def test_chat_messages_go_through_the_chat_template(rag):
