@@ -36,7 +36,9 @@ def query(question, model, store, device, dtype, method, ratio, top_k, max_new_t
     rows = [
         ("method", f"{s.method} (r={s.recompute_ratio})"),
         ("TTFT", f"{s.ttft_s * 1000:.0f} ms (load {s.load_s * 1000:.0f}, select {s.select_s * 1000:.0f}, prefill {s.prefill_s * 1000:.0f})"),
-        ("prompt tokens", f"{s.prompt_tokens}: {s.reused_tokens} reused, {s.recomputed_tokens} recomputed, {s.computed_tokens} computed"),
+        ("prompt tokens", f"{s.prompt_tokens} = {s.exact_tokens} exact + {s.reused_tokens} reused + "
+                          f"{s.recomputed_tokens} recomputed + {s.missed_tokens + s.fresh_tokens} computed "
+                          f"({s.missed_tokens} of chunks not stored yet, {s.fresh_tokens} of other text)"),
         ("chunks", ", ".join(f"{k} {v}" for k, v in s.path_hits.items())),
         ("decode", f"{s.generated_tokens} tokens in {s.decode_s:.2f} s"),
     ]

@@ -195,8 +195,7 @@ class LLMEngine:
         recompute = torch.cat([selected, layout.fresh_slots]).sort().values
         exact = len(selected) == len(layout.reused_slots)
         stats.load_s, stats.select_s = loaded - start, chosen - loaded
-        stats.recomputed_tokens = len(selected)
-        stats.reused_tokens = len(layout.reused_slots) - len(selected)
+        _count_tokens(stats, layout, selected)
         stats.computed_tokens += len(recompute)
         forward = self.runner.recompute_pass(layout, recompute, capture_raw_kv=exact)
         return PrefillWork(seq, forward, resolver, resolved, recompute, exact, start, chosen)
@@ -264,6 +263,16 @@ class LLMEngine:
             work = self._prepare_prefill(seq, None)
             self._finish_prefill(work, self.runner.run([work.forward], [seq.cache])[0], token=None)
         return self.runner.teacher_forced(seq.cache, seq.prompt_logits, seq.num_prompt_tokens, continuation)
+
+
+def _count_tokens(stats: GenerationStats, layout, selected: torch.Tensor) -> None:
+    """Split the prompt's tokens by where their KV came from, each token counted once."""
+    missed = layout.missed_slots if layout.missed_slots is not None else selected[:0]
+    missed_kept = int((~torch.isin(missed, selected)).sum())
+    stats.recomputed_tokens, stats.missed_tokens = len(selected), missed_kept
+    stats.reused_tokens = len(layout.reused_slots) - len(selected) - missed_kept
+    stats.fresh_tokens = len(layout.fresh_slots)
+    stats.exact_tokens = stats.prompt_tokens - len(layout.reused_slots) - len(layout.fresh_slots)
 
 
 MAX_STOP_STRINGS = 16

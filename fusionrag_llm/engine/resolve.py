@@ -13,7 +13,7 @@ segments and a ``RunPlan`` rather than a ``ContextPlan``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -48,6 +48,7 @@ class _Placed:
     reused: list[torch.Tensor]  # chunk tokens served from entries
     fresh: list[torch.Tensor]  # tokens computed in the prefill
     suffix: list[torch.Tensor]
+    missed: list[torch.Tensor] = field(default_factory=list)  # reused chunk tokens whose entry was computed now
 
 
 class ContextResolver:
@@ -74,11 +75,14 @@ class ContextResolver:
         placed = _Placed([], [], [])
         for segment in context_plan.segments[first:]:
             if segment.candidates:
+                misses = counts.path_hits["miss"]
                 slots = place_entry(self.model, cache, self._chunk_entry(segment, counts), segment.start)
                 if segment.exact_plain:  # exact KV: nothing to recompute, and its path block is known
                     matched += 1 if segment.path_key is not None else 0
                 else:
                     placed.reused.append(slots)
+                    if counts.path_hits["miss"] > misses:
+                        placed.missed.append(slots)
             else:
                 self._reserve_fresh(segment, cache, placed)
         layout = _layout(context_plan, placed, cache.keys.device)
@@ -180,4 +184,5 @@ def _layout(context_plan: ContextPlan, placed: _Placed, device: torch.device) ->
         fresh_slots=torch.cat(placed.fresh),
         suffix_slots=torch.cat(placed.suffix),
         chunk_spans=tuple((seg.start, seg.end) for seg in context_plan.segments if seg.kind == "chunk"),
+        missed_slots=torch.cat(placed.missed) if placed.missed else empty,
     )

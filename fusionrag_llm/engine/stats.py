@@ -16,9 +16,13 @@ class GenerationStats:
     prefill_s: float = 0.0  # the (sparse) prefill itself
     decode_s: float = 0.0
     prompt_tokens: int = 0
-    reused_tokens: int = 0  # context tokens served from chunk entries and not recomputed
+    # prompt_tokens = exact_tokens + reused_tokens + recomputed_tokens + missed_tokens + fresh_tokens
+    exact_tokens: int = 0  # KV placed exactly: the cached prefix, exact path blocks, an exact first chunk
+    reused_tokens: int = 0  # chunk tokens served from stored entries and not recomputed
     recomputed_tokens: int = 0  # chunk tokens selected for recompute
-    computed_tokens: int = 0  # tokens run through the model in the prefill
+    missed_tokens: int = 0  # chunk tokens whose entry was computed for this request (a miss), not recomputed
+    fresh_tokens: int = 0  # text between chunks and the suffix, computed in the prefill
+    computed_tokens: int = 0  # every token run through the model for this request (misses included)
     generated_tokens: int = 0
     prefetch_s: float = 0.0  # time the loader spent fetching this request's entries in the background
     wait_s: float = 0.0  # time the scheduler blocked until they were ready (load time not hidden)

@@ -19,6 +19,7 @@ class RequestLayout:
     fresh_slots: torch.Tensor  # text between chunks and the suffix: always computed
     suffix_slots: torch.Tensor  # the question and template tail (a subset of fresh_slots)
     chunk_spans: tuple[tuple[int, int], ...] = ()  # [start, end) positions of every chunk, in prompt order
+    missed_slots: torch.Tensor | None = None  # reused chunk tokens whose entry this request computed (a miss)
 
     def step(self, slots: torch.Tensor, **kw) -> ForwardPass:
         return ForwardPass(token_ids=self.token_ids[slots], positions=slots, slots=slots, **kw)

@@ -184,3 +184,23 @@ def test_a_dropped_stream_leaves_the_batch(rag):
     del stream
     gc.collect()
     assert not rag.engine.has_unfinished()
+
+
+@pytest.mark.parametrize("method, ratio", [("full_attention", 1.0), ("full_reuse", 0.0), ("fusionrag", 0.3)])
+def test_prompt_tokens_split_by_source_add_up(rag, method, ratio):
+    unseen = RAGRequest(chunks=[CHUNKS[2], "A chunk no one registered, about the tide tables of the harbour."],
+                        question="When is high tide?")  # fmt: skip
+    for request in (REQUESTS[3], unseen):
+        s = rag.generate(request, method=method, recompute_ratio=ratio, max_new_tokens=1).stats
+        parts = (s.exact_tokens, s.reused_tokens, s.recomputed_tokens, s.missed_tokens, s.fresh_tokens)
+        assert sum(parts) == s.prompt_tokens and min(parts) >= 0, parts
+
+
+def test_a_chunk_computed_on_a_miss_is_not_counted_as_reused():
+    fresh = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    request = RAGRequest(chunks=[CHUNKS[0], CHUNKS[1]], question="Who?")
+    first = fresh.generate(request, method="full_reuse", max_new_tokens=1).stats
+    second_chunk = len(fresh.tokenizer.encode(CHUNKS[1]))  # the first chunk, right after the prefix, is exact
+    assert first.path_hits["miss"] == 2 and first.missed_tokens == second_chunk and first.reused_tokens == 0
+    again = fresh.generate(request, method="full_reuse", max_new_tokens=1).stats
+    assert again.missed_tokens == 0 and again.reused_tokens == first.missed_tokens + first.reused_tokens
