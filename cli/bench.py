@@ -108,7 +108,7 @@ def bench() -> None:
 @device_option
 @dtype_option
 @neighbors_option
-@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1, 512))
+@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1, 512), help="Most tokens to generate per answer.")
 @seed_option
 @out_option("bench_results")
 @click.option("--fresh", is_flag=True, help="Discard records of an earlier run in --out instead of resuming.")
@@ -239,7 +239,7 @@ def store(dataset, passages, requests, ratio, model, neighbors, seed, out, store
 @dataset_option
 @click.option("--requests", default=8, show_default=True, type=click.IntRange(1), help="Requests (one question each).")
 @click.option("--tokens", default=1024, show_default=True, type=click.IntRange(1), help="Target prompt length in tokens.")
-@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1, 512))
+@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1, 512), help="Most tokens to generate per answer.")
 @click.option("--method", default="fusionrag", show_default=True, help="Method every request runs.")
 @click.option("--ratio", default=0.15, show_default=True, type=click.FloatRange(0, 1), help="Recompute ratio.")
 @model_option

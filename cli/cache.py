@@ -8,6 +8,7 @@ the entry files and ``clear --yes`` starts empty; both keep the damaged file as
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import click
@@ -140,18 +141,31 @@ def _recover_index(path: Path, exc: StoreDamagedError, repair: bool) -> None:
 
 @cache.command()
 @store_option
+@click.option("--all", "everything", is_flag=True, help="Also remove the retrieval index of `fusionrag ingest`.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def clear(folder: str | None, yes: bool) -> None:
-    """Remove every entry and the chunk catalog (a damaged index is kept aside, not deleted)."""
+def clear(folder: str | None, everything: bool, yes: bool) -> None:
+    """Remove every KV entry and the chunk catalog; with --all also the retrieval index (documents/).
+    A damaged entry index is kept aside, not deleted."""
     path = _folder(folder)
+    documents = path / DOCUMENTS_FOLDER
     if not yes:
-        click.confirm(f"remove every entry in {path}?", abort=True)
+        extra = " and the retrieval index" if everything else ""
+        click.confirm(f"remove every entry{extra} in {path}?", abort=True)
     try:
         message = _clear_entries(path)
     except StoreWriteError as exc:
         raise click.ClickException(str(exc)) from None
     (path / CATALOG_FILE).unlink(missing_ok=True)
-    click.echo(message)
+    click.echo(message + "; removed the chunk catalog")
+    if everything and documents.is_dir():
+        shutil.rmtree(documents)
+        click.echo(f"removed the retrieval index {documents}")
+    elif documents.is_dir():
+        click.echo(f"kept the retrieval index {documents}: `fusionrag query` still retrieves from it and "
+                   "recomputes the KV it needs; `fusionrag cache clear --all` removes it too")  # fmt: skip
+
+
+DOCUMENTS_FOLDER = "documents"  # where `fusionrag ingest` keeps its retrieval index
 
 
 def _clear_entries(path: Path) -> str:

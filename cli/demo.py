@@ -14,7 +14,7 @@ from fusionrag_llm.cli.options import device_option, dtype_option, load_rag, mod
 @device_option
 @dtype_option
 @click.option("--ratio", default=0.15, show_default=True, type=click.FloatRange(0, 1), help="Recompute ratio of fusionrag.")
-@click.option("--max-new-tokens", default=24, show_default=True, type=click.IntRange(1, 512))
+@click.option("--max-new-tokens", default=24, show_default=True, type=click.IntRange(1, 512), help="Most tokens to generate per answer.")
 @click.option("--store", default=":memory:", show_default=True, help="KV store folder (the demo keeps it in memory).")
 def demo(model: str, device: str | None, dtype: str | None, ratio: float, max_new_tokens: int, store: str) -> None:
     """Full attention vs FusionRAG on a small bundled corpus."""

@@ -18,7 +18,8 @@ dtype_option = click.option("--dtype", default=None, help="float32, bfloat16 or 
 def method_options(command):
     command = click.option("--ratio", default=0.15, show_default=True, type=click.FloatRange(0, 1),
                            help="Share of reused context tokens to recompute.")(command)  # fmt: skip
-    return click.option("--method", default="fusionrag", show_default=True, type=click.Choice(list(METHODS)))(command)
+    return click.option("--method", default="fusionrag", show_default=True, type=click.Choice(list(METHODS)),
+                        help="How chunk KV is reused and which tokens are recomputed (see the README's table).")(command)  # fmt: skip
 
 
 def user_errors() -> tuple[type[Exception], ...]:

@@ -17,12 +17,13 @@ from fusionrag_llm.cli.options import (
 @dtype_option
 @method_options
 @click.option("--top-k", default=5, show_default=True, type=click.IntRange(1, 64), help="Chunks to retrieve.")
-@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1, 2048))
+@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1, 2048), help="Most tokens to generate per answer.")
 @click.option("--show-chunks", is_flag=True, help="Print the retrieved chunks.")
 def query(question, model, store, device, dtype, method, ratio, top_k, max_new_tokens, show_chunks) -> None:
     """Answer QUESTION over the chunks ingested into the store."""
     from fusionrag_llm.ingest.pipeline import answer
 
+    _require_store(store)
     rag = load_rag(model, device, dtype, store)
     try:
         out, hits = answer(rag, question, top_k=top_k, method=method, recompute_ratio=ratio, max_new_tokens=max_new_tokens)
@@ -45,3 +46,14 @@ def query(question, model, store, device, dtype, method, ratio, top_k, max_new_t
     click.echo("")
     for name, value in rows:
         click.echo(f"{name:>14}  {value}")
+
+
+def _require_store(store: str | None) -> None:
+    """A query reads an ingested store: a missing folder is an error, never created as a side effect."""
+    from pathlib import Path
+
+    from fusionrag_llm.paths import store_dir
+
+    folder = Path(store).expanduser() if store else store_dir()
+    if not folder.is_dir():
+        raise click.ClickException(f"no KV store at {str(folder)!r}: run `fusionrag ingest` first, or pass --store")

@@ -74,3 +74,35 @@ def test_query_on_an_empty_store_and_cache_clear(tmp_path):
     assert result.exit_code != 0 and "run 'fusionrag ingest PATH' first" in result.output
     cleared = run("cache", "clear", "--store", str(store), "--yes")
     assert cleared.exit_code == 0 and "removed" in cleared.output
+
+
+def test_a_query_without_a_store_creates_no_folder(tmp_path):
+    missing = tmp_path / "nowhere" / "store"
+    result = run("query", "anything?", "--model", "tiny", "--store", str(missing))
+    assert result.exit_code != 0 and "no KV store" in result.output and not missing.parent.exists()
+
+
+def test_cache_clear_says_it_keeps_the_retrieval_index_and_all_removes_it(corpus, tmp_path):
+    store = str(tmp_path / "store")
+    assert run("ingest", str(corpus), "--model", "tiny", "--store", store).exit_code == 0
+    documents = tmp_path / "store" / "documents"
+    kept = run("cache", "clear", "--store", store, "--yes")
+    assert kept.exit_code == 0 and "kept the retrieval index" in kept.output and documents.is_dir()
+    gone = run("cache", "clear", "--store", store, "--all", "--yes")
+    assert gone.exit_code == 0 and "removed the retrieval index" in gone.output and not documents.exists()
+
+
+def test_every_option_of_every_command_has_help():
+    import click
+
+    from fusionrag_llm.cli.main import cli
+
+    def commands(group, prefix=""):
+        for name, command in group.commands.items():
+            yield f"{prefix}{name}", command
+            if isinstance(command, click.Group):
+                yield from commands(command, f"{prefix}{name} ")
+
+    missing = [f"{name} {param.name}" for name, command in commands(cli) for param in command.params
+               if isinstance(param, click.Option) and not param.help]  # fmt: skip
+    assert not missing, missing
