@@ -14,11 +14,18 @@ Stats of every call: ``generation_info`` (LLM), ``response_metadata["fusionrag_s
 only be 0 or None. ``stop`` sequences cut the answer (the model stops decoding at the first one).
 Async calls (``ainvoke``, ``abatch``, ``astream``) run the engine on worker threads, whose requests
 it batches; ``get_num_tokens*`` count with the engine's tokenizer and chat template, offline.
+
+Constructor arguments are checked: other ecosystems' spellings that mean a field here are mapped
+(``model``/``model_id``, ``max_new_tokens``/``num_predict``/``max_completion_tokens``, ``stop_sequences``,
+``request_timeout``); sampling, server and context-window settings raise a ``ValueError`` saying why
+(their neutral values pass); anything else raises naming the argument and listing the accepted ones.
+Tool calling and structured output raise ``UnsupportedFeatureError``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import difflib
 import hashlib
 import json
 import warnings
@@ -45,14 +52,58 @@ from langchain_core.messages import (
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, Generation, GenerationChunk, LLMResult
 from langchain_core.runnables.config import run_in_executor
 from langchain_core.vectorstores import VectorStore
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fusionrag_llm import FusionRAG, IngestReport
 from fusionrag_llm.integrations import _shared
 
-__all__ = ["AddedDocuments", "ChatFusionRAG", "FusionRAGDocumentTransformer", "FusionRAGLLMLangChain", "add_documents"]
+__all__ = ["AddedDocuments", "ChatFusionRAG", "FusionRAGDocumentTransformer", "FusionRAGLLMLangChain",
+           "UnsupportedFeatureError", "add_documents"]  # fmt: skip
 
-_CONFIG = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=(), populate_by_name=True, extra="ignore")
+_CONFIG = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=(), populate_by_name=True, extra="forbid")
+
+# What ChatOpenAI, langchain-huggingface and langchain-ollama users write for a field here.
+_SPELLINGS = {"model": "model_name", "model_id": "model_name", "max_new_tokens": "max_tokens",
+              "num_predict": "max_tokens", "max_completion_tokens": "max_tokens", "stop_sequences": "stop",
+              "request_timeout": "timeout"}  # fmt: skip
+
+_GREEDY = "decoding is greedy (always the most likely token)"
+_LOCAL = "the engine runs in this process: no API, server or credentials"
+_PLACED = "the engine was placed when it was loaded; pass a loaded FusionRAG engine as rag="
+_CONTEXT = "the context window is fixed by the model; max_tokens sets the answer's length"
+_BAG = "options are named arguments here (method, recompute_ratio, max_tokens, stop, seed, kv_variant, selector)"
+_SCHEMA = "no constrained decoding: ask for JSON in the prompt and parse it with JsonOutputParser"
+# Settings with a meaning elsewhere but not here: (neutral values, accepted as no-ops; why the rest is refused).
+_UNSUPPORTED: dict[str, tuple[tuple, str]] = {
+    **dict.fromkeys(("top_p", "typical_p", "tfs_z", "repetition_penalty", "repeat_penalty"), ((None, 1.0), _GREEDY)),
+    **dict.fromkeys(("presence_penalty", "frequency_penalty", "min_p", "mirostat"), ((None, 0), _GREEDY)),
+    **dict.fromkeys(("top_k", "n", "best_of", "num_beams"), ((None, 1), _GREEDY)),
+    **dict.fromkeys(("do_sample", "logprobs"), ((None, False), _GREEDY)),
+    **dict.fromkeys(("top_logprobs", "logit_bias"), ((None,), _GREEDY)),
+    **dict.fromkeys(("num_ctx", "n_ctx", "context_window", "max_length"), ((None,), _CONTEXT)),
+    **dict.fromkeys(("openai_api_key", "base_url", "openai_api_base", "organization", "openai_proxy",
+                     "endpoint_url", "huggingfacehub_api_token", "http_client", "default_headers", "keep_alive"),
+                    ((None,), _LOCAL)),  # fmt: skip
+    **dict.fromkeys(("device", "device_map", "num_gpu", "num_thread"), ((None,), _PLACED)),
+    **dict.fromkeys(("model_kwargs", "pipeline_kwargs", "extra_body"), ((None, {}), _BAG)),
+    **dict.fromkeys(("format", "response_format"), ((None,), _SCHEMA)),
+    "streaming": ((None, False), "this LLM streams through .stream() and .astream(); the flag is ChatFusionRAG's"),
+}
+
+# LangChain's standard unit tests pass an api_key to every chat model: taken, unused, with a warning
+_IGNORED = {"api_key": _LOCAL}
+
+
+class UnsupportedFeatureError(NotImplementedError):
+    """Tool calling or structured output asked of a FusionRAG model, which generates plain text greedily."""
+
+
+def _unsupported(feature: str) -> UnsupportedFeatureError:
+    return UnsupportedFeatureError(
+        f"{feature} is not supported: FusionRAG models generate plain text greedily, with no tool-call format and no "
+        "constrained decoding. Ask for JSON in the prompt and parse the answer instead, e.g. "
+        "prompt | model | JsonOutputParser() (langchain_core.output_parsers)."
+    )
 
 
 class _FusionRAGSettings(BaseModel):
@@ -64,14 +115,43 @@ class _FusionRAGSettings(BaseModel):
     model_name: str = Field(default=_shared.DEFAULT_MODEL_NAME, alias="model", description="Model to load when rag is None.")
     method: str = "fusionrag"
     recompute_ratio: float = 0.15
-    max_tokens: int = Field(default=32, validation_alias=AliasChoices("max_tokens", "max_new_tokens"))
+    max_tokens: int = 32
     temperature: Optional[float] = None
     stop: Optional[list[str]] = None
+    seed: Optional[int] = None  # the random selector's seed; None: the engine's default
+    kv_variant: Optional[str] = None  # ablation overrides of the method's own choices
+    selector: Optional[str] = None
+    # LangChain's standard parameters, kept to be read back: a local engine sends no request to time out or retry
+    timeout: Optional[float] = None
+    max_retries: Optional[int] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_arguments(cls, data: Any) -> Any:
+        """Map other ecosystems' spellings to the fields; refuse unsupported and unknown arguments by name."""
+        if not isinstance(data, dict):
+            return data
+        arguments: dict[str, Any] = {}
+        spelled: dict[str, str] = {}  # field -> the spelling it was given as
+        for name, value in data.items():
+            field = _SPELLINGS.get(name, name)
+            if field in spelled:
+                raise ValueError(f"{field} is given twice, as {spelled[field]!r} and as {name!r}; give it once")
+            if field in cls.model_fields:
+                arguments[field], spelled[field] = value, name
+            elif name in _UNSUPPORTED:
+                _check_neutral(cls, name, value)
+            elif name in _IGNORED:
+                if value is not None:
+                    warnings.warn(f"{cls.__name__} ignores {name}: {_IGNORED[name]}", UserWarning, stacklevel=2)
+            else:
+                raise ValueError(_unknown(cls, name))
+        return arguments
 
     @model_validator(mode="after")
     def _check_settings(self):
         _shared.check_rag(self.rag)
-        _shared.check_run({"method": self.method, "recompute_ratio": self.recompute_ratio})
+        _shared.check_run(self._run_options())
         _shared.check_max_new_tokens(self.max_tokens)
         _shared.check_temperature(self.temperature)
         if self.rag is not None:
@@ -88,12 +168,20 @@ class _FusionRAGSettings(BaseModel):
         return {"model_name": self.model_name, "method": self.method, "recompute_ratio": self.recompute_ratio,
                 "max_tokens": self.max_tokens}  # fmt: skip
 
+    def with_structured_output(self, schema: Any, *, include_raw: bool = False, **kwargs: Any):
+        """Not supported: raises ``UnsupportedFeatureError`` saying what works instead."""
+        raise _unsupported("Structured output (with_structured_output)")
+
+    def _run_options(self) -> dict[str, Any]:
+        options = {"method": self.method, "recompute_ratio": self.recompute_ratio}
+        overrides = {"seed": self.seed, "kv_variant": self.kv_variant, "selector": self.selector}
+        return {**options, **{name: value for name, value in overrides.items() if value is not None}}
+
     def _options(self, kwargs: dict) -> dict:
         kwargs = {k: v for k, v in kwargs.items() if k != "stream"}  # LangChain's own streaming switch
         if "max_tokens" in kwargs:
             kwargs["max_new_tokens"] = kwargs.pop("max_tokens")
-        defaults = {"method": self.method, "recompute_ratio": self.recompute_ratio, "max_new_tokens": self.max_tokens}
-        return _shared.call_options(defaults, kwargs)
+        return _shared.call_options({**self._run_options(), "max_new_tokens": self.max_tokens}, kwargs)
 
     def _info(self, stats, token_ids, options: dict, stopped: bool) -> dict[str, Any]:
         reason = "stop" if stopped else _shared.finish_reason(token_ids, options["max_new_tokens"])
@@ -198,6 +286,10 @@ class ChatFusionRAG(_FusionRAGSettings, BaseChatModel):
 
     streaming: bool = False
 
+    def bind_tools(self, tools: Sequence[Any], *, tool_choice: Optional[str] = None, **kwargs: Any):
+        """Not supported: raises ``UnsupportedFeatureError`` saying what works instead."""
+        raise _unsupported("Tool calling (bind_tools)")
+
     @property
     def _llm_type(self) -> str:
         return "fusionrag-chat"
@@ -234,6 +326,20 @@ class ChatFusionRAG(_FusionRAGSettings, BaseChatModel):
         """
         _warn_tools(tools)
         return _shared.count_chat_tokens(self.engine, _chat(messages))
+
+
+def _check_neutral(model: type, name: str, value: Any) -> None:
+    neutral, reason = _UNSUPPORTED[name]
+    if not any(value is accepted or (value == accepted and type(value) is not bool) for accepted in neutral):
+        shown = " or ".join(repr(accepted) for accepted in neutral)
+        raise ValueError(f"{model.__name__} does not support {name}={value!r}: {reason} (accepted: {shown})")
+
+
+def _unknown(model: type, name: str) -> str:
+    accepted = sorted({*model.model_fields, *_SPELLINGS})
+    close = difflib.get_close_matches(name, accepted, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else "."
+    return f"{model.__name__} got an unknown argument {name!r}{hint} Accepted: {', '.join(accepted)}"
 
 
 def _chat_chunk(delta: str, info: Optional[dict]) -> ChatGenerationChunk:
