@@ -25,7 +25,6 @@ Tool calling and structured output raise ``UnsupportedFeatureError``.
 from __future__ import annotations
 
 import asyncio
-import difflib
 import hashlib
 import json
 import warnings
@@ -55,56 +54,14 @@ from langchain_core.vectorstores import VectorStore
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fusionrag_llm import FusionRAG, IngestReport
+from fusionrag_llm.integrations import _langchain_options as _options
 from fusionrag_llm.integrations import _shared
+from fusionrag_llm.integrations._langchain_options import UnsupportedFeatureError, unsupported_feature
 
 __all__ = ["AddedDocuments", "ChatFusionRAG", "FusionRAGDocumentTransformer", "FusionRAGLLMLangChain",
            "UnsupportedFeatureError", "add_documents"]  # fmt: skip
 
 _CONFIG = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=(), populate_by_name=True, extra="forbid")
-
-# What ChatOpenAI, langchain-huggingface and langchain-ollama users write for a field here.
-_SPELLINGS = {"model": "model_name", "model_id": "model_name", "max_new_tokens": "max_tokens",
-              "num_predict": "max_tokens", "max_completion_tokens": "max_tokens", "stop_sequences": "stop",
-              "request_timeout": "timeout"}  # fmt: skip
-
-_GREEDY = "decoding is greedy (always the most likely token)"
-_LOCAL = "the engine runs in this process: no API, server or credentials"
-_PLACED = "the engine was placed when it was loaded; pass a loaded FusionRAG engine as rag="
-_CONTEXT = "the context window is fixed by the model; max_tokens sets the answer's length"
-_BAG = "options are named arguments here (method, recompute_ratio, max_tokens, stop, seed, kv_variant, selector)"
-_SCHEMA = "no constrained decoding: ask for JSON in the prompt and parse it with JsonOutputParser"
-# Settings with a meaning elsewhere but not here: (neutral values, accepted as no-ops; why the rest is refused).
-_UNSUPPORTED: dict[str, tuple[tuple, str]] = {
-    **dict.fromkeys(("top_p", "typical_p", "tfs_z", "repetition_penalty", "repeat_penalty"), ((None, 1.0), _GREEDY)),
-    **dict.fromkeys(("presence_penalty", "frequency_penalty", "min_p", "mirostat"), ((None, 0), _GREEDY)),
-    **dict.fromkeys(("top_k", "n", "best_of", "num_beams"), ((None, 1), _GREEDY)),
-    **dict.fromkeys(("do_sample", "logprobs"), ((None, False), _GREEDY)),
-    **dict.fromkeys(("top_logprobs", "logit_bias"), ((None,), _GREEDY)),
-    **dict.fromkeys(("num_ctx", "n_ctx", "context_window", "max_length"), ((None,), _CONTEXT)),
-    **dict.fromkeys(("openai_api_key", "base_url", "openai_api_base", "organization", "openai_proxy",
-                     "endpoint_url", "huggingfacehub_api_token", "http_client", "default_headers", "keep_alive"),
-                    ((None,), _LOCAL)),  # fmt: skip
-    **dict.fromkeys(("device", "device_map", "num_gpu", "num_thread"), ((None,), _PLACED)),
-    **dict.fromkeys(("model_kwargs", "pipeline_kwargs", "extra_body"), ((None, {}), _BAG)),
-    **dict.fromkeys(("format", "response_format"), ((None,), _SCHEMA)),
-    "streaming": ((None, False), "this LLM streams through .stream() and .astream(); the flag is ChatFusionRAG's"),
-}
-
-# LangChain's standard unit tests pass an api_key to every chat model: taken, unused, with a warning
-_IGNORED = {"api_key": _LOCAL}
-
-
-class UnsupportedFeatureError(NotImplementedError):
-    """Tool calling or structured output asked of a FusionRAG model, which generates plain text greedily."""
-
-
-def _unsupported(feature: str) -> UnsupportedFeatureError:
-    return UnsupportedFeatureError(
-        f"{feature} is not supported: FusionRAG models generate plain text greedily, with no tool-call format and no "
-        "constrained decoding. Ask for JSON in the prompt and parse the answer instead, e.g. "
-        "prompt | model | JsonOutputParser() (langchain_core.output_parsers)."
-    )
-
 
 class _FusionRAGSettings(BaseModel):
     """Fields and call plumbing shared by the LLM and the chat model."""
@@ -131,22 +88,7 @@ class _FusionRAGSettings(BaseModel):
         """Map other ecosystems' spellings to the fields; refuse unsupported and unknown arguments by name."""
         if not isinstance(data, dict):
             return data
-        arguments: dict[str, Any] = {}
-        spelled: dict[str, str] = {}  # field -> the spelling it was given as
-        for name, value in data.items():
-            field = _SPELLINGS.get(name, name)
-            if field in spelled:
-                raise ValueError(f"{field} is given twice, as {spelled[field]!r} and as {name!r}; give it once")
-            if field in cls.model_fields:
-                arguments[field], spelled[field] = value, name
-            elif name in _UNSUPPORTED:
-                _check_neutral(cls, name, value)
-            elif name in _IGNORED:
-                if value is not None:
-                    warnings.warn(f"{cls.__name__} ignores {name}: {_IGNORED[name]}", UserWarning, stacklevel=2)
-            else:
-                raise ValueError(_unknown(cls, name))
-        return arguments
+        return _options.constructor_arguments(cls, data, set(cls.model_fields))
 
     @model_validator(mode="after")
     def _check_settings(self):
@@ -170,7 +112,7 @@ class _FusionRAGSettings(BaseModel):
 
     def with_structured_output(self, schema: Any, *, include_raw: bool = False, **kwargs: Any):
         """Not supported: raises ``UnsupportedFeatureError`` saying what works instead."""
-        raise _unsupported("Structured output (with_structured_output)")
+        raise unsupported_feature("Structured output (with_structured_output)")
 
     def _run_options(self) -> dict[str, Any]:
         options = {"method": self.method, "recompute_ratio": self.recompute_ratio}
@@ -288,7 +230,7 @@ class ChatFusionRAG(_FusionRAGSettings, BaseChatModel):
 
     def bind_tools(self, tools: Sequence[Any], *, tool_choice: Optional[str] = None, **kwargs: Any):
         """Not supported: raises ``UnsupportedFeatureError`` saying what works instead."""
-        raise _unsupported("Tool calling (bind_tools)")
+        raise unsupported_feature("Tool calling (bind_tools)")
 
     @property
     def _llm_type(self) -> str:
@@ -326,20 +268,6 @@ class ChatFusionRAG(_FusionRAGSettings, BaseChatModel):
         """
         _warn_tools(tools)
         return _shared.count_chat_tokens(self.engine, _chat(messages))
-
-
-def _check_neutral(model: type, name: str, value: Any) -> None:
-    neutral, reason = _UNSUPPORTED[name]
-    if not any(value is accepted or (value == accepted and type(value) is not bool) for accepted in neutral):
-        shown = " or ".join(repr(accepted) for accepted in neutral)
-        raise ValueError(f"{model.__name__} does not support {name}={value!r}: {reason} (accepted: {shown})")
-
-
-def _unknown(model: type, name: str) -> str:
-    accepted = sorted({*model.model_fields, *_SPELLINGS})
-    close = difflib.get_close_matches(name, accepted, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else "."
-    return f"{model.__name__} got an unknown argument {name!r}{hint} Accepted: {', '.join(accepted)}"
 
 
 def _chat_chunk(delta: str, info: Optional[dict]) -> ChatGenerationChunk:
