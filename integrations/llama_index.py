@@ -22,6 +22,8 @@ LlamaIndex re-splits them and the pieces are computed, not reused.
 from __future__ import annotations
 
 import asyncio
+import difflib
+import functools
 from typing import Any, Callable, Optional, Sequence
 
 from fusionrag_llm.errors import require
@@ -60,12 +62,25 @@ _ROLES = {
 }
 
 
+# What llama-index-llms-openai / -llama-cpp users write for a field here.
+_SPELLINGS = {"max_tokens": "max_new_tokens", "model_path": "model_name", "model": "model_name"}
+# generate_kwargs keys: the per-call options, stop strings, and greedy decoding's neutral settings.
+_GENERATE_KWARGS = (*_shared.CALL_OPTIONS, "stop", "temperature", "do_sample")
+_LOAD_SETTINGS = ("store", "device", "dtype")
+
+
 class FusionRAGLLM(CustomLLM):
     """A LlamaIndex LLM answering with a ``FusionRAG`` engine (greedy decoding).
 
-    Give ``rag`` (an engine) or ``model_name`` (loaded on first use and shared by every adapter
-    given that name). ``complete(prompt, method=..., recompute_ratio=..., max_new_tokens=...)``
-    overrides the fields for one call; ``temperature`` may only be 0 or None.
+    Give ``rag`` (an engine) or ``model_name`` (loaded on first use with ``store``, ``device`` and
+    ``dtype``, and shared by every adapter given the same ones). ``complete(prompt, stop=[...],
+    method=..., recompute_ratio=..., max_new_tokens=...)`` overrides the settings for one call;
+    ``generate_kwargs`` holds defaults for every call. ``temperature`` may only be 0 or None.
+    ``system_prompt`` is sent as the chat's system message by ``complete(prompt)``.
+
+    >>> llm = FusionRAGLLM(model_name="tiny", store=":memory:", max_tokens=8, context_window=2048)
+    >>> llm.metadata.context_window, llm.metadata.num_output
+    (2048, 8)
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=(), extra="forbid")
@@ -74,16 +89,61 @@ class FusionRAGLLM(CustomLLM):
     model_name: str = Field(default=_shared.DEFAULT_MODEL_NAME, description="Model to load when rag is None.")
     method: str = Field(default="fusionrag", description="One of fusionrag_llm.METHODS.")
     recompute_ratio: float = Field(default=0.15, description="Share of reused chunk tokens recomputed, in [0, 1].")
-    max_new_tokens: int = Field(default=32, description="Most tokens generated per call.")
+    max_new_tokens: int = Field(default=32, description="Most tokens generated per call (alias max_tokens).")
+    temperature: Optional[float] = Field(default=0.0, description="0 or None: decoding is greedy.")
+    context_window: Optional[int] = Field(default=None, description="Report a smaller window than the model's.")
+    generate_kwargs: dict[str, Any] = Field(default_factory=dict, description="Per-call options for every call.")
+    is_chat_model: bool = Field(default=False, description="Let LlamaIndex send chats (chat() uses the chat template).")
+    store: Optional[Any] = Field(default=None, exclude=True, description="KV store when loading model_name.")
+    device: Optional[Any] = Field(default=None, description="Device when loading model_name.")
+    dtype: Optional[Any] = Field(default=None, description="Dtype when loading model_name.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _map_spellings(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        arguments: dict[str, Any] = {}
+        spelled: dict[str, str] = {}  # field -> the spelling it was given as
+        for name, value in data.items():
+            field = _SPELLINGS.get(name, name)
+            if field in arguments:
+                raise ValueError(f"{field} is given twice, as {spelled[field]!r} and as {name!r}; give it once")
+            if field not in cls.model_fields:
+                raise ValueError(_unknown_argument(name, cls.model_fields))
+            arguments[field], spelled[field] = value, name
+        return arguments
 
     @model_validator(mode="after")
     def _check_settings(self) -> "FusionRAGLLM":
         _shared.check_rag(self.rag)
+        _shared.check_temperature(self.temperature)
+        self._check_generate_kwargs()
         _shared.check_run({"method": self.method, "recompute_ratio": self.recompute_ratio})
         _shared.check_max_new_tokens(self.max_new_tokens)
+        _check_context_window(self.context_window)
         if self.rag is not None:
+            given = [name for name in _LOAD_SETTINGS if getattr(self, name) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only used when the adapter loads model_name; the engine "
+                                 "given as rag= is already loaded (pass them to FusionRAG.from_pretrained)")  # fmt: skip
             self.model_name = self.rag.loaded.name
+            _check_context_window(self.context_window, self.rag)
         return self
+
+    def _check_generate_kwargs(self) -> None:
+        kwargs = dict(self.generate_kwargs)
+        unknown = sorted(set(kwargs) - set(_GENERATE_KWARGS))
+        if unknown:
+            accepted = ", ".join(_GENERATE_KWARGS)
+            raise ValueError(f"generate_kwargs has unsupported key(s) {unknown}; accepted: {accepted}")
+        twice = sorted(set(kwargs) & self.model_fields_set - {"stop", "temperature"})
+        if twice:
+            raise ValueError(f"{', '.join(twice)} given both as argument(s) and in generate_kwargs; give each once")
+        if kwargs.pop("do_sample", False) is not False:
+            raise ValueError("generate_kwargs do_sample must be False: FusionRAG decodes greedily")
+        _check_stop(kwargs.pop("stop", None))
+        _shared.call_options(self._fields(), kwargs)
 
     @classmethod
     def class_name(cls) -> str:
@@ -92,21 +152,46 @@ class FusionRAGLLM(CustomLLM):
     @property
     def engine(self) -> FusionRAG:
         """The engine (loads ``model_name`` on first use when no ``rag`` was given)."""
-        return _shared.resolve_rag(self.rag, self.model_name)
+        if self.rag is not None:
+            return self.rag
+        if all(getattr(self, name) is None for name in _LOAD_SETTINGS):
+            engine = _shared.resolve_rag(None, self.model_name)
+        else:
+            engine = _load(self.model_name, self.store, self.device, self.dtype)
+        return _check_context_window(self.context_window, engine)
 
     @property
     def metadata(self) -> LLMMetadata:
-        return LLMMetadata(context_window=self.engine.context_window, num_output=self.max_new_tokens,
-                           model_name=self.model_name, is_chat_model=False)  # fmt: skip
+        window = self.context_window or self.engine.context_window
+        return LLMMetadata(context_window=window, num_output=self._options({})["max_new_tokens"],
+                           model_name=self.model_name, is_chat_model=self.is_chat_model)  # fmt: skip
+
+    def _fields(self) -> dict:
+        return {"method": self.method, "recompute_ratio": self.recompute_ratio, "max_new_tokens": self.max_new_tokens}
 
     def _options(self, kwargs: dict) -> dict:
-        defaults = {"method": self.method, "recompute_ratio": self.recompute_ratio, "max_new_tokens": self.max_new_tokens}
-        return _shared.call_options(defaults, kwargs)
+        """Options for ``rag.generate``: fields, then ``generate_kwargs``, then this call's ``kwargs``.
 
-    def _prompt(self, prompt: str, formatted: bool) -> str:
+        ``stop`` is the engine's but not a shared per-call option, so it is checked and added here.
+        """
+        defaults = {key: value for key, value in self.generate_kwargs.items() if key not in ("stop", "do_sample")}
+        kwargs = dict(kwargs)
+        stop = _check_stop(kwargs.pop("stop", None)) or _check_stop(self.generate_kwargs.get("stop"))
+        options = _shared.call_options({**self._fields(), **defaults}, kwargs)
+        options.pop("temperature", None)
+        return {**options, "stop": stop} if stop else options
+
+    def _prompt(self, prompt: str, formatted: bool):
+        """A formatted prompt goes as it is; else ``completion_to_prompt`` applies and ``system_prompt``
+        becomes the chat's system message (LlamaIndex's ``predict`` formats and prepends it itself)."""
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("the prompt is empty; pass a non-empty string")
-        return prompt if formatted or self.completion_to_prompt is None else self.completion_to_prompt(prompt)
+        if formatted:
+            return prompt
+        prompt = prompt if self.completion_to_prompt is None else self.completion_to_prompt(prompt)
+        if not self.system_prompt:
+            return prompt
+        return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": prompt}]
 
     def _job(self, run, request, kwargs: dict) -> Callable[[], Any]:
         """The blocking part of a call (loading, prefill, decoding) as a function; options are checked now."""
@@ -154,8 +239,43 @@ class FusionRAGLLM(CustomLLM):
         return _shared.iterate_in_thread(lambda: _deltas(job(), _chat_delta))
 
 
+@functools.lru_cache(maxsize=4)
+def _load(name: str, store: Any, device: Any, dtype: Any) -> FusionRAG:
+    """An engine loaded with explicit settings, shared by adapters given the same ones."""
+    return FusionRAG.from_pretrained(name, device=device, dtype=dtype, store=store)
+
+
+def _check_context_window(window: Optional[int], engine: Optional[FusionRAG] = None):
+    """``window`` may only lower what the model reads; returns ``engine``."""
+    if window is None:
+        return engine
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"context_window must be an int >= 1, got {window!r}")
+    if engine is not None and window > engine.context_window:
+        raise ValueError(f"context_window={window} exceeds the model's window ({engine.context_window} tokens "
+                         f"for {engine.loaded.name!r}); it may only lower it")  # fmt: skip
+    return engine
+
+
+def _check_stop(stop: Any) -> list[str]:
+    """Stop strings as a list (the engine checks the rest); the answer is cut before the first one."""
+    stop = [stop] if isinstance(stop, str) else stop
+    if stop is None:
+        return []
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise ValueError(f"stop must be a string or a list of strings, got {stop!r:.80}")
+    return [s for s in stop if s]
+
+
+def _unknown_argument(name: str, fields: dict) -> str:
+    accepted = sorted({*fields, *_SPELLINGS})
+    close = difflib.get_close_matches(name, accepted, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else "."
+    return f"FusionRAGLLM got an unknown argument {name!r}{hint} Accepted: {', '.join(accepted)}"
+
+
 def _completion(out) -> CompletionResponse:
-    return CompletionResponse(text=out.text, **_extras(out.stats, out.token_ids))
+    return CompletionResponse(text=out.text, **_extras(out.stats, out.token_ids, out.finish_reason))
 
 
 def _completion_delta(text: str, delta: str, extras: dict) -> CompletionResponse:
@@ -164,16 +284,17 @@ def _completion_delta(text: str, delta: str, extras: dict) -> CompletionResponse
 
 def _chat_response(out) -> ChatResponse:
     return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=out.text),
-                        **_extras(out.stats, out.token_ids))  # fmt: skip
+                        **_extras(out.stats, out.token_ids, out.finish_reason))  # fmt: skip
 
 
 def _chat_delta(text: str, delta: str, extras: dict) -> ChatResponse:
     return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta, **extras)
 
 
-def _extras(stats, token_ids) -> dict:
+def _extras(stats, token_ids, finish_reason: Optional[str] = None) -> dict:
     stats = stats.to_dict()
-    return {"additional_kwargs": {"fusionrag_stats": stats}, "raw": {"token_ids": list(token_ids), "stats": stats}}
+    raw = {"token_ids": list(token_ids), "stats": stats, "finish_reason": finish_reason}
+    return {"additional_kwargs": {"fusionrag_stats": stats}, "raw": raw}
 
 
 def _deltas(stream, make):
@@ -190,7 +311,7 @@ def _deltas(stream, make):
     finally:  # a consumer that stops early takes the request out of the engine's batch
         stream.close()
     rest = stream.text[len(text) :] if stream.text.startswith(text) else ""
-    yield make(text + rest, rest, _extras(stream.stats, stream.token_ids))
+    yield make(text + rest, rest, _extras(stream.stats, stream.token_ids, stream.finish_reason))
 
 
 def _chat(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
