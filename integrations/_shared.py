@@ -181,7 +181,7 @@ def finish_reason(token_ids: Sequence[int], max_new_tokens: int) -> str:
 
 
 def register_texts(rag: FusionRAG, texts: Sequence[str], embeddings=None, fuse: bool = True,
-                   neighbors: int = 10) -> IngestReport:  # fmt: skip
+                   neighbors: int = 10, progress: bool = False) -> IngestReport:  # fmt: skip
     """Register texts exactly as frameworks put them in prompts (stripped); empty texts are skipped.
 
     Frameworks strip retrieved texts before joining them, and a stripped text is also found inside
@@ -193,4 +193,5 @@ def register_texts(rag: FusionRAG, texts: Sequence[str], embeddings=None, fuse: 
     if not keep:
         return IngestReport(chunk_ids=[])
     vectors = [embeddings[index] for index in keep] if embeddings is not None else None
-    return rag.ingest([texts[index].strip() for index in keep], fuse=fuse, neighbors=neighbors, embeddings=vectors)
+    return rag.ingest([texts[index].strip() for index in keep], fuse=fuse, neighbors=neighbors, embeddings=vectors,
+                      progress=progress)  # fmt: skip

@@ -355,9 +355,10 @@ class FusionRAGDocumentTransformer(BaseDocumentTransformer):
     """
 
     def __init__(self, rag: Optional[FusionRAG] = None, *, model_name: str = _shared.DEFAULT_MODEL_NAME,
-                 embeddings: Optional[Embeddings] = None, fuse: bool = True, neighbors: int = 10):  # fmt: skip
+                 embeddings: Optional[Embeddings] = None, fuse: bool = True, neighbors: int = 10,
+                 progress: bool = False):  # fmt: skip
         self.rag, self.model_name = _shared.check_rag(rag), model_name
-        self.embeddings, self.fuse, self.neighbors = embeddings, fuse, neighbors
+        self.embeddings, self.fuse, self.neighbors, self.progress = embeddings, fuse, neighbors, progress
 
     def transform_documents(self, documents: Sequence[Document], **kwargs: Any) -> Sequence[Document]:
         self.ingest(documents)
@@ -367,7 +368,8 @@ class FusionRAGDocumentTransformer(BaseDocumentTransformer):
         texts = [document.page_content for document in documents]
         vectors = self.embeddings.embed_documents(texts) if self.embeddings is not None and texts else None
         engine = _shared.resolve_rag(self.rag, self.model_name)
-        return _shared.register_texts(engine, texts, vectors, fuse=self.fuse, neighbors=self.neighbors)
+        return _shared.register_texts(engine, texts, vectors, fuse=self.fuse, neighbors=self.neighbors,
+                                      progress=self.progress)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -377,10 +379,10 @@ class AddedDocuments:
 
 
 def add_documents(rag: FusionRAG, vector_store: VectorStore, documents: Sequence[Document],
-                  fuse: bool = True, neighbors: int = 10) -> AddedDocuments:  # fmt: skip
+                  fuse: bool = True, neighbors: int = 10, progress: bool = False) -> AddedDocuments:  # fmt: skip
     """Add ``documents`` to ``vector_store`` and register them in ``rag``'s KV store, embedding them once.
 
-    The vector store's embeddings drive the neighbour search. Stores with ``add_embeddings`` (FAISS)
+    The vector store's embeddings drive the neighbour search; ``progress=True`` shows progress bars. Stores with ``add_embeddings`` (FAISS)
     take the vectors as they are; others embed again. Documents without an id get one derived from
     their content and metadata, so adding the same documents twice changes nothing in either store.
     """
@@ -392,7 +394,7 @@ def add_documents(rag: FusionRAG, vector_store: VectorStore, documents: Sequence
     ids = [document.id or _content_id(document) for document in documents]
     embeddings = vector_store.embeddings
     vectors = embeddings.embed_documents(texts) if embeddings is not None else None
-    report = _shared.register_texts(rag, texts, vectors, fuse=fuse, neighbors=neighbors)
+    report = _shared.register_texts(rag, texts, vectors, fuse=fuse, neighbors=neighbors, progress=progress)
     if vectors is not None and hasattr(vector_store, "add_embeddings"):
         metadatas = [document.metadata for document in documents]
         stored = vector_store.add_embeddings(list(zip(texts, vectors)), metadatas=metadatas, ids=ids)

@@ -340,6 +340,7 @@ class FusionRAGIngestion(TransformComponent):
     model_name: str = Field(default=_shared.DEFAULT_MODEL_NAME, description="Model to load when rag is None.")
     fuse: bool = Field(default=True, description="Also compute fused entries (with the nearest neighbours).")
     neighbors: int = Field(default=10, ge=0, description="Neighbours per fused entry.")
+    progress: bool = Field(default=False, description="Progress bars while entries are computed.")
 
     @model_validator(mode="after")
     def _check_settings(self) -> "FusionRAGIngestion":
@@ -360,13 +361,15 @@ class FusionRAGIngestion(TransformComponent):
         return super().from_dict({k: v for k, v in data.items() if k != "engine_session"}, **kwargs)
 
     def __call__(self, nodes: Sequence[BaseNode], **kwargs: Any) -> Sequence[BaseNode]:
-        self.ingest(nodes)
+        """``show_progress=True`` (as LlamaIndex's own transformations take it) shows progress bars too."""
+        self.ingest(nodes, progress=self.progress or bool(kwargs.get("show_progress")))
         return nodes
 
-    def ingest(self, nodes: Sequence[BaseNode]):
+    def ingest(self, nodes: Sequence[BaseNode], progress: bool | None = None):
         """Register ``nodes``; returns the engine's ``IngestReport`` (what was computed)."""
         texts = [node.get_content(metadata_mode=MetadataMode.LLM) for node in nodes]
         embeddings = [node.embedding for node in nodes]
         vectors = embeddings if nodes and all(e is not None for e in embeddings) else None
         engine = _shared.resolve_rag(self.rag, self.model_name)
-        return _shared.register_texts(engine, texts, vectors, fuse=self.fuse, neighbors=self.neighbors)
+        show = self.progress if progress is None else progress
+        return _shared.register_texts(engine, texts, vectors, fuse=self.fuse, neighbors=self.neighbors, progress=show)
