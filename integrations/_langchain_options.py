@@ -9,9 +9,10 @@ does nothing), and anything else is an unknown argument, with the closest accept
 
 from __future__ import annotations
 
-import difflib
 import warnings
 from typing import Any
+
+from fusionrag_llm.integrations._shared import map_arguments
 
 # What ChatOpenAI, langchain-huggingface and langchain-ollama users write for a field here.
 _SPELLINGS = {"model": "model_name", "model_id": "model_name", "max_new_tokens": "max_tokens",
@@ -60,22 +61,19 @@ def unsupported_feature(feature: str) -> UnsupportedFeatureError:
 
 def constructor_arguments(model: type, data: dict, fields: set[str]) -> dict[str, Any]:
     """``data`` with spellings mapped to ``fields``; unsupported or unknown arguments raise ``ValueError``."""
-    arguments: dict[str, Any] = {}
-    spelled: dict[str, str] = {}  # field -> the spelling it was given as
-    for name, value in data.items():
-        field = _SPELLINGS.get(name, name)
-        if field in spelled:
-            raise ValueError(f"{field} is given twice, as {spelled[field]!r} and as {name!r}; give it once")
-        if field in fields:
-            arguments[field], spelled[field] = value, name
-        elif name in _UNSUPPORTED:
-            _check_neutral(model, name, value)
-        elif name in _IGNORED:
-            if value is not None:
-                warnings.warn(f"{model.__name__} ignores {name}: {_IGNORED[name]}", UserWarning, stacklevel=4)
-        else:
-            raise ValueError(_unknown(model, name, fields))
-    return arguments
+    return map_arguments(model.__name__, data, fields, _SPELLINGS, lambda name, value: _not_a_field(model, name, value))
+
+
+def _not_a_field(model: type, name: str, value: Any) -> bool:
+    """Whether ``name`` is taken as a no-op (its neutral value, or ignored with a warning); else raises."""
+    if name in _UNSUPPORTED:
+        _check_neutral(model, name, value)
+        return True
+    if name in _IGNORED:
+        if value is not None:
+            warnings.warn(f"{model.__name__} ignores {name}: {_IGNORED[name]}", UserWarning, stacklevel=6)
+        return True
+    return False
 
 
 def _check_neutral(model: type, name: str, value: Any) -> None:
@@ -83,10 +81,3 @@ def _check_neutral(model: type, name: str, value: Any) -> None:
     if not any(value is accepted or (value == accepted and type(value) is not bool) for accepted in neutral):
         shown = " or ".join(repr(accepted) for accepted in neutral)
         raise ValueError(f"{model.__name__} does not support {name}={value!r}: {reason} (accepted: {shown})")
-
-
-def _unknown(model: type, name: str, fields: set[str]) -> str:
-    accepted = sorted({*fields, *_SPELLINGS})
-    close = difflib.get_close_matches(name, accepted, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else "."
-    return f"{model.__name__} got an unknown argument {name!r}{hint} Accepted: {', '.join(accepted)}"

@@ -6,12 +6,13 @@ Framework-free on purpose, so importing it pulls in neither LlamaIndex nor LangC
 from __future__ import annotations
 
 import asyncio
+import difflib
 import functools
 import logging
 import threading
 import uuid
 import weakref
-from typing import Any, AsyncIterator, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence, TypeVar
 
 from fusionrag_llm import FusionRAG, IngestReport, check_run_options
 
@@ -195,3 +196,24 @@ def register_texts(rag: FusionRAG, texts: Sequence[str], embeddings=None, fuse: 
     vectors = [embeddings[index] for index in keep] if embeddings is not None else None
     return rag.ingest([texts[index].strip() for index in keep], fuse=fuse, neighbors=neighbors, embeddings=vectors,
                       progress=progress)  # fmt: skip
+
+
+def map_arguments(owner: str, data: Mapping[str, Any], fields: Collection[str], spellings: Mapping[str, str],
+                  other: Callable[[str, Any], bool] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Constructor arguments by field: other libraries' ``spellings`` mapped to ``fields``, a field given
+    twice refused. A name that is no field goes to ``other`` (True: taken as a no-op; it raises to
+    refuse); otherwise it is an unknown argument, named with the closest accepted one."""
+    arguments: dict[str, Any] = {}
+    spelled: dict[str, str] = {}  # field -> the spelling it was given as
+    for name, value in data.items():
+        field = spellings.get(name, name)
+        if field in spelled:
+            raise ValueError(f"{field} is given twice, as {spelled[field]!r} and as {name!r}; give it once")
+        if field in fields:
+            arguments[field], spelled[field] = value, name
+        elif other is None or not other(name, value):
+            accepted = sorted({*fields, *spellings})
+            close = difflib.get_close_matches(name, accepted, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else "."
+            raise ValueError(f"{owner} got an unknown argument {name!r}{hint} Accepted: {', '.join(accepted)}")
+    return arguments

@@ -22,7 +22,6 @@ LlamaIndex re-splits them and the pieces are computed, not reused.
 from __future__ import annotations
 
 import asyncio
-import difflib
 import functools
 from typing import Any, Callable, Optional, Sequence
 
@@ -103,16 +102,7 @@ class FusionRAGLLM(CustomLLM):
     def _map_spellings(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        arguments: dict[str, Any] = {}
-        spelled: dict[str, str] = {}  # field -> the spelling it was given as
-        for name, value in data.items():
-            field = _SPELLINGS.get(name, name)
-            if field in arguments:
-                raise ValueError(f"{field} is given twice, as {spelled[field]!r} and as {name!r}; give it once")
-            if field not in cls.model_fields:
-                raise ValueError(_unknown_argument(name, cls.model_fields))
-            arguments[field], spelled[field] = value, name
-        return arguments
+        return _shared.map_arguments(cls.__name__, data, cls.model_fields, _SPELLINGS)
 
     @model_validator(mode="after")
     def _check_settings(self) -> "FusionRAGLLM":
@@ -265,13 +255,6 @@ def _check_stop(stop: Any) -> list[str]:
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
         raise ValueError(f"stop must be a string or a list of strings, got {stop!r:.80}")
     return [s for s in stop if s]
-
-
-def _unknown_argument(name: str, fields: dict) -> str:
-    accepted = sorted({*fields, *_SPELLINGS})
-    close = difflib.get_close_matches(name, accepted, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else "."
-    return f"FusionRAGLLM got an unknown argument {name!r}{hint} Accepted: {', '.join(accepted)}"
 
 
 def _completion(out) -> CompletionResponse:
