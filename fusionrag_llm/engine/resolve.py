@@ -6,9 +6,6 @@ as far as the store has it, then serves the chunks after that from their fused o
 computing a missing plain entry once, and places everything in the request's cache. Blocks are
 written only by runs whose context KV is exact, and only to a lossless store (one that keeps the
 compute dtype): KV read back from a lossy store is not exact.
-
-``assemble``, ``keys_to_prefetch`` and ``boundaries`` are the same steps for callers that hold
-segments and a ``RunPlan`` rather than a ``ContextPlan``.
 """
 
 from __future__ import annotations
@@ -19,9 +16,7 @@ from typing import Sequence
 import torch
 
 from fusionrag_llm.engine.methods import RunPlan
-from fusionrag_llm.engine.plan import (Boundary, ContextPlan, PlannedSegment, ResolveCounts, plan_boundaries,
-                                       plan_context)  # fmt: skip
-from fusionrag_llm.engine.stats import GenerationStats
+from fusionrag_llm.engine.plan import Boundary, ContextPlan, PlannedSegment, ResolveCounts, plan_context
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.placement import place_entry
 from fusionrag_llm.fusion.selectors import RequestLayout
@@ -88,21 +83,6 @@ class ContextResolver:
         layout = _layout(context_plan, placed, cache.keys.device)
         return ResolvedContext(layout, list(context_plan.boundaries), matched), counts
 
-    # ------------------------------------------------------------------ segments + RunPlan
-    def assemble(self, segments: Sequence[Segment], plan: RunPlan, cache: KVCache, stats: GenerationStats) -> ResolvedContext:
-        """``assemble_plan`` of a fresh plan, its counts merged into ``stats``."""
-        resolved, counts = self.assemble_plan(self.plan(segments, plan), cache)
-        counts.merge_into(stats)
-        return resolved
-
-    def keys_to_prefetch(self, segments: Sequence[Segment], plan: RunPlan) -> list[tuple[str, tuple[int, ...]]]:
-        """(key, token ids) of every entry this request reads first, for the asynchronous loader."""
-        return self.plan(segments, plan).prefetch_keys()
-
-    def boundaries(self, segments: Sequence[Segment]) -> list[Boundary]:
-        return plan_boundaries(segments, self.keys, self.prefix_cache)
-
-    # ------------------------------------------------------------------ reading entries
     def _fetch(self, key: str, token_ids: Sequence[int], variant: str) -> tuple[KVEntry, str] | None:
         found = self.preloaded.get(key)
         if found is not None and found[0].token_ids == tuple(token_ids) and self.keys.accepts(found[0], key, variant):

@@ -182,19 +182,6 @@ def test_once_the_path_is_stored_assembly_reads_only_its_blocks(rag, monkeypatch
     assert resolved.matched == len(plan.boundaries) and counts.path_hits["exact"] == 3
 
 
-def test_the_segment_api_is_the_plan_api(rag):
-    segments = rag.segments(RAGRequest(chunks=TEXTS[::-1], question="Who nests on the pier?"))
-    resolver = ContextResolver(rag.entries, prefix_cache=True)
-    plan = resolver.plan(segments, FUSIONRAG)
-    assert resolver.keys_to_prefetch(segments, FUSIONRAG) == plan.prefetch_keys()
-    assert resolver.boundaries(segments) == list(plan.boundaries)
-    stats = GenerationStats()
-    resolved = resolver.assemble(segments, FUSIONRAG, rag.loaded.model.new_cache(len(plan.prompt_ids)), stats)
-    _, counts = resolver.assemble_plan(plan, rag.loaded.model.new_cache(len(plan.prompt_ids)))
-    assert resolved.boundaries == list(plan.boundaries)
-    assert stats.path_hits == counts.path_hits and stats.variant_hits == counts.variant_hits
-
-
 def test_another_codec_gets_keys_of_its_own_and_no_exact_blocks():
     import torch
 
