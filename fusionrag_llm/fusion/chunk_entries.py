@@ -11,13 +11,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
-
 from fusionrag_llm.fusion.entry_compute import PREFIX_MEMO_SIZE, EntryComputer
 from fusionrag_llm.fusion.entry_keys import EntryKeys, TokenIds, storage_fingerprint
 from fusionrag_llm.fusion.entry_store import EntryStore, Found
 from fusionrag_llm.fusion.placement import place_entry
-from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.models.llama import DecoderLM
 from fusionrag_llm.storage import KVEntry, TieredStore
 
@@ -51,41 +48,13 @@ class ChunkEntries:
     def key(self, token_ids: Sequence[int], variant: str) -> str:
         return self.keys.key(token_ids, variant)
 
-    def path_key(self, *blocks: Sequence[int]) -> str:
-        return self.keys.path_key(*blocks)
-
-    def meta(self, variant: str, **extra) -> dict:
-        return self.keys.meta(variant, **extra)
-
-    def accepts(self, entry: KVEntry, key: str, variant: str) -> bool:
-        return self.keys.accepts(entry, key, variant)
-
     # ------------------------------------------------------------------ store access
-    def fetch(self, key: str, token_ids: Sequence[int], variant: str) -> Found | None:
-        return self.entry_store.fetch(key, token_ids, variant)
-
     def lookup(self, token_ids: TokenIds, variant: str) -> Found | None:
         return self.entry_store.lookup(token_ids, variant)
 
     def contains(self, token_ids: TokenIds, variant: str) -> bool:
         return self.entry_store.contains(token_ids, variant)
 
-    def put(self, entry: KVEntry, variant: str, persist: bool = False) -> bool:
-        return self.entry_store.put(entry, variant, persist)
-
-    # ------------------------------------------------------------------ computing and placing
-    def prefix_entry(self, token_ids: TokenIds) -> tuple[KVEntry, bool]:
-        return self.computer.prefix_entry(token_ids)
-
-    def compute_exact(self, token_ids: TokenIds) -> KVEntry:
-        return self.computer.compute_exact(token_ids)
-
+    # ------------------------------------------------------------------ computing
     def compute_plain(self, chunks: Sequence[TokenIds], max_batch_tokens: int = 2048) -> list[KVEntry]:
         return self.computer.compute_plain(chunks, max_batch_tokens)
-
-    def compute_fused(self, token_ids: TokenIds, neighbours: Sequence[KVEntry], neighbour_ids: Sequence[str]) -> KVEntry:
-        return self.computer.compute_fused(token_ids, neighbours, neighbour_ids)
-
-    def place(self, cache: KVCache, entry: KVEntry, start_position: int) -> torch.Tensor:
-        """Put ``entry`` into the next slots at consecutive positions from ``start_position``."""
-        return place_entry(self.model, cache, entry, start_position)
