@@ -24,6 +24,7 @@ from fusionrag_llm.models.attention_backend import attention_backend
 from fusionrag_llm.models.config import ModelConfig
 from fusionrag_llm.models.forward import BatchContext, ForwardOutput, ForwardPass, spans_of
 from fusionrag_llm.models.kv_cache import KVCache
+from fusionrag_llm.models.linear import Linear
 from fusionrag_llm.models.rotary import RotaryTable
 
 __all__ = ["DecoderLM", "ForwardOutput", "ForwardPass"]
@@ -48,10 +49,10 @@ class Attention(nn.Module):
         self.cfg = cfg
         self.layer = layer
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, q_size, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, kv_size, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, kv_size, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+        self.q_proj = Linear(cfg.hidden_size, q_size, bias=cfg.attention_bias)
+        self.k_proj = Linear(cfg.hidden_size, kv_size, bias=cfg.attention_bias)
+        self.v_proj = Linear(cfg.hidden_size, kv_size, bias=cfg.attention_bias)
+        self.o_proj = Linear(q_size, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -78,9 +79,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -114,7 +115,7 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = DecoderBody(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryTable(cfg.rope, cfg.head_dim)
@@ -128,6 +129,18 @@ class DecoderLM(nn.Module):
     @kernels.setter
     def kernels(self, name: str) -> None:
         self.attention = attention_backend(name)
+
+    def pack_linears(self) -> int:
+        """Lay every linear weight out for oneDNN's CPU matrix multiply (``models/linear.py``): faster
+        decode steps for a second copy of the weights in host memory. Returns how many were packed
+        (0 off CPU or below float32, where nothing changes)."""
+        return sum(module.pack() for module in self.modules() if isinstance(module, Linear))
+
+    def unpack_linears(self) -> None:
+        """Drop the packed copies (``F.linear`` again; their memory is freed)."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.unpack()
 
     def to(self, *args, **kwargs):  # keep the rotary table on the module's device
         module = super().to(*args, **kwargs)
@@ -204,9 +217,13 @@ class DecoderLM(nn.Module):
         batch, x = self._batch(steps, caches)  # x: [n_total, hidden]
         for block in self.model.layers:
             x = block(x, batch)
-        for step, out, (start, end) in zip(batch.steps, batch.outputs, batch.spans):
-            rows = x[start:end] if step.logit_rows is None else x[start:end][step.logit_rows]
-            out.logits = self.lm_head(self.model.norm(rows)).float()
+        rows = [x[start:end] if step.logit_rows is None else x[start:end][step.logit_rows]
+                for step, (start, end) in zip(batch.steps, batch.spans)]  # fmt: skip
+        # One head matmul for every sequence's rows: the head is the largest weight, read once a step.
+        logits = self.lm_head(self.model.norm(rows[0] if len(rows) == 1 else torch.cat(rows))).float()
+        for out, part in zip(batch.outputs, logits.split([len(r) for r in rows])):
+            out.logits = part
+        for step, out in zip(batch.steps, batch.outputs):
             if step.capture_raw_kv:
                 out.raw_keys, out.raw_values = torch.stack(out.raw_keys), torch.stack(out.raw_values)
             else:

@@ -77,6 +77,8 @@ def load_model(name_or_path: str | Path, device=None, dtype=None, kernels: str |
 
     ``kernels``: ``"auto"`` (Triton on CUDA, torch on CPU), ``"torch"`` or ``"triton"`` (on CPU only
     under ``TRITON_INTERPRET=1``); default ``$FUSIONRAG_KERNELS`` or ``"auto"``. Chosen once here.
+    A float32 model on CPU also gets its linear weights packed for oneDNN (``DecoderLM.pack_linears``:
+    faster decode steps for a second copy of the weights; ``model.unpack_linears()`` frees it).
     """
     from fusionrag_llm.kernels.dispatch import resolve_backend
 
@@ -93,6 +95,7 @@ def load_model(name_or_path: str | Path, device=None, dtype=None, kernels: str |
     else:
         loaded = load_folder(resolve_model_folder(name_or_path), builtin or name, torch_device, torch_dtype)
     loaded.model.kernels = backend
+    loaded.model.pack_linears()
     return loaded
 
 
