@@ -32,7 +32,7 @@ from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.engine.streaming import GenerationStream
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
-from fusionrag_llm.fusion.selectors import select_tokens
+from fusionrag_llm.fusion.selectors import Selection, select_many
 from fusionrag_llm.models.llama import ForwardOutput, ForwardPass
 from fusionrag_llm.models.loader import LoadedModel
 from fusionrag_llm.request import Segment, prompt_ids
@@ -52,16 +52,18 @@ class Generation:
 
 @dataclass
 class PrefillWork:
-    """A sequence admitted in this step: its sparse-prefill pass and what to do with its output."""
+    """A sequence admitted in this step: its assembled context, then its sparse-prefill pass and
+    what to do with its output (``forward`` and what follows are set once its tokens are chosen)."""
 
     seq: Sequence
-    forward: ForwardPass
     resolver: ContextResolver
     resolved: ResolvedContext
-    recompute: torch.Tensor  # sorted slots run through the model
-    exact: bool  # every context token is exact after this pass (its path blocks can be stored)
+    k: int  # reused tokens to recompute
     started: float
-    chosen: float
+    forward: ForwardPass | None = None
+    recompute: torch.Tensor | None = None  # sorted slots run through the model
+    exact: bool = False  # every context token is exact after this pass (its path blocks can be stored)
+    chosen: float = 0.0
 
 
 class LLMEngine:
@@ -141,7 +143,7 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def _run(self, scheduled: ScheduledStep) -> None:
-        work = [w for w in map(self._admit, scheduled.prefills) if w is not None]
+        work = self._admit(scheduled.prefills)
         decodes = scheduled.decodes
         passes = [w.forward for w in work] + [self.runner.decode_pass(seq) for seq in decodes]
         caches = [w.seq.cache for w in work] + [seq.cache for seq in decodes]
@@ -170,35 +172,51 @@ class LLMEngine:
         return Sequence(next(self._request_ids), list(segments), plan, max_new_tokens, ids,
                         self.tokenizer.stop_ids, stats=stats)  # fmt: skip
 
-    def _admit(self, seq: Sequence) -> PrefillWork | None:
-        try:
-            return self._prepare_prefill(seq, self.prefetcher.take(seq))
-        except Exception as exc:  # a bad store entry or input fails this request only
-            seq.finish("error", exc)
-            return None
+    def _admit(self, seqs: Seq[Sequence]) -> list[PrefillWork]:
+        """Assemble each admitted sequence's context, choose the tokens to recompute for all of them
+        at once (scoring forwards batched), then build their sparse-prefill passes."""
+        work = [w for w in map(self._assemble, seqs) if w is not None]
+        if not work:
+            return []
+        started = time.perf_counter()
+        jobs = [Selection(w.seq.plan.selector, w.k, w.seq.cache, w.resolved.layout, w.seq.plan.seed) for w in work]
+        picks = select_many(jobs, self.model)
+        chosen = time.perf_counter()
+        ready = []
+        for w, selected in zip(work, picks):
+            if isinstance(selected, Exception):  # a failed selection fails its sequences only
+                w.seq.finish("error", selected)
+                continue
+            w.seq.stats.select_s, w.chosen = chosen - started, chosen
+            self._plan_prefill(w, selected)
+            ready.append(w)
+        return ready
 
-    def _prepare_prefill(self, seq: Sequence, preloaded: Preloaded | None) -> PrefillWork:
+    def _assemble(self, seq: Sequence) -> PrefillWork | None:
         start = time.perf_counter()
         stats, plan = seq.stats, seq.plan
         stats.queue_s = start - seq.arrival
-        seq.cache = self.runner.new_cache(seq.num_prompt_tokens + seq.max_new_tokens)
-        resolver = self.resolver(preloaded)
-        if seq.context_plan is None:
-            seq.context_plan = resolver.plan(seq.segments, plan)
-        resolved, counts = resolver.assemble_plan(seq.context_plan, seq.cache)
+        try:
+            seq.cache = self.runner.new_cache(seq.num_prompt_tokens + seq.max_new_tokens)
+            resolver = self.resolver(self.prefetcher.take(seq))
+            if seq.context_plan is None:
+                seq.context_plan = resolver.plan(seq.segments, plan)
+            resolved, counts = resolver.assemble_plan(seq.context_plan, seq.cache)
+        except Exception as exc:  # a bad store entry or input fails this request only
+            seq.finish("error", exc)
+            return None
         counts.merge_into(stats)
-        layout = resolved.layout
-        loaded = time.perf_counter()
-        k = round(plan.recompute_ratio * len(layout.reused_slots))
-        selected = select_tokens(plan.selector, k, self.model, seq.cache, layout, plan.seed)
-        chosen = time.perf_counter()
-        recompute = torch.cat([selected, layout.fresh_slots]).sort().values
-        exact = len(selected) == len(layout.reused_slots)
-        stats.load_s, stats.select_s = loaded - start, chosen - loaded
+        stats.load_s = time.perf_counter() - start
+        k = round(plan.recompute_ratio * len(resolved.layout.reused_slots))
+        return PrefillWork(seq, resolver, resolved, k, start)
+
+    def _plan_prefill(self, work: PrefillWork, selected: torch.Tensor) -> None:
+        stats, layout = work.seq.stats, work.resolved.layout
+        work.recompute = torch.cat([selected, layout.fresh_slots]).sort().values
+        work.exact = len(selected) == len(layout.reused_slots)
         _count_tokens(stats, layout, selected)
-        stats.computed_tokens += len(recompute)
-        forward = self.runner.recompute_pass(layout, recompute, capture_raw_kv=exact)
-        return PrefillWork(seq, forward, resolver, resolved, recompute, exact, start, chosen)
+        stats.computed_tokens += len(work.recompute)
+        work.forward = self.runner.recompute_pass(layout, work.recompute, capture_raw_kv=work.exact)
 
     def _finish_prefill(self, work: PrefillWork, out: ForwardOutput, token: int | None) -> None:
         seq = work.seq
@@ -260,8 +278,10 @@ class LLMEngine:
         continuation = check_token_ids(continuation, self.model.cfg.vocab_size)
         seq = self._sequence(segments, plan, len(continuation))
         with self._lock:
-            work = self._prepare_prefill(seq, None)
-            self._finish_prefill(work, self.runner.run([work.forward], [seq.cache])[0], token=None)
+            work = self._admit([seq])
+            if not work:
+                raise seq.error
+            self._finish_prefill(work[0], self.runner.run([work[0].forward], [seq.cache])[0], token=None)
         return self.runner.teacher_forced(seq.cache, seq.prompt_logits, seq.num_prompt_tokens, continuation)
 
 

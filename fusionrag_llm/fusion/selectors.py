@@ -5,13 +5,15 @@ Every selector is a row of ``SELECTORS``; ``select_tokens`` returns ``k`` slots 
 ``k`` highest. A row without a scorer selects nothing (the method reuses every chunk token as is).
 
 A new selection rule is one module in ``fusion/scorers/`` with ``scores(inp) -> Tensor`` and one
-``SelectorSpec`` row below; methods refer to it by name (``engine/methods.py``).
+``SelectorSpec`` row below; methods refer to it by name (``engine/methods.py``). A scorer whose
+work is one forward pass may also give its two halves (``scoring_pass``, ``scores_from``): then
+``select_many`` runs the passes of several sequences as one batched forward.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -19,7 +21,7 @@ from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion.layout import RequestLayout, ScoringInput
 from fusionrag_llm.fusion.scorers import kv_deviation, oracle, query_guided, random_order
 from fusionrag_llm.models.kv_cache import KVCache
-from fusionrag_llm.models.llama import DecoderLM
+from fusionrag_llm.models.llama import DecoderLM, ForwardOutput, ForwardPass
 
 Scorer = Callable[[ScoringInput], torch.Tensor]  # -> [len(layout.reused_slots)], higher = recompute first
 
@@ -32,6 +34,8 @@ class SelectorSpec:
     scorer: Scorer | None  # None: selects nothing, whatever the ratio
     needs_forward: bool  # the scorer runs the model (it costs prefill time, counted in select_s)
     description: str
+    scoring_pass: Callable[[ScoringInput], ForwardPass] | None = None  # the scorer as one forward ...
+    scores_from: Callable[[ScoringInput, ForwardOutput], torch.Tensor] | None = None  # ... and its reading
 
     @property
     def selects(self) -> bool:
@@ -42,7 +46,8 @@ SELECTORS: dict[str, SelectorSpec] = {
     spec.name: spec
     for spec in (
         SelectorSpec("query_guided", query_guided.scores, True,
-                     "FusionRAG: last-layer attention from the question to each context token"),
+                     "FusionRAG: last-layer attention from the question to each context token",
+                     query_guided.scoring_pass, query_guided.scores_from),
         SelectorSpec("kv_deviation", kv_deviation.scores, True,
                      "CacheBlend: drift of layer-1 K/V from the reused ones after recomputing layer 0"),
         SelectorSpec("random", random_order.scores, False, "a seeded random subset (a floor for the others)"),
@@ -64,13 +69,67 @@ def selector_spec(name: str) -> SelectorSpec:
 def select_tokens(selector: str, k: int, model: DecoderLM, cache: KVCache, layout: RequestLayout, seed: int = 0) -> torch.Tensor:
     """Slots of the ``k`` reused tokens to recompute, ascending."""
     spec = selector_spec(selector)
+    trivial = _trivial(spec, k, layout)
+    if trivial is not None:
+        return trivial
+    return _top(layout, spec.scorer(ScoringInput(model, cache, layout, seed)), k)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """One sequence's ``select_tokens`` arguments, for ``select_many``."""
+
+    selector: str
+    k: int
+    cache: KVCache
+    layout: RequestLayout
+    seed: int = 0
+
+
+def select_many(jobs: Sequence[Selection], model: DecoderLM) -> list[torch.Tensor | Exception]:
+    """``select_tokens`` for several sequences: the scorers that are one forward pass run as one
+    batched forward (``model.forward_batch``), the others one by one. A job that fails gets its
+    exception in its place (a failed batched forward fails every job in it)."""
+    results: list[torch.Tensor | Exception | None] = [None] * len(jobs)
+    batched: list[tuple[int, SelectorSpec, ScoringInput]] = []
+    for i, job in enumerate(jobs):
+        try:
+            spec = selector_spec(job.selector)
+            trivial = _trivial(spec, job.k, job.layout)
+            inp = ScoringInput(model, job.cache, job.layout, job.seed)
+            if trivial is not None:
+                results[i] = trivial
+            elif spec.scoring_pass is None:
+                results[i] = _top(job.layout, spec.scorer(inp), job.k)
+            else:
+                batched.append((i, spec, inp))
+        except Exception as exc:  # one bad sequence fails alone
+            results[i] = exc
+    if batched:
+        try:
+            passes = [spec.scoring_pass(inp) for _, spec, inp in batched]
+            outputs = model.forward_batch(passes, [inp.cache for _, _, inp in batched])
+            for (i, spec, inp), out in zip(batched, outputs):
+                results[i] = _top(inp.layout, spec.scores_from(inp, out), jobs[i].k)
+        except Exception as exc:
+            for i, _, _ in batched:
+                results[i] = exc
+    return results
+
+
+def _trivial(spec: SelectorSpec, k: int, layout: RequestLayout) -> torch.Tensor | None:
+    """The answer when no scoring is needed: nothing (k <= 0, a selector that selects nothing) or
+    every reused token (k covers them all); None when the scorer must run."""
     reused = layout.reused_slots
     if k <= 0 or not spec.selects:
         return reused[:0]
-    if k >= len(reused):
-        return reused
-    scores = spec.scorer(ScoringInput(model, cache, layout, seed))  # [len(reused)]
+    return reused if k >= len(reused) else None
+
+
+def _top(layout: RequestLayout, scores: torch.Tensor, k: int) -> torch.Tensor:
+    reused = layout.reused_slots
     return reused[torch.topk(scores, k).indices].sort().values
 
 
-__all__ = ["RequestLayout", "SELECTORS", "Scorer", "ScoringInput", "SelectorSpec", "select_tokens", "selector_spec"]
+__all__ = ["RequestLayout", "SELECTORS", "Scorer", "ScoringInput", "Selection", "SelectorSpec", "select_many",
+           "select_tokens", "selector_spec"]

@@ -8,6 +8,8 @@ import torch
 from fusionrag_llm import FusionRAG, RAGRequest
 from fusionrag_llm.engine.methods import plan_run
 from fusionrag_llm.engine.streaming import IncrementalText
+from fusionrag_llm.errors import FusionRAGError
+from fusionrag_llm.fusion.selectors import Selection, select_many, select_tokens
 from fusionrag_llm.models.llama import ForwardPass
 
 CHUNKS = [
@@ -86,6 +88,28 @@ def test_forward_batch_equals_separate_forwards(rag):
         torch.testing.assert_close(many.keys[:, :, : many.length], one.keys[:, :, : one.length], atol=1e-6, rtol=1e-6)
 
 
+def test_admission_batches_the_selection_forwards_and_selects_as_alone(rag):
+    """fusionrag's scoring forwards of every admitted sequence run as one batched forward, and each
+    sequence gets the tokens the selector picks for it alone."""
+    engine = rag.engine
+    plan = plan_run("fusionrag", 0.15)
+    seqs = [engine._sequence(rag.segments(r), plan, 4) for r in REQUESTS]
+    work = [engine._assemble(seq) for seq in seqs]
+    jobs = [Selection(w.seq.plan.selector, w.k, w.seq.cache, w.resolved.layout) for w in work]
+    sizes = _batched_calls(rag)
+    try:
+        together = select_many(jobs + [Selection("best", 3, jobs[0].cache, jobs[0].layout)], engine.model)
+    finally:
+        del rag.engine.model.forward_batch
+    scored = [job for job in jobs if job.k > 0]  # a lone first chunk is exact: nothing to select
+    assert len(scored) == 3 and sizes == [len(scored)]  # one forward for every scoring pass
+    assert isinstance(together[-1], FusionRAGError) and "valid selectors" in str(together[-1])  # fails alone
+    for job, picked in zip(jobs, together):
+        assert len(picked) == job.k
+        alone = select_tokens(job.selector, job.k, engine.model, job.cache, job.layout)
+        assert picked.tolist() == alone.tolist()
+
+
 def test_step_api_admits_decodes_and_aborts(rag):
     engine = rag.engine
     plan = plan_run("fusionrag", 0.15)
@@ -122,15 +146,15 @@ def test_threads_share_the_engine_and_get_their_own_answers(rag):
 def test_a_failing_request_fails_alone(rag, monkeypatch):
     engine = rag.engine
     plan = plan_run("fusionrag", 0.15)
-    original = engine._prepare_prefill
+    original = engine.prefetcher.take
     bad = engine.add_request(rag.segments(REQUESTS[0]), plan, 4)
 
-    def failing(seq, preloaded):
+    def failing(seq):
         if seq is bad:
             raise OSError("disk went away")
-        return original(seq, preloaded)
+        return original(seq)
 
-    monkeypatch.setattr(engine, "_prepare_prefill", failing)
+    monkeypatch.setattr(engine.prefetcher, "take", failing)
     good = engine.add_request(rag.segments(REQUESTS[1]), plan, 4)
     with pytest.raises(OSError, match="disk went away"):
         engine.run_until_finished([bad, good])
