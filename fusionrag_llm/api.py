@@ -81,6 +81,16 @@ class FusionRAG:
     def context_window(self) -> int:
         return self.loaded.context_window
 
+    @property
+    def model_name(self) -> str:
+        """The name the model was loaded under (a built-in name, a folder, a file or a hub id)."""
+        return self.loaded.name
+
+    @property
+    def fingerprint(self) -> str:
+        """The model fingerprint every stored entry of this engine is keyed by."""
+        return self.entries.fingerprint
+
     def add_chunks(self, texts: Sequence[str], fuse: bool = True, neighbors: int = 10,
                    embeddings=None, progress: bool = False) -> list[str]:  # fmt: skip
         """Offline stage: store plain (and fused) entries of ``texts``; returns their chunk ids.
