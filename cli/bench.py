@@ -170,7 +170,7 @@ def ttft(lengths, methods, ratios, dataset, model, device, dtype, neighbors, rep
         question, passages = source_passages(dataset, max(lengths), seed)
         prompts = build_prompts(rag, question, passages, lengths)
         offline = ingest_prompts(rag, prompts, neighbors, progress=progress)
-        hf_model = load_hf_twin(rag.loaded) if hf else None
+        hf_model = load_hf_twin(rag.parts.loaded) if hf else None
         rows = run_ttft(rag, prompts, config, hf_model, progress=progress)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None

@@ -22,7 +22,7 @@ def demo(model: str, device: str | None, dtype: str | None, ratio: float, max_ne
 
     corpus = demo_corpus()
     rag = load_rag(model, device, dtype, store, prefix_cache=False)
-    click.echo(f"model: {rag.loaded.name} ({rag.loaded.model.device}, {rag.loaded.model.dtype})")
+    click.echo(f"model: {rag.model_name} ({rag.parts.loaded.model.device}, {rag.parts.loaded.model.dtype})")
     report = rag.ingest(corpus["passages"], neighbors=3, progress=True)
     click.echo(f"ingested {len(corpus['passages'])} passages: {report.plain_computed} plain and "
                f"{report.fused_computed} fused entries computed")  # fmt: skip

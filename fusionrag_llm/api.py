@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -25,6 +26,13 @@ from fusionrag_llm.engine.store import StoreSpec, open_store
 Request = RAGRequest | str | Sequence[dict]
 
 
+@dataclass(frozen=True)
+class EngineParts:
+    loaded: LoadedModel  # name, source, the DecoderLM, its tokenizer and context window
+    entries: ChunkEntries  # keys and store access of this model's chunk entries
+    catalog: ChunkCatalog  # registered chunks: token ids, neighbours
+
+
 class FusionRAG:
     """Answer questions over retrieved chunks with a local model, reusing chunk KV caches.
 
@@ -40,14 +48,14 @@ class FusionRAG:
 
     def __init__(self, loaded: LoadedModel, store: StoreSpec = None, embedder: Embedder | None = None,
                  prefix_cache: bool = True, store_dtype: str | torch.dtype | None = None):  # fmt: skip
-        self.loaded = loaded
+        self._loaded = loaded
         self.store = open_store(store, loaded.model.device, store_dtype)
         self.embedder = embedder
         fingerprint = fingerprint_of(loaded.name, loaded.source, loaded.hf_config, loaded.tokenizer.hf, loaded.model.dtype)
         s0_ids = self.segments(RAGRequest(chunks=["-"], question="-"))[0].token_ids
-        self.entries = ChunkEntries(loaded.model, self.store, fingerprint, s0_ids)
-        self.catalog = ChunkCatalog(self.store.record_log(CATALOG_FILE), self.tokenizer.encode)
-        self.engine = LLMEngine(loaded, self.entries, prefix_cache=prefix_cache)
+        self._entries = ChunkEntries(loaded.model, self.store, fingerprint, s0_ids)
+        self._catalog = ChunkCatalog(self.store.record_log(CATALOG_FILE), self.tokenizer.encode)
+        self.engine = LLMEngine(loaded, self._entries, prefix_cache=prefix_cache)
 
     @classmethod
     def from_pretrained(
@@ -74,22 +82,28 @@ class FusionRAG:
         return cls(loaded, store=store, embedder=embedder, prefix_cache=prefix_cache, store_dtype=store_dtype)
 
     @property
+    def parts(self) -> EngineParts:
+        """The loaded model, this model's chunk entries in the store and the chunk catalog, for
+        benchmarks and tools that measure or inspect them (not needed to answer requests)."""
+        return EngineParts(self._loaded, self._entries, self._catalog)
+
+    @property
     def tokenizer(self):
-        return self.loaded.tokenizer
+        return self._loaded.tokenizer
 
     @property
     def context_window(self) -> int:
-        return self.loaded.context_window
+        return self._loaded.context_window
 
     @property
     def model_name(self) -> str:
         """The name the model was loaded under (a built-in name, a folder, a file or a hub id)."""
-        return self.loaded.name
+        return self._loaded.name
 
     @property
     def fingerprint(self) -> str:
         """The model fingerprint every stored entry of this engine is keyed by."""
-        return self.entries.fingerprint
+        return self._entries.fingerprint
 
     def add_chunks(self, texts: Sequence[str], fuse: bool = True, neighbors: int = 10,
                    embeddings=None, progress: bool = False) -> list[str]:  # fmt: skip
@@ -104,7 +118,7 @@ class FusionRAG:
                embeddings=None, progress: bool = False) -> IngestReport:  # fmt: skip
         """``add_chunks`` that also says how many entries it computed."""
         with self.engine.lock:  # not between two steps of requests other threads are running
-            return add_chunks(self.entries, self.catalog, self.tokenizer.encode, texts, fuse=fuse,
+            return add_chunks(self._entries, self._catalog, self.tokenizer.encode, texts, fuse=fuse,
                               neighbors=neighbors, embeddings=embeddings, embedder=self.embedder, progress=progress)  # fmt: skip
 
     def segments(self, request: Request) -> list[Segment]:
@@ -146,7 +160,7 @@ class FusionRAG:
 
     def _find_chunks(self, text: str) -> list[Segment]:
         tokens = self.tokenizer.tokenize(text)
-        catalog = getattr(self, "catalog", None)  # None while the canonical prefix is being derived
+        catalog = getattr(self, "_catalog", None)  # None while the canonical prefix is being derived
         if catalog is not None:
             catalog.refresh()  # chunks other processes registered since (reads only new lines)
         if catalog is None or not len(catalog):
@@ -159,7 +173,7 @@ class FusionRAG:
             return self.segments(request)
 
     def _registered_ids(self, text: str) -> tuple[int, ...] | None:
-        chunk = self.catalog.get(text)
+        chunk = self._catalog.get(text)
         return None if chunk is None else chunk.token_ids
 
     def stream(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,

@@ -65,7 +65,7 @@ def run_ingest(rag, texts: list[str], neighbors: int, progress: bool = True) -> 
     fused, fused_s = _timed(lambda: rag.ingest(texts, neighbors=neighbors, embeddings=vectors, progress=progress))
     again, again_s = _timed(lambda: rag.ingest(texts, neighbors=neighbors, embeddings=vectors))
     sizes = entry_sizes(rag, texts)
-    tokens = sum(len(rag.catalog.get(t).token_ids) for t in texts)
+    tokens = sum(len(rag.parts.catalog.get(t).token_ids) for t in texts)
     return {
         "chunks": len(texts),
         "tokens": tokens,
@@ -88,7 +88,7 @@ def entry_sizes(rag, texts: list[str]) -> dict[str, dict]:
     """Sum of entry ``nbytes`` per variant, and how many entries were not found (evicted)."""
     sizes = {}
     for variant in ("plain", "fused"):
-        found = [rag.entries.lookup(rag.catalog.get(t).token_ids, variant) for t in texts]
+        found = [rag.parts.entries.lookup(rag.parts.catalog.get(t).token_ids, variant) for t in texts]
         sizes[variant] = {"bytes": sum(f[0].nbytes for f in found if f is not None),
                           "missing": sum(f is None for f in found)}  # fmt: skip
     return sizes

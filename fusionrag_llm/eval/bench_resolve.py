@@ -88,7 +88,7 @@ def run_resolve_bench(config: ResolveBenchConfig) -> dict:
         texts = _register(rag, config)
         rows = [_measure(rag, texts, size, config) for size in config.sizes]
     result = {"config": {**asdict(config), "out": str(config.out) if config.out else None},
-              "machine": machine_info(rag), "window": rag.loaded.context_window, "rows": rows}  # fmt: skip
+              "machine": machine_info(rag), "window": rag.parts.loaded.context_window, "rows": rows}  # fmt: skip
     result["table"] = resolve_markdown(result)
     logger.info("resolve cost per prompt token:\n%s", result["table"])
     if config.out is not None:
@@ -125,8 +125,8 @@ def _measure(rag: FusionRAG, texts: list[str], size: int, config: ResolveBenchCo
     chunks = texts[: -(-size // config.chunk_tokens)]
     segments = rag.segments(RAGRequest(chunks=chunks, question="Which passage mentions the lantern?"))
     run_plan = plan_run(config.method, 0.15)
-    resolver = ContextResolver(rag.entries, prefix_cache=config.prefix_cache)
-    model = rag.loaded.model
+    resolver = ContextResolver(rag.parts.entries, prefix_cache=config.prefix_cache)
+    model = rag.parts.loaded.model
     tokens = sum(len(s.token_ids) for s in segments)
 
     def assemble() -> float:
@@ -140,7 +140,7 @@ def _measure(rag: FusionRAG, texts: list[str], size: int, config: ResolveBenchCo
     assemble_s = statistics.median(assemble() for _ in range(config.repeats))
     return {"prompt_tokens": tokens, "chunks": len(chunks), "plan_s": plan_s, "plan_assemble_s": assemble_s,
             "plan_us_per_token": plan_s / tokens * 1e6, "plan_assemble_us_per_token": assemble_s / tokens * 1e6,
-            "within_window": tokens <= rag.loaded.context_window}  # fmt: skip
+            "within_window": tokens <= rag.parts.loaded.context_window}  # fmt: skip
 
 
 def _median_seconds(fn: Callable[[], object], repeats: int) -> float:

@@ -43,13 +43,13 @@ def _request(example: QAExample) -> RAGRequest:
 def tier_load_times(rag: FusionRAG, folder: Path, example: QAExample) -> dict:
     """Seconds to get one request's fused entries from disk (fresh store), then from host memory,
     against computing the same chunks' plain entries from scratch."""
-    token_ids = [rag.catalog.get(p.text).token_ids for p in example.passages]
-    keys = [rag.entries.key(ids, "fused") for ids in token_ids]
-    fresh = type(rag)(rag.loaded, store=folder)  # entries only on disk in this view
+    token_ids = [rag.parts.catalog.get(p.text).token_ids for p in example.passages]
+    keys = [rag.parts.entries.key(ids, "fused") for ids in token_ids]
+    fresh = type(rag)(rag.parts.loaded, store=folder)  # entries only on disk in this view
     disk_s, found = _timed(lambda: [fresh.store.get(k, copy=False) for k in keys])
     assert all(f is not None and f[1] == "disk" for f in found), "expected every entry on disk"
     host_s, found = _timed(lambda: [fresh.store.get(k, copy=False) for k in keys])
-    compute_s, _ = _timed(lambda: rag.entries.compute_plain(token_ids))
+    compute_s, _ = _timed(lambda: rag.parts.entries.compute_plain(token_ids))
     tokens = sum(map(len, token_ids))
     fresh.store.close()
     return {"context_tokens": tokens, "disk_s": disk_s, "host_s": host_s, "compute_s": compute_s,
@@ -59,7 +59,7 @@ def tier_load_times(rag: FusionRAG, folder: Path, example: QAExample) -> dict:
 def ttft_disk_vs_memory(rag: FusionRAG, folder: Path, example: QAExample, cfg: StoreBenchConfig) -> dict:
     request = _request(example)
     full = rag.generate(request, method="full_attention", max_new_tokens=cfg.max_new_tokens)
-    fresh = type(rag)(rag.loaded, store=folder, prefix_cache=False)
+    fresh = type(rag)(rag.parts.loaded, store=folder, prefix_cache=False)
     on_disk = fresh.generate(request, method="fusionrag", recompute_ratio=cfg.ratio, max_new_tokens=cfg.max_new_tokens)
     in_memory = fresh.generate(request, method="fusionrag", recompute_ratio=cfg.ratio, max_new_tokens=cfg.max_new_tokens)
     fresh.store.close()
@@ -77,10 +77,10 @@ def overlap(rag: FusionRAG, folder: Path, examples: list[QAExample], cfg: StoreB
     """The same distinct requests one by one (loads inline) and through generate_many (prefetched)."""
     requests = [_request(e) for e in examples]
     knobs = dict(method="fusionrag", recompute_ratio=cfg.ratio, max_new_tokens=cfg.max_new_tokens)
-    inline = type(rag)(rag.loaded, store=folder, prefix_cache=False)
+    inline = type(rag)(rag.parts.loaded, store=folder, prefix_cache=False)
     inline_s, singles = _timed(lambda: [inline.generate(r, **knobs) for r in requests])
     inline.store.close()
-    queued = type(rag)(rag.loaded, store=folder, prefix_cache=False)
+    queued = type(rag)(rag.parts.loaded, store=folder, prefix_cache=False)
     queued_s, batch = _timed(lambda: queued.generate_many(requests, **knobs))
     queued.store.close()
     prefetch = sum(g.stats.prefetch_s for g in batch)
@@ -108,7 +108,7 @@ def run_store_benchmark(examples: list[QAExample], cfg: StoreBenchConfig, folder
     result = {
         "config": asdict(cfg),
         "machine": {"platform": platform.platform(), "cpus": torch.get_num_threads(), "torch": torch.__version__,
-                    "device": str(rag.loaded.model.device)},  # fmt: skip
+                    "device": str(rag.parts.loaded.model.device)},  # fmt: skip
         "ingest_s": ingest_s,
         "chunks": len(texts),
         "tier_load": tier_load_times(rag, folder, first),

@@ -75,7 +75,7 @@ def build_prompts(rag, question: str, passages: list[str], lengths: tuple[int, .
     window = rag.context_window
     too_long = [n for n in lengths if n >= window]
     if too_long:
-        raise ValueError(f"--lengths {too_long} do not fit the context window of {window} tokens of {rag.loaded.name!r}")
+        raise ValueError(f"--lengths {too_long} do not fit the context window of {window} tokens of {rag.model_name!r}")
     sizes, count = [], 0
     while count < len(passages) and (not sizes or sizes[-1] < max(lengths)):
         count += 1

@@ -41,7 +41,7 @@ def document_index(rag: FusionRAG) -> DocumentIndex:
         raise FusionRAGError("document ingestion needs a store folder, not an in-memory store")
     index = DocumentIndex(Path(folder) / "documents")
     dim = index.meta.dim if index.meta else 0
-    index.check_meta(IndexMeta(rag.loaded.name, rag.entries.fingerprint, DEFAULT_EMBEDDING_NAME, dim or _embedding_dim()))
+    index.check_meta(IndexMeta(rag.model_name, rag.fingerprint, DEFAULT_EMBEDDING_NAME, dim or _embedding_dim()))
     return index
 
 

@@ -87,7 +87,7 @@ def rag_over(hf, name: str) -> FusionRAG:
 
 
 def registered_twin(rag: FusionRAG) -> FusionRAG:
-    twin = FusionRAG(rag.loaded, store=":memory:")
+    twin = FusionRAG(rag.parts.loaded, store=":memory:")
     twin.add_chunks(REGISTERED, embeddings=EMBEDDINGS, neighbors=2)
     return twin
 
@@ -106,7 +106,7 @@ def check_random_prompts(plain: FusionRAG, registered: FusionRAG, count: int, se
         assert (first_logits(registered, prompt) - first_logits(plain, prompt)).abs().max() <= 1e-5, prompt
         chunks = sum(s.kind == "chunk" for s in segments)
         found += chunks > 0
-        refused += len([m for m in registered.catalog.finder.matches(prompt) if len(m[1]) >= MIN_CHUNK_CHARS]) > chunks
+        refused += len([m for m in registered.parts.catalog.finder.matches(prompt) if len(m[1]) >= MIN_CHUNK_CHARS]) > chunks
     return found, refused
 
 
@@ -127,7 +127,7 @@ def test_chunks_on_token_boundaries_are_found_and_reused():
     prompt = "Context:\n" + REGISTERED[0] + "\n\n" + REGISTERED[3] + "\n\nQuestion: When is the market?"
     segments = rag.segments(prompt)
     assert [s.text for s in segments if s.kind == "chunk"] == [REGISTERED[0], REGISTERED[3]]
-    expected = [rag.catalog.get(t).token_ids for t in (REGISTERED[0], REGISTERED[3])]
+    expected = [rag.parts.catalog.get(t).token_ids for t in (REGISTERED[0], REGISTERED[3])]
     assert [s.token_ids for s in segments if s.kind == "chunk"] == expected
     out = rag.generate(prompt, method="fusionrag", recompute_ratio=0.2, max_new_tokens=2)
     assert out.stats.path_hits["chunk"] + out.stats.path_hits["exact"] == 2 and out.stats.reused_tokens > 0
@@ -135,12 +135,12 @@ def test_chunks_on_token_boundaries_are_found_and_reused():
 
 def test_chunks_that_cut_a_token_stay_text():
     rag = registered_twin(bpe_rag())
-    ids_of = {t: rag.catalog.get(t).token_ids for t in REGISTERED}
+    ids_of = {t: rag.parts.catalog.get(t).token_ids for t in REGISTERED}
     # a space glued to the first word, letters glued before, letters glued after
     for prompt in ("Context: " + REGISTERED[1], "Un" + REGISTERED[3], REGISTERED[2] + "ly so", REGISTERED[2] + "s"):
         tokens = rag.tokenizer.tokenize(prompt)
-        assert rag.catalog.finder.matches(prompt), prompt  # the characters are there, but not the tokens
-        assert rag.catalog.finder.split_tokens(tokens, ids_of.get) == [("text", prompt, tuple(tokens.ids))]
+        assert rag.parts.catalog.finder.matches(prompt), prompt  # the characters are there, but not the tokens
+        assert rag.parts.catalog.finder.split_tokens(tokens, ids_of.get) == [("text", prompt, tuple(tokens.ids))]
 
 
 def test_short_registered_texts_are_not_taken_from_flat_prompts_but_work_in_requests():
@@ -157,13 +157,13 @@ def test_short_registered_texts_are_not_taken_from_flat_prompts_but_work_in_requ
 def test_decoding_fallback_finds_the_same_chunks_as_offsets(monkeypatch):
     """Slow tokenizers give no offset mapping; decoding prefixes must give the same pieces."""
     rag = registered_twin(bpe_rag())
-    ids_of = {t: rag.catalog.get(t).token_ids for t in REGISTERED}
+    ids_of = {t: rag.parts.catalog.get(t).token_ids for t in REGISTERED}
     rng = random.Random(2)
     prompts = [random_prompt(rng) for _ in range(40)]
-    with_offsets = [rag.catalog.finder.split_tokens(rag.tokenizer.tokenize(p), ids_of.get) for p in prompts]
+    with_offsets = [rag.parts.catalog.finder.split_tokens(rag.tokenizer.tokenize(p), ids_of.get) for p in prompts]
     monkeypatch.setattr(rag.tokenizer, "_data_backend", None)  # the slow-tokenizer path: no offsets
     for prompt, expected in zip(prompts, with_offsets):
-        assert rag.catalog.finder.split_tokens(rag.tokenizer.tokenize(prompt), ids_of.get) == expected, prompt
+        assert rag.parts.catalog.finder.split_tokens(rag.tokenizer.tokenize(prompt), ids_of.get) == expected, prompt
     assert sum(kind == "chunk" for pieces in with_offsets for kind, _, _ in pieces) >= 10
 
 

@@ -147,7 +147,7 @@ def rag():
 
 
 def assemble_recording_reads(rag, monkeypatch, segments, run_plan):
-    resolver = ContextResolver(rag.entries, prefix_cache=True)
+    resolver = ContextResolver(rag.parts.entries, prefix_cache=True)
     context_plan = resolver.plan(segments, run_plan)
     reads, get = [], rag.store.get
 
@@ -156,7 +156,7 @@ def assemble_recording_reads(rag, monkeypatch, segments, run_plan):
         return get(key, **kw)
 
     monkeypatch.setattr(rag.store, "get", recording)
-    cache = rag.loaded.model.new_cache(len(context_plan.prompt_ids))
+    cache = rag.parts.loaded.model.new_cache(len(context_plan.prompt_ids))
     resolved, counts = resolver.assemble_plan(context_plan, cache)
     monkeypatch.setattr(rag.store, "get", get)
     return context_plan, reads, resolved, counts

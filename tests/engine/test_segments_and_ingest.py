@@ -49,15 +49,15 @@ def test_flat_prompt_with_registered_chunks_equals_the_request(rag):
 def test_chunk_token_ids_are_the_same_at_ingestion_and_query_time(rag):
     request = RAGRequest(chunks=CHUNKS, question="Which town?")
     chunk_segments = [s for s in rag.segments(request) if s.kind == "chunk"]
-    assert [s.token_ids for s in chunk_segments] == [rag.catalog.get(t).token_ids for t in CHUNKS]
+    assert [s.token_ids for s in chunk_segments] == [rag.parts.catalog.get(t).token_ids for t in CHUNKS]
 
 
 def test_add_chunks_is_idempotent_and_fuses_with_nearest_neighbours(rag):
     report = rag.ingest(CHUNKS, embeddings=[[1, 0], [0.8, 0.6], [0, 1]], neighbors=1)
     assert (report.plain_computed, report.fused_computed) == (0, 0)
-    fused, _ = rag.entries.lookup(rag.catalog.get(CHUNKS[0]).token_ids, "fused")
-    assert fused.meta["neighbours"] == [rag.catalog.get(CHUNKS[1]).chunk_id]
-    plain, _ = rag.entries.lookup(rag.catalog.get(CHUNKS[0]).token_ids, "plain")
+    fused, _ = rag.parts.entries.lookup(rag.parts.catalog.get(CHUNKS[0]).token_ids, "fused")
+    assert fused.meta["neighbours"] == [rag.parts.catalog.get(CHUNKS[1]).chunk_id]
+    plain, _ = rag.parts.entries.lookup(rag.parts.catalog.get(CHUNKS[0]).token_ids, "plain")
     assert not plain.bitwise_equal(fused)
     more = rag.ingest(CHUNKS, embeddings=[[1, 0], [0.8, 0.6], [0, 1]], neighbors=2)
     assert (more.plain_computed, more.fused_computed) == (0, 3)  # a wider neighbourhood re-fuses
@@ -72,7 +72,7 @@ def test_add_chunks_with_the_default_embedding_model_and_faiss():
     ]
     ids = rag.add_chunks(texts, neighbors=1)
     assert len(ids) == 3 and len(set(ids)) == 3
-    neighbour_of_cat = rag.catalog.neighbours_of([rag.catalog.get(texts[0])], 1)[0][0]
+    neighbour_of_cat = rag.parts.catalog.neighbours_of([rag.parts.catalog.get(texts[0])], 1)[0][0]
     assert neighbour_of_cat.text == texts[2]
 
 
@@ -100,7 +100,7 @@ def test_bad_inputs(rag):
         rag.add_chunks(CHUNKS, neighbors=-1)
     with pytest.raises(FusionRAGError, match="last chat message"):
         rag.generate([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
-    assert len(rag.catalog) == 3  # failed calls registered nothing
+    assert len(rag.parts.catalog) == 3  # failed calls registered nothing
 
 
 def test_chat_messages_find_chunks_in_any_message(rag):
@@ -118,10 +118,10 @@ def test_chunks_embedded_differently_are_kept_apart_and_reloaded(tmp_path):
     rag.add_chunks(CHUNKS[:2], embeddings=[[1, 0], [1, 0.1]], neighbors=1)
     other = ["A chunk embedded in a three-dimensional space, far away.", "Another chunk in that space, nearby."]
     rag.add_chunks(other, embeddings=[[0, 0, 1], [0, 0.1, 1]], neighbors=1)
-    assert [n.text for n in rag.catalog.neighbours_of([rag.catalog.get(other[0])], 5)[0]] == [other[1]]
+    assert [n.text for n in rag.parts.catalog.neighbours_of([rag.parts.catalog.get(other[0])], 5)[0]] == [other[1]]
     reopened = FusionRAG.from_pretrained("tiny", store=tmp_path)
-    assert len(reopened.catalog) == 4
-    assert [n.text for n in reopened.catalog.neighbours_of([reopened.catalog.get(CHUNKS[0])], 5)[0]] == [CHUNKS[1]]
+    assert len(reopened.parts.catalog) == 4
+    assert [n.text for n in reopened.parts.catalog.neighbours_of([reopened.parts.catalog.get(CHUNKS[0])], 5)[0]] == [CHUNKS[1]]
     flat = "Context: " + other[1] + " Question: what?"
     assert [s.kind for s in reopened.segments(flat)] == ["prefix", "chunk", "suffix"]
 

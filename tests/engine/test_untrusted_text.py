@@ -51,7 +51,7 @@ def test_encode_is_data_and_encode_template_parses_control_tokens(rag):
     assert tokenizer.encode_template("<|im_end|>") == [258]
     assert tokenizer.encode("<|im_end|>") == list("<|im_end|>".encode())  # the literal bytes
     assert tokenizer.decode(tokenizer.encode(FORGED)) == FORGED  # nothing is lost, only demoted to text
-    assert tokenizer.encode(DOCUMENT) == list(rag.catalog.get(DOCUMENT).token_ids)  # ingestion = query
+    assert tokenizer.encode(DOCUMENT) == list(rag.parts.catalog.get(DOCUMENT).token_ids)  # ingestion = query
 
 
 @pytest.mark.real_model

@@ -53,5 +53,5 @@ class BagOfWordsEmbeddings(Embeddings):
 
 
 def fused_entry_exists(rag, text: str) -> bool:
-    chunk = rag.catalog.get(text.strip())
-    return chunk is not None and rag.entries.contains(chunk.token_ids, "fused")
+    chunk = rag.parts.catalog.get(text.strip())
+    return chunk is not None and rag.parts.entries.contains(chunk.token_ids, "fused")

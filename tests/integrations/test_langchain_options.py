@@ -60,7 +60,7 @@ def test_the_model_spellings_name_the_model_to_load_and_load_nothing(model_class
 
 
 def test_an_engine_names_the_model(rag, model_class):
-    assert model_class(rag=rag).model_name == rag.loaded.name
+    assert model_class(rag=rag).model_name == rag.model_name
 
 
 def test_langchains_standard_fields_are_kept(rag, model_class):

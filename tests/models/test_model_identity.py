@@ -123,7 +123,7 @@ def test_replaced_weights_never_reuse_the_old_models_kv(tmp_path, in_place):
     replace_keeping_times(folder / "model.safetensors", weights_bytes(1, tmp_path / "scratch"), in_place)
     new = FusionRAG.from_pretrained(str(folder), store=store, prefix_cache=False)
     assert weights_digest(folder) != before
-    assert new.entries.fingerprint != old.entries.fingerprint
+    assert new.fingerprint != old.fingerprint
     report = new.ingest(texts, embeddings=[[1.0, 0.0], [0.0, 1.0]])
     assert report.plain_computed == 2 and report.fused_computed == 2  # none of the old model's entries
 

@@ -29,9 +29,9 @@ def test_fused_entry_filed_as_plain_is_not_served(caplog):
     tokens, expected = reference_logits()
     rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
     rag.add_chunks(CHUNKS, embeddings=EMBEDDINGS, neighbors=2)
-    ids = rag.catalog.get(CHUNKS[0]).token_ids
-    fused, _ = rag.entries.lookup(ids, "fused")
-    rag.store.put(rag.entries.key(ids, "plain"), fused)  # filed under the wrong variant
+    ids = rag.parts.catalog.get(CHUNKS[0]).token_ids
+    fused, _ = rag.parts.entries.lookup(ids, "fused")
+    rag.store.put(rag.parts.entries.key(ids, "plain"), fused)  # filed under the wrong variant
     with caplog.at_level(logging.WARNING):
         logits = rag.logits(REQUEST, tokens, method="fusionrag", recompute_ratio=1.0)
     assert "claims variant 'fused'" in caplog.text
@@ -41,15 +41,15 @@ def test_fused_entry_filed_as_plain_is_not_served(caplog):
 def test_entry_of_another_model_is_a_miss(caplog):
     rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
     rag.add_chunks(CHUNKS, fuse=False, embeddings=EMBEDDINGS)
-    ids = rag.catalog.get(CHUNKS[1]).token_ids
-    entry, _ = rag.entries.lookup(ids, "plain")
+    ids = rag.parts.catalog.get(CHUNKS[1]).token_ids
+    entry, _ = rag.parts.entries.lookup(ids, "plain")
     forged = KVEntry(entry.token_ids, entry.keys, entry.values, {"variant": "plain", "model": "0" * 64})
-    rag.store.put(rag.entries.key(ids, "plain"), forged)
+    rag.store.put(rag.parts.entries.key(ids, "plain"), forged)
     with caplog.at_level(logging.WARNING):
-        assert rag.entries.lookup(ids, "plain") is None
+        assert rag.parts.entries.lookup(ids, "plain") is None
     out = rag.generate(REQUEST, method="full_reuse", max_new_tokens=2)
     assert out.stats.path_hits["miss"] == 1  # recomputed, then stored again under the right identity
-    assert rag.entries.lookup(ids, "plain") is not None
+    assert rag.parts.entries.lookup(ids, "plain") is not None
 
 
 def test_lossy_store_never_serves_exact_paths(tmp_path):
@@ -57,7 +57,7 @@ def test_lossy_store_never_serves_exact_paths(tmp_path):
     however often the same prompt is asked (no float16 path block is ever reused as exact)."""
     tokens, expected = reference_logits()
     rag = FusionRAG.from_pretrained("tiny", store=tmp_path, store_dtype="float16")
-    assert not rag.entries.lossless
+    assert not rag.parts.entries.lossless
     rag.add_chunks(CHUNKS, embeddings=EMBEDDINGS, neighbors=2)
     for _ in range(2):  # the second round finds whatever the first one stored
         for method in ("full_attention", "fusionrag", "cacheblend"):
@@ -73,18 +73,18 @@ def test_lossy_and_exact_stores_in_one_folder_keep_apart(tmp_path):
     exact.add_chunks(CHUNKS, fuse=False, embeddings=EMBEDDINGS)
     exact.store.close()
     lossy = FusionRAG.from_pretrained("tiny", store=tmp_path, store_dtype="float16")
-    ids = lossy.catalog.get(CHUNKS[0]).token_ids
-    assert lossy.entries.lookup(ids, "plain") is None
-    assert lossy.entries.key(ids, "plain") != exact.entries.key(ids, "plain")
+    ids = lossy.parts.catalog.get(CHUNKS[0]).token_ids
+    assert lossy.parts.entries.lookup(ids, "plain") is None
+    assert lossy.parts.entries.key(ids, "plain") != exact.parts.entries.key(ids, "plain")
     lossy.add_chunks(CHUNKS, fuse=False, embeddings=EMBEDDINGS)
-    entry, _ = lossy.entries.lookup(ids, "plain")
+    entry, _ = lossy.parts.entries.lookup(ids, "plain")
     assert entry.dtype == torch.float16
 
 
 @pytest.mark.parametrize("store_dtype", [None, "float32"])
 def test_store_in_the_compute_dtype_is_lossless(tmp_path, store_dtype):
     rag = FusionRAG.from_pretrained("tiny", store=tmp_path, store_dtype=store_dtype)
-    assert rag.entries.lossless
+    assert rag.parts.entries.lossless
     rag.add_chunks(CHUNKS, fuse=False, embeddings=EMBEDDINGS)
     rag.generate(REQUEST, method="full_attention", max_new_tokens=2)
     again = rag.generate(REQUEST, method="full_reuse", max_new_tokens=2)

@@ -51,7 +51,7 @@ def test_corrupt_entry_is_dropped_recomputed_and_reported(tmp_path, caplog):
     request = RAGRequest(chunks=texts, question="How many boats?")
     clean = rag.generate(request, method="full_reuse", max_new_tokens=6)
     rag.store.close()
-    victim = file_of(tmp_path, rag.entries.key(rag.catalog.get(texts[1]).token_ids, "plain"))
+    victim = file_of(tmp_path, rag.parts.entries.key(rag.parts.catalog.get(texts[1]).token_ids, "plain"))
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
@@ -88,7 +88,7 @@ def test_two_processes_ingest_and_read_one_store_at_once(tmp_path):
     assert rag.store.verify().corrupt == []
     report = rag.ingest(chunks(0, 18), fuse=False, embeddings=[[1.0, float(i % 5), float(i % 3)] for i in range(18)])
     assert report.plain_computed == 0  # every entry either process wrote is there and readable
-    assert len(rag.catalog) == 18
+    assert len(rag.parts.catalog) == 18
 
 
 def test_killed_ingestion_keeps_completed_entries_and_resumes(tmp_path):
@@ -140,7 +140,7 @@ def test_store_dtype_float16_on_disk_while_computing_in_float32(tmp_path):
     rag = FusionRAG.from_pretrained("tiny", store=tmp_path, store_dtype="float16")
     texts = chunks(0, 2)
     rag.add_chunks(texts, fuse=False, embeddings=[[1, 0], [0, 1]])
-    entry, _ = rag.entries.lookup(rag.catalog.get(texts[0]).token_ids, "plain")
+    entry, _ = rag.parts.entries.lookup(rag.parts.catalog.get(texts[0]).token_ids, "plain")
     assert str(entry.keys.dtype) == "torch.float16"
     out = rag.generate(RAGRequest(chunks=texts, question="q?"), method="full_reuse", max_new_tokens=3)
     assert out.stats.path_hits == {"exact": 0, "chunk": 2, "miss": 0}  # float16 KV is never served as exact
