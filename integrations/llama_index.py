@@ -15,13 +15,21 @@ Per-call stats travel in ``CompletionResponse.additional_kwargs["fusionrag_stats
 so a ``CallbackManager`` handler (e.g. ``LlamaDebugHandler``) sees them for every LLM call.
 The async methods (``acomplete``, ``achat``, ``astream_complete``, ``astream_chat``) run the engine on
 worker threads, whose concurrent requests it batches, so they never block the event loop; async
-streams yield deltas as tokens are decoded. Retrieved texts must fit the prompt as they are: when they exceed ``context_window - num_output``
-LlamaIndex re-splits them and the pieces are computed, not reused.
+streams yield deltas as tokens are decoded. Retrieved texts must fit the prompt as they are: when they
+exceed ``context_window - num_output`` LlamaIndex re-splits them and the pieces are computed, not reused.
+
+``metadata.is_chat_model`` is True when the model has a chat template, so chat engines
+(``context``, ``condense_plus_context``, ``condense_question``) and query engines send chats; chunk
+texts are found in any message. Where a template is formatted with retrieved context
+(``context_str``), the prompt is checked to hold the registered chunks: a context formatted as a
+Python list (``response_mode="simple_summarize"``) is put back as text, and chunks still not found
+are counted in ``fusionrag_stats["unmatched_chunks"]`` and logged once per cause.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 from typing import Any, Callable, Optional, Sequence
 
@@ -38,27 +46,31 @@ from llama_index.core.base.llms.types import (
     CompletionResponseAsyncGen,
     CompletionResponseGen,
     LLMMetadata,
-    MessageRole,
-    TextBlock,
 )
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
-from llama_index.core.schema import BaseNode, MetadataMode, TransformComponent
-from pydantic import ConfigDict, Field, model_validator
+from llama_index.core.prompts import BasePromptTemplate
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from fusionrag_llm import FusionRAG
-from fusionrag_llm.integrations import _shared
+from fusionrag_llm.integrations import _retrieved, _shared
+from fusionrag_llm.integrations._llama_index_ingestion import FusionRAGIngestion
+from fusionrag_llm.integrations._llama_index_responses import (
+    chat_delta,
+    chat_dicts,
+    chat_response,
+    completion,
+    completion_delta,
+    deltas,
+    replace_in_chat,
+)
 
 __all__ = ["FusionRAGIngestion", "FusionRAGLLM"]
 
-_ROLES = {
-    MessageRole.SYSTEM: "system",
-    MessageRole.DEVELOPER: "system",
-    MessageRole.USER: "user",
-    MessageRole.ASSISTANT: "assistant",
-    MessageRole.CHATBOT: "assistant",
-    MessageRole.MODEL: "assistant",
-}
+# The prompt arguments LlamaIndex's synthesizers put retrieved node texts in (QA and refine templates).
+_CONTEXT_ARGUMENTS = ("context_str", "context_msg")
+# (request, unmatched chunks) from the prompt formatted last in this context, for the call that sends it.
+_CHECKED: contextvars.ContextVar[Optional[tuple[Any, int]]] = contextvars.ContextVar("fusionrag_checked", default=None)
 
 
 # What llama-index-llms-openai / -llama-cpp users write for a field here.
@@ -92,10 +104,14 @@ class FusionRAGLLM(CustomLLM):
     temperature: Optional[float] = Field(default=0.0, description="0 or None: decoding is greedy.")
     context_window: Optional[int] = Field(default=None, description="Report a smaller window than the model's.")
     generate_kwargs: dict[str, Any] = Field(default_factory=dict, description="Per-call options for every call.")
-    is_chat_model: bool = Field(default=False, description="Let LlamaIndex send chats (chat() uses the chat template).")
+    is_chat_model: Optional[bool] = Field(
+        default=None, description="None: True when the model has a chat template; False: LlamaIndex sends completions."
+    )
     store: Optional[Any] = Field(default=None, exclude=True, description="KV store when loading model_name.")
     device: Optional[Any] = Field(default=None, description="Device when loading model_name.")
     dtype: Optional[Any] = Field(default=None, description="Dtype when loading model_name.")
+
+    _warned: set = PrivateAttr(default_factory=set)  # causes of unreused retrieved chunks already logged
 
     @model_validator(mode="before")
     @classmethod
@@ -117,7 +133,7 @@ class FusionRAGLLM(CustomLLM):
             if given:
                 raise ValueError(f"{', '.join(given)}: only used when the adapter loads model_name; the engine "
                                  "given as rag= is already loaded (pass them to FusionRAG.from_pretrained)")  # fmt: skip
-            self.model_name = self.rag.loaded.name
+            self.model_name = self.rag.model_name
             _check_context_window(self.context_window, self.rag)
         return self
 
@@ -154,7 +170,14 @@ class FusionRAGLLM(CustomLLM):
     def metadata(self) -> LLMMetadata:
         window = self.context_window or self.engine.context_window
         return LLMMetadata(context_window=window, num_output=self._options({})["max_new_tokens"],
-                           model_name=self.model_name, is_chat_model=self.is_chat_model)  # fmt: skip
+                           model_name=self.model_name, is_chat_model=self._is_chat_model())  # fmt: skip
+
+    def _is_chat_model(self) -> bool:
+        """As set, else whether the model has a chat template: asked of an engine at hand, not loaded for
+        it (a model loaded by name always has one; ChatML stands in where its tokenizer has none)."""
+        if self.is_chat_model is not None:
+            return self.is_chat_model
+        return self.rag is None or _has_chat_template(self.rag)
 
     def _fields(self) -> dict:
         return {"method": self.method, "recompute_ratio": self.recompute_ratio, "max_new_tokens": self.max_new_tokens}
@@ -183,50 +206,83 @@ class FusionRAGLLM(CustomLLM):
             return prompt
         return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": prompt}]
 
-    def _job(self, run, request, kwargs: dict) -> Callable[[], Any]:
-        """The blocking part of a call (loading, prefill, decoding) as a function; options are checked now."""
+    def _job(self, run, request, kwargs: dict) -> Callable[[], tuple[Any, int]]:
+        """The blocking part of a call (loading, prefill, decoding) as a function returning the engine's
+        result and the retrieved chunks the prompt did not hold; options are checked now."""
         options = self._options(kwargs)
-        return lambda: run(self.engine, request, options)
+        checked = _CHECKED.get()
+        unmatched = checked[1] if checked is not None and checked[0] == request else 0
+        _CHECKED.set(None)
+        return lambda: (run(self.engine, request, options), unmatched)
+
+    # LlamaIndex formats every template here (predict, stream and their async forms): where the prompt
+    # arguments carry retrieved context, the formatted prompt is checked to hold its registered chunks.
+    def _get_prompt(self, prompt: BasePromptTemplate, **prompt_args: Any) -> str:
+        formatted = super()._get_prompt(prompt, **prompt_args)
+        context = _context(prompt_args)
+        return formatted if context is None else self._check(formatted, context, str.replace)
+
+    def _get_messages(self, prompt: BasePromptTemplate, **prompt_args: Any) -> list[ChatMessage]:
+        messages = super()._get_messages(prompt, **prompt_args)
+        context = _context(prompt_args)
+        if context is None:
+            return messages
+        try:
+            chat = chat_dicts(messages)
+        except ValueError:  # chat() raises it where the messages are sent
+            return messages
+        checked = self._check(chat, context, replace_in_chat)
+        if checked == chat:
+            return messages
+        return [ChatMessage(role=message.role, content=text["content"], additional_kwargs=message.additional_kwargs)
+                for message, text in zip(messages, checked)]  # fmt: skip
+
+    def _check(self, request, context, replace):
+        """``request`` with retrieved ``context`` checked: what to send (a list repr undone), logged once per cause."""
+        checked = _retrieved.check_request(self.engine, request, context, replace)
+        _retrieved.report(checked, self._warned, type(self).__name__)
+        _CHECKED.set((checked.request, checked.unmatched))
+        return checked.request
 
     # Each public method is decorated once and calls undecorated parts, so instrumentation events
     # fire once per call; the async ones run the blocking parts on worker threads, whose concurrent
     # requests the engine batches.
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return _completion(self._job(_shared.generate, self._prompt(prompt, formatted), kwargs)())
+        return completion(*self._job(_shared.generate, self._prompt(prompt, formatted), kwargs)())
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         job = self._job(_shared.generate, self._prompt(prompt, formatted), kwargs)
-        return _completion(await asyncio.to_thread(job))
+        return completion(*await asyncio.to_thread(job))
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        return _deltas(self._job(_shared.stream, self._prompt(prompt, formatted), kwargs)(), _completion_delta)
+        return deltas(*self._job(_shared.stream, self._prompt(prompt, formatted), kwargs)(), completion_delta)
 
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
         job = self._job(_shared.stream, self._prompt(prompt, formatted), kwargs)
-        return _shared.iterate_in_thread(lambda: _deltas(job(), _completion_delta))
+        return _shared.iterate_in_thread(lambda: deltas(*job(), completion_delta))
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        """The whole chat goes to the model's own chat template (chunk texts in any message are found)."""
-        return _chat_response(self._job(_shared.generate, _chat(messages), kwargs)())
+        """The whole chat goes to the model's own chat template; chunk texts in any message are found and reused."""
+        return chat_response(*self._job(_shared.generate, chat_dicts(messages), kwargs)())
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        job = self._job(_shared.generate, _chat(messages), kwargs)
-        return _chat_response(await asyncio.to_thread(job))
+        job = self._job(_shared.generate, chat_dicts(messages), kwargs)
+        return chat_response(*await asyncio.to_thread(job))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        return _deltas(self._job(_shared.stream, _chat(messages), kwargs)(), _chat_delta)
+        return deltas(*self._job(_shared.stream, chat_dicts(messages), kwargs)(), chat_delta)
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        job = self._job(_shared.stream, _chat(messages), kwargs)
-        return _shared.iterate_in_thread(lambda: _deltas(job(), _chat_delta))
+        job = self._job(_shared.stream, chat_dicts(messages), kwargs)
+        return _shared.iterate_in_thread(lambda: deltas(*job(), chat_delta))
 
 
 @functools.lru_cache(maxsize=4)
@@ -243,7 +299,7 @@ def _check_context_window(window: Optional[int], engine: Optional[FusionRAG] = N
         raise ValueError(f"context_window must be an int >= 1, got {window!r}")
     if engine is not None and window > engine.context_window:
         raise ValueError(f"context_window={window} exceeds the model's window ({engine.context_window} tokens "
-                         f"for {engine.loaded.name!r}); it may only lower it")  # fmt: skip
+                         f"for {engine.model_name!r}); it may only lower it")  # fmt: skip
     return engine
 
 
@@ -257,102 +313,11 @@ def _check_stop(stop: Any) -> list[str]:
     return [s for s in stop if s]
 
 
-def _completion(out) -> CompletionResponse:
-    return CompletionResponse(text=out.text, **_extras(out.stats, out.token_ids, out.finish_reason))
+def _has_chat_template(engine: FusionRAG) -> bool:
+    """Whether the model's tokenizer has a chat template (the engine gives ChatML to tokenizers without one)."""
+    return bool(getattr(engine.tokenizer.hf, "chat_template", None))
 
 
-def _completion_delta(text: str, delta: str, extras: dict) -> CompletionResponse:
-    return CompletionResponse(text=text, delta=delta, **extras)
-
-
-def _chat_response(out) -> ChatResponse:
-    return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=out.text),
-                        **_extras(out.stats, out.token_ids, out.finish_reason))  # fmt: skip
-
-
-def _chat_delta(text: str, delta: str, extras: dict) -> ChatResponse:
-    return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta, **extras)
-
-
-def _extras(stats, token_ids, finish_reason: Optional[str] = None) -> dict:
-    stats = stats.to_dict()
-    raw = {"token_ids": list(token_ids), "stats": stats, "finish_reason": finish_reason}
-    return {"additional_kwargs": {"fusionrag_stats": stats}, "raw": raw}
-
-
-def _deltas(stream, make):
-    """Yield one response per text delta, then a last one with the final stats.
-
-    The last delta is the text the stream held back and never yielded (an incomplete UTF-8 tail),
-    usually empty, so that the deltas always add up to the final text.
-    """
-    text = ""
-    try:
-        for delta in stream:
-            text += delta
-            yield make(text, delta, _extras(stream.stats, stream.token_ids))
-    finally:  # a consumer that stops early takes the request out of the engine's batch
-        stream.close()
-    rest = stream.text[len(text) :] if stream.text.startswith(text) else ""
-    yield make(text + rest, rest, _extras(stream.stats, stream.token_ids, stream.finish_reason))
-
-
-def _chat(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
-    chat = []
-    for index, message in enumerate(messages):
-        if message.role not in _ROLES:
-            raise ValueError(f"messages[{index}] has role {message.role.value!r}; supported: system, user, assistant")
-        if any(not isinstance(block, TextBlock) for block in message.blocks):
-            raise ValueError(f"messages[{index}] holds non-text content; FusionRAGLLM takes text only")
-        chat.append({"role": _ROLES[message.role], "content": message.content or ""})
-    return chat
-
-
-class FusionRAGIngestion(TransformComponent):
-    """Registers nodes in the engine's KV store as they are indexed (plain and, with ``fuse``, fused entries).
-
-    Each node is registered as ``node.get_content(metadata_mode=MetadataMode.LLM)``, the text the
-    response synthesizer puts in the prompt. ``node.embedding`` is reused for the neighbour search
-    when every node has one (put the embed model before this component), else the engine's
-    embedder runs. Nodes are returned unchanged; registering them again computes nothing.
-    """
-
-    model_config = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=(), extra="forbid")
-
-    rag: Optional[Any] = Field(default=None, exclude=True, description="A FusionRAG engine; None: load model_name.")
-    model_name: str = Field(default=_shared.DEFAULT_MODEL_NAME, description="Model to load when rag is None.")
-    fuse: bool = Field(default=True, description="Also compute fused entries (with the nearest neighbours).")
-    neighbors: int = Field(default=10, ge=0, description="Neighbours per fused entry.")
-    progress: bool = Field(default=False, description="Progress bars while entries are computed.")
-
-    @model_validator(mode="after")
-    def _check_settings(self) -> "FusionRAGIngestion":
-        _shared.check_rag(self.rag)
-        return self
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "FusionRAGIngestion"
-
-    def to_dict(self, **kwargs: Any) -> dict[str, Any]:
-        # IngestionPipeline's cache keys on this dict: tell engines apart, since each keeps its own chunk catalog.
-        engine = _shared.resolve_rag(self.rag, self.model_name)
-        return {**super().to_dict(**kwargs), "engine_session": _shared.engine_session(engine)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], **kwargs: Any) -> "FusionRAGIngestion":
-        return super().from_dict({k: v for k, v in data.items() if k != "engine_session"}, **kwargs)
-
-    def __call__(self, nodes: Sequence[BaseNode], **kwargs: Any) -> Sequence[BaseNode]:
-        """``show_progress=True`` (as LlamaIndex's own transformations take it) shows progress bars too."""
-        self.ingest(nodes, progress=self.progress or bool(kwargs.get("show_progress")))
-        return nodes
-
-    def ingest(self, nodes: Sequence[BaseNode], progress: bool | None = None):
-        """Register ``nodes``; returns the engine's ``IngestReport`` (what was computed)."""
-        texts = [node.get_content(metadata_mode=MetadataMode.LLM) for node in nodes]
-        embeddings = [node.embedding for node in nodes]
-        vectors = embeddings if nodes and all(e is not None for e in embeddings) else None
-        engine = _shared.resolve_rag(self.rag, self.model_name)
-        show = self.progress if progress is None else progress
-        return _shared.register_texts(engine, texts, vectors, fuse=self.fuse, neighbors=self.neighbors, progress=show)
+def _context(prompt_args: dict) -> Any:
+    """The retrieved context among a template's arguments, if any."""
+    return next((prompt_args[name] for name in _CONTEXT_ARGUMENTS if prompt_args.get(name)), None)

@@ -7,7 +7,7 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.ingestion import IngestionCache, IngestionPipeline
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
-from llama_index.core.instrumentation.events.llm import LLMCompletionEndEvent
+from llama_index.core.instrumentation.events.llm import LLMChatEndEvent, LLMCompletionEndEvent
 from llama_index.core.node_parser import SentenceSplitter
 from llama_index.core.schema import MetadataMode, TextNode
 
@@ -16,12 +16,12 @@ from fusionrag_llm.integrations.llama_index import FusionRAGIngestion, FusionRAG
 
 
 class StatsRecorder(BaseEventHandler):
-    """Collects ``fusionrag_stats`` of every LLM completion, the way a user would observe a query engine."""
+    """Collects ``fusionrag_stats`` of every LLM call (completion or chat), the way a user would observe an engine."""
 
     stats: list = []
 
     def handle(self, event, **kwargs) -> None:
-        if isinstance(event, LLMCompletionEndEvent):
+        if isinstance(event, (LLMCompletionEndEvent, LLMChatEndEvent)) and event.response is not None:
             self.stats.append(event.response.additional_kwargs["fusionrag_stats"])
 
 
