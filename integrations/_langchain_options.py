@@ -45,6 +45,10 @@ _UNSUPPORTED: dict[str, tuple[tuple, str]] = {
 # LangChain's standard unit tests pass an api_key to every chat model: taken, unused, with a warning
 _IGNORED = {"api_key": _LOCAL}
 
+# Per call (invoke keyword arguments, bind): these options, with the spellings of max_tokens.
+_CALL_FIELDS = ("max_tokens", "temperature", "method", "recompute_ratio", "kv_variant", "selector", "seed")
+_CALL_SPELLINGS = {name: field for name, field in _SPELLINGS.items() if field == "max_tokens"}
+
 
 class UnsupportedFeatureError(NotImplementedError):
     """Tool calling or structured output asked of a FusionRAG model, which generates plain text greedily."""
@@ -62,6 +66,14 @@ def unsupported_feature(feature: str) -> UnsupportedFeatureError:
 def constructor_arguments(model: type, data: dict, fields: set[str]) -> dict[str, Any]:
     """``data`` with spellings mapped to ``fields``; unsupported or unknown arguments raise ``ValueError``."""
     return map_arguments(model.__name__, data, fields, _SPELLINGS, lambda name, value: _not_a_field(model, name, value))
+
+
+def call_arguments(model: type, kwargs: dict) -> dict[str, Any]:
+    """Per-call options (``invoke(..., num_predict=8)``, ``bind(max_new_tokens=8)``) by field, checked as the
+    constructor checks its arguments: ``max_new_tokens``/``num_predict``/``max_completion_tokens`` mean
+    ``max_tokens``; sampling settings raise saying why; other names raise with the closest accepted one."""
+    owner = f"{model.__name__} (per call)"
+    return map_arguments(owner, kwargs, _CALL_FIELDS, _CALL_SPELLINGS, lambda name, value: _not_a_field(model, name, value))
 
 
 def _not_a_field(model: type, name: str, value: Any) -> bool:

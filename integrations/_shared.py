@@ -99,6 +99,11 @@ def generate(rag: FusionRAG, request, options: Mapping[str, Any]):
     return rag.generate(request, **options)
 
 
+def generate_many(rag: FusionRAG, requests: Sequence, options: Mapping[str, Any]):
+    """One batch: prefills admitted together, every decode step runs all unfinished answers."""
+    return rag.generate_many(requests, **options)
+
+
 def stream(rag: FusionRAG, request, options: Mapping[str, Any]):
     return rag.stream(request, **options)
 

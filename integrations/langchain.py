@@ -13,12 +13,14 @@ Stats of every call: ``generation_info`` (LLM), ``response_metadata["fusionrag_s
 ``usage_metadata`` (chat model), so callbacks see them too. Decoding is greedy: ``temperature`` may
 only be 0 or None. ``stop`` sequences cut the answer (the model stops decoding at the first one).
 Async calls (``ainvoke``, ``abatch``, ``astream``) run the engine on worker threads, whose requests
-it batches; ``get_num_tokens*`` count with the engine's tokenizer and chat template, offline.
+it batches; the LLM's sync ``batch`` answers its prompts as one engine batch. ``get_num_tokens*`` count
+with the engine's tokenizer and chat template, offline.
 
 Constructor arguments are checked: other ecosystems' spellings that mean a field here are mapped
 (``model``/``model_id``, ``max_new_tokens``/``num_predict``/``max_completion_tokens``, ``stop_sequences``,
 ``request_timeout``); sampling, server and context-window settings raise a ``ValueError`` saying why
 (their neutral values pass); anything else raises naming the argument and listing the accepted ones.
+Per-call options (``invoke`` keyword arguments, ``bind``) are checked the same way.
 Tool calling and structured output raise ``UnsupportedFeatureError``.
 """
 
@@ -27,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import warnings
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterator, Optional, Sequence
 
@@ -39,15 +40,7 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.documents import BaseDocumentTransformer, Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseChatModel, LLM
-from langchain_core.messages import (
-    AIMessage,
-    AIMessageChunk,
-    BaseMessage,
-    ChatMessage,
-    HumanMessage,
-    SystemMessage,
-    get_buffer_string,
-)
+from langchain_core.messages import AIMessage, BaseMessage, get_buffer_string
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, Generation, GenerationChunk, LLMResult
 from langchain_core.runnables.config import run_in_executor
 from langchain_core.vectorstores import VectorStore
@@ -56,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from fusionrag_llm import FusionRAG, IngestReport
 from fusionrag_llm.integrations import _langchain_options as _options
 from fusionrag_llm.integrations import _shared
+from fusionrag_llm.integrations._langchain_messages import StopWatch, chat_chunk, chat_dicts, usage, warn_tools
 from fusionrag_llm.integrations._langchain_options import UnsupportedFeatureError, unsupported_feature
 
 __all__ = ["AddedDocuments", "ChatFusionRAG", "FusionRAGDocumentTransformer", "FusionRAGLLMLangChain",
@@ -97,7 +91,7 @@ class _FusionRAGSettings(BaseModel):
         _shared.check_max_new_tokens(self.max_tokens)
         _shared.check_temperature(self.temperature)
         if self.rag is not None:
-            self.model_name = self.rag.loaded.name
+            self.model_name = self.rag.model_name
         return self
 
     @property
@@ -120,26 +114,35 @@ class _FusionRAGSettings(BaseModel):
         return {**options, **{name: value for name, value in overrides.items() if value is not None}}
 
     def _options(self, kwargs: dict) -> dict:
+        """This call's options for the engine: the settings, updated by the call's (other spellings mapped)."""
         kwargs = {k: v for k, v in kwargs.items() if k != "stream"}  # LangChain's own streaming switch
-        if "max_tokens" in kwargs:
-            kwargs["max_new_tokens"] = kwargs.pop("max_tokens")
-        return _shared.call_options({**self._run_options(), "max_new_tokens": self.max_tokens}, kwargs)
+        arguments = _options.call_arguments(type(self), kwargs)
+        if "max_tokens" in arguments:
+            arguments["max_new_tokens"] = arguments.pop("max_tokens")
+        return _shared.call_options({**self._run_options(), "max_new_tokens": self.max_tokens}, arguments)
 
     def _info(self, stats, token_ids, options: dict, stopped: bool) -> dict[str, Any]:
         reason = "stop" if stopped else _shared.finish_reason(token_ids, options["max_new_tokens"])
         return {"model_name": self.model_name, "finish_reason": reason, "fusionrag_stats": stats.to_dict()}
 
     def _answer(self, request, stop: Optional[list[str]], kwargs: dict) -> tuple[str, dict[str, Any]]:
+        return self._answers([request], stop, kwargs)[0]
+
+    def _answers(self, requests: list, stop: Optional[list[str]], kwargs: dict) -> list[tuple[str, dict[str, Any]]]:
+        """(text, info) per request; several run as one engine batch (the answers of one by one: greedy)."""
         options = self._options(kwargs)
-        stops = [s for s in stop or self.stop or () if s]
-        out = _shared.generate(self.engine, request, {**options, "stop": stops})  # decoding ends at a stop string
-        return out.text, self._info(out.stats, out.token_ids, options, out.finish_reason == "stop")
+        run = {**options, "stop": [s for s in stop or self.stop or () if s]}  # decoding ends at a stop string
+        if len(requests) == 1:
+            outs = [_shared.generate(self.engine, requests[0], run)]
+        else:
+            outs = _shared.generate_many(self.engine, requests, run)
+        return [(out.text, self._info(out.stats, out.token_ids, options, out.finish_reason == "stop")) for out in outs]
 
     def _deltas(self, request, stop: Optional[list[str]], kwargs: dict) -> Iterator[tuple[str, Optional[dict]]]:
         """(delta, None) per text delta, then ("", info) once decoding ends."""
         options = self._options(kwargs)
         stream = _shared.stream(self.engine, request, options)
-        watch = _StopWatch(stop or self.stop)
+        watch = StopWatch(stop or self.stop)
         try:
             for delta in stream:
                 if piece := watch.push(delta):
@@ -184,7 +187,7 @@ class FusionRAGLLMLangChain(_FusionRAGSettings, LLM):
 
     def _generate(self, prompts: list[str], stop: Optional[list[str]] = None,
                   run_manager: Optional[CallbackManagerForLLMRun] = None, **kwargs: Any) -> LLMResult:  # fmt: skip
-        answers = [self._answer(prompt, stop, kwargs) for prompt in prompts]
+        answers = self._answers(prompts, stop, kwargs)  # batch() sends every prompt in one call
         generations = [[Generation(text=text, generation_info=info)] for text, info in answers]
         return LLMResult(generations=generations, llm_output={"model_name": self.model_name})
 
@@ -214,7 +217,7 @@ class FusionRAGLLMLangChain(_FusionRAGSettings, LLM):
 
     def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Optional[Sequence[Any]] = None) -> int:
         """Tokens the model reads for ``messages``: as a prompt, they become one user message (buffer string)."""
-        _warn_tools(tools)
+        warn_tools(tools)
         return _shared.count_prompt_tokens(self.engine, get_buffer_string(messages))
 
 
@@ -238,16 +241,16 @@ class ChatFusionRAG(_FusionRAGSettings, BaseChatModel):
 
     def _generate(self, messages: list[BaseMessage], stop: Optional[list[str]] = None,
                   run_manager: Optional[CallbackManagerForLLMRun] = None, **kwargs: Any) -> ChatResult:  # fmt: skip
-        text, info = self._answer(_chat(messages), stop, kwargs)
-        message = AIMessage(content=text, response_metadata=info, usage_metadata=_usage(info))
+        text, info = self._answer(chat_dicts(messages), stop, kwargs)
+        message = AIMessage(content=text, response_metadata=info, usage_metadata=usage(info))
         return ChatResult(generations=[ChatGeneration(message=message, generation_info=info)],
                           llm_output={"model_name": self.model_name})  # fmt: skip
 
     def _stream(self, messages: list[BaseMessage], stop: Optional[list[str]] = None,
                 run_manager: Optional[CallbackManagerForLLMRun] = None,
                 **kwargs: Any) -> Iterator[ChatGenerationChunk]:  # fmt: skip
-        for delta, info in self._deltas(_chat(messages), stop, kwargs):
-            chunk = _chat_chunk(delta, info)
+        for delta, info in self._deltas(chat_dicts(messages), stop, kwargs):
+            chunk = chat_chunk(delta, info)
             if run_manager and delta:
                 run_manager.on_llm_new_token(delta, chunk=chunk)
             yield chunk
@@ -255,8 +258,8 @@ class ChatFusionRAG(_FusionRAGSettings, BaseChatModel):
     async def _astream(self, messages: list[BaseMessage], stop: Optional[list[str]] = None,
                        run_manager: Optional[AsyncCallbackManagerForLLMRun] = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:  # fmt: skip
-        async for delta, info in self._adeltas(_chat(messages), stop, kwargs):
-            chunk = _chat_chunk(delta, info)
+        async for delta, info in self._adeltas(chat_dicts(messages), stop, kwargs):
+            chunk = chat_chunk(delta, info)
             if run_manager and delta:
                 await run_manager.on_llm_new_token(delta, chunk=chunk)
             yield chunk
@@ -266,85 +269,8 @@ class ChatFusionRAG(_FusionRAGSettings, BaseChatModel):
 
         Counted by the engine's own tokenizer, offline; ``trim_messages(..., token_counter=chat)`` works.
         """
-        _warn_tools(tools)
-        return _shared.count_chat_tokens(self.engine, _chat(messages))
-
-
-def _chat_chunk(delta: str, info: Optional[dict]) -> ChatGenerationChunk:
-    if info is None:
-        return ChatGenerationChunk(message=AIMessageChunk(content=delta))
-    # usage once, on the last chunk, so that summing chunks counts it once
-    last = AIMessageChunk(content="", response_metadata=info, usage_metadata=_usage(info), chunk_position="last")
-    return ChatGenerationChunk(message=last, generation_info=info)
-
-
-def _warn_tools(tools: Optional[Sequence[Any]]) -> None:
-    if tools is not None:
-        warnings.warn("FusionRAG models take no tools; their schemas are not counted", stacklevel=3)
-
-
-def _usage(info: dict) -> dict[str, int]:
-    stats = info["fusionrag_stats"]
-    prompt, generated = stats["prompt_tokens"], stats["generated_tokens"]
-    return {"input_tokens": prompt, "output_tokens": generated, "total_tokens": prompt + generated}
-
-
-def _chat(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
-    chat = []
-    for index, message in enumerate(messages):
-        if isinstance(message, SystemMessage):
-            role = "system"
-        elif isinstance(message, HumanMessage):
-            role = "user"
-        elif isinstance(message, AIMessage):
-            role = "assistant"
-        elif isinstance(message, ChatMessage) and message.role in ("system", "user", "assistant"):
-            role = message.role
-        else:
-            raise ValueError(f"messages[{index}] is a {type(message).__name__}; supported: system, human, ai messages")
-        chat.append({"role": role, "content": _text(message.content, index)})
-    return chat
-
-
-def _text(content, index: int) -> str:
-    if isinstance(content, str):
-        return content
-    parts = []
-    for block in content:
-        if isinstance(block, str):
-            parts.append(block)
-        elif isinstance(block, dict) and block.get("type") == "text":
-            parts.append(block["text"])
-        else:
-            raise ValueError(f"messages[{index}] holds non-text content; FusionRAG models take text only")
-    return "".join(parts)
-
-
-def _first_stop(text: str, stop: Optional[Sequence[str]]) -> Optional[int]:
-    found = [index for index in (text.find(s) for s in stop or () if s) if index >= 0]
-    return min(found) if found else None
-
-
-class _StopWatch:
-    """Passes streamed text on, holding back just enough to never emit part of a stop sequence."""
-
-    def __init__(self, stop: Optional[Sequence[str]]):
-        self.stop = [s for s in stop or () if s]
-        self.hold = max((len(s) - 1 for s in self.stop), default=0)
-        self.text, self.sent, self.done = "", 0, False
-
-    def push(self, delta: str) -> str:
-        self.text += delta
-        cut = _first_stop(self.text, self.stop)
-        self.done = cut is not None
-        end = cut if self.done else max(self.sent, len(self.text) - self.hold)
-        piece, self.sent = self.text[self.sent : end], end
-        return piece
-
-    def flush(self) -> str:
-        piece = "" if self.done else self.text[self.sent :]
-        self.sent = len(self.text)
-        return piece
+        warn_tools(tools)
+        return _shared.count_chat_tokens(self.engine, chat_dicts(messages))
 
 
 class FusionRAGDocumentTransformer(BaseDocumentTransformer):

@@ -1,0 +1,86 @@
+"""LangChain messages to the engine's chat and back: roles and text content, chunks with usage, stop strings in streams."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Optional, Sequence
+
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ChatMessage, HumanMessage, SystemMessage
+from langchain_core.outputs import ChatGenerationChunk
+
+
+def chat_chunk(delta: str, info: Optional[dict]) -> ChatGenerationChunk:
+    if info is None:
+        return ChatGenerationChunk(message=AIMessageChunk(content=delta))
+    # usage once, on the last chunk, so that summing chunks counts it once
+    last = AIMessageChunk(content="", response_metadata=info, usage_metadata=usage(info), chunk_position="last")
+    return ChatGenerationChunk(message=last, generation_info=info)
+
+
+def warn_tools(tools: Optional[Sequence[Any]]) -> None:
+    if tools is not None:
+        warnings.warn("FusionRAG models take no tools; their schemas are not counted", stacklevel=3)
+
+
+def usage(info: dict) -> dict[str, int]:
+    stats = info["fusionrag_stats"]
+    prompt, generated = stats["prompt_tokens"], stats["generated_tokens"]
+    return {"input_tokens": prompt, "output_tokens": generated, "total_tokens": prompt + generated}
+
+
+def chat_dicts(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
+    chat = []
+    for index, message in enumerate(messages):
+        if isinstance(message, SystemMessage):
+            role = "system"
+        elif isinstance(message, HumanMessage):
+            role = "user"
+        elif isinstance(message, AIMessage):
+            role = "assistant"
+        elif isinstance(message, ChatMessage) and message.role in ("system", "user", "assistant"):
+            role = message.role
+        else:
+            raise ValueError(f"messages[{index}] is a {type(message).__name__}; supported: system, human, ai messages")
+        chat.append({"role": role, "content": _text(message.content, index)})
+    return chat
+
+
+def _text(content, index: int) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content:
+        if isinstance(block, str):
+            parts.append(block)
+        elif isinstance(block, dict) and block.get("type") == "text":
+            parts.append(block["text"])
+        else:
+            raise ValueError(f"messages[{index}] holds non-text content; FusionRAG models take text only")
+    return "".join(parts)
+
+
+def _first_stop(text: str, stop: Optional[Sequence[str]]) -> Optional[int]:
+    found = [index for index in (text.find(s) for s in stop or () if s) if index >= 0]
+    return min(found) if found else None
+
+
+class StopWatch:
+    """Passes streamed text on, holding back just enough to never emit part of a stop sequence."""
+
+    def __init__(self, stop: Optional[Sequence[str]]):
+        self.stop = [s for s in stop or () if s]
+        self.hold = max((len(s) - 1 for s in self.stop), default=0)
+        self.text, self.sent, self.done = "", 0, False
+
+    def push(self, delta: str) -> str:
+        self.text += delta
+        cut = _first_stop(self.text, self.stop)
+        self.done = cut is not None
+        end = cut if self.done else max(self.sent, len(self.text) - self.hold)
+        piece, self.sent = self.text[self.sent : end], end
+        return piece
+
+    def flush(self) -> str:
+        piece = "" if self.done else self.text[self.sent :]
+        self.sent = len(self.text)
+        return piece
