@@ -32,18 +32,23 @@ from .entry import KVEntry
 class EntrySource(Protocol):
     """What the loader needs from a store (`TieredStore` fits)."""
 
-    def get(self, key: str, expect_token_ids=None, *, copy: bool | None = None) -> tuple[KVEntry, str] | None: ...
+    def get(self, key: str, expect_token_ids=None, *, copy: bool | None = None,
+            pin: bool = False) -> tuple[KVEntry, str] | None: ...  # fmt: skip
+
+    def unpin(self, key: str) -> int: ...
 
 
 @dataclass
 class LoadResult:
-    """Entries of one request: `entries[key]`, the tier each came from, and the keys not found."""
+    """Entries of one request: `entries[key]`, the tier each came from, and the keys not found.
+    `pinned`: keys pinned for whoever took the result (a loader with `pin=True`); `release` them."""
 
     request_id: Hashable
     entries: dict[str, KVEntry] = field(default_factory=dict)
     tiers: dict[str, str] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
     load_s: float = 0.0
+    pinned: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -63,14 +68,17 @@ class PrefetchLoader:
     """Loads entries for queued requests on background threads.
 
     `copy` is passed to `store.get`: the default False hands out the tier's own tensors (read-only by
-    contract, no extra copy); pass True when the consumer may modify them in place.
+    contract, no extra copy); pass True when the consumer may modify them in place. `pin=True` pins
+    every entry it loads until the taker calls `release(result)`, so eviction cannot drop or move
+    the tier's tensors in between; results discarded or never taken are released by the loader.
     """
 
-    def __init__(self, store: EntrySource, num_threads: int = 1, copy: bool = False):
+    def __init__(self, store: EntrySource, num_threads: int = 1, copy: bool = False, pin: bool = False):
         if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
             raise ValueError(f"num_threads must be an int >= 1, got {num_threads!r}")
         self._store = store
         self._copy = copy
+        self._pin = pin
         self._executor = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="kv-loader")
         self._jobs: dict[Hashable, Future] = {}
         self._stats = LoaderStats()
@@ -117,11 +125,21 @@ class PrefetchLoader:
         return result
 
     def discard(self, request_id: Hashable) -> None:
-        """Forget a job, cancelling it if it has not started."""
+        """Forget a job, cancelling it if it has not started; the pins of its result are released."""
         with self._lock:
             future = self._jobs.pop(request_id, None)
-        if future is not None:
-            future.cancel()
+        if future is not None and not future.cancel():
+            future.add_done_callback(self._release_done)  # runs now if it already finished
+
+    def release(self, result: LoadResult) -> None:
+        """Unpin what the loader pinned for `result` (once; a second call does nothing)."""
+        pinned, result.pinned = result.pinned, []
+        for key in pinned:
+            self._store.unpin(key)
+
+    def _release_done(self, future: Future) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self.release(future.result())
 
     def pending(self) -> list[Hashable]:
         """Request ids with a job not yet handed over by `wait`."""
@@ -133,10 +151,14 @@ class PrefetchLoader:
             return LoaderStats(**{**self._stats.__dict__, "tier_hits": dict(self._stats.tier_hits)})
 
     def close(self, wait: bool = True, cancel_pending: bool = True) -> None:
-        """Stop the loader threads; queued jobs are cancelled unless `cancel_pending=False`."""
+        """Stop the loader threads; queued jobs are cancelled unless `cancel_pending=False`. Results
+        never taken are released (now, or when their job ends)."""
         with self._lock:
             self._closed = True
+            untaken, self._jobs = list(self._jobs.values()), {}
         self._executor.shutdown(wait=wait, cancel_futures=cancel_pending)
+        for future in untaken:
+            future.add_done_callback(self._release_done)
 
     def __enter__(self) -> PrefetchLoader:
         return self
@@ -156,12 +178,15 @@ class PrefetchLoader:
         result = LoadResult(request_id)
         try:
             for key in keys:
-                found = self._store.get(key, expected.get(key), copy=self._copy)
+                found = self._get(key, expected.get(key))
                 if found is None:
                     result.missing.append(key)
                 else:
                     result.entries[key], result.tiers[key] = found
+                    if self._pin:
+                        result.pinned.append(key)
         except BaseException:
+            self.release(result)
             with self._lock:
                 self._stats.jobs_failed += 1
                 self._stats.load_s += time.perf_counter() - start
@@ -169,6 +194,11 @@ class PrefetchLoader:
         result.load_s = time.perf_counter() - start
         self._record(result)
         return result
+
+    def _get(self, key: str, expected) -> tuple[KVEntry, str] | None:
+        if self._pin:
+            return self._store.get(key, expected, copy=self._copy, pin=True)
+        return self._store.get(key, expected, copy=self._copy)
 
     def _record(self, result: LoadResult) -> None:
         with self._lock:

@@ -85,8 +85,8 @@ class LLMEngine:
         """Held by every step; hold it too for work that must not interleave with one (ingestion)."""
         return self._lock
 
-    def resolver(self, preloaded: Preloaded | None = None) -> ContextResolver:
-        return ContextResolver(self.entries, preloaded, self.prefix_cache)
+    def resolver(self, preloaded: Preloaded | None = None, pinned=()) -> ContextResolver:
+        return ContextResolver(self.entries, preloaded, self.prefix_cache, pinned)
 
     def check_fits(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
         window = self.loaded.context_window
@@ -196,15 +196,20 @@ class LLMEngine:
         start = time.perf_counter()
         stats, plan = seq.stats, seq.plan
         stats.queue_s = start - seq.arrival
+        resolver = None
         try:
+            preloaded, pinned = self.prefetcher.take(seq)
+            resolver = self.resolver(preloaded, pinned)
             seq.cache = self.runner.new_cache(seq.num_prompt_tokens + seq.max_new_tokens)
-            resolver = self.resolver(self.prefetcher.take(seq))
             if seq.context_plan is None:
                 seq.context_plan = resolver.plan(seq.segments, plan)
             resolved, counts = resolver.assemble_plan(seq.context_plan, seq.cache)
         except Exception as exc:  # a bad store entry or input fails this request only
             seq.finish("error", exc)
             return None
+        finally:
+            if resolver is not None:
+                resolver.release()  # the KV is in the request's cache (or the request failed)
         counts.merge_into(stats)
         stats.load_s = time.perf_counter() - start
         k = round(plan.recompute_ratio * len(resolved.layout.reused_slots))

@@ -6,6 +6,9 @@ as far as the store has it, then serves the chunks after that from their fused o
 computing a missing plain entry once, and places everything in the request's cache. Blocks are
 written only by runs whose context KV is exact, and only to a lossless store (one that keeps the
 compute dtype): KV read back from a lossy store is not exact.
+
+Entries are read without a copy and pinned until ``release``: from the store lookup (or the
+loader's, for ``pinned`` preloaded keys) until their KV has been placed in the request's cache.
 """
 
 from __future__ import annotations
@@ -47,8 +50,10 @@ class _Placed:
 
 
 class ContextResolver:
-    def __init__(self, entries: ChunkEntries, preloaded: Preloaded | None = None, prefix_cache: bool = True):
+    def __init__(self, entries: ChunkEntries, preloaded: Preloaded | None = None, prefix_cache: bool = True,
+                 pinned: Sequence[str] = ()):  # fmt: skip
         self.entries = entries
+        self.pinned = list(pinned)  # store keys pinned for this resolver (preloaded ones, then its own reads)
         self.keys, self.entry_store, self.computer = entries.keys, entries.entry_store, entries.computer
         self.model = entries.model
         self.preloaded = preloaded or {}  # key -> (entry, tier it came from), fetched ahead by the loader
@@ -87,7 +92,16 @@ class ContextResolver:
         found = self.preloaded.get(key)
         if found is not None and found[0].token_ids == tuple(token_ids) and self.keys.accepts(found[0], key, variant):
             return found
-        return self.entry_store.fetch(key, token_ids, variant)
+        found = self.entry_store.fetch(key, token_ids, variant, pin=True)
+        if found is not None:
+            self.pinned.append(key)
+        return found
+
+    def release(self) -> None:
+        """Unpin every entry this resolver read or was handed pinned (call once the KV is placed)."""
+        pinned, self.pinned = self.pinned, []
+        for key in pinned:
+            self.entries.store.unpin(key)
 
     def _place_exact_blocks(self, context_plan: ContextPlan, cache: KVCache, counts: ResolveCounts) -> int:
         """Place the leading path blocks the store holds; returns how many."""

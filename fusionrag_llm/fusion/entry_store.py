@@ -20,10 +20,15 @@ class EntryStore:
     store: TieredStore
     keys: EntryKeys
 
-    def fetch(self, key: str, token_ids: Sequence[int], variant: str) -> Found | None:
-        """``(entry, tier)`` stored under ``key`` when its token ids, variant and model all match."""
-        found = self.store.get(key, expect_token_ids=token_ids, copy=False)
-        return found if found is not None and self.keys.accepts(found[0], key, variant) else None
+    def fetch(self, key: str, token_ids: Sequence[int], variant: str, pin: bool = False) -> Found | None:
+        """``(entry, tier)`` stored under ``key`` when its token ids, variant and model all match: the
+        tier's own tensors (read only). ``pin``: pinned on a match (the caller unpins ``key``)."""
+        found = self.store.get(key, expect_token_ids=token_ids, copy=False, pin=pin)
+        if found is not None and not self.keys.accepts(found[0], key, variant):
+            if pin:
+                self.store.unpin(key)
+            return None
+        return found
 
     def lookup(self, token_ids: TokenIds, variant: str) -> Found | None:
         """The chunk's ``variant`` entry, checked as ``fetch`` does."""

@@ -208,3 +208,39 @@ def test_the_request_layout_carries_every_chunks_span(tiny_rag):
     starts = [sum(len(s.token_ids) for s in segments[:i]) for i in range(len(segments))]
     expected = tuple((starts[i], starts[i] + len(s.token_ids)) for i, s in enumerate(segments) if s.kind == "chunk")
     assert resolved.layout.chunk_spans == expected and len(expected) == 2
+
+
+def test_entries_read_without_a_copy_stay_pinned_until_released(rag):
+    segments = rag.segments(RAGRequest(chunks=TEXTS, question="When does the ferry leave?"))
+    resolver = ContextResolver(rag.parts.entries, prefix_cache=True)
+    context_plan = resolver.plan(segments, FUSIONRAG)
+    cache = rag.parts.loaded.model.new_cache(len(context_plan.prompt_ids))
+    resolver.assemble_plan(context_plan, cache)
+    read = list(resolver.pinned)
+    assert len(read) == 4  # S0's block, the first chunk's exact plain entry, two fused entries
+    assert all(rag.store.pin_count(key) == 1 for key in read) and rag.store.stats().pinned == 4
+    resolver.release()
+    assert rag.store.stats().pinned == 0 and resolver.pinned == []
+
+
+def test_prefetched_entries_are_pinned_until_assembled_and_never_leak(rag, monkeypatch):
+    engine = rag.engine
+    requests = [RAGRequest(chunks=TEXTS[i:] + TEXTS[:i], question="When does the ferry leave?") for i in range(3)]
+    handed = []
+    make = engine.resolver
+
+    def recording(preloaded=None, pinned=()):
+        handed.append([(key, rag.store.pin_count(key)) for key in pinned])
+        return make(preloaded, pinned)
+
+    monkeypatch.setattr(engine, "resolver", recording)
+    rag.generate_many(requests, max_new_tokens=2)  # lookahead: later requests load on the loader thread
+    prefetched = [keys for keys in handed if keys]
+    assert prefetched and all(count >= 1 for keys in prefetched for _, count in keys)
+    assert rag.store.stats().pinned == 0
+    segments = rag.segments(requests[0])
+    dropped = engine.add_request(segments, FUSIONRAG, 2, prefetch=4)
+    engine.prefetcher.submit([dropped])
+    assert engine.abort(dropped.request_id)
+    engine.prefetcher.release_if_idle([])
+    assert rag.store.stats().pinned == 0

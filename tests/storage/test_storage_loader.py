@@ -111,3 +111,24 @@ def test_prefetch_from_disk_into_host(tmp_path):
 def test_bad_thread_count():
     with pytest.raises(ValueError, match="num_threads"):
         PrefetchLoader(SlowSource(), num_threads=0)
+
+
+def test_pinning_loader_pins_until_released_discarded_or_closed():
+    with TieredStore(None) as store:
+        keys = [key_for(seed) for seed in range(3)]
+        for seed, key in enumerate(keys):
+            store.put(key, make_entry(seed))
+        loader = PrefetchLoader(store, pin=True)
+        loader.submit("taken", keys[:2] + [key_for(404)])
+        result = loader.wait("taken", timeout=30)
+        assert result.pinned == keys[:2] and [store.pin_count(k) for k in keys] == [1, 1, 0]
+        loader.release(result)
+        loader.release(result)  # once only
+        assert store.stats().pinned == 0
+        job = loader.submit("dropped", keys)
+        assert job.result(timeout=30).pinned == keys  # loaded, then dropped without being taken
+        loader.discard("dropped")
+        assert store.stats().pinned == 0
+        loader.submit("never taken", keys[1:])
+        loader.close()
+        assert store.stats().pinned == 0
