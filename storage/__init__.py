@@ -19,7 +19,7 @@ from .disk_tier import DiskTier
 from .entry import KVEntry
 from .errors import StoreDamagedError, StoreWriteError
 from .heat import HeatTracker
-from .keys import chunk_key, model_fingerprint, path_key
+from .keys import chunk_key, path_key
 from .ledger import TierLedger
 from .loader import LoaderStats, LoadResult, PrefetchLoader
 from .memory_tier import DeviceTier, HostTier, MemoryTier
@@ -67,7 +67,6 @@ __all__ = [
     "decode",
     "decode_keyed",
     "encode",
-    "model_fingerprint",
     "path_key",
     "quarantine_index",
     "rebuild_index",

@@ -12,7 +12,7 @@ hashed every segment up to the boundary; blocks stored under those older keys ar
 asked for again (a miss, computed once more).
 
 Example:
-    >>> fp = model_fingerprint("tiny", "float32")
+    >>> fp = hashlib.sha256(b"a model").hexdigest()  # fusionrag_llm.models.fingerprint makes real ones
     >>> a = chunk_key(fp, prefix_ids=[1, 2], token_ids=[7, 8, 9], variant="plain")
     >>> a == chunk_key(fp, [1, 2], [7, 8, 9], "fused", {"neighbors": 2})
     False
@@ -31,11 +31,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
-
 from .entry import normalise_token_ids
 
-KEY_FORMAT = 1  # chunk entries and model fingerprints
+KEY_FORMAT = 1  # chunk entries
 PATH_KEY_FORMAT = 2  # chained path blocks
 _VARIANT_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 _HEX_KEY_RE = re.compile(r"[0-9a-f]{64}\Z")  # \Z: "$" would accept a trailing newline
@@ -53,48 +51,11 @@ def _digest(payload: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(payload).encode("ascii")).hexdigest()
 
 
-def _dtype_name(dtype: torch.dtype | str) -> str:
-    if isinstance(dtype, torch.dtype):
-        return str(dtype).removeprefix("torch.")
-    if isinstance(dtype, str) and isinstance(getattr(torch, dtype.removeprefix("torch."), None), torch.dtype):
-        return dtype.removeprefix("torch.")
-    raise ValueError(f"dtype must be a torch.dtype or its name (e.g. 'bfloat16'), got {dtype!r}")
-
-
 def _check_fingerprint(model_fingerprint: str) -> None:
     if not is_store_key(model_fingerprint):
         raise ValueError(
             f"model_fingerprint must be a sha256 hex digest (64 lowercase hex chars), got {model_fingerprint!r}"
         )
-
-
-def model_fingerprint(
-    model_id: str,
-    dtype: torch.dtype | str,
-    *,
-    config: Mapping[str, Any] | None = None,
-    tokenizer: str | None = None,
-    weights: str | None = None,
-) -> str:
-    """A fingerprint for callers that hold no model (tools, tests): a hex sha256 of id, compute dtype,
-    config, tokenizer identity and weights identity.
-
-    Any difference gives a different fingerprint and so different keys for every entry. Loaded
-    models get theirs from ``fusionrag_llm.models.fingerprint``, which digests the same fields the
-    same way; the store itself only needs the result to be a 64-hex digest.
-    """
-    if not isinstance(model_id, str) or not model_id:
-        raise ValueError(f"model_id must be a non-empty str, got {model_id!r}")
-    payload = {
-        "kind": "model",
-        "format": KEY_FORMAT,
-        "model_id": model_id,
-        "dtype": _dtype_name(dtype),
-        "config": dict(config) if config is not None else None,
-        "tokenizer": tokenizer,
-        "weights": weights,
-    }
-    return _digest(payload)
 
 
 def chunk_key(

@@ -10,10 +10,11 @@ import torch
 from click.testing import CliRunner
 
 from fusionrag_llm.cli.main import cli
-from fusionrag_llm.storage import KVEntry, StoreBudgets, StoreOptions, TieredStore, chunk_key, model_fingerprint
+from fusionrag_llm.models.fingerprint import model_digest
+from fusionrag_llm.storage import KVEntry, StoreBudgets, StoreOptions, TieredStore, chunk_key
 from fusionrag_llm.storage.safe_disk import entry_files
 
-FINGERPRINT = model_fingerprint("tiny-cli-test", "float32")
+FINGERPRINT = model_digest("tiny-cli-test", "float32")
 OPTIONS = StoreOptions()  # the CLI's defaults: entries under 32 KiB live inside cache.db
 SMALL, LARGE = [1, 2], [3, 4, 5]  # seeds of entries inside the db, and in files
 

@@ -24,7 +24,6 @@ from fusionrag_llm.models.fingerprint import file_digest, model_digest, weights_
 from fusionrag_llm.models.llama import DecoderLM
 from fusionrag_llm.models.loader import TINY_NAMES, load_model
 from fusionrag_llm.models.tiny import byte_tokenizer, tiny_hf_config, tiny_state_dict
-from fusionrag_llm.storage import model_fingerprint
 
 SETTLE_S = 0.1  # files older than fingerprint.RACY_SECONDS (patched to half this) get a memo
 
@@ -137,9 +136,7 @@ KNOWN_DIGEST = "26cf719af1a0bcd9d8ec3ae14df680f91bb37a0550a65c8f95e4518b7854c0fe
 def test_a_models_fingerprint_is_what_it_was_for_the_same_inputs():
     fields = dict(config={"a": 1}, tokenizer="t", weights="w")
     assert model_digest("m", "float32", **fields) == KNOWN_DIGEST
-    for args in [("m", torch.float32), ("m", "bfloat16"), ("tiny", "float16")]:
-        assert model_digest(*args, **fields) == model_fingerprint(*args, **fields)
-        assert model_digest(*args) == model_fingerprint(*args)
+    assert model_digest("m", torch.float32) == model_digest("m", "float32") != model_digest("m", "bfloat16")
     with pytest.raises(ValueError, match="dtype"):
         model_digest("m", "notadtype")
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from fusionrag_llm.storage import KVEntry, chunk_key, model_fingerprint
+from fusionrag_llm.models.fingerprint import model_digest
+from fusionrag_llm.storage import KVEntry, chunk_key
 
-FINGERPRINT = model_fingerprint("tiny-test", "float32")
+FINGERPRINT = model_digest("tiny-test", "float32")
 PREFIX = (1, 2, 3)
 
 

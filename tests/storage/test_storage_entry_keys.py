@@ -4,7 +4,8 @@ import pytest
 import torch
 from storage_testutil import FINGERPRINT, make_entry
 
-from fusionrag_llm.storage import KVEntry, chunk_key, model_fingerprint, path_key
+from fusionrag_llm.models.fingerprint import model_digest
+from fusionrag_llm.storage import KVEntry, chunk_key, path_key
 from fusionrag_llm.storage.keys import check_key, path_block_key, path_keys
 
 
@@ -46,8 +47,8 @@ def test_chunk_keys_differ_in_every_component():
     tokens = [10, 11, 12]
     base = chunk_key(FINGERPRINT, [1, 2], tokens, "plain")
     variants = {
-        "fingerprint": chunk_key(model_fingerprint("other", "float32"), [1, 2], tokens, "plain"),
-        "dtype": chunk_key(model_fingerprint("tiny-test", "bfloat16"), [1, 2], tokens, "plain"),
+        "fingerprint": chunk_key(model_digest("other", "float32"), [1, 2], tokens, "plain"),
+        "dtype": chunk_key(model_digest("tiny-test", "bfloat16"), [1, 2], tokens, "plain"),
         "prefix": chunk_key(FINGERPRINT, [1, 3], tokens, "plain"),
         "no prefix": chunk_key(FINGERPRINT, [], tokens, "plain"),
         "tokens": chunk_key(FINGERPRINT, [1, 2], [10, 11, 13], "plain"),
@@ -67,8 +68,8 @@ def test_keys_are_deterministic_and_canonical():
     fusion_b = {"neighbors": ["x", "y"], "n": 2}  # same mapping, other insertion order
     key_a = chunk_key(FINGERPRINT, (1, 2), (3, 4), "fused", fusion_a)
     assert key_a == chunk_key(FINGERPRINT, [1, 2], [3, 4], "fused", fusion_b)
-    assert model_fingerprint("m", torch.float16) == model_fingerprint("m", "float16")
-    assert model_fingerprint("m", "float16", config={"a": 1}) != model_fingerprint("m", "float16", config={"a": 2})
+    assert model_digest("m", torch.float16) == model_digest("m", "float16")
+    assert model_digest("m", "float16", config={"a": 1}) != model_digest("m", "float16", config={"a": 2})
 
 
 def test_path_keys_depend_on_order_and_model_and_differ_from_chunk_keys():
@@ -77,7 +78,7 @@ def test_path_keys_depend_on_order_and_model_and_differ_from_chunk_keys():
     assert forward == path_key(FINGERPRINT, (1, 2), (10, 11), (20, 21))  # same content, same key
     assert forward != path_key(FINGERPRINT, s0, c2, c1)
     assert forward != path_key(FINGERPRINT, s0, c1)
-    assert forward != path_key(model_fingerprint("tiny-test", "float16"), s0, c1, c2)
+    assert forward != path_key(model_digest("tiny-test", "float16"), s0, c1, c2)
     assert path_key(FINGERPRINT, s0, c1) != chunk_key(FINGERPRINT, s0, c1, "plain")
     assert check_key(forward) == forward
 
@@ -118,7 +119,7 @@ def test_a_path_key_depends_on_every_earlier_block_and_on_where_blocks_end():
         (lambda: path_key(FINGERPRINT, [1], []), "at least one token"),
         (lambda: path_block_key(FINGERPRINT, "not-a-key", [1]), "previous"),
         (lambda: path_block_key("model", None, [1]), "model_fingerprint"),
-        (lambda: model_fingerprint("m", "notadtype"), "dtype"),
+        (lambda: model_digest("m", "notadtype"), "dtype"),
         (lambda: check_key("xyz"), "64 lowercase hex"),
     ],
 )
