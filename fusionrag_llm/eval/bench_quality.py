@@ -5,6 +5,7 @@ reference distribution. Each (method, ratio) then answers greedily (F1/EM agains
 first-token agreement and greedy exact match against the reference answer, TTFT) and is teacher
 forced on the reference answer (mean KL(FA || method) over the rows that predict its tokens; the
 first row alone when the reference answer is empty), reusing the prefill that produced its answer.
+Each record also carries the question's ``neighbour_overlap`` (``eval/quality_diagnostics.py``).
 Records go to a :class:`PartialLog` as they are made, so a re-run with the same configuration
 skips them.
 """
@@ -22,6 +23,7 @@ from fusionrag_llm.eval.bench_methods import BenchMethod, jobs
 from fusionrag_llm.eval.datasets import QAExample
 from fusionrag_llm.eval.metrics import exact_match, f1_score, first_token_agreement, greedy_exact_match, mean_kl
 from fusionrag_llm.eval.partial_log import PartialLog
+from fusionrag_llm.eval.quality_diagnostics import neighbour_overlap
 from fusionrag_llm.request import RAGRequest
 
 logger = logging.getLogger(__name__)
@@ -134,6 +136,7 @@ def _run_question(rag, ex: QAExample, todo: list, config: QualityConfig, log: Pa
     out = _answer(rag, request, fa, None, config)
     ref_ids = list(out.token_ids) if done_fa is None else done_fa["token_ids"]
     ref_logits = out.score(ref_ids)
+    overlap = neighbour_overlap(rag, request.chunks)
     computed = 0
     for method, ratio in todo:
         if method.label == fa.label:
@@ -141,6 +144,7 @@ def _run_question(rag, ex: QAExample, todo: list, config: QualityConfig, log: Pa
         else:
             gen = _answer(rag, request, method, ratio, config)
             record = _record(ex, method, ratio, gen, ref_ids, kl=mean_kl(ref_logits, gen.score(ref_ids)))
+        record["neighbour_overlap"] = overlap
         log.append(record)
         computed += 1
     return computed

@@ -16,6 +16,7 @@ from pathlib import Path
 from fusionrag_llm.eval.bench_methods import BenchMethod, jobs
 from fusionrag_llm.eval.metrics import normalized_score
 from fusionrag_llm.eval.plots import plot_vs_ratio
+from fusionrag_llm.eval.quality_diagnostics import distribution, distribution_markdown, per_question, plot_per_question
 from fusionrag_llm.eval.results import fmt, markdown_table, mean, ms, write_json
 
 MEAN_FIELDS = ("f1", "em", "first_token", "greedy_em", "kl", "ttft_s", "load_s", "select_s", "prefill_s",
@@ -66,13 +67,17 @@ def quality_markdown(rows: list[dict], config: dict, machine: dict) -> str:
 
 def write_quality(out_dir: Path, config: dict, machine: dict, run: dict, records: list[dict],
                   rows: list[dict]) -> list[Path]:  # fmt: skip
-    """quality.json, quality.md, quality_kl.png and quality_f1.png in ``out_dir``."""
+    """quality.json, quality.md, quality_kl.png, quality_f1.png and quality_kl_per_question.png in
+    ``out_dir``; the JSON and the table include the per-question diagnostics."""
     out_dir = Path(out_dir)
-    data = {"config": config, "machine": machine, "run": run, "aggregates": rows, "records": records}
+    spread = distribution(records)
+    data = {"config": config, "machine": machine, "run": run, "aggregates": rows, "distribution": spread,
+            "per_question": per_question(records), "records": records}  # fmt: skip
     paths = [write_json(out_dir / "quality.json", data)]
-    (out_dir / "quality.md").write_text(quality_markdown(rows, config, machine))
+    (out_dir / "quality.md").write_text(quality_markdown(rows, config, machine) + "\n" + distribution_markdown(spread))
     paths.append(out_dir / "quality.md")
     title = f"{config['model']}, {len({r['qid'] for r in records})} questions"
     paths.append(plot_vs_ratio(rows, "kl", "mean KL(FA || method)", out_dir / "quality_kl.png", title))
     paths.append(plot_vs_ratio(rows, "f1", "F1 vs gold answers", out_dir / "quality_f1.png", title))
+    paths.append(plot_per_question(records, out_dir / "quality_kl_per_question.png", title))
     return paths

@@ -50,7 +50,8 @@ def _rows(data):
 
 def test_writes_json_table_and_plots(synthetic_run):
     out, output = synthetic_run
-    for name in ("quality.json", "quality.md", "quality_kl.png", "quality_f1.png", "quality.partial.jsonl"):
+    for name in ("quality.json", "quality.md", "quality_kl.png", "quality_f1.png", "quality_kl_per_question.png",
+                 "quality.partial.jsonl"):  # fmt: skip
         assert (out / name).stat().st_size > 0, name
     assert (out / "quality_kl.png").read_bytes()[:4] == b"\x89PNG"
     table = (out / "quality.md").read_text()
@@ -60,7 +61,7 @@ def test_writes_json_table_and_plots(synthetic_run):
 
 def test_json_content(synthetic_run):
     data = json.loads((synthetic_run[0] / "quality.json").read_text())
-    assert set(data) == {"config", "machine", "run", "aggregates", "records"}
+    assert set(data) == {"config", "machine", "run", "aggregates", "distribution", "per_question", "records"}
     assert data["config"]["methods"][:2] == ["full_attention", "full_reuse"] and data["config"]["ratios"] == [0.0, 0.15]
     assert {"platform", "cpu_count", "torch"} <= set(data["machine"])
     assert data["run"]["computed"] == len(data["records"]) == 2 * (2 + 4 * 2)
@@ -72,6 +73,11 @@ def test_json_content(synthetic_run):
         assert record["path_hits"]["exact"] == (0 if record["method"] == "full_attention" else 1)
         if record["method"] in ("fusionrag", "fused+kv_deviation"):  # fused entries served, no plain fallback
             assert record["variant_hits"] == {"fused": 2, "plain": 0}  # chunks 2 and 3; chunk 1 is exact
+    assert len(data["per_question"]) == 2 and len(data["distribution"]) == len(data["aggregates"])
+    for question in data["per_question"]:  # synthetic passages: each chunk's 2 neighbours among the pool of 6
+        assert 0 <= question["neighbour_overlap"] <= 1 and len(question["methods"]) == 10
+    spread = {(row["method"], row["ratio"]): row for row in data["distribution"]}
+    assert spread[("full_reuse", None)]["worse_than_full_reuse"] == 0 and spread[("full_attention", None)]["kl_max"] == 0
     rows = _rows(data)
     fa, fr = rows[("full_attention", None)], rows[("full_reuse", None)]
     assert fa["kl"] == 0 and fa["first_token"] == 1 and fa["greedy_em"] == 1

@@ -1,0 +1,119 @@
+"""Per-question diagnostics of the quality benchmark: distributions, worst cases, harm against Full Reuse.
+
+A mean can hide the questions a method makes worse. For every (method, ratio) of a run this gives
+the distribution of its per-question KL(Full Attention || method) (median, 90th percentile, max and
+the question at the max), the questions on which it is further from Full Attention than Full Reuse
+is (``worse_than_full_reuse``: KL above Full Reuse's on the same question by more than
+``HARM_TOLERANCE``), and those on which Full Reuse kept Full Attention's greedy answer but the
+method did not (``answer_lost``). For fused entries it also says how much of each chunk's fusion
+context is in the prompt: the share of a chunk's neighbours (the chunks its fused entry was
+computed after) that are among the request's chunks (``neighbour_overlap``, one value per question:
+the mean over its chunks that have a fused entry).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from fusionrag_llm.eval.results import fmt, markdown_table
+
+HARM_TOLERANCE = 1e-4  # KL differences below this are ties (float noise between two exact paths)
+
+
+def neighbour_overlap(rag, texts: list[str]) -> float | None:
+    """Mean over the request's chunks with a fused entry of |neighbours in the prompt| / |neighbours|;
+    None when no chunk has one (nothing fused, or no neighbours)."""
+    parts = rag.parts
+    chunks = [parts.catalog.get(text) for text in texts]
+    in_prompt = {chunk.chunk_id for chunk in chunks if chunk is not None}
+    shares = []
+    for chunk in chunks:
+        record = None if chunk is None else parts.catalog.fused_record(parts.entries.key(chunk.token_ids, "fused"))
+        if record is not None and record.neighbours:
+            shares.append(sum(n in in_prompt for n in record.neighbours) / len(record.neighbours))
+    return sum(shares) / len(shares) if shares else None
+
+
+def per_question(records: list[dict]) -> list[dict]:
+    """One row per question: its KL, greedy agreement with Full Attention and F1 for every method."""
+    rows: dict[str, dict] = {}
+    for record in records:
+        row = rows.setdefault(record["qid"], {"qid": record["qid"], "neighbour_overlap": None, "methods": {}})
+        if record.get("neighbour_overlap") is not None:
+            row["neighbour_overlap"] = record["neighbour_overlap"]
+        row["methods"][_label(record["method"], record["ratio"])] = {
+            "kl": record["kl"], "greedy_em": record["greedy_em"], "f1": record["f1"]}  # fmt: skip
+    return list(rows.values())
+
+
+def distribution(records: list[dict]) -> list[dict]:
+    """Per (method, ratio), in the records' order: the per-question KL distribution and the harm counts."""
+    baseline = {r["qid"]: r for r in records if r["method"] == "full_reuse"}
+    groups: dict[tuple, list[dict]] = {}
+    for record in records:
+        groups.setdefault((record["method"], record["ratio"]), []).append(record)
+    rows = []
+    for (method, ratio), mine in groups.items():
+        kls = sorted(r["kl"] for r in mine)
+        worst = max(mine, key=lambda r: r["kl"])
+        paired = [(r, baseline[r["qid"]]) for r in mine if r["qid"] in baseline]
+        rows.append({
+            "method": method, "ratio": ratio, "questions": len(mine),
+            "kl_median": statistics.median(kls), "kl_p90": _quantile(kls, 0.9), "kl_max": worst["kl"],
+            "worst_qid": worst["qid"],
+            "worse_than_full_reuse": sum(r["kl"] > fr["kl"] + HARM_TOLERANCE for r, fr in paired),
+            "answer_lost": sum(fr["greedy_em"] == 1 and r["greedy_em"] < 1 for r, fr in paired),
+            "compared": len(paired),
+        })  # fmt: skip
+    return rows
+
+
+def distribution_markdown(rows: list[dict]) -> str:
+    headers = ["method", "ratio", "n", "KL median", "KL p90", "KL max", "worst question",
+               "KL > Full Reuse", "FA answer lost vs Full Reuse"]  # fmt: skip
+    table = [[r["method"], "-" if r["ratio"] is None else f"{r['ratio']:g}", r["questions"], fmt(r["kl_median"], 4),
+              fmt(r["kl_p90"], 4), fmt(r["kl_max"], 4), r["worst_qid"], f"{r['worse_than_full_reuse']}/{r['compared']}",
+              f"{r['answer_lost']}/{r['compared']}"] for r in rows]  # fmt: skip
+    return ("## Per question\n\nKL(FA‖m) over the questions; 'KL > Full Reuse': questions on which the method is "
+            f"further from Full Attention than Full Reuse (by more than {HARM_TOLERANCE:g}); 'FA answer lost': "
+            "Full Reuse kept Full Attention's greedy answer and the method did not.\n\n"
+            + markdown_table(headers, table) + "\n")  # fmt: skip
+
+
+def plot_per_question(records: list[dict], path: Path, title: str) -> Path:
+    """Per-question KL of every (method, ratio) as box plots with the points over them (log y)."""
+    from fusionrag_llm.eval.plots import _pyplot, _save
+
+    plt = _pyplot()
+    groups: dict[str, list[float]] = {}
+    for record in records:
+        if record["method"] != "full_attention":  # its KL is 0 by definition
+            groups.setdefault(_label(record["method"], record["ratio"]), []).append(max(record["kl"], 1e-6))
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.7 * len(groups) + 2), 4.4))
+    labels = list(groups)
+    if labels:
+        ax.boxplot([groups[k] for k in labels], showfliers=False)
+        for i, label in enumerate(labels, start=1):
+            ax.scatter([i] * len(groups[label]), groups[label], s=8, alpha=0.5)
+        ax.set_xticks(range(1, len(labels) + 1), labels, rotation=30, ha="right", fontsize=8)
+        ax.set_yscale("log")
+    ax.set_ylabel("KL(FA || method) per question")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="y")
+    return _save(fig, plt, path)
+
+
+def _label(method: str, ratio: float | None) -> str:
+    return method if ratio is None else f"{method}@{ratio:g}"
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not sorted_values:
+        return math.nan
+    position = q * (len(sorted_values) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)

@@ -1,0 +1,46 @@
+"""Per-question diagnostics: hand-checked distributions and harm counts, and neighbour overlap."""
+
+import pytest
+
+from fusionrag_llm import FusionRAG
+from fusionrag_llm.eval.quality_diagnostics import distribution, neighbour_overlap, per_question
+
+
+def _record(qid, method, ratio, kl, greedy_em=1.0):
+    return {"qid": qid, "method": method, "ratio": ratio, "kl": kl, "greedy_em": greedy_em, "f1": 0.5}
+
+
+RECORDS = [
+    _record("q1", "full_reuse", None, 0.10), _record("q2", "full_reuse", None, 0.20),
+    _record("q3", "full_reuse", None, 0.30, greedy_em=0.0), _record("q4", "full_reuse", None, 0.40),
+    _record("q1", "fusionrag", 0.15, 0.05), _record("q2", "fusionrag", 0.15, 0.25, greedy_em=0.0),
+    _record("q3", "fusionrag", 0.15, 0.30 + 1e-6, greedy_em=0.0), _record("q4", "fusionrag", 0.15, 0.90),
+]  # fmt: skip
+
+
+def test_distribution_counts_the_questions_a_method_makes_worse_than_full_reuse():
+    rows = {(r["method"], r["ratio"]): r for r in distribution(RECORDS)}
+    fusion = rows[("fusionrag", 0.15)]
+    assert fusion["kl_max"] == 0.90 and fusion["worst_qid"] == "q4"
+    assert fusion["kl_median"] == pytest.approx((0.25 + 0.30 + 1e-6) / 2)
+    assert fusion["kl_p90"] == pytest.approx(0.30 + 1e-6 + 0.7 * (0.90 - 0.30 - 1e-6))  # rank 2.7 of 0..3
+    assert fusion["worse_than_full_reuse"] == 2  # q2 and q4; q3 is a tie within the tolerance
+    assert fusion["answer_lost"] == 1  # q2: Full Reuse kept FA's answer there; q3 both lost it
+    assert rows[("full_reuse", None)]["worse_than_full_reuse"] == 0
+
+
+def test_per_question_rows_list_every_method():
+    rows = {row["qid"]: row for row in per_question(RECORDS)}
+    assert set(rows["q2"]["methods"]) == {"full_reuse", "fusionrag@0.15"}
+    assert rows["q2"]["methods"]["fusionrag@0.15"] == {"kl": 0.25, "greedy_em": 0.0, "f1": 0.5}
+
+
+def test_neighbour_overlap_is_the_share_of_fusion_neighbours_in_the_prompt():
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:")
+    texts = ["Alpha facts about the harbour.", "Beta facts about the harbour.", "Gamma notes on the mill.",
+             "Delta notes on the mill."]  # fmt: skip
+    rag.add_chunks(texts, embeddings=[[1, 0], [0.9, 0.1], [0, 1], [0.1, 0.9]], neighbors=1)
+    assert neighbour_overlap(rag, texts[:2]) == 1.0  # alpha and beta are each other's neighbour
+    assert neighbour_overlap(rag, [texts[0], texts[2]]) == 0.0  # each one's neighbour is missing
+    assert neighbour_overlap(rag, [texts[0], texts[1], texts[2]]) == pytest.approx(2 / 3)
+    assert neighbour_overlap(rag, ["never registered"]) is None
