@@ -178,7 +178,7 @@ class FusionRAG:
 
     def stream(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
                max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
-               seed: int = 0, stop: str | Sequence[str] | None = None) -> GenerationStream:  # fmt: skip
+               seed: int = 0, variant_policy: str | None = None, stop: str | Sequence[str] | None = None) -> GenerationStream:  # fmt: skip
         """Like ``generate``, but iterate the result for text deltas as they are decoded.
 
         >>> rag = FusionRAG.from_pretrained("tiny")
@@ -186,25 +186,29 @@ class FusionRAG:
         >>> "".join(stream) == stream.text and len(stream.token_ids) <= 3
         True
         """
-        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed)
+        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy)
         return self.engine.stream(self._locked_segments(request), plan, max_new_tokens, stop=() if stop is None else stop)
 
     def generate(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
                  max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
-                 seed: int = 0, stop: str | Sequence[str] | None = None) -> Generation:  # fmt: skip
+                 seed: int = 0, variant_policy: str | None = None, stop: str | Sequence[str] | None = None) -> Generation:  # fmt: skip
         """Answer ``request`` greedily; ``out.stats`` holds TTFT, its parts and token counts.
 
         ``method``: one of ``FusionRAG.methods``; ``kv_variant`` (plain|fused) and ``selector``
         (query_guided|kv_deviation|random|oracle|none) override the method's own for ablations.
+        ``variant_policy`` (fused entries): ``"always"`` (default, the paper) serves each chunk from its
+        fused entry whenever one is stored; ``"overlap"`` only when at least half of the chunks it was
+        fused after are in this request, else from its plain entry (``stats.fused_declined`` counts those).
         ``stop``: a string or up to 16 strings that end the answer where one first appears (the
         answer is cut before it; ``out.finish_reason`` is then ``"stop"``).
         """
-        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed)
+        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy)
         return self.engine.generate(self._locked_segments(request), plan, max_new_tokens, stop=() if stop is None else stop)
 
     def generate_many(self, requests: Sequence[Request], method: str = "fusionrag", recompute_ratio: float = 0.15,
                       max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
-                      seed: int = 0, lookahead: int = 4, stop: str | Sequence[str] | None = None) -> list[Generation]:  # fmt: skip
+                      seed: int = 0, variant_policy: str | None = None, lookahead: int = 4,
+                      stop: str | Sequence[str] | None = None) -> list[Generation]:  # fmt: skip
         """Answer several requests as one batch: their prefills are admitted together and every
         decode step runs all unfinished answers in one forward. Results come in request order and
         equal answering each alone (greedy decoding).
@@ -213,16 +217,16 @@ class FusionRAG:
         thread while the engine computes: each result's ``stats.prefetch_s`` is that loading and
         ``stats.wait_s`` the part of it the engine still had to wait for.
         """
-        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed)
+        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy)
         batch = [(self._locked_segments(request), plan, max_new_tokens) for request in requests]
         return self.engine.generate_many(batch, lookahead=lookahead, stop=() if stop is None else stop)
 
     def logits(self, request: Request, continuation_ids: Sequence[int], method: str = "fusionrag",
                recompute_ratio: float = 0.15, *, kv_variant: str | None = None, selector: str | None = None,
-               seed: int = 0) -> torch.Tensor:  # fmt: skip
+               seed: int = 0, variant_policy: str | None = None) -> torch.Tensor:  # fmt: skip
         """Teacher-forced logits ``[len(continuation_ids) + 1, vocab]`` (float32) for fidelity measurements.
 
         ``continuation_ids`` must be ints in ``[0, vocab)``; anything else is refused before any compute.
         """
-        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed)
+        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy)
         return self.engine.logits(self._locked_segments(request), continuation_ids, plan)  # checks the ids first

@@ -30,6 +30,11 @@ from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion.selectors import SELECTORS, selector_spec
 
 KV_VARIANTS = ("plain", "fused")
+# Which of a chunk's stored variants serves it in a given request (see ``engine/resolve.py``):
+# "always": its fused entry whenever stored (the paper); "overlap": its fused entry only when at
+# least VARIANT_MIN_OVERLAP of the chunks it was fused after are in this request, else its plain one.
+VARIANT_POLICIES = ("always", "overlap")
+VARIANT_MIN_OVERLAP = 0.5
 # Stages beyond resolve -> select -> sparse prefill -> decode that this engine runs today.
 ENGINE_STAGES: frozenset[str] = frozenset()
 
@@ -90,6 +95,7 @@ class RunPlan:
     selector: str
     recompute_ratio: float
     seed: int = 0
+    variant_policy: str = "always"
 
     @property
     def reuses_chunks(self) -> bool:
@@ -102,13 +108,15 @@ class RunPlan:
 
 
 def check_run_options(*, method: str, recompute_ratio: float, kv_variant: str | None = None,
-                      selector: str | None = None, seed: int = 0) -> RunPlan:  # fmt: skip
-    """Validate a run's knobs; ``kv_variant``/``selector`` override the method's own (ablations).
+                      selector: str | None = None, seed: int = 0, variant_policy: str | None = None) -> RunPlan:  # fmt: skip
+    """Validate a run's knobs; ``kv_variant``/``selector`` override the method's own (ablations);
+    ``variant_policy`` (fused entries only) is one of ``VARIANT_POLICIES``, default ``"always"``.
 
     Raises ``FusionRAGError`` (a ``ValueError``) naming the bad knob and what is allowed.
     """
     spec = _method(method)
     _check_choice("kv_variant", kv_variant, KV_VARIANTS)
+    _check_choice("variant_policy", variant_policy, VARIANT_POLICIES)
     if selector is not None:
         selector_spec(selector)
     _check_ratio(recompute_ratio)
@@ -118,16 +126,19 @@ def check_run_options(*, method: str, recompute_ratio: float, kv_variant: str | 
         if kv_variant is not None or selector not in (None, "none"):
             raise FusionRAGError(f"{method} reuses no chunk KV; kv_variant and selector do not apply to it")
         return RunPlan(method, None, "none", 1.0, seed)
-    chosen = selector or spec.selector
+    chosen, variant = selector or spec.selector, kv_variant or spec.kv_variant
+    if variant_policy not in (None, "always") and variant != "fused":
+        raise FusionRAGError(f"variant_policy {variant_policy!r} chooses between fused and plain entries; "
+                             f"it needs kv_variant 'fused', and this run reuses {variant!r} entries")  # fmt: skip
     ratio = float(recompute_ratio) if SELECTORS[chosen].selects else 0.0
-    return RunPlan(method, kv_variant or spec.kv_variant, chosen, ratio, seed)
+    return RunPlan(method, variant, chosen, ratio, seed, variant_policy or "always")
 
 
 def plan_run(method: str, recompute_ratio: float, kv_variant: str | None = None,
-             selector: str | None = None, seed: int = 0) -> RunPlan:  # fmt: skip
+             selector: str | None = None, seed: int = 0, variant_policy: str | None = None) -> RunPlan:  # fmt: skip
     """Positional form of :func:`check_run_options` (the facade's call sites)."""
     return check_run_options(method=method, recompute_ratio=recompute_ratio, kv_variant=kv_variant,
-                             selector=selector, seed=seed)  # fmt: skip
+                             selector=selector, seed=seed, variant_policy=variant_policy)  # fmt: skip
 
 
 def _method(name: str) -> MethodSpec:
@@ -158,4 +169,4 @@ def _check_stages(spec: MethodSpec) -> None:
         raise FusionRAGError(f"method {spec.name!r} needs stage(s) {', '.join(missing)}, which this engine does not run yet")
 
 
-__all__ = ["ENGINE_STAGES", "KV_VARIANTS", "METHODS", "MethodSpec", "RunPlan", "SELECTORS", "check_run_options", "plan_run"]
+__all__ = ["ENGINE_STAGES", "KV_VARIANTS", "VARIANT_MIN_OVERLAP", "VARIANT_POLICIES", "METHODS", "MethodSpec", "RunPlan", "SELECTORS", "check_run_options", "plan_run"]

@@ -27,6 +27,7 @@ from typing import Sequence
 
 from fusionrag_llm.engine.methods import RunPlan
 from fusionrag_llm.engine.stats import GenerationStats
+from fusionrag_llm.fusion.catalog import chunk_id_of
 from fusionrag_llm.fusion.entry_keys import EntryKeys, TokenIds
 from fusionrag_llm.request import Segment
 
@@ -56,6 +57,7 @@ class PlannedSegment:
     path_key: str | None = None  # key of the path block this segment ends, when it ends one
     candidates: tuple[ChunkCandidate, ...] = ()  # entries that may serve it, first choice first; () = computed
     exact_plain: bool = False  # a chunk right after S0: its plain entry is its path's exact KV
+    chunk_id: str | None = None  # the catalog id of a chunk's text (what fused entries name as neighbours)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,12 @@ class ContextPlan:
     boundaries: tuple[Boundary, ...]
     prompt_ids: TokenIds
     lossless: bool  # the store keeps the compute dtype; False: no path blocks, exact prefixes in memory
+    variant_policy: str = "always"  # RunPlan.variant_policy
+
+    @property
+    def chunk_ids(self) -> frozenset[str]:
+        """Catalog ids of the request's chunks."""
+        return frozenset(s.chunk_id for s in self.segments if s.chunk_id is not None)
 
     def block_ids(self, boundary: Boundary) -> TokenIds:
         return self.prompt_ids[boundary.start : boundary.end]
@@ -91,6 +99,7 @@ class ResolveCounts:
     tier_hits: dict[str, int] = field(default_factory=dict)
     variant_hits: dict[str, int] = field(default_factory=lambda: {"fused": 0, "plain": 0})
     computed_tokens: int = 0  # tokens run through the model to make missing entries
+    fused_declined: int = 0  # fused entries found but not used (the variant policy chose plain)
 
     def merge_into(self, stats: GenerationStats) -> None:
         for mine, theirs in ((self.path_hits, stats.path_hits), (self.tier_hits, stats.tier_hits),
@@ -98,6 +107,7 @@ class ResolveCounts:
             for name, count in mine.items():
                 theirs[name] = theirs.get(name, 0) + count
         stats.computed_tokens += self.computed_tokens
+        stats.fused_declined += self.fused_declined
 
 
 def plan_context(segments: Sequence[Segment], run_plan: RunPlan, keys: EntryKeys, prefix_cache: bool) -> ContextPlan:
@@ -112,9 +122,10 @@ def plan_context(segments: Sequence[Segment], run_plan: RunPlan, keys: EntryKeys
     planned = []
     for index, (segment, (start, end)) in enumerate(zip(segments, spans)):
         candidates = _candidates(segment, run_plan, keys, index == exact)
+        chunk_id = chunk_id_of(segment.text) if segment.kind == "chunk" else None
         planned.append(PlannedSegment(segment.kind, tuple(segment.token_ids), start, end, ends.get(index),
-                                      candidates, index == exact))  # fmt: skip
-    return ContextPlan(tuple(planned), tuple(boundaries), ids, keys.lossless)
+                                      candidates, index == exact, chunk_id))  # fmt: skip
+    return ContextPlan(tuple(planned), tuple(boundaries), ids, keys.lossless, run_plan.variant_policy)
 
 
 def plan_boundaries(segments: Sequence[Segment], keys: EntryKeys, prefix_cache: bool) -> list[Boundary]:

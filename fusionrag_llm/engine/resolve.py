@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from fusionrag_llm.engine.methods import RunPlan
+from fusionrag_llm.engine.methods import VARIANT_MIN_OVERLAP, RunPlan
 from fusionrag_llm.engine.plan import Boundary, ContextPlan, PlannedSegment, ResolveCounts, plan_context
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.placement import place_entry
@@ -76,7 +76,8 @@ class ContextResolver:
         for segment in context_plan.segments[first:]:
             if segment.candidates:
                 misses = counts.path_hits["miss"]
-                slots = place_entry(self.model, cache, self._chunk_entry(segment, counts), segment.start)
+                entry = self._chunk_entry(segment, counts, context_plan)
+                slots = place_entry(self.model, cache, entry, segment.start)
                 if segment.exact_plain:  # exact KV: nothing to recompute, and its path block is known
                     matched += 1 if segment.path_key is not None else 0
                 else:
@@ -128,10 +129,14 @@ class ContextResolver:
         counts.computed_tokens += 0 if hit else len(prefix.token_ids)
         place_entry(self.model, cache, entry, 0)
 
-    def _chunk_entry(self, segment: PlannedSegment, counts: ResolveCounts) -> KVEntry:
-        """The first of the segment's candidates the store has, else its plain entry computed and stored."""
+    def _chunk_entry(self, segment: PlannedSegment, counts: ResolveCounts, context_plan: ContextPlan) -> KVEntry:
+        """The first of the segment's candidates the store has (and the variant policy accepts), else
+        its plain entry computed and stored."""
         for candidate in segment.candidates:
             found = self._fetch(candidate.key, segment.token_ids, candidate.variant)
+            if found is not None and candidate.variant == "fused" and not _fusion_fits(found[0], context_plan):
+                counts.fused_declined += 1
+                continue
             if found is not None:
                 counts.path_hits["exact" if segment.exact_plain else "chunk"] += 1
                 counts.variant_hits[candidate.variant] += 0 if segment.exact_plain else 1
@@ -164,6 +169,17 @@ class ContextResolver:
             self.entry_store.put_keyed(boundary.key, entry)
             stored += 1
         return stored
+
+
+def _fusion_fits(entry: KVEntry, context_plan: ContextPlan) -> bool:
+    """Whether the variant policy lets a fused entry serve this request (``engine/methods.py``)."""
+    if context_plan.variant_policy == "always":
+        return True
+    neighbours = entry.meta.get("neighbours") or []
+    if not neighbours:
+        return True  # fused after S0 alone: nothing of another chunk in it
+    present = sum(n in context_plan.chunk_ids for n in neighbours)
+    return present / len(neighbours) >= VARIANT_MIN_OVERLAP
 
 
 def _count_tier(counts: ResolveCounts, tier: str) -> None:

@@ -30,6 +30,7 @@ class GenerationStats:
     path_hits: dict[str, int] = field(default_factory=lambda: {"exact": 0, "chunk": 0, "miss": 0})
     tier_hits: dict[str, int] = field(default_factory=lambda: {"device": 0, "host": 0, "disk": 0})
     variant_hits: dict[str, int] = field(default_factory=lambda: {"fused": 0, "plain": 0})  # chunk hits by variant
+    fused_declined: int = 0  # fused entries found but not used: variant_policy="overlap" chose the plain one
     # retrieved chunks (registered) that a framework adapter found the prompt not to hold as registered
     # text (e.g. rewritten by a template), so they were not reused; 0 where no adapter checked
     unmatched_chunks: int = 0

@@ -3,6 +3,8 @@
 A benchmark method is an engine method (``full_attention``, ``full_reuse``, ``cacheblend``,
 ``fusionrag``) or an ablation written ``<kv_variant>+<selector>`` (e.g. ``fused+kv_deviation``,
 ``plain+query_guided``): the ``fusionrag`` method with its KV variant and selector overridden.
+Either may end in ``:<variant_policy>`` (e.g. ``fusionrag:overlap``) to choose between a chunk's
+fused and plain entries per request (``VARIANT_POLICIES``).
 
 Example:
     >>> [m.label for m in parse_methods("cacheblend,fused+kv_deviation")]
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusionrag_llm.engine.methods import KV_VARIANTS, METHODS, SELECTORS, RunPlan, check_run_options
+from fusionrag_llm.engine.methods import KV_VARIANTS, METHODS, SELECTORS, VARIANT_POLICIES, RunPlan, check_run_options
 
 BASELINES = ("full_attention", "full_reuse")
 
@@ -28,6 +30,7 @@ class BenchMethod:
     method: str
     kv_variant: str | None = None
     selector: str | None = None
+    variant_policy: str | None = None
 
     def __post_init__(self) -> None:
         self.plan(0.0)  # the engine's validator: a bad name fails here, before any run
@@ -48,7 +51,7 @@ class BenchMethod:
         return 0.0 if ratio is None else ratio
 
     def overrides(self) -> dict:
-        return {"kv_variant": self.kv_variant, "selector": self.selector}
+        return {"kv_variant": self.kv_variant, "selector": self.selector, "variant_policy": self.variant_policy}
 
 
 def parse_method(spec: str) -> BenchMethod:
@@ -56,9 +59,15 @@ def parse_method(spec: str) -> BenchMethod:
 
     Example:
         >>> parse_method("plain+query_guided")
-        BenchMethod(label='plain+query_guided', method='fusionrag', kv_variant='plain', selector='query_guided')
+        BenchMethod(label='plain+query_guided', method='fusionrag', kv_variant='plain', selector='query_guided', variant_policy=None)
     """
     spec = spec.strip()
+    base, colon, policy = spec.partition(":")
+    if colon:
+        if policy not in VARIANT_POLICIES:
+            raise ValueError(f"unknown variant policy in {spec!r}: use one of {', '.join(VARIANT_POLICIES)}")
+        found = parse_method(base)
+        return BenchMethod(spec, found.method, found.kv_variant, found.selector, policy)
     if spec in METHODS:
         return BenchMethod(spec, spec)
     variant, plus, selector = spec.partition("+")
