@@ -23,7 +23,7 @@ _GREEDY = "decoding is greedy (always the most likely token)"
 _LOCAL = "the engine runs in this process: no API, server or credentials"
 _PLACED = "the engine was placed when it was loaded; pass a loaded FusionRAG engine as rag="
 _CONTEXT = "the context window is fixed by the model; max_tokens sets the answer's length"
-_BAG = "options are named arguments here (method, recompute_ratio, max_tokens, stop, seed, kv_variant, selector)"
+_BAG = "options are named arguments here (method, recompute_ratio, max_tokens, stop, seed, kv_variant, selector, variant_policy)"
 _SCHEMA = "no constrained decoding: ask for JSON in the prompt and parse it with JsonOutputParser"
 # Settings with a meaning elsewhere but not here: (neutral values, accepted as no-ops; why the rest is refused).
 _UNSUPPORTED: dict[str, tuple[tuple, str]] = {
@@ -46,7 +46,8 @@ _UNSUPPORTED: dict[str, tuple[tuple, str]] = {
 _IGNORED = {"api_key": _LOCAL}
 
 # Per call (invoke keyword arguments, bind): these options, with the spellings of max_tokens.
-_CALL_FIELDS = ("max_tokens", "temperature", "method", "recompute_ratio", "kv_variant", "selector", "seed")
+_CALL_FIELDS = ("max_tokens", "temperature", "method", "recompute_ratio", "kv_variant", "selector", "seed",
+                "variant_policy")
 _CALL_SPELLINGS = {name: field for name, field in _SPELLINGS.items() if field == "max_tokens"}
 
 

@@ -19,7 +19,7 @@ from fusionrag_llm import FusionRAG, IngestReport, check_run_options
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "smollm2-135m"
-RUN_OPTIONS = ("method", "recompute_ratio", "kv_variant", "selector", "seed")  # check_run_options' knobs
+RUN_OPTIONS = ("method", "recompute_ratio", "kv_variant", "selector", "seed", "variant_policy")  # check_run_options' knobs
 CALL_OPTIONS = (*RUN_OPTIONS[:2], "max_new_tokens", *RUN_OPTIONS[2:])
 
 T = TypeVar("T")

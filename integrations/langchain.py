@@ -72,6 +72,7 @@ class _FusionRAGSettings(BaseModel):
     seed: Optional[int] = None  # the random selector's seed; None: the engine's default
     kv_variant: Optional[str] = None  # ablation overrides of the method's own choices
     selector: Optional[str] = None
+    variant_policy: Optional[str] = None  # "always" (the engine's default) or "overlap"
     # LangChain's standard parameters, kept to be read back: a local engine sends no request to time out or retry
     timeout: Optional[float] = None
     max_retries: Optional[int] = None
@@ -110,7 +111,8 @@ class _FusionRAGSettings(BaseModel):
 
     def _run_options(self) -> dict[str, Any]:
         options = {"method": self.method, "recompute_ratio": self.recompute_ratio}
-        overrides = {"seed": self.seed, "kv_variant": self.kv_variant, "selector": self.selector}
+        overrides = {"seed": self.seed, "kv_variant": self.kv_variant, "selector": self.selector,
+                     "variant_policy": self.variant_policy}  # fmt: skip
         return {**options, **{name: value for name, value in overrides.items() if value is not None}}
 
     def _options(self, kwargs: dict) -> dict:

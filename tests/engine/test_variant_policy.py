@@ -57,3 +57,4 @@ def test_benchmarks_spell_a_policy_after_a_colon():
     assert parse_method("fused+kv_deviation:overlap").selector == "kv_deviation"
     with pytest.raises(ValueError, match="variant policy"):
         parse_method("fusionrag:never")
+

@@ -1,0 +1,28 @@
+"""The adapters pass variant_policy to the engine like every other run option."""
+
+import pytest
+
+from fusionrag_llm import FusionRAG
+from fusionrag_llm.integrations.langchain import ChatFusionRAG
+from fusionrag_llm.integrations.llama_index import FusionRAGLLM
+
+TEXTS = ["Anna keeps the lighthouse on Skerry.", "Anna's lighthouse was built in 1890.",
+         "Carl runs the ferry to Holm.", "Carl's ferry leaves at nine."]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def rag():
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag.add_chunks(TEXTS, embeddings=[[1, 0], [0.9, 0.1], [0, 1], [0.1, 0.9]], neighbors=1)  # 0 <-> 1, 2 <-> 3
+    return rag
+
+
+def test_adapters_pass_the_policy_through(rag):
+    request = f"Context:\n{TEXTS[0]}\n\n{TEXTS[2]}\n\nWho runs the ferry?"
+    chat = ChatFusionRAG(rag=rag, variant_policy="overlap", recompute_ratio=0.0, max_tokens=2)
+    assert chat.invoke(request).response_metadata["fusionrag_stats"]["fused_declined"] == 1
+    with pytest.raises(ValueError, match="variant_policy"):
+        ChatFusionRAG(rag=rag, variant_policy="sometimes")
+    llm = FusionRAGLLM(rag=rag, recompute_ratio=0.0, max_tokens=2)
+    out = llm.complete(request, variant_policy="overlap")
+    assert out.raw["stats"]["fused_declined"] == 1
