@@ -55,3 +55,16 @@ class BagOfWordsEmbeddings(Embeddings):
 def fused_entry_exists(rag, text: str) -> bool:
     chunk = rag.parts.catalog.get(text.strip())
     return chunk is not None and rag.parts.entries.contains(chunk.token_ids, "fused")
+
+
+class TextOnlyCapabilities:
+    """The capability flags of LangChain's standard suites for a model with no tool calling and no
+    structured output (plain text generation only)."""
+
+    @property
+    def has_tool_calling(self) -> bool:
+        return False
+
+    @property
+    def has_structured_output(self) -> bool:
+        return False

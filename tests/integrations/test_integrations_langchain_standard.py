@@ -7,9 +7,10 @@ suite skips those tests by itself when ``bind_tools``/``with_structured_output``
 from langchain_tests.unit_tests import ChatModelUnitTests
 
 from fusionrag_llm.integrations.langchain import ChatFusionRAG
+from integration_helpers import TextOnlyCapabilities
 
 
-class TestChatFusionRAGStandard(ChatModelUnitTests):
+class TestChatFusionRAGStandard(TextOnlyCapabilities, ChatModelUnitTests):
     @property
     def chat_model_class(self):
         return ChatFusionRAG
@@ -17,11 +18,3 @@ class TestChatFusionRAGStandard(ChatModelUnitTests):
     @property
     def chat_model_params(self) -> dict:
         return {"model": "tiny"}  # loaded on first use; these unit tests never generate
-
-    @property
-    def has_tool_calling(self) -> bool:
-        return False
-
-    @property
-    def has_structured_output(self) -> bool:
-        return False

@@ -7,6 +7,7 @@ from langchain_tests.integration_tests import ChatModelIntegrationTests
 
 from fusionrag_llm import FusionRAG
 from fusionrag_llm.integrations.langchain import ChatFusionRAG
+from integration_helpers import TextOnlyCapabilities
 
 # The suite's async tests carry no asyncio mark (LangChain's packages run pytest-asyncio in auto mode);
 # marking the module runs them here in strict mode, and the sync tests ignore the mark.
@@ -18,7 +19,7 @@ def _engine() -> FusionRAG:
     return FusionRAG.from_pretrained("tiny", store=":memory:")
 
 
-class TestChatFusionRAGIntegration(ChatModelIntegrationTests):
+class TestChatFusionRAGIntegration(TextOnlyCapabilities, ChatModelIntegrationTests):
     @property
     def chat_model_class(self):
         return ChatFusionRAG
@@ -26,11 +27,3 @@ class TestChatFusionRAGIntegration(ChatModelIntegrationTests):
     @property
     def chat_model_params(self) -> dict:
         return {"rag": _engine(), "max_tokens": 8}
-
-    @property
-    def has_tool_calling(self) -> bool:
-        return False
-
-    @property
-    def has_structured_output(self) -> bool:
-        return False
