@@ -148,8 +148,8 @@ class SafeDisk(diskcache.Disk):
     def _write_new(self, full_path: str, data: bytes) -> None:
         """Write a fresh file; on any failure (e.g. ENOSPC) remove what was written, then re-raise."""
         for attempt in range(_OPEN_RETRIES):
-            os.makedirs(os.path.dirname(full_path), exist_ok=True)
-            try:
+            try:  # makedirs too: another process may remove the new parent before the leaf is made
+                os.makedirs(os.path.dirname(full_path), exist_ok=True)
                 fd = os.open(full_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 break
             except FileNotFoundError:

@@ -121,3 +121,23 @@ def test_verify_repair_reclaims_old_unreferenced_files_only(tmp_path):
         assert not old.exists() and young.exists()  # a young file may be a live writer's
         assert (folder / "documents" / "a.val").exists() and (folder / "zz" / "cd" / f"{0:028x}.val").exists()
         assert store.verify().ok and store.get(key_for(1, 300)) is not None
+
+
+def test_a_parent_folder_removed_by_another_process_mid_write_is_made_again(tmp_path, monkeypatch):
+    """Another process prunes an emptied sub-folder just as this one creates it: the write retries."""
+    import fusionrag_llm.storage.safe_disk as safe_disk
+
+    real, raced = os.makedirs, []
+
+    def racing(name, *args, **kwargs):
+        if not raced:  # the parent vanished between makedirs' creating it and its leaf
+            raced.append(name)
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(safe_disk.os, "makedirs", racing)
+    with TieredStore(tmp_path / "store", BUDGETS, options=OPTIONS) as store:
+        assert store.put(key_for(1, 300), _big(1), persist=True)
+        assert raced and store.stats().disk_write_failures == 0
+    with TieredStore(tmp_path / "store", BUDGETS, options=OPTIONS) as reopened:
+        assert reopened.get(key_for(1, 300))[0].bitwise_equal(_big(1))
