@@ -14,8 +14,10 @@ from pathlib import Path
 import click
 
 from fusionrag_llm import CATALOG_FILE, registered_chunk_count
+from fusionrag_llm.ingest.doc_index import DOCUMENTS_LOG, LEGACY_FOLDER, DocumentIndex
 from fusionrag_llm.paths import store_dir
 from fusionrag_llm.storage import (
+    FileRecordLog,
     StoreDamagedError,
     StoreOptions,
     StoreWriteError,
@@ -64,6 +66,9 @@ def stats(folder: str | None) -> None:
             click.echo("read-only: entries are served, new ones are not saved")
     # The catalog's own reader: it skips lines that are not UTF-8 or not chunks (fused-entry records).
     click.echo(f"registered chunks: {registered_chunk_count(path)}")
+    click.echo(f"retrieval index: {len(DocumentIndex(FileRecordLog(path, DOCUMENTS_LOG)))} chunks")
+    if (path / LEGACY_FOLDER).is_dir():
+        click.echo(f"  (plus the older index in {path / LEGACY_FOLDER}, moved into {DOCUMENTS_LOG} by the next ingest or query)")
     if damaged is not None:
         raise SystemExit(1)
 
@@ -144,10 +149,10 @@ def _recover_index(path: Path, exc: StoreDamagedError, repair: bool) -> None:
 @click.option("--all", "everything", is_flag=True, help="Also remove the retrieval index of `fusionrag ingest`.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def clear(folder: str | None, everything: bool, yes: bool) -> None:
-    """Remove every KV entry and the chunk catalog; with --all also the retrieval index (documents/).
+    """Remove every KV entry and the chunk catalog; with --all also the retrieval index.
     A damaged entry index is kept aside, not deleted."""
     path = _folder(folder)
-    documents = path / DOCUMENTS_FOLDER
+    documents = [p for p in (path / DOCUMENTS_LOG, path / LEGACY_FOLDER) if p.exists()]
     if not yes:
         extra = " and the retrieval index" if everything else ""
         click.confirm(f"remove every entry{extra} in {path}?", abort=True)
@@ -157,15 +162,13 @@ def clear(folder: str | None, everything: bool, yes: bool) -> None:
         raise click.ClickException(str(exc)) from None
     (path / CATALOG_FILE).unlink(missing_ok=True)
     click.echo(message + "; removed the chunk catalog")
-    if everything and documents.is_dir():
-        shutil.rmtree(documents)
-        click.echo(f"removed the retrieval index {documents}")
-    elif documents.is_dir():
-        click.echo(f"kept the retrieval index {documents}: `fusionrag query` still retrieves from it and "
-                   "recomputes the KV it needs; `fusionrag cache clear --all` removes it too")  # fmt: skip
-
-
-DOCUMENTS_FOLDER = "documents"  # where `fusionrag ingest` keeps its retrieval index
+    if everything and documents:
+        (path / DOCUMENTS_LOG).unlink(missing_ok=True)
+        shutil.rmtree(path / LEGACY_FOLDER, ignore_errors=True)
+        click.echo(f"removed the retrieval index ({', '.join(p.name for p in documents)})")
+    elif documents:
+        click.echo(f"kept the retrieval index ({', '.join(p.name for p in documents)}): `fusionrag query` still "
+                   "retrieves from it and recomputes the KV it needs; `fusionrag cache clear --all` removes it too")  # fmt: skip
 
 
 def _clear_entries(path: Path) -> str:

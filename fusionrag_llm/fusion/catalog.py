@@ -22,7 +22,6 @@ chunks in it raises ``CatalogWriteError`` naming the folder.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
@@ -36,7 +35,7 @@ import numpy as np
 
 from fusionrag_llm.fusion.chunk_finder import ChunkFinder
 from fusionrag_llm.errors import FusionRAGError
-from fusionrag_llm.ingest.jsonl import parse_line, whole_lines, why_unreadable
+from fusionrag_llm.ingest.jsonl import parse_line, whole_lines, why_unreadable, write_problem
 from fusionrag_llm.ingest.neighbours import NeighbourIndex
 from fusionrag_llm.storage import AppendSession, FileRecordLog, MemoryRecordLog, RecordLog
 
@@ -44,13 +43,6 @@ logger = logging.getLogger(__name__)
 TokenIds = tuple[int, ...]
 CATALOG_FILE = "catalog.jsonl"
 SIMILARITY_SLACK = 1e-4  # numpy's and FAISS's float32 inner products differ in the last bits
-_WRITE_PROBLEMS = {
-    errno.EROFS: "the folder is on a read-only file system",
-    errno.EACCES: "no permission to write there",
-    errno.EPERM: "no permission to write there",
-    errno.ENOSPC: "the disk is full",
-    errno.EDQUOT: "the disk quota is exhausted",
-}
 
 
 def chunk_id_of(text: str) -> str:
@@ -252,7 +244,7 @@ class ChunkCatalog:
         self._offset, self._lines = end, self._lines + data.count(b"\n")
 
     def _write_error(self, exc: OSError) -> CatalogWriteError:
-        problem = _WRITE_PROBLEMS.get(exc.errno, exc.strerror or type(exc).__name__)
+        problem = write_problem(exc)
         return CatalogWriteError(
             f"cannot write the chunk catalog {self.log.name} in the store folder {self.path.parent if self.path else '(memory)'}: "
             f"{problem} ({exc}). A store that cannot be written can still be opened and queried; to "

@@ -1,15 +1,23 @@
-"""Append-only JSON-lines files that several processes share (the chunk catalog, the document index).
+"""Lines of the JSON record logs that several processes share (the chunk catalog, the document index).
 
 Read as bytes, a line at a time: a line that is not UTF-8 or not a JSON object is the caller's to
 skip with a warning, never a reason to stop reading the others. Only whole lines are read; a torn
-last line (a writer killed mid-write) waits for its newline, and the next writer ends it first
-(``separator``) so that its own lines stay whole.
+last line (a writer killed mid-write) waits for its newline, and the log's next writer ends it
+first (``storage.record_log``) so that its own lines stay whole.
 """
 
 from __future__ import annotations
 
+import errno
 import json
-from typing import BinaryIO
+
+_WRITE_PROBLEMS = {
+    errno.EROFS: "the folder is on a read-only file system",
+    errno.EACCES: "no permission to write there",
+    errno.EPERM: "no permission to write there",
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exhausted",
+}
 
 
 def whole_lines(data: bytes) -> tuple[list[bytes], int]:
@@ -37,10 +45,6 @@ def why_unreadable(exc: Exception) -> str:
     return f"not a valid record ({exc})"
 
 
-def separator(handle: BinaryIO) -> bytes:
-    """``b"\\n"`` when the file (opened for reading and appending) ends inside a torn line, else ``b""``."""
-    end = handle.seek(0, 2)
-    if end == 0:
-        return b""
-    handle.seek(end - 1)
-    return b"" if handle.read(1) == b"\n" else b"\n"
+def write_problem(exc: OSError) -> str:
+    """What went wrong when a log could not be written, in a user's words."""
+    return _WRITE_PROBLEMS.get(exc.errno, exc.strerror or type(exc).__name__)

@@ -1,4 +1,4 @@
-"""Files -> chunks -> embeddings -> FAISS retrieval index on disk -> plain and fused KV entries.
+"""Files -> chunks -> embeddings -> the store's retrieval index (``doc_index``) -> plain and fused KV entries.
 
 Resumable: chunks are committed in batches (KV entries first, then their index lines), so an
 interrupted run loses at most the batch in flight, and a re-run skips what is there.
@@ -14,7 +14,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from fusionrag_llm.errors import FusionRAGError
-from fusionrag_llm.ingest.doc_index import DocumentIndex, IndexMeta
+from fusionrag_llm.ingest.doc_index import DOCUMENTS_LOG, LEGACY_FOLDER, DocumentIndex, IndexMeta
 from fusionrag_llm.ingest.documents import load_chunks
 from fusionrag_llm.ingest.embeddings import DEFAULT_EMBEDDING_NAME, default_embedder, normalized
 from fusionrag_llm.request import RAGRequest
@@ -36,10 +36,9 @@ class IngestSummary:
 
 
 def document_index(rag: FusionRAG) -> DocumentIndex:
+    """The retrieval index kept in ``rag``'s store (a file in its folder, or in memory with the store)."""
     folder = rag.store.directory
-    if folder is None:
-        raise FusionRAGError("document ingestion needs a store folder, not an in-memory store")
-    index = DocumentIndex(Path(folder) / "documents")
+    index = DocumentIndex(rag.store.record_log(DOCUMENTS_LOG), legacy=None if folder is None else Path(folder) / LEGACY_FOLDER)
     dim = index.meta.dim if index.meta else 0
     index.check_meta(IndexMeta(rag.model_name, rag.fingerprint, DEFAULT_EMBEDDING_NAME, dim or _embedding_dim()))
     return index

@@ -4,7 +4,8 @@ import pytest
 from click.testing import CliRunner
 
 from fusionrag_llm.cli.main import cli
-from fusionrag_llm.ingest.doc_index import DocumentIndex
+from fusionrag_llm.ingest.doc_index import DOCUMENTS_LOG, DocumentIndex
+from fusionrag_llm.storage import FileRecordLog
 
 DOCS = {
     "river.md": "# Rivers\n\nThe Zorblat river flows through the city of Quennel.\n\nIts water is cold all year.",
@@ -63,7 +64,7 @@ def test_bad_inputs_fail_cleanly_and_lose_nothing(corpus, tmp_path):
         assert "Traceback" not in result.output
     other = run("query", "What does Marovia export?", "--model", "tiny-qwen2", "--store", store)
     assert other.exit_code != 0 and "was built with model 'tiny'" in other.output
-    assert len(DocumentIndex(tmp_path / "store" / "documents")) == 3  # nothing already ingested was lost
+    assert len(DocumentIndex(FileRecordLog(tmp_path / "store", DOCUMENTS_LOG))) == 3  # nothing already ingested was lost
     assert run("query", "What does Marovia export?", "--model", "tiny", "--store", store, "--max-new-tokens", "2").exit_code == 0
 
 
@@ -85,11 +86,14 @@ def test_a_query_without_a_store_creates_no_folder(tmp_path):
 def test_cache_clear_says_it_keeps_the_retrieval_index_and_all_removes_it(corpus, tmp_path):
     store = str(tmp_path / "store")
     assert run("ingest", str(corpus), "--model", "tiny", "--store", store).exit_code == 0
-    documents = tmp_path / "store" / "documents"
+    documents = tmp_path / "store" / DOCUMENTS_LOG
+    assert "retrieval index: 3 chunks" in run("cache", "stats", "--store", store).output
     kept = run("cache", "clear", "--store", store, "--yes")
-    assert kept.exit_code == 0 and "kept the retrieval index" in kept.output and documents.is_dir()
+    assert kept.exit_code == 0 and "kept the retrieval index" in kept.output and documents.is_file()
+    assert run("query", "What does Marovia export?", "--model", "tiny", "--store", store, "--max-new-tokens", "2").exit_code == 0
     gone = run("cache", "clear", "--store", store, "--all", "--yes")
     assert gone.exit_code == 0 and "removed the retrieval index" in gone.output and not documents.exists()
+    assert "retrieval index: 0 chunks" in run("cache", "stats", "--store", store).output
 
 
 def test_every_option_of_every_command_has_help():

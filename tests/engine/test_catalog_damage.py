@@ -14,7 +14,6 @@ import pytest
 
 from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest
 from fusionrag_llm.fusion.catalog import CATALOG_FILE, registered_chunk_count
-from fusionrag_llm.ingest.doc_index import DocumentIndex
 from fusionrag_llm.storage import StoreWriteError
 
 TEXTS = [f"Passage {i}: the harbour of town {i} holds {i * 7} boats each day." for i in range(5)]
@@ -58,20 +57,6 @@ def test_a_torn_last_line_does_not_swallow_the_next_registration(tmp_path):
     reopened = open_rag(folder)
     assert all(reopened.parts.catalog.get(t) is not None for t in TEXTS[:4])
     assert registered_chunk_count(folder) == 4
-
-
-def test_the_document_index_skips_bad_lines_and_survives_a_torn_one(tmp_path, caplog):
-    folder = tmp_path / "documents"
-    folder.mkdir()
-    index = DocumentIndex(folder)
-    index.add(["alpha text", "beta text"], ["a.md", "b.md"], np.eye(2, 3, dtype=np.float32))
-    lines = (folder / "chunks.jsonl").read_bytes().splitlines(keepends=True)
-    (folder / "chunks.jsonl").write_bytes(lines[0].replace(b"alpha", b"\xffalpha") + lines[1] + b'{"text": "torn')
-    with caplog.at_level(logging.WARNING, logger="fusionrag_llm.ingest.doc_index"):
-        reopened = DocumentIndex(folder)
-    assert reopened.texts == ["beta text"] and "skipping line 1" in caplog.text and "not UTF-8" in caplog.text
-    reopened.add(["gamma text"], ["c.md"], np.ones((1, 3), dtype=np.float32) / 3**0.5)
-    assert DocumentIndex(folder).texts == ["beta text", "gamma text"]
 
 
 # ---------------------------------------------------------------------- a catalog that cannot be written
