@@ -142,3 +142,26 @@ def test_a_memory_log_works_like_a_file_log():
     first.add(["a"], ["1"], UNIT[:1])
     second.add(["b"], ["2"], UNIT[1:2])
     assert second.texts == ["a", "b"] and second.meta == META and second.where == "documents.jsonl (in memory)"
+
+
+def _add_many(folder, worker):
+    index = file_index(folder)
+    index.check_meta(META)
+    for start in range(0, 40, 4):
+        texts = [f"chunk {n}" for n in range(start, start + 4)] + [f"worker {worker} chunk {start}"]
+        index.add(texts, [f"w{worker}"] * len(texts), np.ones((len(texts), 3), dtype=np.float32))
+
+
+def test_processes_appending_at_once_keep_every_chunk_once(tmp_path):
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_add_many, args=(tmp_path, w)) for w in range(3)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert [w.exitcode for w in workers] == [0, 0, 0]
+    index = file_index(tmp_path)
+    assert len(index) == 40 + 30 and len(set(index.texts)) == len(index.texts)
+    assert (tmp_path / DOCUMENTS_LOG).read_text().count("\n") == 1 + 70  # one meta, no duplicate lines
