@@ -19,7 +19,7 @@ import torch
 
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion.layout import RequestLayout, ScoringInput
-from fusionrag_llm.fusion.scorers import kv_deviation, oracle, query_guided, random_order
+from fusionrag_llm.fusion.scorers import kv_deviation, oracle, query_guided, query_guided_variants, random_order
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.models.llama import DecoderLM, ForwardOutput, ForwardPass
 
@@ -48,6 +48,17 @@ SELECTORS: dict[str, SelectorSpec] = {
         SelectorSpec("query_guided", query_guided.scores, True,
                      "FusionRAG: last-layer attention from the question to each context token",
                      query_guided.scoring_pass, query_guided.scores_from),
+        SelectorSpec("query_guided_layers", query_guided.layers_scores, True,
+                     "the question's attention averaged over the upper half of the layers",
+                     query_guided.layers_pass, query_guided.layers_scores_from),
+        SelectorSpec("query_guided_groups", query_guided_variants.groups, True,
+                     "the question's last-layer attention, recomputing whole 8-token groups (CacheClip)",
+                     query_guided.scoring_pass, query_guided_variants.groups_from),
+        SelectorSpec("query_guided_per_chunk", query_guided_variants.per_chunk_scores, True,
+                     "the question's last-layer attention, the same share of every chunk",
+                     query_guided.scoring_pass, query_guided_variants.per_chunk_from),
+        SelectorSpec("query_guided_kv_union", query_guided_variants.kv_union, True,
+                     "half the tokens by the question's attention, half by CacheBlend's KV deviation"),
         SelectorSpec("kv_deviation", kv_deviation.scores, True,
                      "CacheBlend: drift of layer-1 K/V from the reused ones after recomputing layer 0"),
         SelectorSpec("random", random_order.scores, False, "a seeded random subset (a floor for the others)"),

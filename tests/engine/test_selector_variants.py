@@ -1,0 +1,100 @@
+"""The stronger selectors: several layers, CacheClip's 8-token groups, a share per chunk, a union
+with CacheBlend's ranking. Each returns k reused slots, batches like query_guided where it reads the
+same forward, and follows its own rule."""
+
+import pytest
+import torch
+
+from fusionrag_llm import FusionRAG, RAGRequest
+from fusionrag_llm.engine.methods import plan_run
+from fusionrag_llm.fusion.layout import RequestLayout
+from fusionrag_llm.fusion.scorers.shaping import group_ids, in_groups, per_chunk, rank_union
+from fusionrag_llm.fusion.selectors import Selection, select_many, select_tokens
+
+VARIANTS = ["query_guided_layers", "query_guided_groups", "query_guided_per_chunk", "query_guided_kv_union"]
+CHUNKS = [
+    "The river Sel floods the lower town of Brightwater every spring after the snow melts in the hills.",
+    "Brightwater's mayor in 1901 was Ida Renn, who built the first stone embankment along the river.",
+    "Renn's embankment was rebuilt in 1950 after a storm broke its eastern wall near the old mill.",
+]
+REQUEST = RAGRequest(chunks=CHUNKS, question="Who built the embankment, and when was it rebuilt?")
+
+
+def layout(spans, fresh_between=2):
+    """Chunks at ``spans`` ([start, end) positions), fresh tokens elsewhere, a 3-token suffix."""
+    end = spans[-1][1] + 3
+    reused = torch.cat([torch.arange(s, e) for s, e in spans])
+    fresh = torch.tensor([p for p in range(end) if not any(s <= p < e for s, e in spans)])
+    return RequestLayout(torch.zeros(end, dtype=torch.long), reused, fresh, fresh[-3:], tuple(spans))
+
+
+def test_groups_are_runs_of_eight_inside_one_chunk():
+    lay = layout([(2, 21), (23, 30)])  # 19 and 7 reused tokens
+    ids = group_ids(lay).tolist()
+    assert ids == [0] * 8 + [1] * 8 + [2] * 3 + [3] * 7
+    scores = torch.arange(26, dtype=torch.float32)
+    shaped = in_groups(scores, lay)
+    assert shaped[:8].unique().tolist() == [3.5] and shaped[19:].unique().tolist() == [22.0]
+
+
+def test_a_share_per_chunk_takes_the_best_of_every_chunk():
+    lay = layout([(2, 12), (14, 34)])  # 10 and 20 reused tokens
+    scores = torch.cat([torch.zeros(10), torch.arange(20, dtype=torch.float32) + 100])  # chunk 2 dominates
+    top = torch.topk(per_chunk(scores, lay), 6).indices.sort().values.tolist()
+    assert top == [0, 1] + [26, 27, 28, 29]  # 20% of each chunk, its highest-scored tokens
+
+
+def test_the_union_holds_the_top_of_both_rankings():
+    first = torch.tensor([9.0, 8, 7, 0, 0, 0, 0, 0])
+    second = torch.tensor([0.0, 0, 0, 0, 0, 3, 2, 1])
+    assert sorted(torch.topk(rank_union(first, second), 4).indices.tolist()) == [0, 1, 5, 6]
+
+
+@pytest.fixture(scope="module")
+def rag():
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.8, 0.6], [0.6, 0.8]], neighbors=2)
+    return rag
+
+
+def assembled(rag, selector):
+    engine = rag.engine
+    seq = engine._sequence(rag.segments(REQUEST), plan_run("fusionrag", 0.2, selector=selector), 2)
+    work = engine._assemble(seq)
+    return Selection(selector, work.k, seq.cache, work.resolved.layout)
+
+
+@pytest.mark.parametrize("selector", VARIANTS)
+def test_each_variant_selects_k_reused_tokens_and_runs_end_to_end(rag, selector):
+    job = assembled(rag, selector)
+    picked = select_tokens(selector, job.k, rag.engine.model, job.cache, job.layout)
+    assert job.k > 0 and len(picked) == job.k and bool(torch.isin(picked, job.layout.reused_slots).all())
+    assert picked.tolist() == sorted(set(picked.tolist()))
+    out = rag.generate(REQUEST, method="fusionrag", recompute_ratio=0.2, selector=selector, max_new_tokens=2)
+    assert out.stats.recomputed_tokens == job.k
+    exact = rag.generate(REQUEST, method="full_attention", max_new_tokens=4).token_ids
+    assert rag.generate(REQUEST, method="fusionrag", recompute_ratio=1.0, selector=selector, max_new_tokens=4).token_ids == exact
+
+
+def test_grouped_selection_recomputes_whole_groups(rag):
+    job = assembled(rag, "query_guided_groups")
+    picked = select_tokens("query_guided_groups", job.k, rag.engine.model, job.cache, job.layout)
+    ids = group_ids(job.layout)
+    index = torch.searchsorted(job.layout.reused_slots, picked)
+    chosen = ids[index]
+    whole = [g for g in chosen.unique().tolist() if int((chosen == g).sum()) == int((ids == g).sum())]
+    assert len(chosen.unique()) - len(whole) <= 1  # only the last group may be cut by k
+
+
+def test_the_variants_reading_one_forward_batch_with_query_guided(rag):
+    jobs = [assembled(rag, s) for s in ("query_guided", "query_guided_layers", "query_guided_groups", "query_guided_per_chunk")]
+    calls = []
+    original = rag.engine.model.forward_batch
+    rag.engine.model.forward_batch = lambda steps, caches: calls.append(len(steps)) or original(steps, caches)
+    try:
+        together = select_many(jobs, rag.engine.model)
+    finally:
+        del rag.engine.model.forward_batch
+    assert calls == [4]
+    for job, picked in zip(jobs, together):
+        assert picked.tolist() == select_tokens(job.selector, job.k, rag.engine.model, job.cache, job.layout).tolist()
