@@ -32,9 +32,12 @@ from fusionrag_llm.fusion.selectors import SELECTORS, selector_spec
 KV_VARIANTS = ("plain", "fused")
 # Which of a chunk's stored variants serves it in a given request (see ``engine/resolve.py``):
 # "always": its fused entry whenever stored (the paper); "overlap": its fused entry only when at
-# least VARIANT_MIN_OVERLAP of the chunks it was fused after are in this request, else its plain one.
-VARIANT_POLICIES = ("always", "overlap")
+# least VARIANT_MIN_OVERLAP of the chunks it was fused after are in this request, else its plain one;
+# "check": whichever of the two has KV closer to this prompt's exact KV at layer VARIANT_CHECK_LAYER
+# (layers below it are run once over the context to know it: about 1/num_layers of a full prefill).
+VARIANT_POLICIES = ("always", "overlap", "check")
 VARIANT_MIN_OVERLAP = 0.5
+VARIANT_CHECK_LAYER = 1
 # Stages beyond resolve -> select -> sparse prefill -> decode that this engine runs today.
 ENGINE_STAGES: frozenset[str] = frozenset()
 
@@ -169,4 +172,4 @@ def _check_stages(spec: MethodSpec) -> None:
         raise FusionRAGError(f"method {spec.name!r} needs stage(s) {', '.join(missing)}, which this engine does not run yet")
 
 
-__all__ = ["ENGINE_STAGES", "KV_VARIANTS", "VARIANT_MIN_OVERLAP", "VARIANT_POLICIES", "METHODS", "MethodSpec", "RunPlan", "SELECTORS", "check_run_options", "plan_run"]
+__all__ = ["ENGINE_STAGES", "KV_VARIANTS", "VARIANT_CHECK_LAYER", "VARIANT_MIN_OVERLAP", "VARIANT_POLICIES", "METHODS", "MethodSpec", "RunPlan", "SELECTORS", "check_run_options", "plan_run"]

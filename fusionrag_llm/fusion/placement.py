@@ -12,9 +12,11 @@ from fusionrag_llm.models.llama import DecoderLM
 from fusionrag_llm.storage import KVEntry
 
 
-def place_entry(model: DecoderLM, cache: KVCache, entry: KVEntry, start_position: int) -> torch.Tensor:
-    """Put ``entry`` into the next slots at consecutive positions from ``start_position``; returns the slots."""
-    slots = cache.reserve(len(entry.token_ids))
+def place_entry(model: DecoderLM, cache: KVCache, entry: KVEntry, start_position: int,
+                slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """Put ``entry`` into the next slots (or into ``slots``, to replace what is there) at consecutive
+    positions from ``start_position``; returns the slots."""
+    slots = cache.reserve(len(entry.token_ids)) if slots is None else slots
     positions = torch.arange(start_position, start_position + len(slots), device=slots.device)
     keys = entry.keys.to(device=cache.keys.device, dtype=cache.keys.dtype)
     cache.keys[:, :, slots] = model.rotate(keys.contiguous(), positions)

@@ -1,9 +1,13 @@
-"""variant_policy: a chunk's fused entry serves a request only when its fusion neighbours are there."""
+"""variant_policy: which of a chunk's stored variants serves a request. "overlap": the fused entry only
+when its fusion neighbours are there; "check": the variant whose KV at layer VARIANT_CHECK_LAYER is
+closer to the prompt's exact KV there."""
 
 import pytest
+import torch
 
 from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest
-from fusionrag_llm.engine.methods import check_run_options
+from fusionrag_llm.engine.methods import VARIANT_CHECK_LAYER, check_run_options
+from fusionrag_llm.storage import KVEntry
 from fusionrag_llm.eval.bench_methods import parse_method
 
 TEXTS = ["Anna keeps the lighthouse on Skerry.", "Anna's lighthouse was built in 1890.",
@@ -41,7 +45,7 @@ def test_logits_follow_the_policy(rag):
 
 
 @pytest.mark.parametrize("knobs, message", [
-    (dict(method="fusionrag", variant_policy="sometimes"), "valid: always, overlap"),
+    (dict(method="fusionrag", variant_policy="sometimes"), "valid: always, overlap, check"),
     (dict(method="full_reuse", variant_policy="overlap"), "needs kv_variant 'fused'"),
     (dict(method="fusionrag", kv_variant="plain", variant_policy="overlap"), "needs kv_variant 'fused'"),
 ])  # fmt: skip
@@ -58,3 +62,60 @@ def test_benchmarks_spell_a_policy_after_a_colon():
     with pytest.raises(ValueError, match="variant policy"):
         parse_method("fusionrag:never")
 
+
+
+def _stored(rag, token_ids):
+    """The stored entries of a chunk, by variant."""
+    found = {}
+    for key in rag.store.keys():
+        entry = rag.store.get(key, copy=False)[0]
+        if entry.token_ids == tuple(token_ids) and entry.meta.get("variant") in ("fused", "plain"):
+            found[entry.meta["variant"]] = entry
+    return found
+
+
+def _distance(entry, exact_keys, exact_values):
+    layer = VARIANT_CHECK_LAYER
+    return float(((entry.keys[layer] - exact_keys) ** 2).sum() + ((entry.values[layer] - exact_values) ** 2).sum())
+
+
+@pytest.mark.parametrize("chunks", [[0, 1], [0, 2], [3, 1], [1, 3]])
+def test_check_keeps_the_variant_closer_to_the_exact_kv_and_changes_nothing_else(rag, chunks):
+    """One chunk after the exact first one: the policy's choice is computed here independently (the
+    prompt's exact KV, rotary-free, against each stored variant) and the run equals that variant's."""
+    request = RAGRequest(chunks=[TEXTS[i] for i in chunks], question="Who is it about?")
+    segments = rag.segments(request)
+    ids = [token for segment in segments for token in segment.token_ids]
+    second = [s for s in segments if s.kind == "chunk"][1]
+    start = sum(len(s.token_ids) for s in segments[: segments.index(second)])
+    exact = rag.parts.entries.computer.compute_exact(tuple(ids))
+    span = slice(start, start + len(second.token_ids))
+    variants = _stored(rag, second.token_ids)
+    near = {name: _distance(entry, exact.keys[VARIANT_CHECK_LAYER, :, span], exact.values[VARIANT_CHECK_LAYER, :, span])
+            for name, entry in variants.items()}  # fmt: skip
+    expected = "fused" if near["fused"] <= near["plain"] else "plain"
+    checked = rag.generate(request, method="fusionrag", recompute_ratio=0.0, max_new_tokens=2, variant_policy="check")
+    assert checked.stats.variant_hits[expected] == 1 and checked.stats.fused_declined == (expected == "plain")
+    targets = [5, 6]
+    assert torch.equal(rag.logits(request, targets, method="fusionrag", recompute_ratio=0.0, variant_policy="check"),
+                       rag.logits(request, targets, method="fusionrag", recompute_ratio=0.0, kv_variant=expected))
+
+
+def test_check_declines_fused_entries_far_from_the_exact_kv():
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag.add_chunks(TEXTS, embeddings=[[1, 0], [0.9, 0.1], [0, 1], [0.1, 0.9]], neighbors=1)
+    for key in rag.store.keys():  # spoil every fused entry's KV at the checked layer
+        entry = rag.store.get(key)[0]
+        if entry.meta.get("variant") == "fused":
+            keys = entry.keys.clone()
+            keys[VARIANT_CHECK_LAYER] += 50.0
+            rag.store.put(key, KVEntry(entry.token_ids, keys, entry.values, entry.meta))
+    request = RAGRequest(chunks=TEXTS, question="Who runs the ferry?")
+    checked = rag.generate(request, method="fusionrag", recompute_ratio=0.2, max_new_tokens=3, variant_policy="check")
+    plain = rag.generate(request, method="fusionrag", recompute_ratio=0.2, max_new_tokens=3, kv_variant="plain")
+    assert checked.stats.variant_hits == {"fused": 0, "plain": 3} and checked.stats.fused_declined == 3
+    assert checked.token_ids == plain.token_ids
+    assert torch.equal(rag.logits(request, [5, 6], method="fusionrag", recompute_ratio=0.2, variant_policy="check"),
+                       rag.logits(request, [5, 6], method="fusionrag", recompute_ratio=0.2, kv_variant="plain"))
+    many = rag.generate_many([request, request], method="fusionrag", recompute_ratio=0.2, max_new_tokens=3, variant_policy="check")
+    assert [m.token_ids for m in many] == [plain.token_ids] * 2
