@@ -39,7 +39,8 @@ VARIANT_POLICIES = ("always", "overlap", "check")
 VARIANT_MIN_OVERLAP = 0.5
 VARIANT_CHECK_LAYER = 1
 # Stages beyond resolve -> select -> sparse prefill -> decode that this engine runs today.
-ENGINE_STAGES: frozenset[str] = frozenset()
+# Chunk boundaries: every selector gets each chunk's span in the request layout.
+ENGINE_STAGES: frozenset[str] = frozenset({"needs_chunk_boundaries"})
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,9 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("full_reuse", "plain", "none", "reuse every chunk's plain KV, positions corrected (TurboRAG)"),
         MethodSpec("cacheblend", "plain", "kv_deviation", "plain KV, recompute the tokens whose layer-1 KV drifts most"),
         MethodSpec("fusionrag", "fused", "query_guided", "fused KV, recompute the tokens the question attends to most"),
+        MethodSpec("a3", "plain", "early_attention", "plain KV; layer 0 for all tokens, then the tokens the question attends to most at layer 1 (A3)"),
+        MethodSpec("epic", "plain", "chunk_starts", "plain KV, recompute the first tokens of every chunk (EPIC's LegoLink)",
+                   needs_chunk_boundaries=True),
     )
 }  # fmt: skip
 

@@ -19,7 +19,15 @@ import torch
 
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion.layout import RequestLayout, ScoringInput
-from fusionrag_llm.fusion.scorers import kv_deviation, oracle, query_guided, query_guided_variants, random_order
+from fusionrag_llm.fusion.scorers import (
+    chunk_starts,
+    early_attention,
+    kv_deviation,
+    oracle,
+    query_guided,
+    query_guided_variants,
+    random_order,
+)
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.models.llama import DecoderLM, ForwardOutput, ForwardPass
 
@@ -61,6 +69,10 @@ SELECTORS: dict[str, SelectorSpec] = {
                      "half the tokens by the question's attention, half by CacheBlend's KV deviation"),
         SelectorSpec("kv_deviation", kv_deviation.scores, True,
                      "CacheBlend: drift of layer-1 K/V from the reused ones after recomputing layer 0"),
+        SelectorSpec("early_attention", early_attention.scores, True,
+                     "A3: layer 0 over every token, then the question's layer-1 attention to each context token"),
+        SelectorSpec("chunk_starts", chunk_starts.scores, False,
+                     "EPIC: the first tokens of every chunk, the same number in each (no forward pass)"),
         SelectorSpec("random", random_order.scores, False, "a seeded random subset (a floor for the others)"),
         SelectorSpec("oracle", oracle.scores, True,
                      "true KV deviation from Full Attention over all layers (analysis only: a full prefill)"),

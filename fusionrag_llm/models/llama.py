@@ -197,15 +197,21 @@ class DecoderLM(nn.Module):
         return batch, self.model.embed_tokens(ids)
 
     @torch.inference_mode()
-    def project_layer_kv(self, step: ForwardPass, cache: KVCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run layers [0, layer) for the step's tokens, then return their rotated keys and values at
-        ``layer`` [kv_heads, n, d] without attending (CacheBlend's layer-wise KV deviation)."""
+    def project_layer(self, step: ForwardPass, cache: KVCache, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run layers [0, layer) for the step's tokens (writing their KV there), then return their
+        rotated queries [heads, n, d], rotated keys and values [kv_heads, n, d] at ``layer`` without
+        attending (CacheBlend's layer-1 KV deviation, A3's layer-1 question attention)."""
         batch, x = self._batch([step], [cache])
         for block in self.model.layers[:layer]:
             x = block(x, batch)
         block = self.model.layers[layer]
-        _, k, v = block.self_attn.project(block.input_layernorm(x))
-        return batch.rotate(k), v
+        q, k, v = block.self_attn.project(block.input_layernorm(x))
+        return batch.rotate(q), batch.rotate(k), v
+
+    def project_layer_kv(self, step: ForwardPass, cache: KVCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``project_layer`` without the queries."""
+        _, k, v = self.project_layer(step, cache, layer)
+        return k, v
 
     @torch.inference_mode()
     def forward(self, step: ForwardPass, cache: KVCache) -> ForwardOutput:

@@ -20,6 +20,10 @@ ABLATIONS = [
     ("fusionrag", "fused", "kv_deviation"),
     ("cacheblend", "plain", "random"),
     ("fusionrag", "fused", "oracle"),
+    ("a3", None, None),
+    ("epic", None, None),
+    ("fusionrag", "fused", "query_guided_layers"),
+    ("fusionrag", "fused", "query_guided_kv_union"),
 ]
 
 
