@@ -60,10 +60,7 @@ def per_chunk(scores: torch.Tensor, layout: RequestLayout) -> torch.Tensor:
     shaped = torch.empty_like(scores, dtype=torch.float32)
     for index in torch.unique(chunk).tolist():
         members = torch.nonzero(chunk == index).flatten()
-        order = torch.argsort(scores[members], descending=True, stable=True)
-        rank = torch.empty_like(order)
-        rank[order] = torch.arange(order.numel(), device=order.device)
-        shaped[members] = 1.0 - (rank.float() + 0.5) / members.numel()
+        shaped[members] = 1.0 - (_ranks(scores[members]).float() + 0.5) / members.numel()
     return shaped
 
 
@@ -73,6 +70,7 @@ def rank_union(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
 
 
 def _ranks(scores: torch.Tensor) -> torch.Tensor:
+    """0 for the highest score, 1 for the next, ... (ties: the earlier token first)."""
     order = torch.argsort(scores, descending=True, stable=True)
     ranks = torch.empty_like(order)
     ranks[order] = torch.arange(order.numel(), device=order.device)
