@@ -103,6 +103,7 @@ def bench() -> None:
 @click.option("--ratios", default="0,0.05,0.1,0.15,0.3,1", show_default=True, callback=_ratios, help="Recompute ratios.")
 @click.option("--passages", default=10, show_default=True, type=click.IntRange(1), help="Passages per question.")
 @click.option("--limit", default=None, type=click.IntRange(1), help="First N questions [default: all; synthetic: 20].")
+@click.option("--skip", default=0, show_default=True, type=click.IntRange(0), help="Questions dropped before the first of --limit (held-out runs).")
 @click.option("--words-per-passage", default=60, show_default=True, type=click.IntRange(1), help="Synthetic passage length.")
 @model_option
 @device_option
@@ -116,7 +117,7 @@ def bench() -> None:
 @host_option
 @disk_option
 @progress_option
-def quality(dataset, methods, ratios, passages, limit, words_per_passage, model, device, dtype, neighbors,
+def quality(dataset, methods, ratios, passages, limit, skip, words_per_passage, model, device, dtype, neighbors,
             max_new_tokens, seed, out, fresh, store, host_gib, disk_gib, progress) -> None:  # fmt: skip
     """F1/EM vs gold answers and fidelity to Full Attention (KL, first token, greedy EM) per method and ratio."""
     from fusionrag_llm.eval.bench_data import load_examples
@@ -126,9 +127,9 @@ def quality(dataset, methods, ratios, passages, limit, words_per_passage, model,
     from fusionrag_llm.eval.results import machine_info
 
     config = QualityConfig(dataset, model, methods, ratios, passages, limit, neighbors, max_new_tokens, seed,
-                           words_per_passage, device, dtype)  # fmt: skip
+                           words_per_passage, device, dtype, skip)  # fmt: skip
     try:
-        examples = load_examples(dataset, limit, passages, seed, words_per_passage)
+        examples = load_examples(dataset, limit, passages, seed, words_per_passage, skip)
         log = PartialLog(Path(out) / "quality.partial.jsonl", config.identity(), fresh=fresh)
         rag = _load(model, device, dtype, store, host_gib, disk_gib)
         run = run_quality(rag, examples, config, log, progress=progress)

@@ -47,7 +47,8 @@ class FusionRAG:
     methods = tuple(METHODS)
 
     def __init__(self, loaded: LoadedModel, store: StoreSpec = None, embedder: Embedder | None = None,
-                 prefix_cache: bool = True, store_dtype: str | torch.dtype | None = None):  # fmt: skip
+                 prefix_cache: bool = True, store_dtype: str | torch.dtype | None = None,
+                 auxiliary: int | None = None):  # fmt: skip
         self._loaded = loaded
         self.store = open_store(store, loaded.model.device, store_dtype)
         self.embedder = embedder
@@ -55,7 +56,7 @@ class FusionRAG:
         s0_ids = self.segments(RAGRequest(chunks=["-"], question="-"))[0].token_ids
         self._entries = ChunkEntries(loaded.model, self.store, fingerprint, s0_ids)
         self._catalog = ChunkCatalog(self.store.record_log(CATALOG_FILE), self.tokenizer.encode)
-        self.engine = LLMEngine(loaded, self._entries, prefix_cache=prefix_cache)
+        self.engine = LLMEngine(loaded, self._entries, prefix_cache=prefix_cache, auxiliary=auxiliary)
 
     @classmethod
     def from_pretrained(
@@ -68,6 +69,7 @@ class FusionRAG:
         prefix_cache: bool = True,
         store_dtype: str | torch.dtype | None = None,
         kernels: str | None = None,
+        auxiliary: int | None = None,
     ) -> "FusionRAG":
         """Load a model and open its KV store.
 
@@ -76,10 +78,12 @@ class FusionRAG:
         ``":memory:"``, or a ``TieredStore``. ``prefix_cache``: also store and reuse exact KV of
         whole chunk paths (the alternative path). ``store_dtype``: keep entries in another dtype
         (e.g. ``"float16"`` while computing in float32). ``kernels``: ``"auto"`` (Triton on CUDA),
-        ``"torch"`` or ``"triton"``; default ``$FUSIONRAG_KERNELS`` or auto.
+        ``"torch"`` or ``"triton"``; default ``$FUSIONRAG_KERNELS`` or auto. ``auxiliary``: how many
+        layers of the model CacheClip's auxiliary model keeps (default: a quarter of them).
         """
         loaded = load_model(name_or_path, device=device, dtype=dtype, kernels=kernels)
-        return cls(loaded, store=store, embedder=embedder, prefix_cache=prefix_cache, store_dtype=store_dtype)
+        return cls(loaded, store=store, embedder=embedder, prefix_cache=prefix_cache, store_dtype=store_dtype,
+                   auxiliary=auxiliary)  # fmt: skip
 
     @property
     def parts(self) -> EngineParts:

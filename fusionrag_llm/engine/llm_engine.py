@@ -32,6 +32,7 @@ from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.engine.streaming import GenerationStream
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
+from fusionrag_llm.fusion.scorers.auxiliary_attention import check_layers
 from fusionrag_llm.fusion.selectors import Selection, select_many
 from fusionrag_llm.models.llama import ForwardOutput, ForwardPass
 from fusionrag_llm.models.loader import LoadedModel
@@ -68,8 +69,10 @@ class PrefillWork:
 
 class LLMEngine:
     def __init__(self, loaded: LoadedModel, entries: ChunkEntries, prefix_cache: bool = True,
-                 config: SchedulerConfig = SchedulerConfig()):  # fmt: skip
+                 config: SchedulerConfig = SchedulerConfig(), auxiliary: int | None = None):  # fmt: skip
         self.loaded = loaded
+        # CacheClip's auxiliary model: the first ``auxiliary_layers`` layers of this one
+        self.auxiliary_layers = check_layers(auxiliary, loaded.model.cfg.num_layers)
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.entries = entries
@@ -179,7 +182,8 @@ class LLMEngine:
         if not work:
             return []
         started = time.perf_counter()
-        jobs = [Selection(w.seq.plan.selector, w.k, w.seq.cache, w.resolved.layout, w.seq.plan.seed) for w in work]
+        jobs = [Selection(w.seq.plan.selector, w.k, w.seq.cache, w.resolved.layout, w.seq.plan.seed, self.auxiliary_layers)
+                for w in work]  # fmt: skip
         picks = select_many(jobs, self.model)
         chosen = time.perf_counter()
         ready = []

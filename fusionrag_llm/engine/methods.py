@@ -39,8 +39,9 @@ VARIANT_POLICIES = ("always", "overlap", "check")
 VARIANT_MIN_OVERLAP = 0.5
 VARIANT_CHECK_LAYER = 1
 # Stages beyond resolve -> select -> sparse prefill -> decode that this engine runs today.
-# Chunk boundaries: every selector gets each chunk's span in the request layout.
-ENGINE_STAGES: frozenset[str] = frozenset({"needs_chunk_boundaries"})
+# Chunk boundaries: every selector gets each chunk's span in the request layout. Auxiliary model:
+# the first layers of the main model (``FusionRAG(auxiliary=...)``), run by the selector.
+ENGINE_STAGES: frozenset[str] = frozenset({"needs_chunk_boundaries", "auxiliary_model"})
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,9 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("a3", "plain", "early_attention", "plain KV; layer 0 for all tokens, then the tokens the question attends to most at layer 1 (A3)"),
         MethodSpec("epic", "plain", "chunk_starts", "plain KV, recompute the first tokens of every chunk (EPIC's LegoLink)",
                    needs_chunk_boundaries=True),
+        MethodSpec("cacheclip", "plain", "auxiliary_attention",
+                   "plain KV, recompute the tokens a shallower model's question attention picks, in 8-token windows (CacheClip)",
+                   needs_chunk_boundaries=True, auxiliary_model="first_layers"),
     )
 }  # fmt: skip
 

@@ -245,4 +245,5 @@ def _layout(context_plan: ContextPlan, placed: _Placed, device: torch.device) ->
         suffix_slots=torch.cat(placed.suffix),
         chunk_spans=tuple((seg.start, seg.end) for seg in context_plan.segments if seg.kind == "chunk"),
         missed_slots=torch.cat(placed.missed) if placed.missed else empty,
+        prefix_length=context_plan.segments[0].end,
     )

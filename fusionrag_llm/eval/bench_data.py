@@ -36,12 +36,16 @@ def dataset_label(dataset: str | None) -> str:
 
 
 def load_examples(dataset: str, limit: int | None, passages: int, seed: int,
-                  words_per_passage: int = 60) -> list[QAExample]:  # fmt: skip
-    """``limit`` questions with ``passages`` passages each (synthetic: ``limit`` defaults to 20)."""
+                  words_per_passage: int = 60, skip: int = 0) -> list[QAExample]:  # fmt: skip
+    """``limit`` questions after the first ``skip``, ``passages`` passages each.
+
+    Synthetic: ``limit`` defaults to 20; the set is made for ``skip + limit`` questions and the first
+    ``skip`` dropped, so a skipped run never repeats a question of an unskipped one with that seed.
+    """
     if dataset == SYNTHETIC:
         count = DEFAULT_SYNTHETIC_QUESTIONS if limit is None else limit
-        return make_synthetic(count, passages, seed, words_per_passage=words_per_passage)
-    return load_musique(dataset, limit=limit, passages=passages)
+        return make_synthetic(skip + count, passages, seed, words_per_passage=words_per_passage)[skip:]
+    return load_musique(dataset, limit=limit, passages=passages, skip=skip)
 
 
 def chunk_texts(example: QAExample) -> list[str]:

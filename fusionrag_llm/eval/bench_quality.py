@@ -48,10 +48,11 @@ class QualityConfig:
     words_per_passage: int = 60  # synthetic only
     device: str | None = None
     dtype: str | None = None
+    skip: int = 0  # questions dropped before the first ``limit``
 
     def __post_init__(self) -> None:
         checks = (("passages", self.passages, 1), ("neighbors", self.neighbors, 0),
-                  ("max_new_tokens", self.max_new_tokens, 1), ("words_per_passage", self.words_per_passage, 1))  # fmt: skip
+                  ("max_new_tokens", self.max_new_tokens, 1), ("words_per_passage", self.words_per_passage, 1), ("skip", self.skip, 0))  # fmt: skip
         for name, value, minimum in checks:
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
@@ -64,6 +65,8 @@ class QualityConfig:
         """Everything but methods and ratios: records stay valid when those are extended."""
         data = self.to_dict()
         del data["methods"], data["ratios"]
+        if not data["skip"]:
+            del data["skip"]  # logs written before skip existed stay resumable
         return data
 
     def to_dict(self) -> dict:

@@ -117,11 +117,12 @@ def _check_count(name: str, value: int | None, minimum: int) -> None:
 
 
 def load_musique(
-    path: str | Path, limit: int | None = None, passages: int | None = None
+    path: str | Path, limit: int | None = None, passages: int | None = None, skip: int = 0
 ) -> list[QAExample]:
     """Load QA examples from a MuSiQue/LongBench-format JSON file.
 
-    ``limit`` keeps the first ``limit`` questions. ``passages=N`` keeps N passages per question:
+    ``skip`` drops the first ``skip`` questions, then ``limit`` keeps the next ``limit`` (ids keep
+    their place in the file). ``passages=N`` keeps N passages per question:
     when passages carry ``is_supporting`` marks, the supporting ones are kept first and the rest
     filled with distractors, all in file order (if more than N are supporting, the first N
     supporting ones are kept); without marks, the first N in file order. A question with fewer
@@ -136,10 +137,10 @@ def load_musique(
     """
     _check_count("limit", limit, 0)
     _check_count("passages", passages, 1)
+    _check_count("skip", skip, 0)
     entries = _read_json_list(Path(path))
-    if limit is not None:
-        entries = entries[:limit]
-    return [_parse_entry(entry, i, passages, path) for i, entry in enumerate(entries)]
+    end = None if limit is None else skip + limit
+    return [_parse_entry(entries[i], i, passages, path) for i in range(len(entries))[skip:end]]
 
 
 def _read_json_list(path: Path) -> list[Any]:

@@ -57,12 +57,16 @@ def quality_markdown(rows: list[dict], config: dict, machine: dict) -> str:
         for row in rows
     ]  # fmt: skip
     head = (f"# Quality: {config['model']} on {Path(config['dataset']).name}\n\n"
-            f"{rows[0]['questions'] if rows else 0} questions x {config['passages']} passages, neighbors={config['neighbors']}, "
+            f"{rows[0]['questions'] if rows else 0} questions{_skipped(config)} x {config['passages']} passages, neighbors={config['neighbors']}, "
             f"max_new_tokens={config['max_new_tokens']}, seed={config['seed']}; "
             f"{machine['platform']}, {machine['cpu_count']} CPUs, torch {machine['torch']}, "
             f"{machine.get('device')} {machine.get('dtype')}.\n\n"
             "Ratio '-': the method does not depend on it. norm = eq. 11 (Full Reuse 0, Full Attention 1).\n\n")  # fmt: skip
     return head + markdown_table(headers, table) + "\n"
+
+
+def _skipped(config: dict) -> str:
+    return f" (after the first {config['skip']})" if config.get("skip") else ""
 
 
 def write_quality(out_dir: Path, config: dict, machine: dict, run: dict, records: list[dict],

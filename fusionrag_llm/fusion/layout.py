@@ -20,6 +20,7 @@ class RequestLayout:
     suffix_slots: torch.Tensor  # the question and template tail (a subset of fresh_slots)
     chunk_spans: tuple[tuple[int, int], ...] = ()  # [start, end) positions of every chunk, in prompt order
     missed_slots: torch.Tensor | None = None  # reused chunk tokens whose entry this request computed (a miss)
+    prefix_length: int = 0  # slots [0, prefix_length) hold segment 0 (the shared prefix S0 when canonical)
 
     def step(self, slots: torch.Tensor, **kw) -> ForwardPass:
         return ForwardPass(token_ids=self.token_ids[slots], positions=slots, slots=slots, **kw)
@@ -33,3 +34,4 @@ class ScoringInput:
     cache: KVCache  # the assembled request cache (reused chunk KV in place)
     layout: RequestLayout
     seed: int = 0
+    auxiliary_layers: int | None = None  # CacheClip's auxiliary model: this many layers of the main one

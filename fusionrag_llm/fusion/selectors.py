@@ -20,6 +20,7 @@ import torch
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion.layout import RequestLayout, ScoringInput
 from fusionrag_llm.fusion.scorers import (
+    auxiliary_attention,
     chunk_starts,
     early_attention,
     kv_deviation,
@@ -44,6 +45,8 @@ class SelectorSpec:
     description: str
     scoring_pass: Callable[[ScoringInput], ForwardPass] | None = None  # the scorer as one forward ...
     scores_from: Callable[[ScoringInput, ForwardOutput], torch.Tensor] | None = None  # ... and its reading
+    # which slots the scores choose (default: the ``k`` highest); may return fewer than ``k``
+    pick: Callable[[RequestLayout, torch.Tensor, int], torch.Tensor] | None = None
 
     @property
     def selects(self) -> bool:
@@ -71,6 +74,9 @@ SELECTORS: dict[str, SelectorSpec] = {
                      "CacheBlend: drift of layer-1 K/V from the reused ones after recomputing layer 0"),
         SelectorSpec("early_attention", early_attention.scores, True,
                      "A3: layer 0 over every token, then the question's layer-1 attention to each context token"),
+        SelectorSpec("auxiliary_attention", auxiliary_attention.scores, True,
+                     "CacheClip: a shallower model's last-layer question attention, chunk by chunk, kept in 8-token windows",
+                     pick=auxiliary_attention.pick),
         SelectorSpec("chunk_starts", chunk_starts.scores, False,
                      "EPIC: the first tokens of every chunk, the same number in each (no forward pass)"),
         SelectorSpec("random", random_order.scores, False, "a seeded random subset (a floor for the others)"),
@@ -89,13 +95,14 @@ def selector_spec(name: str) -> SelectorSpec:
     return spec
 
 
-def select_tokens(selector: str, k: int, model: DecoderLM, cache: KVCache, layout: RequestLayout, seed: int = 0) -> torch.Tensor:
-    """Slots of the ``k`` reused tokens to recompute, ascending."""
+def select_tokens(selector: str, k: int, model: DecoderLM, cache: KVCache, layout: RequestLayout, seed: int = 0,
+                  auxiliary_layers: int | None = None) -> torch.Tensor:  # fmt: skip
+    """Slots of the ``k`` reused tokens to recompute (at most ``k``: a ``pick`` may drop some), ascending."""
     spec = selector_spec(selector)
     trivial = _trivial(spec, k, layout)
     if trivial is not None:
         return trivial
-    return _top(layout, spec.scorer(ScoringInput(model, cache, layout, seed)), k)
+    return _pick(spec, layout, spec.scorer(ScoringInput(model, cache, layout, seed, auxiliary_layers)), k)
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,7 @@ class Selection:
     cache: KVCache
     layout: RequestLayout
     seed: int = 0
+    auxiliary_layers: int | None = None
 
 
 def select_many(jobs: Sequence[Selection], model: DecoderLM) -> list[torch.Tensor | Exception]:
@@ -119,11 +127,11 @@ def select_many(jobs: Sequence[Selection], model: DecoderLM) -> list[torch.Tenso
         try:
             spec = selector_spec(job.selector)
             trivial = _trivial(spec, job.k, job.layout)
-            inp = ScoringInput(model, job.cache, job.layout, job.seed)
+            inp = ScoringInput(model, job.cache, job.layout, job.seed, job.auxiliary_layers)
             if trivial is not None:
                 results[i] = trivial
             elif spec.scoring_pass is None:
-                results[i] = _top(job.layout, spec.scorer(inp), job.k)
+                results[i] = _pick(spec, job.layout, spec.scorer(inp), job.k)
             else:
                 batched.append((i, spec, inp))
         except Exception as exc:  # one bad sequence fails alone
@@ -133,7 +141,7 @@ def select_many(jobs: Sequence[Selection], model: DecoderLM) -> list[torch.Tenso
             passes = [spec.scoring_pass(inp) for _, spec, inp in batched]
             outputs = model.forward_batch(passes, [inp.cache for _, _, inp in batched])
             for (i, spec, inp), out in zip(batched, outputs):
-                results[i] = _top(inp.layout, spec.scores_from(inp, out), jobs[i].k)
+                results[i] = _pick(spec, inp.layout, spec.scores_from(inp, out), jobs[i].k)
         except Exception as exc:
             for i, _, _ in batched:
                 results[i] = exc
@@ -147,6 +155,10 @@ def _trivial(spec: SelectorSpec, k: int, layout: RequestLayout) -> torch.Tensor 
     if k <= 0 or not spec.selects:
         return reused[:0]
     return reused if k >= len(reused) else None
+
+
+def _pick(spec: SelectorSpec, layout: RequestLayout, scores: torch.Tensor, k: int) -> torch.Tensor:
+    return (spec.pick or _top)(layout, scores, k)
 
 
 def _top(layout: RequestLayout, scores: torch.Tensor, k: int) -> torch.Tensor:

@@ -10,18 +10,19 @@ from fusionrag_llm.fusion.selectors import RequestLayout, select_tokens
 
 
 def test_every_row_is_consistent_and_runs_on_this_engine():
-    assert list(METHODS) == ["full_attention", "full_reuse", "cacheblend", "fusionrag", "a3", "epic"]
+    assert list(METHODS) == ["full_attention", "full_reuse", "cacheblend", "fusionrag", "a3", "epic", "cacheclip"]
     for spec in METHODS.values():
         assert spec.selector in SELECTORS and spec.kv_variant in (None, *methods.KV_VARIANTS)
         assert set(spec.stages) <= methods.ENGINE_STAGES and spec.description
     assert METHODS["epic"].stages == ("needs_chunk_boundaries",)
+    assert METHODS["cacheclip"].stages == ("needs_chunk_boundaries", "auxiliary_model")
     assert all(spec.description for spec in SELECTORS.values())
 
 
 @pytest.mark.parametrize("knobs, message", [
-    (dict(method="magic"), "valid methods: full_attention, full_reuse, cacheblend, fusionrag, a3, epic"),
+    (dict(method="magic"), "valid methods: full_attention, full_reuse, cacheblend, fusionrag, a3, epic, cacheclip"),
     (dict(method="fusionrag", kv_variant="mixed"), "valid: plain, fused"),
-    (dict(method="fusionrag", selector="best"), "valid selectors: query_guided, query_guided_layers, query_guided_groups, query_guided_per_chunk, query_guided_kv_union, kv_deviation, early_attention, chunk_starts, random, oracle, none"),
+    (dict(method="fusionrag", selector="best"), "valid selectors: query_guided, query_guided_layers, query_guided_groups, query_guided_per_chunk, query_guided_kv_union, kv_deviation, early_attention, auxiliary_attention, chunk_starts, random, oracle, none"),
     (dict(method="fusionrag", recompute_ratio=1.5), r"recompute_ratio must be a number in \[0, 1\]"),
     (dict(method="fusionrag", recompute_ratio=True), r"recompute_ratio must be a number in \[0, 1\]"),
     (dict(method="fusionrag", seed=-1), "seed must be an int >= 0"),

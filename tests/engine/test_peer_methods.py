@@ -1,5 +1,6 @@
-"""Peer methods on the one engine: A3 (layer-1 question attention after layer 0 over every token) and
-EPIC (the first tokens of every chunk). Their rules against hand-made expectations, and every
+"""Peer methods on the one engine: A3 (layer-1 question attention after layer 0 over every token),
+EPIC (the first tokens of every chunk) and CacheClip (a shallower model's question attention, chunk
+by chunk, in 8-token windows). Their rules against hand-made expectations, and every
 method of the registry through generate, stream, logits, generate_many and the CLI."""
 
 import pytest
@@ -9,8 +10,9 @@ from click.testing import CliRunner
 from fusionrag_llm import METHODS, FusionRAG, RAGRequest
 from fusionrag_llm.cli.main import cli
 from fusionrag_llm.engine.methods import plan_run
-from fusionrag_llm.fusion.layout import RequestLayout
-from fusionrag_llm.fusion.selectors import select_tokens
+from fusionrag_llm.fusion.layout import RequestLayout, ScoringInput
+from fusionrag_llm.fusion.scorers import auxiliary_attention
+from fusionrag_llm.fusion.selectors import SELECTORS, select_tokens
 from fusionrag_llm.models.forward import ForwardPass
 
 CHUNKS = [
@@ -77,7 +79,7 @@ def test_every_method_runs_through_every_entry_point(rag, method):
     assert logits[:-1].argmax(dim=-1).tolist() == alone.token_ids  # the greedy answer, scored the same way
 
 
-@pytest.mark.parametrize("method", ["a3", "epic"])
+@pytest.mark.parametrize("method", ["a3", "epic", "cacheclip"])
 def test_the_cli_offers_the_peer_methods(tmp_path, method):
     docs = tmp_path / "docs"
     docs.mkdir()
@@ -90,3 +92,59 @@ def test_the_cli_offers_the_peer_methods(tmp_path, method):
                                  "--method", method, "--ratio", "0.3", "--top-k", "3", "--max-new-tokens", "2"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert f"{method} (r=0.3)" in result.output
+
+
+def test_cacheclip_keeps_only_windows_with_more_than_five_picks():
+    """Windows of 8 tokens start at each chunk's first token; picks in a window with 5 or fewer go."""
+    layout = chunk_layout([(3, 19), (20, 28)])  # windows 3-10, 11-18 | 20-27
+    scores = torch.zeros(len(layout.reused_slots))
+    high = {3: 9, 4: 9, 5: 9, 6: 9, 7: 9, 8: 9, 11: 8, 12: 8, 20: 7, 21: 7, 22: 7, 23: 7, 24: 7}
+    for slot, value in high.items():
+        scores[(layout.reused_slots == slot).nonzero()] = value
+    pick = SELECTORS["auxiliary_attention"].pick
+    assert pick(layout, scores, 13).tolist() == [3, 4, 5, 6, 7, 8]  # 6 > 5 kept; 2 and 5 dropped
+    scores[(layout.reused_slots == 27).nonzero()] = 7
+    assert pick(layout, scores, 14).tolist() == [3, 4, 5, 6, 7, 8, 20, 21, 22, 23, 24, 27]
+    assert pick(layout, scores, 5).tolist() == []  # no window reaches 6 picks
+
+
+def test_cacheclip_scores_are_the_shallow_models_attention_to_each_chunk_alone():
+    """The auxiliary model is the first 2 of tiny's 3 layers. Its score of a chunk token must be the
+    attention the question gives it in an exact run of [S0, that chunk, question] through those
+    layers (softmax over all three parts, only the chunk read), whatever the other chunks."""
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False, auxiliary=2)
+    rag.add_chunks(CHUNKS, embeddings=[[1, 0.2], [0.9, 0.4], [0.7, 0.7]], neighbors=2)
+    engine, model = rag.engine, rag.engine.model
+    seq = engine._sequence(rag.segments(REQUEST), plan_run("cacheclip", 0.3), 1)
+    layout = engine._assemble(seq).resolved.layout
+    got = auxiliary_attention.scores(ScoringInput(model, seq.cache, layout, auxiliary_layers=2))
+
+    s0 = layout.token_ids[: layout.prefix_length]
+    question = layout.token_ids[layout.suffix_slots]
+    owner = torch.searchsorted(torch.tensor([s for s, _ in layout.chunk_spans]), layout.reused_slots, right=True) - 1
+    checked = 0
+    for index, (start, end) in enumerate(layout.chunk_spans):
+        if not bool((owner == index).any()):
+            continue  # the chunk right after S0 is exact: never selected, not scored
+        ids = torch.cat([s0, layout.token_ids[start:end], question])
+        n, first_q = len(ids), len(ids) - len(question)
+        cache = model.new_cache(n)
+        slots = cache.reserve(n)
+        out = model(ForwardPass(ids, torch.arange(n), slots, logit_rows=slots[:0], capture_query_layers=frozenset({1})), cache)
+        queries = out.queries[1][:, first_q:].float()
+        keys = cache.keys[1, :, :n].float().repeat_interleave(model.cfg.num_heads // model.cfg.num_kv_heads, dim=0)
+        logits = queries @ keys.transpose(1, 2) / model.cfg.head_dim**0.5
+        causal = torch.arange(n)[None, :] <= torch.arange(first_q, n)[:, None]
+        weights = torch.softmax(logits.masked_fill(~causal, float("-inf")), dim=-1).sum(dim=(0, 1))
+        expected = weights[len(s0) : first_q]
+        mine = got[owner == index]
+        assert mine.shape == expected.shape and mine.sum() > 0
+        torch.testing.assert_close(mine, expected, rtol=1e-4, atol=1e-5)
+        checked += 1
+    assert checked == 2
+
+
+def test_cacheclip_auxiliary_depth_is_checked():
+    with pytest.raises(ValueError, match=r"auxiliary must be a number of layers of the main model in \[1, 3\], got 4"):
+        FusionRAG.from_pretrained("tiny", store=":memory:", auxiliary=4)
+    assert FusionRAG.from_pretrained("tiny", store=":memory:").engine.auxiliary_layers == 1  # a quarter of 3, at least 1
