@@ -208,6 +208,8 @@ class LLMEngine:
             if seq.context_plan is None:
                 seq.context_plan = resolver.plan(seq.segments, plan)
             resolved, counts = resolver.assemble_plan(seq.context_plan, seq.cache)
+            # after the prompt's last position (its length, unless chunks share positions)
+            seq.prompt_end = int(seq.cache.positions[: seq.cache.length].max()) + 1 if seq.cache.length else 0
         except Exception as exc:  # a bad store entry or input fails this request only
             seq.finish("error", exc)
             return None
@@ -291,7 +293,7 @@ class LLMEngine:
             if not work:
                 raise seq.error
             self._finish_prefill(work[0], self.runner.run([work[0].forward], [seq.cache])[0], token=None)
-        return self.runner.teacher_forced(seq.cache, seq.prompt_logits, seq.num_prompt_tokens, continuation)
+        return self.runner.teacher_forced(seq.cache, seq.prompt_logits, seq.prompt_end, continuation)
 
 
 def _count_tokens(stats: GenerationStats, layout, selected: torch.Tensor) -> None:

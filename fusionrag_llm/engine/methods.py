@@ -40,8 +40,14 @@ VARIANT_MIN_OVERLAP = 0.5
 VARIANT_CHECK_LAYER = 1
 # Stages beyond resolve -> select -> sparse prefill -> decode that this engine runs today.
 # Chunk boundaries: every selector gets each chunk's span in the request layout. Auxiliary model:
-# the first layers of the main model (``FusionRAG(auxiliary=...)``), run by the selector.
-ENGINE_STAGES: frozenset[str] = frozenset({"needs_chunk_boundaries", "auxiliary_model"})
+# the first layers of the main model (``FusionRAG(auxiliary=...)``), run by the selector. Parallel
+# positions: every chunk starts right after the prefix. Attention scaling: computed tokens attend to
+# chunk tokens with logits divided by APE_TEMPERATURE and weights multiplied by APE_SCALE.
+ENGINE_STAGES: frozenset[str] = frozenset({"needs_chunk_boundaries", "auxiliary_model", "parallel_positions",
+                                           "attention_scaling"})  # fmt: skip
+# APE's defaults as its comparisons report them (temperature 0.9, scaling factor 0.9).
+APE_TEMPERATURE = 0.9
+APE_SCALE = 0.9
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,8 @@ class MethodSpec:
     per_layer_selection: bool = False
     # a temperature / scale on attention over reused chunks (e.g. APE)
     attention_scaling: bool = False
+    # every chunk at the positions right after the prefix, as if encoded alone (e.g. APE)
+    parallel_positions: bool = False
     # the selector needs each chunk's token span (e.g. EPIC, CacheClip's 8-token groups)
     needs_chunk_boundaries: bool = False
     # names of per-chunk data the offline stage must store (e.g. Cache-Craft's "cci")
@@ -75,8 +83,8 @@ class MethodSpec:
     def stages(self) -> tuple[str, ...]:
         """The names of the extra stages this method needs (empty for the plain pipeline)."""
         defaults = {f.name: f.default for f in fields(self)}
-        flags = ("select_before_prefill", "per_layer_selection", "attention_scaling", "needs_chunk_boundaries",
-                 "offline_metadata", "auxiliary_model")  # fmt: skip
+        flags = ("select_before_prefill", "per_layer_selection", "attention_scaling", "parallel_positions",
+                 "needs_chunk_boundaries", "offline_metadata", "auxiliary_model")  # fmt: skip
         return tuple(name for name in flags if getattr(self, name) != defaults[name])
 
 
@@ -93,6 +101,9 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("cacheclip", "plain", "auxiliary_attention",
                    "plain KV, recompute the tokens a shallower model's question attention picks, in 8-token windows (CacheClip)",
                    needs_chunk_boundaries=True, auxiliary_model="first_layers"),
+        MethodSpec("ape", "plain", "none",
+                   "plain KV, every chunk at the positions right after the prefix, attention to chunks sharpened and scaled (APE)",
+                   attention_scaling=True, parallel_positions=True),
     )
 }  # fmt: skip
 
@@ -111,6 +122,16 @@ class RunPlan:
     @property
     def reuses_chunks(self) -> bool:
         return self.kv_variant is not None
+
+    @property
+    def parallel_positions(self) -> bool:
+        """Every chunk starts right after the prefix (the method's own layout)."""
+        return METHODS[self.method].parallel_positions
+
+    @property
+    def attention_scaling(self) -> tuple[float, float] | None:
+        """(temperature, scale) of computed tokens' attention to chunk tokens; None: plain attention."""
+        return (APE_TEMPERATURE, APE_SCALE) if METHODS[self.method].attention_scaling else None
 
     @property
     def ratio_free(self) -> bool:
@@ -137,6 +158,8 @@ def check_run_options(*, method: str, recompute_ratio: float, kv_variant: str | 
         if kv_variant is not None or selector not in (None, "none"):
             raise FusionRAGError(f"{method} reuses no chunk KV; kv_variant and selector do not apply to it")
         return RunPlan(method, None, "none", 1.0, seed)
+    if spec.parallel_positions and selector not in (None, spec.selector):
+        raise FusionRAGError(f"{method} recomputes no chunk token (its chunks share positions); selector does not apply to it")
     chosen, variant = selector or spec.selector, kv_variant or spec.kv_variant
     if variant_policy not in (None, "always") and variant != "fused":
         raise FusionRAGError(f"variant_policy {variant_policy!r} chooses between fused and plain entries; "
@@ -180,4 +203,4 @@ def _check_stages(spec: MethodSpec) -> None:
         raise FusionRAGError(f"method {spec.name!r} needs stage(s) {', '.join(missing)}, which this engine does not run yet")
 
 
-__all__ = ["ENGINE_STAGES", "KV_VARIANTS", "VARIANT_CHECK_LAYER", "VARIANT_MIN_OVERLAP", "VARIANT_POLICIES", "METHODS", "MethodSpec", "RunPlan", "SELECTORS", "check_run_options", "plan_run"]
+__all__ = ["APE_SCALE", "APE_TEMPERATURE", "ENGINE_STAGES", "KV_VARIANTS", "VARIANT_CHECK_LAYER", "VARIANT_MIN_OVERLAP", "VARIANT_POLICIES", "METHODS", "MethodSpec", "RunPlan", "SELECTORS", "check_run_options", "plan_run"]

@@ -52,12 +52,17 @@ class ChunkCandidate:
 class PlannedSegment:
     kind: str
     token_ids: TokenIds
-    start: int  # first slot (slots equal positions for prompt tokens)
+    start: int  # first slot
     end: int  # one past its last slot
     path_key: str | None = None  # key of the path block this segment ends, when it ends one
     candidates: tuple[ChunkCandidate, ...] = ()  # entries that may serve it, first choice first; () = computed
     exact_plain: bool = False  # a chunk right after S0: its plain entry is its path's exact KV
     chunk_id: str | None = None  # the catalog id of a chunk's text (what fused entries name as neighbours)
+    position: int | None = None  # position of its first token; None: its first slot (the usual layout)
+
+    @property
+    def first_position(self) -> int:
+        return self.start if self.position is None else self.position
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,7 @@ class ContextPlan:
     prompt_ids: TokenIds
     lossless: bool  # the store keeps the compute dtype; False: no path blocks, exact prefixes in memory
     variant_policy: str = "always"  # RunPlan.variant_policy
+    attention_scaling: tuple[float, float] | None = None  # RunPlan.attention_scaling
 
     @property
     def chunk_ids(self) -> frozenset[str]:
@@ -116,7 +122,10 @@ def plan_context(segments: Sequence[Segment], run_plan: RunPlan, keys: EntryKeys
         raise ValueError("a context needs at least its prefix segment")
     spans = _spans(segments)
     ids = tuple(token for segment in segments for token in segment.token_ids)
-    boundaries = _boundaries(segments, spans, ids, keys, prefix_cache)
+    parallel = run_plan.parallel_positions
+    # chunks sharing positions: no exact path after the prefix can serve them
+    boundaries = _boundaries(segments, spans, ids, keys, prefix_cache and not parallel)
+    positions = _parallel_positions(segments) if parallel else [None] * len(segments)
     ends = {boundary.segment: boundary.key for boundary in boundaries}
     exact = _exact_plain_index(segments, run_plan, keys)
     planned = []
@@ -124,8 +133,25 @@ def plan_context(segments: Sequence[Segment], run_plan: RunPlan, keys: EntryKeys
         candidates = _candidates(segment, run_plan, keys, index == exact)
         chunk_id = chunk_id_of(segment.text) if segment.kind == "chunk" else None
         planned.append(PlannedSegment(segment.kind, tuple(segment.token_ids), start, end, ends.get(index),
-                                      candidates, index == exact, chunk_id))  # fmt: skip
-    return ContextPlan(tuple(planned), tuple(boundaries), ids, keys.lossless, run_plan.variant_policy)
+                                      candidates, index == exact, chunk_id, positions[index]))  # fmt: skip
+    return ContextPlan(tuple(planned), tuple(boundaries), ids, keys.lossless, run_plan.variant_policy,
+                       run_plan.attention_scaling)  # fmt: skip
+
+
+def _parallel_positions(segments: Sequence[Segment]) -> list[int | None]:
+    """APE's layout: every chunk starts right after segment 0; the other text (between chunks, the
+    suffix) follows the longest chunk, in prompt order."""
+    head = len(segments[0].token_ids)
+    chunks = [len(s.token_ids) for s in segments if s.kind == "chunk"]
+    after = head + max(chunks, default=0)
+    positions: list[int | None] = [0]
+    for segment in segments[1:]:
+        if segment.kind == "chunk":
+            positions.append(head)
+        else:
+            positions.append(after)
+            after += len(segment.token_ids)
+    return positions
 
 
 def plan_boundaries(segments: Sequence[Segment], keys: EntryKeys, prefix_cache: bool) -> list[Boundary]:

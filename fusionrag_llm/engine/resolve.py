@@ -24,7 +24,7 @@ from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.placement import place_entry
 from fusionrag_llm.fusion.scorers.kv_deviation import squared_distance
 from fusionrag_llm.fusion.selectors import RequestLayout
-from fusionrag_llm.models.kv_cache import KVCache
+from fusionrag_llm.models.kv_cache import AttentionScaling, KVCache
 from fusionrag_llm.request import Segment
 from fusionrag_llm.storage import KVEntry
 
@@ -88,10 +88,10 @@ class ContextResolver:
             if segment.candidates:
                 misses = counts.path_hits["miss"]
                 entry = self._chunk_entry(segment, counts, context_plan)
-                slots = place_entry(self.model, cache, entry, segment.start)
+                slots = place_entry(self.model, cache, entry, segment.first_position)
                 plain = self._plain_alternative(segment, entry, context_plan)
                 if plain is not None:
-                    placed.alternatives.append(_Alternative(segment.start, slots, entry, plain))
+                    placed.alternatives.append(_Alternative(segment.first_position, slots, entry, plain))
                 if segment.exact_plain:  # exact KV: nothing to recompute, and its path block is known
                     matched += 1 if segment.path_key is not None else 0
                 else:
@@ -100,7 +100,9 @@ class ContextResolver:
                         placed.missed.append(slots)
             else:
                 self._reserve_fresh(segment, cache, placed)
-        layout = _layout(context_plan, placed, cache.keys.device)
+        layout = _layout(context_plan, placed, cache)
+        if context_plan.attention_scaling is not None:
+            cache.scaling = _chunk_scaling(context_plan, cache)
         if placed.alternatives:
             self._check_variants(placed.alternatives, layout, cache, counts)
         return ResolvedContext(layout, list(context_plan.boundaries), matched), counts
@@ -196,7 +198,7 @@ class ContextResolver:
     @staticmethod
     def _reserve_fresh(segment: PlannedSegment, cache: KVCache, placed: _Placed) -> None:
         slots = cache.reserve(len(segment.token_ids))
-        cache.positions[slots] = slots  # prompt slots equal positions; valid once computed
+        cache.positions[slots] = slots + (segment.first_position - segment.start)  # valid once computed
         placed.fresh.append(slots)
         if segment.kind == "suffix":
             placed.suffix.append(slots)
@@ -236,8 +238,21 @@ def _count_tier(counts: ResolveCounts, tier: str) -> None:
     counts.tier_hits[tier] = counts.tier_hits.get(tier, 0) + 1
 
 
-def _layout(context_plan: ContextPlan, placed: _Placed, device: torch.device) -> RequestLayout:
+def _chunk_scaling(context_plan: ContextPlan, cache: KVCache) -> AttentionScaling:
+    """The request's chunk slots, whose attention logits and weights the method rescales."""
+    chunks = torch.zeros(cache.capacity, dtype=torch.bool, device=cache.keys.device)
+    for segment in context_plan.segments:
+        if segment.kind == "chunk":
+            chunks[segment.start : segment.end] = True
+    temperature, scale = context_plan.attention_scaling
+    return AttentionScaling(chunks, temperature, scale)
+
+
+def _layout(context_plan: ContextPlan, placed: _Placed, cache: KVCache) -> RequestLayout:
+    device = cache.keys.device
     empty = torch.zeros(0, dtype=torch.long, device=device)
+    n = len(context_plan.prompt_ids)
+    parallel = any(segment.position is not None for segment in context_plan.segments)
     return RequestLayout(
         token_ids=torch.tensor(context_plan.prompt_ids, device=device),
         reused_slots=torch.cat(placed.reused) if placed.reused else empty,
@@ -246,4 +261,5 @@ def _layout(context_plan: ContextPlan, placed: _Placed, device: torch.device) ->
         chunk_spans=tuple((seg.start, seg.end) for seg in context_plan.segments if seg.kind == "chunk"),
         missed_slots=torch.cat(placed.missed) if placed.missed else empty,
         prefix_length=context_plan.segments[0].end,
+        positions=cache.positions[:n].clone() if parallel else None,
     )

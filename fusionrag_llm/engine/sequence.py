@@ -48,6 +48,7 @@ class Sequence:
     searched: int = 0  # characters of the text already searched for stop strings
     cache: Any = None  # the request's KVCache, owned by the model runner's allocations
     prompt_logits: Any = None  # [vocab] logits after the last prompt token
+    prompt_end: int | None = None  # the position after the prompt's last one (set once assembled)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -60,7 +61,8 @@ class Sequence:
     @property
     def next_position(self) -> int:
         """Position of the last generated token, the one the next decode step feeds."""
-        return self.num_prompt_tokens + len(self.token_ids) - 1
+        end = self.num_prompt_tokens if self.prompt_end is None else self.prompt_end
+        return end + len(self.token_ids) - 1
 
     def accept(self, token: int) -> None:
         """Take the next greedy token; finish on a stop token (not kept) or at ``max_new_tokens``."""

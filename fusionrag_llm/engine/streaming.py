@@ -138,4 +138,4 @@ class GenerationStream:
             )
         cache.valid[prompt_len : cache.length] = False  # forget the generated tokens' KV
         cache.length = prompt_len
-        return self._engine.runner.teacher_forced(cache, seq.prompt_logits, prompt_len, continuation[:-1])
+        return self._engine.runner.teacher_forced(cache, seq.prompt_logits, seq.prompt_end, continuation[:-1])

@@ -12,7 +12,7 @@ from fusionrag_llm.models.llama import DecoderLM, ForwardPass
 
 @dataclass
 class RequestLayout:
-    """Where each prompt token sits in the request cache (slot == position for prompt tokens)."""
+    """Where each prompt token sits in the request cache (slot == position unless ``positions`` says otherwise)."""
 
     token_ids: torch.Tensor  # [N] prompt ids
     reused_slots: torch.Tensor  # chunk tokens served from entries
@@ -21,9 +21,11 @@ class RequestLayout:
     chunk_spans: tuple[tuple[int, int], ...] = ()  # [start, end) positions of every chunk, in prompt order
     missed_slots: torch.Tensor | None = None  # reused chunk tokens whose entry this request computed (a miss)
     prefix_length: int = 0  # slots [0, prefix_length) hold segment 0 (the shared prefix S0 when canonical)
+    positions: torch.Tensor | None = None  # [N] each prompt slot's position; None: slot == position
 
     def step(self, slots: torch.Tensor, **kw) -> ForwardPass:
-        return ForwardPass(token_ids=self.token_ids[slots], positions=slots, slots=slots, **kw)
+        positions = slots if self.positions is None else self.positions[slots]
+        return ForwardPass(token_ids=self.token_ids[slots], positions=positions, slots=slots, **kw)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ A backend prepares per-sequence metadata once per forward (``prepare``) and atte
 sequence over its cache (``__call__``). ``torch`` picks the fastest exact CPU path for the shape of
 the step (see ``models/attention.py``); ``triton`` runs the query-sparse attention kernel, and the
 masked torch path where a step uses attention groups (batched plain-entry computation), which the
-kernel does not model.
+kernel does not model. A cache with ``scaling`` (APE) takes the rescaled softmax on either backend.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from fusionrag_llm.kernels import dispatch
-from fusionrag_llm.models.attention import attend, causal_tail_start, dense_sorted
+from fusionrag_llm.models.attention import attend, attend_scaled, causal_tail_start, dense_sorted
 from fusionrag_llm.models.kv_cache import KVCache
 
 BACKEND_NAMES = ("torch", "triton")
@@ -31,11 +31,18 @@ def _masked(step, cache: KVCache) -> AttentionMeta:
     return AttentionMeta(mask=cache.attention_mask(step.positions, step.groups)[None, None])
 
 
+def _scaled(q: torch.Tensor, cache: KVCache, layer: int, meta: AttentionMeta) -> torch.Tensor:
+    """A cache with ``scaling`` (APE) takes the rescaled softmax, whatever the backend."""
+    n, scaling = cache.length, cache.scaling
+    return attend_scaled(q, cache.keys[layer, :, :n], cache.values[layer, :, :n], meta.mask[0, 0],
+                         scaling.slots[:n], scaling.temperature, scaling.scale)  # fmt: skip
+
+
 class TorchAttention:
     name = "torch"
 
     def prepare(self, step, cache: KVCache) -> AttentionMeta:
-        if step.groups is not None:
+        if step.groups is not None or cache.scaling is not None:
             return _masked(step, cache)
         tail = causal_tail_start(step.slots, step.positions, cache.positions, cache.valid, cache.length)
         if tail is not None:
@@ -45,6 +52,8 @@ class TorchAttention:
         return _masked(step, cache)
 
     def __call__(self, q: torch.Tensor, cache: KVCache, layer: int, step, meta: AttentionMeta) -> torch.Tensor:
+        if cache.scaling is not None:
+            return _scaled(q, cache, layer, meta)
         n = cache.length
         return attend(q, cache.keys[layer, :, :n], cache.values[layer, :, :n], meta.mask, meta.tail_start,
                       meta.sorted_positions)  # fmt: skip
@@ -54,9 +63,11 @@ class TritonAttention:
     name = "triton"
 
     def prepare(self, step, cache: KVCache) -> AttentionMeta | None:
-        return _masked(step, cache) if step.groups is not None else None
+        return _masked(step, cache) if step.groups is not None or cache.scaling is not None else None
 
     def __call__(self, q: torch.Tensor, cache: KVCache, layer: int, step, meta: AttentionMeta | None) -> torch.Tensor:
+        if cache.scaling is not None:
+            return _scaled(q, cache, layer, meta)
         n = cache.length
         keys, values = cache.keys[layer, :, :n], cache.values[layer, :, :n]
         if meta is not None:

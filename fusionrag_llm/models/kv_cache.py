@@ -12,6 +12,16 @@ from dataclasses import dataclass
 import torch
 
 
+@dataclass(frozen=True)
+class AttentionScaling:
+    """APE's rescaled attention: computed queries see the ``slots`` marked True with logits divided by
+    ``temperature`` and softmax weights multiplied by ``scale`` (then renormalised over all keys)."""
+
+    slots: torch.Tensor  # [capacity] bool
+    temperature: float
+    scale: float
+
+
 @dataclass
 class KVCache:
     keys: torch.Tensor  # [num_layers, num_kv_heads, capacity, head_dim], rotary applied
@@ -20,6 +30,7 @@ class KVCache:
     valid: torch.Tensor  # [capacity] bool
     groups: torch.Tensor  # [capacity] int32; group 0 is seen by all, others only by their own group
     length: int = 0  # slots [0, length) are in use
+    scaling: AttentionScaling | None = None  # None: plain softmax attention
 
     @classmethod
     def empty(

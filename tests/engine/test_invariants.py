@@ -123,7 +123,8 @@ def test_reused_entries_are_untouched_by_requests(rag):
     assert variants == ["fused"] * 4 + ["path"] + ["plain"] * 4  # each chunk's two variants and the prefix
     for method, kv_variant, selector in ABLATIONS:
         rag.generate(REQUEST, method=method, recompute_ratio=0.5, kv_variant=kv_variant, selector=selector, max_new_tokens=3)
-    rag.generate(REQUEST, method="full_reuse", max_new_tokens=3)
+    for method in ("full_reuse", "cacheclip", "ape"):
+        rag.generate(REQUEST, method=method, recompute_ratio=0.5, max_new_tokens=3)
     after = _snapshot(rag)
     assert before.keys() == after.keys()
     assert all(before[key].bitwise_equal(after[key]) for key in before)

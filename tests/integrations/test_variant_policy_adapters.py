@@ -30,16 +30,17 @@ def test_adapters_pass_the_policy_through(rag):
 
 def test_adapters_run_the_check_policy_and_the_peer_methods(rag):
     request = f"Context:\n{TEXTS[0]}\n\n{TEXTS[2]}\n\n{TEXTS[3]}\n\nWho runs the ferry?"
-    for method in ("a3", "epic", "cacheclip"):  # r = 0.9: CacheClip's windows keep picks only where they crowd
+    for method in ("a3", "epic", "cacheclip", "ape"):  # r = 0.9: CacheClip's windows keep picks only where they crowd
         chat = ChatFusionRAG(rag=rag, method=method, recompute_ratio=0.9, max_tokens=2)
         stats = chat.invoke(request).response_metadata["fusionrag_stats"]
-        assert stats["method"] == method and stats["recomputed_tokens"] > 0
+        recomputes = method != "ape"  # APE's chunks share positions: it recomputes none
+        assert stats["method"] == method and (stats["recomputed_tokens"] > 0) == recomputes
         out = FusionRAGLLM(rag=rag, max_tokens=2).complete(request, method=method, recompute_ratio=0.9)
-        assert out.raw["stats"]["method"] == method and out.raw["stats"]["recomputed_tokens"] > 0
+        assert out.raw["stats"]["method"] == method and (out.raw["stats"]["recomputed_tokens"] > 0) == recomputes
     llm = FusionRAGLLM(rag=rag, recompute_ratio=0.0, max_tokens=2)
     paper = llm.complete(request).raw["stats"]["variant_hits"]
     checked = llm.complete(request, variant_policy="check").raw["stats"]
     hits = checked["variant_hits"]
     assert paper["fused"] > 0 and hits["fused"] + hits["plain"] == paper["fused"] and checked["fused_declined"] == hits["plain"]
-    with pytest.raises(ValueError, match="valid methods: .*a3, epic, cacheclip"):
+    with pytest.raises(ValueError, match="valid methods: .*a3, epic, cacheclip, ape"):
         ChatFusionRAG(rag=rag, method="lego")

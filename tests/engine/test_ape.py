@@ -1,0 +1,103 @@
+"""APE on the one engine: every chunk at the positions right after the shared prefix, and computed
+tokens' attention to chunk tokens sharpened (temperature) and scaled, checked by hand."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest, check_run_options
+from fusionrag_llm.engine import methods
+from fusionrag_llm.engine.methods import plan_run
+from fusionrag_llm.models.attention import attend_scaled
+
+CHUNKS = [
+    "The lighthouse at Keldmouth was designed by the engineer Tamsin Orrery in 1872.",
+    "Tamsin Orrery was born in Brightwater.",
+    "Brightwater is the capital of Lowmarch, a flat province crossed by canals and old dykes.",
+]
+REQUEST = RAGRequest(chunks=CHUNKS, question="Where was the lighthouse designer born?")
+
+
+@pytest.fixture(scope="module")
+def rag():
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag.add_chunks(CHUNKS, fuse=False, embeddings=[[1.0, 0.0], [0.0, 1.0], [0.7, 0.7]])
+    return rag
+
+
+def test_rescaled_attention_follows_the_formula_by_hand():
+    torch.manual_seed(0)
+    q, keys, values = torch.randn(2, 2, 4), torch.randn(1, 4, 4), torch.randn(1, 4, 4)
+    mask = torch.tensor([[True, True, True, False], [True, True, True, True]])
+    scaled = torch.tensor([False, True, True, False])
+    out = attend_scaled(q, keys, values, mask, scaled, temperature=0.5, scale=2.0)
+    for head in range(2):
+        for row in range(2):
+            weights = []
+            for j in range(4):
+                logit = float(q[head, row] @ keys[0, j]) / 2.0  # sqrt(head_dim = 4)
+                weights.append(0.0 if not mask[row, j] else (2.0 * math.exp(logit / 0.5) if scaled[j] else math.exp(logit)))
+            expected = sum(w * values[0, j] for j, w in enumerate(weights)) / sum(weights)
+            torch.testing.assert_close(out[head, row], expected, rtol=1e-5, atol=1e-6)
+    plain = attend_scaled(q, keys, values, mask, scaled, temperature=1.0, scale=1.0)
+    reference = F.scaled_dot_product_attention(q[None], keys.expand(2, -1, -1)[None], values.expand(2, -1, -1)[None],
+                                               attn_mask=mask[None, None])[0]  # fmt: skip
+    torch.testing.assert_close(plain, reference, rtol=1e-5, atol=1e-6)
+
+
+def test_every_chunk_starts_right_after_the_prefix(rag):
+    engine = rag.engine
+    seq = engine._sequence(rag.segments(REQUEST), plan_run("ape", 0.0), 3)
+    engine._assemble(seq)
+    positions = seq.cache.positions
+    spans = [(s.start, s.end) for s in seq.context_plan.segments]
+    kinds = [s.kind for s in seq.context_plan.segments]
+    head = spans[0][1]
+    assert kinds == ["prefix", "chunk", "text", "chunk", "text", "chunk", "suffix"]
+    assert positions[:head].tolist() == list(range(head))
+    longest = max(end - start for (start, end), kind in zip(spans, kinds) if kind == "chunk")
+    after = head + longest
+    for (start, end), kind in zip(spans[1:], kinds[1:]):
+        if kind == "chunk":
+            assert positions[start:end].tolist() == list(range(head, head + end - start))
+        else:  # text between chunks and the question follow the longest chunk, in prompt order
+            assert positions[start:end].tolist() == list(range(after, after + end - start))
+            after += end - start
+    assert seq.prompt_end == after
+    scaled = seq.cache.scaling.slots[: seq.cache.length]
+    assert scaled.tolist() == [kind == "chunk" for (start, end), kind in zip(spans, kinds) for _ in range(start, end)]
+    assert seq.cache.scaling.temperature == methods.APE_TEMPERATURE == 0.9 and methods.APE_SCALE == 0.9
+
+
+def test_generated_tokens_continue_after_the_prompt(rag):
+    engine = rag.engine
+    seq = engine.add_request(rag.segments(REQUEST), plan_run("ape", 0.0), 4)
+    engine.run_until_finished([seq])
+    prompt = seq.num_prompt_tokens
+    generated = seq.cache.positions[prompt : seq.cache.length].tolist()
+    assert generated == list(range(seq.prompt_end, seq.prompt_end + len(generated))) and seq.prompt_end < prompt
+
+
+def test_without_scaling_one_chunk_is_full_reuse_and_several_are_not(rag, monkeypatch):
+    """Temperature 1 and scale 1 leave only the layout: with one chunk it is Full Reuse's (the
+    logits match), with three the chunks overlap and the logits move; the paper's constants move
+    even the one-chunk logits."""
+    one = RAGRequest(chunks=[CHUNKS[1]], question="Where?")
+    answer = rag.generate(one, method="full_reuse", max_new_tokens=4).token_ids
+    reuse_one = rag.logits(one, answer, method="full_reuse")
+    reuse_three = rag.logits(REQUEST, answer, method="full_reuse")
+    scaled_one = rag.logits(one, answer, method="ape")
+    assert (scaled_one - reuse_one).abs().max() > 1e-3
+    monkeypatch.setattr(methods, "APE_TEMPERATURE", 1.0)
+    monkeypatch.setattr(methods, "APE_SCALE", 1.0)
+    torch.testing.assert_close(rag.logits(one, answer, method="ape"), reuse_one, rtol=1e-4, atol=1e-4)
+    assert (rag.logits(REQUEST, answer, method="ape") - reuse_three).abs().max() > 1e-3
+
+
+def test_ape_recomputes_nothing_and_refuses_a_selector():
+    plan = check_run_options(method="ape", recompute_ratio=0.5)
+    assert (plan.recompute_ratio, plan.parallel_positions, plan.attention_scaling) == (0.0, True, (0.9, 0.9))
+    with pytest.raises(FusionRAGError, match="ape recomputes no chunk token .* selector does not apply"):
+        check_run_options(method="ape", recompute_ratio=0.5, selector="query_guided")
