@@ -41,8 +41,8 @@ VARIANT_CHECK_LAYER = 1
 # Stages beyond resolve -> select -> sparse prefill -> decode that this engine runs today.
 # Chunk boundaries: every selector gets each chunk's span in the request layout. Auxiliary model:
 # the first layers of the main model (``FusionRAG(auxiliary=...)``), run by the selector. Parallel
-# positions: every chunk starts right after the prefix. Attention scaling: computed tokens attend to
-# chunk tokens with logits divided by APE_TEMPERATURE and weights multiplied by APE_SCALE.
+# positions: every chunk starts right after the prefix. Attention scaling: computed tokens see the
+# chunk tokens as one group, sharpened by APE_TEMPERATURE inside and weighted by APE_SCALE as a whole.
 ENGINE_STAGES: frozenset[str] = frozenset({"needs_chunk_boundaries", "auxiliary_model", "parallel_positions",
                                            "attention_scaling"})  # fmt: skip
 # APE's defaults as its comparisons report them (temperature 0.9, scaling factor 0.9).

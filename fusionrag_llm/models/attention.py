@@ -15,6 +15,8 @@ same result:
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -86,14 +88,18 @@ def _merge(a: torch.Tensor, a_lse: torch.Tensor, b: torch.Tensor, b_lse: torch.T
 def attend_scaled(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                   scaled: torch.Tensor, temperature: float, scale: float) -> torch.Tensor:  # fmt: skip
     """APE's attention: q [heads, n, d] over keys/values [kv_heads, length, d] where ``mask`` [n, length]
-    allows; logits to the ``scaled`` [length] keys are divided by ``temperature`` and their softmax
-    weights multiplied by ``scale`` before normalising over every key. Computed in float32."""
+    allows. The ``scaled`` [length] keys form one group: inside it, weights are a softmax of the logits
+    divided by ``temperature``; the group as a whole counts as one key whose log-weight is
+    ``temperature * logsumexp(logits / temperature) + log(scale)`` next to the other keys. So T = S = 1
+    is plain attention. Computed in float32."""
     groups = q.shape[0] // keys.shape[0]
     keys, values = keys.float().repeat_interleave(groups, 0), values.float().repeat_interleave(groups, 0)
-    logits = q.float() @ keys.transpose(1, 2) / q.shape[-1] ** 0.5  # [heads, n, length]
-    logits = torch.where(scaled, logits / temperature, logits).masked_fill(~mask, float("-inf"))
-    weights = (logits - logits.amax(dim=-1, keepdim=True)).exp() * torch.where(scaled, scale, 1.0)
-    return ((weights @ values) / weights.sum(dim=-1, keepdim=True)).to(q.dtype)
+    logits = (q.float() @ keys.transpose(1, 2) / q.shape[-1] ** 0.5).masked_fill(~mask, float("-inf"))
+    sharp = (logits / temperature).masked_fill(~scaled, float("-inf"))
+    group = sharp.logsumexp(dim=-1, keepdim=True)  # [heads, n, 1]; -inf where no scaled key is visible
+    shift = torch.where(group.isfinite(), (temperature - 1.0) * group, torch.zeros_like(group)) + math.log(scale)
+    weights = torch.softmax(torch.where(scaled, sharp + shift, logits), dim=-1)
+    return (weights @ values).to(q.dtype)
 
 
 SORTED_BLOCK = 64  # queries per block; each block attends only to the keys up to its last position

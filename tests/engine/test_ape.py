@@ -35,10 +35,12 @@ def test_rescaled_attention_follows_the_formula_by_hand():
     out = attend_scaled(q, keys, values, mask, scaled, temperature=0.5, scale=2.0)
     for head in range(2):
         for row in range(2):
+            logits = [float(q[head, row] @ keys[0, j]) / 2.0 for j in range(4)]  # sqrt(head_dim = 4)
+            group = sum(math.exp(logits[j] / 0.5) for j in range(4) if mask[row, j] and scaled[j])
             weights = []
-            for j in range(4):
-                logit = float(q[head, row] @ keys[0, j]) / 2.0  # sqrt(head_dim = 4)
-                weights.append(0.0 if not mask[row, j] else (2.0 * math.exp(logit / 0.5) if scaled[j] else math.exp(logit)))
+            for j in range(4):  # the chunk group weighs scale * group ** temperature, split by exp(logit / T)
+                sharp = 2.0 * group**0.5 * math.exp(logits[j] / 0.5) / group
+                weights.append(0.0 if not mask[row, j] else (sharp if scaled[j] else math.exp(logits[j])))
             expected = sum(w * values[0, j] for j, w in enumerate(weights)) / sum(weights)
             torch.testing.assert_close(out[head, row], expected, rtol=1e-5, atol=1e-6)
     plain = attend_scaled(q, keys, values, mask, scaled, temperature=1.0, scale=1.0)
