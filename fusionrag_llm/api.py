@@ -70,6 +70,7 @@ class FusionRAG:
         store_dtype: str | torch.dtype | None = None,
         kernels: str | None = None,
         auxiliary: int | None = None,
+        decode_weights: str | None = None,
     ) -> "FusionRAG":
         """Load a model and open its KV store.
 
@@ -80,8 +81,11 @@ class FusionRAG:
         (e.g. ``"float16"`` while computing in float32). ``kernels``: ``"auto"`` (Triton on CUDA),
         ``"torch"`` or ``"triton"``; default ``$FUSIONRAG_KERNELS`` or auto. ``auxiliary``: how many
         layers of the model CacheClip's auxiliary model keeps (default: a quarter of them).
+        ``decode_weights``: what decode steps read on CPU: ``"float"``, or 8-bit / 4-bit GGUF-style
+        blocks ``"q8"`` / ``"q4"`` (faster; prefills and stored entries stay float); default
+        ``$FUSIONRAG_DECODE_WEIGHTS`` or ``"float"``.
         """
-        loaded = load_model(name_or_path, device=device, dtype=dtype, kernels=kernels)
+        loaded = load_model(name_or_path, device=device, dtype=dtype, kernels=kernels, decode_weights=decode_weights)
         return cls(loaded, store=store, embedder=embedder, prefix_cache=prefix_cache, store_dtype=store_dtype,
                    auxiliary=auxiliary)  # fmt: skip
 

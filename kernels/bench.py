@@ -15,7 +15,8 @@ the hardware moved.
 One entry per kernel module (``KERNEL_BENCHES``): ``q_sparse_attention`` (above),
 ``q_sparse_attention_varlen`` (packed decode: one query per request), ``apply_rotary`` and
 ``critical_scores``, each timed against its torch reference on the same inputs with their max
-difference. A new kernel adds its entry there.
+difference, and ``cpu_quant`` (a decode row through the 8-bit and 4-bit CPU linear, on the CPU).
+A new kernel adds its entry there.
 """
 
 from __future__ import annotations
@@ -215,11 +216,30 @@ def bench_varlen_decode(shape: dict, device: str, reps: int, requests: int = 4) 
                           4 * d * hq * requests * per, q.element_size() * 2 * k.numel(), device, reps)  # fmt: skip
 
 
+def bench_cpu_quant(shape: dict, device: str, reps: int) -> list[dict]:
+    """Block-quantized CPU linear of one decode row (always on the CPU): q8 and q4 against the reference."""
+    from . import cpu_quant
+
+    if not cpu_quant.available():
+        return [_row("quant_linear", 1.0, 1, None, 0, 0, error="the CPU kernel could not be built here")]
+    g = torch.Generator().manual_seed(4)
+    n, k = 4 * shape["heads_q"] * shape["head_dim"], shape["heads_q"] * shape["head_dim"]  # an MLP up-projection
+    k -= k % cpu_quant.BLOCK
+    x, weight = torch.randn(1, k, generator=g), torch.randn(n, k, generator=g)
+    rows = []
+    for fmt in cpu_quant.FORMATS:
+        qw = cpu_quant.quantize(weight, fmt)
+        rows += _kernel_vs_ref(f"quant_linear_{fmt}", lambda qw=qw: cpu_quant.linear(x, qw),
+                               lambda qw=qw: cpu_quant.linear_ref(x, qw), 1.0, 1, 2 * n * k, qw.nbytes, "cpu", reps)  # fmt: skip
+    return rows
+
+
 # kernel module -> its benchmark beyond the SDPA comparison (q_sparse_attention's is bench_fraction)
 KERNEL_BENCHES = {
     "q_sparse_attention_varlen": bench_varlen_decode,
     "rotary": bench_rotary,
     "critical_scores": bench_critical_scores,
+    "cpu_quant": bench_cpu_quant,
 }
 
 

@@ -36,6 +36,7 @@ class ModelRunner:
             token_ids=torch.tensor([seq.token_ids[-1]], device=device),
             positions=torch.tensor([seq.next_position], device=device),
             slots=seq.cache.reserve(1),
+            decode=True,
         )
 
     def run(self, passes: Seq[ForwardPass], caches: Seq[KVCache]) -> list[ForwardOutput]:

@@ -28,6 +28,7 @@ class ForwardPass:
     capture_query_layers: frozenset[int] = frozenset()  # layers whose rotated queries to return
     capture_raw_kv: bool = False  # return pre-rotary keys and values of the n tokens, all layers
     groups: torch.Tensor | None = None  # [n] int32 attention groups (see KVCache.attention_mask)
+    decode: bool = False  # a decode step: may read the quantized weights (``DecoderLM.quantize_linears``)
 
 
 @dataclass

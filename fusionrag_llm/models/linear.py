@@ -10,18 +10,38 @@ weights' size again in host memory; ``unpack`` frees it. Results are float32 pro
 
 The packed copy is used only while it still matches the weight (same storage, no in-place update
 since packing), so moving or reloading the weights falls back to ``F.linear`` until packed again.
+
+Decode steps can also read a block-quantized copy (``quantize``: GGUF's 8-bit Q8_0 or 4-bit Q4_1
+blocks, ``kernels/cpu_quant.py``), only inside ``quantized_linears(True)``: the model turns it on
+for a forward made of decode steps alone, so prefills, and every KV entry they store, stay float.
 """
 
 from __future__ import annotations
+
+import contextvars
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fusionrag_llm.kernels import cpu_quant
+
 _REORDER = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
 _PACKED_LINEAR = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 PACK_ROWS_HINT = 16  # oneDNN chooses the layout for about this many input rows (decode batches)
 PACKED_MAX_ROWS = 64  # above this (prefills) F.linear was as fast or faster (about 9% at 512 rows)
+_QUANTIZED = contextvars.ContextVar("fusionrag_quantized_linears", default=False)
+
+
+@contextmanager
+def quantized_linears(on: bool):
+    """Within the block, linear layers with a quantized copy multiply with it (when ``on``)."""
+    token = _QUANTIZED.set(on)
+    try:
+        yield
+    finally:
+        _QUANTIZED.reset(token)
 
 
 def can_pack(weight: torch.Tensor) -> bool:
@@ -34,6 +54,7 @@ class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, same state dict) with an optional packed CPU weight."""
 
     _packed: tuple[torch.Tensor, int, int] | None = None  # (packed weight, data_ptr, version) at packing
+    _quant: tuple[cpu_quant.QuantWeight, int, int] | None = None  # (blocks, data_ptr, version) at quantizing
 
     def pack(self) -> bool:
         """Lay the weight out for oneDNN; False (nothing changes) where that is not possible."""
@@ -53,7 +74,28 @@ class Linear(nn.Linear):
         packed = self._packed
         return packed is not None and packed[1:] == (self.weight.data_ptr(), self.weight._version)
 
+    def quantize(self, fmt: str | None) -> bool:
+        """Keep a ``fmt`` ("q8", "q4") copy of the weight for decode steps, or drop it (None). False
+        (nothing kept) for a weight the kernel cannot take: not on CPU, or inputs not a multiple of 32."""
+        weight = self.weight.detach()
+        self._quant = None
+        if fmt is None or weight.device.type != "cpu" or weight.shape[1] % cpu_quant.BLOCK:
+            return False
+        self._quant = (cpu_quant.quantize(weight, fmt), weight.data_ptr(), weight._version)
+        return True
+
+    @property
+    def quantized(self) -> str | None:
+        """The format of the quantized copy while it still matches the weight, else None."""
+        quant = self._quant
+        if quant is None or quant[1:] != (self.weight.data_ptr(), self.weight._version):
+            return None
+        return quant[0].fmt
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _QUANTIZED.get() and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu" and self.quantized:
+            y = cpu_quant.run_linear(x.contiguous(), self._quant[0])
+            return y if self.bias is None else y + self.bias
         if x.dim() == 2 and x.shape[0] <= PACKED_MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu" and self.packed:
             return _PACKED_LINEAR(x, self._packed[0], self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)

@@ -12,22 +12,29 @@ in one pass: one matrix through the linear layers, attention per sequence.
 
 from __future__ import annotations
 
+import logging
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fusionrag_llm.kernels import dispatch
+from fusionrag_llm.kernels import cpu_quant, dispatch
 from fusionrag_llm.kernels.rotary import rotate
 from fusionrag_llm.models.attention_backend import attention_backend
 from fusionrag_llm.models.config import ModelConfig
 from fusionrag_llm.models.forward import BatchContext, ForwardOutput, ForwardPass, spans_of
 from fusionrag_llm.models.kv_cache import KVCache
-from fusionrag_llm.models.linear import Linear
+from fusionrag_llm.models.linear import Linear, quantized_linears
 from fusionrag_llm.models.rotary import RotaryTable
 
-__all__ = ["DecoderLM", "ForwardOutput", "ForwardPass"]
+__all__ = ["DECODE_WEIGHTS", "DecoderLM", "ForwardOutput", "ForwardPass"]
+
+logger = logging.getLogger(__name__)
+
+# Weights that decode steps read: float (the model's own), or GGUF-style blocks (kernels/cpu_quant.py).
+# "q4" keeps the output head (the tied embedding) in 8 bits, as GGUF files of these models do.
+DECODE_WEIGHTS = ("float", "q8", "q4")
 
 
 class RMSNorm(nn.Module):
@@ -142,6 +149,28 @@ class DecoderLM(nn.Module):
             if isinstance(module, Linear):
                 module.unpack()
 
+    def quantize_linears(self, weights: str) -> int:
+        """Give decode steps ``weights`` ("float", "q8" or "q4", see ``DECODE_WEIGHTS``); returns how many
+        linear layers got a quantized copy (0 for "float", off CPU, or where the kernel cannot be built:
+        then decode stays float and a warning says why). Prefills always multiply with the float weights."""
+        if weights not in DECODE_WEIGHTS:
+            raise ValueError(f"decode weights must be one of {', '.join(DECODE_WEIGHTS)}, got {weights!r}")
+        layers = [module for module in self.modules() if isinstance(module, Linear)]
+        if weights != "float" and self.device.type == "cpu":
+            try:
+                cpu_quant.load_library()
+            except RuntimeError as exc:
+                logger.warning("decode stays float: %s", exc)
+                weights = "float"
+        fmt = None if weights == "float" else weights
+        return sum(layer.quantize("q8" if fmt and layer is self.lm_head else fmt) for layer in layers)
+
+    @property
+    def decode_weights(self) -> str:
+        """What decode steps read now: "float", "q8" or "q4"."""
+        body = self.model.layers[0].mlp.up_proj.quantized if len(self.model.layers) else None
+        return body or "float"
+
     def to(self, *args, **kwargs):  # keep the rotary table on the module's device
         module = super().to(*args, **kwargs)
         self.rotary.inv_freq = self.rotary.inv_freq.to(self.model.norm.weight.device)
@@ -220,6 +249,10 @@ class DecoderLM(nn.Module):
     @torch.inference_mode()
     def forward_batch(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> list[ForwardOutput]:
         """Several sequences in one pass, each over its own cache; one output per sequence."""
+        with quantized_linears(all(step.decode for step in steps)):
+            return self._forward_batch(steps, caches)
+
+    def _forward_batch(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> list[ForwardOutput]:
         batch, x = self._batch(steps, caches)  # x: [n_total, hidden]
         for block in self.model.layers:
             x = block(x, batch)

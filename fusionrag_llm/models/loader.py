@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 
 from fusionrag_llm.errors import FusionRAGError, ModelNotFoundError
 from fusionrag_llm.models.config import config_from_hf
-from fusionrag_llm.models.llama import DecoderLM
+from fusionrag_llm.models.llama import DECODE_WEIGHTS, DecoderLM
 from fusionrag_llm.models.tokenizer import ChatTokenizer
 
 logger = logging.getLogger(__name__)
@@ -70,7 +71,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     raise FusionRAGError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
 
 
-def load_model(name_or_path: str | Path, device=None, dtype=None, kernels: str | None = None) -> LoadedModel:
+def load_model(name_or_path: str | Path, device=None, dtype=None, kernels: str | None = None,
+               decode_weights: str | None = None) -> LoadedModel:  # fmt: skip
     """Resolve ``name_or_path`` (see ``MODEL_NAMES``, a folder, a ``.gguf`` file or a hub id) and load it.
 
     An existing path always wins over a built-in name; built-in names match whole, ignoring case.
@@ -79,9 +81,14 @@ def load_model(name_or_path: str | Path, device=None, dtype=None, kernels: str |
     under ``TRITON_INTERPRET=1``); default ``$FUSIONRAG_KERNELS`` or ``"auto"``. Chosen once here.
     A float32 model on CPU also gets its linear weights packed for oneDNN (``DecoderLM.pack_linears``:
     faster decode steps for a second copy of the weights; ``model.unpack_linears()`` frees it).
+    ``decode_weights``: what decode steps read on CPU, ``"float"``, ``"q8"`` or ``"q4"``
+    (``DecoderLM.quantize_linears``); default ``$FUSIONRAG_DECODE_WEIGHTS`` or ``"float"``.
     """
     from fusionrag_llm.kernels.dispatch import resolve_backend
 
+    decode_weights = decode_weights or os.environ.get("FUSIONRAG_DECODE_WEIGHTS") or "float"
+    if decode_weights not in DECODE_WEIGHTS:
+        raise FusionRAGError(f"decode_weights must be one of {', '.join(DECODE_WEIGHTS)}, got {decode_weights!r}")
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     try:
@@ -96,6 +103,7 @@ def load_model(name_or_path: str | Path, device=None, dtype=None, kernels: str |
         loaded = load_folder(resolve_model_folder(name_or_path), builtin or name, torch_device, torch_dtype)
     loaded.model.kernels = backend
     loaded.model.pack_linears()
+    loaded.model.quantize_linears(decode_weights)
     return loaded
 
 

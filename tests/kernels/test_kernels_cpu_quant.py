@@ -1,0 +1,105 @@
+"""Block-quantized CPU linear (8-bit and 4-bit GGUF-style weights): kernel vs reference, the formats
+checked by hand, and the model's decode steps reading them while prefills stay float."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusionrag_llm.kernels import cpu_quant
+
+pytestmark = pytest.mark.skipif(not cpu_quant.available(), reason="no C compiler to build the CPU kernel")
+
+
+@pytest.mark.parametrize("fmt", cpu_quant.FORMATS)
+@pytest.mark.parametrize("m,n,k", [(1, 7, 32), (1, 300, 576), (3, 65, 1536), (17, 33, 96)])
+def test_kernel_matches_reference(fmt, m, n, k):
+    g = torch.Generator().manual_seed(m * n + k)
+    x, weight = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g) * 0.05
+    qw = cpu_quant.quantize(weight, fmt)
+    got, want = cpu_quant.linear(x, qw), cpu_quant.linear_ref(x, qw)
+    assert got.shape == (m, n) and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    float_product = x @ weight.T  # the quantization error itself: about 1% (8 bits), 10% (4 bits) of the range
+    assert (got - float_product).abs().max() < {"q8": 0.03, "q4": 0.25}[fmt] * float_product.abs().max()
+
+
+def test_reference_rounds_rows_and_weights_as_the_formats_say():
+    x = torch.arange(32, dtype=torch.float32)[None] - 10.0  # block max |x| = 21
+    dx = 21.0 / 127
+    torch.testing.assert_close(cpu_quant.quantize_rows_ref(x), torch.round(x / dx) * dx)
+    w = torch.linspace(-1.0, 2.0, 32)[None]
+    q8 = cpu_quant.quantize(w, "q8")
+    assert q8.q.dtype == torch.int8 and q8.q.abs().max() == 127 and torch.allclose(q8.d, torch.tensor([[2.0 / 127]]))
+    q4 = cpu_quant.quantize(w, "q4")
+    assert q4.q.shape == (1, 16) and torch.allclose(q4.m, torch.tensor([[-1.0]])) and torch.allclose(q4.d, torch.tensor([[0.2]]))
+    nibbles = torch.cat([q4.q & 0x0F, q4.q >> 4], dim=-1)[0]  # element i low nibble, i + 16 high
+    torch.testing.assert_close(nibbles.float(), torch.round((w[0] + 1.0) / 0.2))
+
+
+@pytest.mark.parametrize("fmt", cpu_quant.FORMATS)
+def test_weights_already_in_the_format_quantize_back_to_themselves(fmt):
+    """What a GGUF file in that format holds (dequantized to float) comes back unchanged."""
+    g = torch.Generator().manual_seed(5)
+    once = cpu_quant.dequantize(cpu_quant.quantize(torch.randn(40, 64, generator=g), fmt))
+    twice = cpu_quant.dequantize(cpu_quant.quantize(once, fmt))
+    torch.testing.assert_close(twice, once, rtol=0, atol=1e-6)
+
+
+def test_bad_inputs_are_refused_with_what_is_allowed():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        cpu_quant.quantize(torch.randn(4, 40), "q8")
+    with pytest.raises(ValueError, match="q8, q4"):
+        cpu_quant.quantize(torch.randn(4, 64), "q2")
+    qw = cpu_quant.quantize(torch.randn(4, 64), "q8")
+    with pytest.raises(ValueError, match="64"):
+        cpu_quant.linear(torch.randn(2, 32), qw)
+    with pytest.raises(ValueError, match="float32"):
+        cpu_quant.linear(torch.randn(2, 64, dtype=torch.float64), qw)
+
+
+def test_linear_layer_reads_the_quantized_copy_only_when_asked():
+    from fusionrag_llm.models.linear import Linear, quantized_linears
+
+    layer = Linear(64, 48, bias=True)
+    x = torch.randn(2, 64)
+    assert layer.quantize("q8") and layer.quantized == "q8"
+    with torch.no_grad():
+        float_out = layer(x)
+        torch.testing.assert_close(float_out, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-6)
+        with quantized_linears(True):
+            quant_out = layer(x)
+        torch.testing.assert_close(quant_out, cpu_quant.linear_ref(x, layer._quant[0]) + layer.bias)
+        layer.weight.mul_(2.0)  # an in-place change makes the copy stale: float again
+        assert layer.quantized is None
+        with quantized_linears(True):
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-6)
+    assert not Linear(40, 8).quantize("q8")  # inputs not a multiple of 32: stays float
+
+
+def test_decode_steps_read_quantized_weights_and_prefills_stay_float(monkeypatch):
+    from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest
+
+    request = RAGRequest(chunks=["Ada Lovelace wrote the first program.", "She was born in London."],
+                         question="Where was the first programmer born?")  # fmt: skip
+    plain = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False, decode_weights="q4")
+    assert rag.engine.model.decode_weights == "q4" and plain.engine.model.decode_weights == "float"
+    assert rag.engine.model.lm_head.quantized == "q8"  # the head (tied embedding) keeps 8 bits
+    assert rag.fingerprint == plain.fingerprint  # stored entries do not depend on it
+    for engine in (plain, rag):
+        engine.add_chunks(request.chunks, fuse=False)
+    key = plain.parts.entries.key(tuple(plain.segments(request)[1].token_ids), "plain")
+    assert torch.equal(plain.store.get(key)[0].keys, rag.store.get(key)[0].keys)
+
+    calls = []
+    run_linear = cpu_quant.run_linear
+    monkeypatch.setattr(cpu_quant, "run_linear", lambda x, w: calls.append(x.shape[0]) or run_linear(x, w))
+    first = rag.logits(request, [5, 6, 7], method="full_attention")
+    assert calls == []  # the prompt's forward (and the teacher-forced continuation) is float
+    torch.testing.assert_close(first, plain.logits(request, [5, 6, 7], method="full_attention"))
+    out = rag.generate(request, method="full_attention", max_new_tokens=4)
+    steps = len(out.token_ids) - 1  # the first token comes from the prefill
+    layers = len(rag.engine.model.model.layers)
+    assert steps >= 1 and calls == [1] * (steps * (7 * layers + 1))
+    with pytest.raises(FusionRAGError, match="float, q8, q4"):
+        FusionRAG.from_pretrained("tiny", store=":memory:", decode_weights="int3")
