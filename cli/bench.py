@@ -1,4 +1,4 @@
-"""``fusionrag bench quality|ttft|ingest|store|batch|resolve``: the benchmarks of docs/BENCHMARKS.md.
+"""``fusionrag bench quality|ttft|ingest|store|batch|decode|resolve``: the benchmarks of docs/BENCHMARKS.md.
 
 Each command parses its options into a typed config, runs a runner from ``fusionrag_llm.eval``,
 writes JSON, a markdown table (echoed) and plots into ``--out``.
@@ -270,6 +270,40 @@ def batch(dataset, requests, tokens, max_new_tokens, method, ratio, model, devic
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     _echo_outputs(write_batch(Path(out), config.to_dict(), machine_info(rag), offline, result))
+
+
+def _formats(ctx, param, value):
+    from fusionrag_llm.models.llama import DECODE_WEIGHTS
+
+    formats = tuple(f.strip() for f in value.split(",") if f.strip())
+    bad = [f for f in formats if f not in DECODE_WEIGHTS]
+    if bad or not formats:
+        raise click.BadParameter(f"use some of {', '.join(DECODE_WEIGHTS)}, got {value!r}")
+    return formats
+
+
+@bench.command()
+@dataset_option
+@click.option("--formats", default="float,q8,q4", show_default=True, callback=_formats, help="Decode weight formats.")
+@click.option("--lengths", default="512,3000,6000", show_default=True, callback=_lengths, help="Prompt lengths (tokens) for the speed table.")
+@click.option("--speed-tokens", default=64, show_default=True, type=click.IntRange(1, 512), help="New tokens per speed run.")
+@click.option("--questions", default=30, show_default=True, type=click.IntRange(0), help="Questions for the fidelity table.")
+@click.option("--passages", default=5, show_default=True, type=click.IntRange(1), help="Passages per fidelity question.")
+@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1, 512), help="Answer length for fidelity.")
+@model_option
+@out_option("bench_results")
+def decode(dataset, formats, lengths, speed_tokens, questions, passages, max_new_tokens, model, out) -> None:
+    """Decode tokens/s and fidelity of float, 8-bit and 4-bit decode weights (same process, same prompts)."""
+    from fusionrag_llm.eval.bench_decode import DecodeConfig, run_decode, write_decode
+    from fusionrag_llm.eval.results import machine_info
+
+    rag = _load(model, "cpu", None, None, 4.0, 1.0)
+    try:
+        config = DecodeConfig(dataset, model, formats, lengths, speed_tokens, questions, passages, max_new_tokens)
+        result = run_decode(rag, config)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    _echo_outputs(write_decode(Path(out), config.to_dict(), machine_info(rag), result))
 
 
 @bench.command()

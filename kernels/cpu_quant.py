@@ -1,21 +1,21 @@
-"""Block-quantized CPU linear layers for decode steps: 8-bit and 4-bit weights, 8-bit activations.
+"""Block-quantized CPU linear layers for decode steps: 8-bit and 4-bit weights, float inputs.
 
 A decode step multiplies a few rows by every weight of the model, so on a CPU its time is the time to
 read the weights. Reading them as 8-bit (``q8``) or 4-bit (``q4``) blocks instead of float32 reads
-4x / 6.4x fewer bytes. The formats are GGUF's: blocks of 32 weights along the input dimension,
+about 4x / 6.4x fewer bytes. The formats are GGUF's: blocks of 32 weights along the input dimension,
 
 * ``q8`` (GGUF Q8_0): ``w = d * q``, ``q`` in [-127, 127], one float scale ``d`` per block;
 * ``q4`` (GGUF Q4_1): ``w = d * q + m``, ``q`` in [0, 15], a scale ``d`` and a minimum ``m`` per block;
 
 so weights that came from a GGUF file in that format quantize back to the same numbers. The input
-rows are quantized the same way to 8 bits per block of 32 (``x = dx * qx``), and each block's dot
-product is an exact integer sum: ``y = sum_b d_b dx_b sum(q qx) (+ m_b dx_b sum(qx))``.
+rows stay float32 (llama.cpp quantizes them to 8 bits too; here that was no faster, and it changed
+answers, docs/BENCHMARKS.md): ``y = sum_b d_b sum(q x) (+ m_b sum(x))`` over the blocks.
 
 The kernel is a small C file compiled once per machine with the system C compiler (AVX2 where the
 CPU has it, plain C otherwise) and called through ``ctypes``; it runs its rows on OpenMP threads
 (the runtime torch already loaded, so the two share one thread pool). ``linear_ref`` is the torch
-reference with the same rounding, and the oracle of the parity tests. Where no compiler works,
-``load_library`` raises ``RuntimeError`` saying why and callers keep the float path.
+reference, the oracle of the parity tests. Where no compiler works, ``load_library`` raises
+``RuntimeError`` saying why and callers keep the float path.
 """
 
 from __future__ import annotations
@@ -42,31 +42,9 @@ FORMATS = ("q8", "q4")
 _SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
-#include <math.h>
 #if defined(__AVX2__)
 #include <immintrin.h>
-#endif
 
-/* x [m, k] float -> qx [m, k] int8 and dx [m, k/32] (x = dx * qx), sx [m, k/32] = dx * sum(qx). */
-static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *qx, float *dx, float *sx) {
-    int64_t blocks = k / 32;
-    for (int64_t r = 0; r < m * blocks; r++) {
-        const float *v = x + r * 32;
-        float amax = 0.0f;
-        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
-        float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-        int sum = 0;
-        for (int i = 0; i < 32; i++) {
-            int q = (int)lrintf(v[i] * inv);
-            qx[r * 32 + i] = (int8_t)q;
-            sum += q;
-        }
-        dx[r] = d;
-        sx[r] = d * (float)sum;
-    }
-}
-
-#if defined(__AVX2__)
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -75,80 +53,83 @@ static inline float hsum(__m256 v) {
 }
 #endif
 
-static float dot_q8(const int8_t *w, const float *dw, const int8_t *qx, const float *dx, int64_t blocks) {
+/* One output: row w of the weight (k / 32 blocks) times the float row x; xs: x's block sums. */
+static float dot_q8(const int8_t *w, const float *dw, const float *x, int64_t blocks) {
 #if defined(__AVX2__)
     __m256 acc = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < blocks; b++) {
-        __m256i a = _mm256_loadu_si256((const __m256i *)(w + b * 32));
-        __m256i v = _mm256_loadu_si256((const __m256i *)(qx + b * 32));
-        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(v, a)), ones);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw[b] * dx[b]), _mm256_cvtepi32_ps(p), acc);
+        const int8_t *q = w + b * 32;
+        const float *v = x + b * 32;
+        __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q))),
+                                 _mm256_loadu_ps(v));
+        for (int i = 8; i < 32; i += 8)
+            s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i)))),
+                                _mm256_loadu_ps(v + i), s);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw[b]), s, acc);
     }
     return hsum(acc);
 #else
     float acc = 0.0f;
     for (int64_t b = 0; b < blocks; b++) {
-        int s = 0;
-        for (int i = 0; i < 32; i++) s += (int)w[b * 32 + i] * (int)qx[b * 32 + i];
-        acc += dw[b] * dx[b] * (float)s;
+        float s = 0.0f;
+        for (int i = 0; i < 32; i++) s += (float)w[b * 32 + i] * x[b * 32 + i];
+        acc += dw[b] * s;
     }
     return acc;
 #endif
 }
 
-/* w: 16 bytes per block, byte i holds q[i] (low nibble) and q[i + 16] (high nibble). */
-static float dot_q4(const uint8_t *w, const float *dw, const float *mw, const int8_t *qx, const float *dx,
-                    const float *sx, int64_t blocks) {
+static float dot_q4(const uint8_t *w, const float *dw, const float *mw, const float *x, const float *xs,
+                    int64_t blocks) {
 #if defined(__AVX2__)
     __m256 acc = _mm256_setzero_ps();
     float mins = 0.0f;
-    const __m256i ones = _mm256_set1_epi16(1);
     const __m128i low = _mm_set1_epi8(0x0F);
     for (int64_t b = 0; b < blocks; b++) {
         __m128i raw = _mm_loadu_si128((const __m128i *)(w + b * 16));
-        __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
-        __m256i v = _mm256_loadu_si256((const __m256i *)(qx + b * 32));
-        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, v), ones);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw[b] * dx[b]), _mm256_cvtepi32_ps(p), acc);
-        mins += mw[b] * sx[b];
+        __m128i lo = _mm_and_si128(raw, low), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+        const float *v = x + b * 32;
+        __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), _mm256_loadu_ps(v));
+        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), _mm256_loadu_ps(v + 8), s);
+        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), _mm256_loadu_ps(v + 16), s);
+        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), _mm256_loadu_ps(v + 24), s);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw[b]), s, acc);
+        mins += mw[b] * xs[b];
     }
     return hsum(acc) + mins;
 #else
     float acc = 0.0f;
     for (int64_t b = 0; b < blocks; b++) {
-        int s = 0;
-        for (int i = 0; i < 16; i++) {
-            s += (int)(w[b * 16 + i] & 0x0F) * (int)qx[b * 32 + i];
-            s += (int)(w[b * 16 + i] >> 4) * (int)qx[b * 32 + 16 + i];
-        }
-        acc += dw[b] * dx[b] * (float)s + mw[b] * sx[b];
+        float s = 0.0f;
+        for (int i = 0; i < 16; i++)
+            s += (float)(w[b * 16 + i] & 0x0F) * x[b * 32 + i] + (float)(w[b * 16 + i] >> 4) * x[b * 32 + 16 + i];
+        acc += dw[b] * s + mw[b] * xs[b];
     }
     return acc;
 #endif
 }
 
-/* y [m, n] = x [m, k] @ W.T; W is n rows of k / 32 blocks; mw is NULL for q8. */
+/* y [m, n] = x [m, k] @ W.T; W is n rows of k / 32 blocks; mw (q4 minimums) is NULL for q8. */
 int fr_quant_linear(int bits, const float *x, int64_t m, int64_t k, const void *w, const float *dw,
                     const float *mw, int64_t n, float *y) {
     int64_t blocks = k / 32;
-    int8_t *qx = (int8_t *)malloc((size_t)(m * k));
-    float *dx = (float *)malloc(sizeof(float) * (size_t)(m * blocks * 2));
-    if (!qx || !dx) { free(qx); free(dx); return 1; }
-    float *sx = dx + m * blocks;
-    quantize_rows(x, m, k, qx, dx, sx);
+    float *xs = (float *)malloc(sizeof(float) * (size_t)(m * blocks));
+    if (!xs) return 1;
+    for (int64_t r = 0; r < m * blocks; r++) {
+        float s = 0.0f;
+        for (int i = 0; i < 32; i++) s += x[r * 32 + i];
+        xs[r] = s;
+    }
     #pragma omp parallel for schedule(static)
     for (int64_t j = 0; j < n; j++) {
         for (int64_t r = 0; r < m; r++) {
-            const int8_t *q = qx + r * k;
-            const float *d = dx + r * blocks, *s = sx + r * blocks;
             y[r * n + j] = bits == 8
-                ? dot_q8((const int8_t *)w + j * k, dw + j * blocks, q, d, blocks)
-                : dot_q4((const uint8_t *)w + j * (k / 2), dw + j * blocks, mw + j * blocks, q, d, s, blocks);
+                ? dot_q8((const int8_t *)w + j * k, dw + j * blocks, x + r * k, blocks)
+                : dot_q4((const uint8_t *)w + j * (k / 2), dw + j * blocks, mw + j * blocks, x + r * k,
+                         xs + r * blocks, blocks);
         }
     }
-    free(qx);
-    free(dx);
+    free(xs);
     return 0;
 }
 
@@ -211,18 +192,9 @@ def dequantize(weight: QuantWeight) -> torch.Tensor:
     return (q * weight.d[..., None] + weight.m[..., None]).reshape(n, k)
 
 
-def quantize_rows_ref(x: torch.Tensor) -> torch.Tensor:
-    """The input rows [m, k] as the kernel sees them: 8-bit per block of 32, returned as float32."""
-    m, k = x.shape
-    blocks = x.float().reshape(m, k // BLOCK, BLOCK)
-    d = blocks.abs().amax(dim=-1, keepdim=True) / 127.0
-    q = torch.round(blocks * torch.where(d > 0, 1.0 / d, 0.0)).clamp(-127, 127)  # as the kernel rounds
-    return (q * d).reshape(m, k)
-
-
 def linear_ref(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
-    """Torch reference of ``linear``: the quantized rows times the dequantized weight, in float64."""
-    return (quantize_rows_ref(x).double() @ dequantize(weight).double().T).float()
+    """Torch reference of ``linear``: the rows times the dequantized weight, in float64."""
+    return (x.double() @ dequantize(weight).double().T).float()
 
 
 def linear(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
@@ -308,4 +280,4 @@ def _open(path: Path) -> ctypes.CDLL:
 
 
 __all__ = ["BLOCK", "FORMATS", "QuantWeight", "available", "dequantize", "kernel_folder", "linear", "linear_ref",
-           "load_library", "quantize", "quantize_rows_ref", "run_linear"]  # fmt: skip
+           "load_library", "quantize", "run_linear"]  # fmt: skip

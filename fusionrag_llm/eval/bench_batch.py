@@ -47,10 +47,10 @@ def build_requests(rag, config: BatchConfig) -> list[RAGRequest]:
     examples = load_examples(config.dataset, config.requests, passages=passages, seed=config.seed)
     if len(examples) < config.requests:
         raise ValueError(f"the dataset has {len(examples)} questions; --requests asks for {config.requests}")
-    return [_closest(rag, [p.text for p in ex.passages], ex.question, config.target_tokens) for ex in examples]
+    return [closest_request(rag, [p.text for p in ex.passages], ex.question, config.target_tokens) for ex in examples]
 
 
-def _closest(rag, passages: list[str], question: str, target: int) -> RAGRequest:
+def closest_request(rag, passages: list[str], question: str, target: int) -> RAGRequest:
     best, best_gap = None, None
     for count in range(1, len(passages) + 1):
         request = RAGRequest(chunks=passages[:count], question=question)

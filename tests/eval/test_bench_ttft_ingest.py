@@ -54,3 +54,28 @@ def test_ingest(tmp_path):
     # tiny: 3 layers x 2 KV heads x 16 dims x (K and V) x 4 bytes (float32) per token
     assert result["bytes_per_token"] == {"plain": 768.0, "fused": 768.0}
     assert result["store"]["host"]["bytes"] >= result["plain"]["bytes"] + result["fused"]["bytes"]
+
+
+def test_decode(tmp_path):
+    from fusionrag_llm.kernels import cpu_quant
+
+    formats = "float,q8,q4" if cpu_quant.available() else "float"
+    _invoke(["bench", "decode", "--dataset", "synthetic", "--model", "tiny", "--formats", formats, "--lengths", "400,1200",
+             "--speed-tokens", "6", "--questions", "2", "--passages", "3", "--max-new-tokens", "5", "--out", str(tmp_path)])  # fmt: skip
+    data = json.loads((tmp_path / "decode.json").read_text())
+    assert "q8 vs float" in (tmp_path / "decode.md").read_text() or formats == "float"
+    assert [r["target_tokens"] for r in data["speed"]] == [400, 1200]
+    assert data["speed"][0]["prompt_tokens"] < data["speed"][1]["prompt_tokens"]
+    assert all(r["tokens_per_s"][f] > 0 for r in data["speed"] for f in formats.split(","))
+    assert len(data["fidelity"]) == 2
+    for row in data["fidelity"]:
+        float_row = row["formats"]["float"]  # float against itself: the same computation
+        assert float_row["same_answer"] and float_row["kl_max"] == 0.0 and float_row["top1_agreement"] == 1.0
+        for fmt in formats.split(",")[1:]:  # random weights are not on the 8/4-bit grids: close, not equal
+            assert 0.0 < row["formats"][fmt]["kl_mean"] < 0.5
+    assert data["summary"]["float"]["same_answer"] == 2
+
+
+def test_decode_refuses_an_unknown_format(tmp_path):
+    result = CliRunner().invoke(cli, ["bench", "decode", "--dataset", "synthetic", "--model", "tiny", "--formats", "q3"])
+    assert result.exit_code != 0 and "float, q8, q4" in result.output

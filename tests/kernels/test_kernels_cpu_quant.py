@@ -1,5 +1,5 @@
-"""Block-quantized CPU linear (8-bit and 4-bit GGUF-style weights): kernel vs reference, the formats
-checked by hand, and the model's decode steps reading them while prefills stay float."""
+"""Block-quantized CPU linear (8-bit and 4-bit GGUF-style weights, float inputs): kernel vs reference,
+the formats checked by hand, and the model's decode steps reading them while prefills stay float."""
 
 import pytest
 import torch
@@ -19,14 +19,11 @@ def test_kernel_matches_reference(fmt, m, n, k):
     got, want = cpu_quant.linear(x, qw), cpu_quant.linear_ref(x, qw)
     assert got.shape == (m, n) and got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
-    float_product = x @ weight.T  # the quantization error itself: about 1% (8 bits), 10% (4 bits) of the range
+    float_product = x @ weight.T  # the weights' rounding itself: about 1% (8 bits), 10% (4 bits) of the range
     assert (got - float_product).abs().max() < {"q8": 0.03, "q4": 0.25}[fmt] * float_product.abs().max()
 
 
-def test_reference_rounds_rows_and_weights_as_the_formats_say():
-    x = torch.arange(32, dtype=torch.float32)[None] - 10.0  # block max |x| = 21
-    dx = 21.0 / 127
-    torch.testing.assert_close(cpu_quant.quantize_rows_ref(x), torch.round(x / dx) * dx)
+def test_weights_are_rounded_as_the_formats_say():
     w = torch.linspace(-1.0, 2.0, 32)[None]
     q8 = cpu_quant.quantize(w, "q8")
     assert q8.q.dtype == torch.int8 and q8.q.abs().max() == 127 and torch.allclose(q8.d, torch.tensor([[2.0 / 127]]))
@@ -55,6 +52,17 @@ def test_bad_inputs_are_refused_with_what_is_allowed():
         cpu_quant.linear(torch.randn(2, 32), qw)
     with pytest.raises(ValueError, match="float32"):
         cpu_quant.linear(torch.randn(2, 64, dtype=torch.float64), qw)
+
+
+def test_a_decode_row_through_gguf_weights_is_the_float_product():
+    """Weights that already are Q4_1 / Q8_0 numbers (what the default model's GGUF holds) give the float
+    layer's result up to summation order: nothing of the input is rounded."""
+    g = torch.Generator().manual_seed(7)
+    for fmt in cpu_quant.FORMATS:
+        weight = cpu_quant.dequantize(cpu_quant.quantize(torch.randn(96, 576, generator=g) * 0.05, fmt))
+        x = torch.randn(1, 576, generator=g)
+        want = x @ weight.T
+        torch.testing.assert_close(cpu_quant.linear(x, cpu_quant.quantize(weight, fmt)), want, rtol=1e-4, atol=1e-5)
 
 
 def test_linear_layer_reads_the_quantized_copy_only_when_asked():
