@@ -83,7 +83,8 @@ class FusionRAG:
         layers of the model CacheClip's auxiliary model keeps (default: a quarter of them).
         ``decode_weights``: what decode steps read on CPU: ``"float"``, or 8-bit / 4-bit GGUF-style
         blocks ``"q8"`` / ``"q4"`` (faster; prefills and stored entries stay float); default
-        ``$FUSIONRAG_DECODE_WEIGHTS`` or ``"float"``.
+        ``$FUSIONRAG_DECODE_WEIGHTS`` or ``"auto"``: the blocks only where they hold the weights' own
+        numbers (the default model, converted from its GGUF file), so answers do not change.
         """
         loaded = load_model(name_or_path, device=device, dtype=dtype, kernels=kernels, decode_weights=decode_weights)
         return cls(loaded, store=store, embedder=embedder, prefix_cache=prefix_cache, store_dtype=store_dtype,

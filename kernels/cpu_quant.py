@@ -182,6 +182,19 @@ def quantize(weight: torch.Tensor, fmt: str) -> QuantWeight:
     return QuantWeight(fmt, packed.reshape(n, k // 2).contiguous(), d.contiguous(), low.contiguous(), (n, k))
 
 
+def quantize_exact(weight: torch.Tensor, tolerance: float = 1e-3) -> QuantWeight | None:
+    """The 4-bit, else the 8-bit form of ``weight`` if it holds the weight's numbers (each block within
+    ``tolerance`` of its step ``d``: float rounding, not quantization), else None. Weights that came
+    from a GGUF file in one of these formats pass; trained float weights do not."""
+    for fmt in ("q4", "q8"):
+        qw = quantize(weight, fmt)
+        n, k = qw.shape
+        error = (dequantize(qw) - weight.detach().float().cpu()).abs().reshape(n, k // BLOCK, BLOCK).amax(dim=-1)
+        if bool((error <= tolerance * qw.d).all()):
+            return qw
+    return None
+
+
 def dequantize(weight: QuantWeight) -> torch.Tensor:
     """The float32 weight [n, k] that ``weight`` stands for."""
     n, k = weight.shape
@@ -280,4 +293,4 @@ def _open(path: Path) -> ctypes.CDLL:
 
 
 __all__ = ["BLOCK", "FORMATS", "QuantWeight", "available", "dequantize", "kernel_folder", "linear", "linear_ref",
-           "load_library", "quantize", "run_linear"]  # fmt: skip
+           "load_library", "quantize", "quantize_exact", "run_linear"]  # fmt: skip

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fusionrag_llm.kernels import cpu_quant, dispatch
+from fusionrag_llm.kernels.cpu_quant import FORMATS
 from fusionrag_llm.kernels.rotary import rotate
 from fusionrag_llm.models.attention_backend import attention_backend
 from fusionrag_llm.models.config import ModelConfig
@@ -33,8 +34,10 @@ __all__ = ["DECODE_WEIGHTS", "DecoderLM", "ForwardOutput", "ForwardPass"]
 logger = logging.getLogger(__name__)
 
 # Weights that decode steps read: float (the model's own), or GGUF-style blocks (kernels/cpu_quant.py).
-# "q4" keeps the output head (the tied embedding) in 8 bits, as GGUF files of these models do.
-DECODE_WEIGHTS = ("float", "q8", "q4")
+# "q4" keeps the output head (the tied embedding) in 8 bits, as GGUF files of these models do. "auto":
+# per layer, 4-bit or 8-bit blocks only where they hold the weight's own numbers (a model converted
+# from a GGUF file), else float: faster decoding that changes nothing.
+DECODE_WEIGHTS = ("auto", "float", "q8", "q4")
 
 
 class RMSNorm(nn.Module):
@@ -150,24 +153,26 @@ class DecoderLM(nn.Module):
                 module.unpack()
 
     def quantize_linears(self, weights: str) -> int:
-        """Give decode steps ``weights`` ("float", "q8" or "q4", see ``DECODE_WEIGHTS``); returns how many
-        linear layers got a quantized copy (0 for "float", off CPU, or where the kernel cannot be built:
-        then decode stays float and a warning says why). Prefills always multiply with the float weights."""
+        """Give decode steps ``weights`` ("auto", "float", "q8" or "q4", see ``DECODE_WEIGHTS``); returns
+        how many linear layers got a quantized copy (0 for "float", off CPU, or where the kernel cannot be
+        built: then decode stays float and a warning says why). Prefills always use the float weights."""
         if weights not in DECODE_WEIGHTS:
             raise ValueError(f"decode weights must be one of {', '.join(DECODE_WEIGHTS)}, got {weights!r}")
         layers = [module for module in self.modules() if isinstance(module, Linear)]
-        if weights != "float" and self.device.type == "cpu":
+        if weights != "float" and (self.device.type != "cpu" or self.dtype != torch.float32):
+            weights = "float"  # the kernel multiplies float32 rows on the CPU
+        if weights != "float":
             try:
                 cpu_quant.load_library()
             except RuntimeError as exc:
                 logger.warning("decode stays float: %s", exc)
                 weights = "float"
-        fmt = None if weights == "float" else weights
-        return sum(layer.quantize("q8" if fmt and layer is self.lm_head else fmt) for layer in layers)
+        fmt = {"float": None, "auto": "exact"}.get(weights, weights)
+        return sum(layer.quantize("q8" if fmt in FORMATS and layer is self.lm_head else fmt) for layer in layers)
 
     @property
     def decode_weights(self) -> str:
-        """What decode steps read now: "float", "q8" or "q4"."""
+        """What decode steps read now: "float", "q8" or "q4" (the format of the first layer's weights)."""
         body = self.model.layers[0].mlp.up_proj.quantized if len(self.model.layers) else None
         return body or "float"
 

@@ -81,12 +81,13 @@ def load_model(name_or_path: str | Path, device=None, dtype=None, kernels: str |
     under ``TRITON_INTERPRET=1``); default ``$FUSIONRAG_KERNELS`` or ``"auto"``. Chosen once here.
     A float32 model on CPU also gets its linear weights packed for oneDNN (``DecoderLM.pack_linears``:
     faster decode steps for a second copy of the weights; ``model.unpack_linears()`` frees it).
-    ``decode_weights``: what decode steps read on CPU, ``"float"``, ``"q8"`` or ``"q4"``
-    (``DecoderLM.quantize_linears``); default ``$FUSIONRAG_DECODE_WEIGHTS`` or ``"float"``.
+    ``decode_weights``: what decode steps read on CPU, ``"auto"``, ``"float"``, ``"q8"`` or ``"q4"``
+    (``DecoderLM.quantize_linears``); default ``$FUSIONRAG_DECODE_WEIGHTS`` or ``"auto"`` (4-bit or
+    8-bit blocks only where they are the weights' own numbers, as in a model converted from a GGUF file).
     """
     from fusionrag_llm.kernels.dispatch import resolve_backend
 
-    decode_weights = decode_weights or os.environ.get("FUSIONRAG_DECODE_WEIGHTS") or "float"
+    decode_weights = decode_weights or os.environ.get("FUSIONRAG_DECODE_WEIGHTS") or "auto"
     if decode_weights not in DECODE_WEIGHTS:
         raise FusionRAGError(f"decode_weights must be one of {', '.join(DECODE_WEIGHTS)}, got {decode_weights!r}")
     torch_device = resolve_device(device)

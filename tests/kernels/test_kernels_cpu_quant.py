@@ -111,3 +111,25 @@ def test_decode_steps_read_quantized_weights_and_prefills_stay_float(monkeypatch
     assert steps >= 1 and calls == [1] * (steps * (7 * layers + 1))
     with pytest.raises(FusionRAGError, match="float, q8, q4"):
         FusionRAG.from_pretrained("tiny", store=":memory:", decode_weights="int3")
+
+
+def test_auto_quantizes_only_weights_that_are_their_own_blocks():
+    """The default ("auto"): a model whose weights are 4-bit / 8-bit block numbers (as one converted from
+    a GGUF file) decodes through the blocks with the float model's answers; random float weights stay float."""
+    from fusionrag_llm import FusionRAG, RAGRequest
+    from fusionrag_llm.models.linear import Linear
+
+    request = RAGRequest(chunks=["Grace Hopper wrote the first compiler."], question="Who wrote the first compiler?")
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    model = rag.engine.model
+    assert model.decode_weights == "float"  # random weights are on no grid
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    with torch.no_grad():
+        for i, layer in enumerate(layers):  # put every weight on a grid, as a GGUF file's are
+            fmt = "q8" if layer is model.lm_head or i % 2 else "q4"
+            layer.weight.copy_(cpu_quant.dequantize(cpu_quant.quantize(layer.weight, fmt)))
+    model.quantize_linears("float")
+    reference = rag.generate(request, method="full_attention", max_new_tokens=6)
+    assert model.quantize_linears("auto") == len(layers)
+    assert model.lm_head.quantized == "q8" and {layer.quantized for layer in layers} == {"q4", "q8"}
+    assert rag.generate(request, method="full_attention", max_new_tokens=6).token_ids == reference.token_ids
