@@ -273,13 +273,9 @@ def batch(dataset, requests, tokens, max_new_tokens, method, ratio, model, devic
 
 
 def _formats(ctx, param, value):
-    from fusionrag_llm.models.llama import DECODE_WEIGHTS
+    from fusionrag_llm.eval.bench_decode import parse_formats
 
-    formats = tuple(f.strip() for f in value.split(",") if f.strip())
-    bad = [f for f in formats if f not in DECODE_WEIGHTS]
-    if bad or not formats:
-        raise click.BadParameter(f"use some of {', '.join(DECODE_WEIGHTS)}, got {value!r}")
-    return formats
+    return _parsed(parse_formats)(ctx, param, value)
 
 
 @bench.command()

@@ -55,6 +55,14 @@ class DecodeConfig:
         return asdict(self)
 
 
+def parse_formats(value: str) -> tuple[str, ...]:
+    """``"float,q4"`` -> ``("float", "q4")``; ``ValueError`` naming the allowed formats otherwise."""
+    formats = tuple(f.strip() for f in value.split(",") if f.strip())
+    if not formats or any(f not in DECODE_WEIGHTS for f in formats):
+        raise ValueError(f"decode formats must be some of {', '.join(DECODE_WEIGHTS)}, got {value!r}")
+    return formats
+
+
 def run_speed(rag, config: DecodeConfig) -> list[dict]:
     """One row per prompt length: decode tokens/s of each format (same prompt, same process)."""
     examples = load_examples(config.dataset, 1, passages=10 if config.dataset == SYNTHETIC else None, seed=0)
