@@ -286,9 +286,11 @@ def _formats(ctx, param, value):
 @click.option("--questions", default=30, show_default=True, type=click.IntRange(0), help="Questions for the fidelity table.")
 @click.option("--passages", default=5, show_default=True, type=click.IntRange(1), help="Passages per fidelity question.")
 @click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1, 512), help="Answer length for fidelity.")
+@click.option("--llama-cpp/--no-llama-cpp", default=True, show_default=True,
+              help="Also time llama.cpp's decode on the model's GGUF file (when llama-cpp-python is installed).")  # fmt: skip
 @model_option
 @out_option("bench_results")
-def decode(dataset, formats, lengths, speed_tokens, questions, passages, max_new_tokens, model, out) -> None:
+def decode(dataset, formats, lengths, speed_tokens, questions, passages, max_new_tokens, llama_cpp, model, out) -> None:
     """Decode tokens/s and fidelity of float, 8-bit and 4-bit decode weights (same process, same prompts)."""
     from fusionrag_llm.eval.bench_decode import DecodeConfig, run_decode, write_decode
     from fusionrag_llm.eval.results import machine_info
@@ -296,7 +298,7 @@ def decode(dataset, formats, lengths, speed_tokens, questions, passages, max_new
     rag = _load(model, "cpu", None, None, 4.0, 1.0)
     try:
         config = DecodeConfig(dataset, model, formats, lengths, speed_tokens, questions, passages, max_new_tokens)
-        result = run_decode(rag, config)
+        result = run_decode(rag, config, llama_cpp=llama_cpp)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     _echo_outputs(write_decode(Path(out), config.to_dict(), machine_info(rag), result))

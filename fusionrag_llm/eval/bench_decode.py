@@ -28,6 +28,8 @@ from fusionrag_llm.models.forward import ForwardPass
 from fusionrag_llm.models.llama import DECODE_WEIGHTS
 from fusionrag_llm.request import RAGRequest
 
+LLAMA_CPP = "llama.cpp"
+
 
 @dataclass(frozen=True)
 class DecodeConfig:
@@ -63,8 +65,9 @@ def parse_formats(value: str) -> tuple[str, ...]:
     return formats
 
 
-def run_speed(rag, config: DecodeConfig) -> list[dict]:
-    """One row per prompt length: decode tokens/s of each format (same prompt, same process)."""
+def run_speed(rag, config: DecodeConfig, gguf: Path | None = None) -> list[dict]:
+    """One row per prompt length: decode tokens/s of each format (same prompt, same process), and of
+    llama.cpp on ``gguf`` with the same prompt token ids and threads when ``gguf`` is given."""
     examples = load_examples(config.dataset, 1, passages=10 if config.dataset == SYNTHETIC else None, seed=0)
     passages, question = [p.text for p in examples[0].passages], examples[0].question
     rows = []
@@ -77,8 +80,38 @@ def run_speed(rag, config: DecodeConfig) -> list[dict]:
             out = rag.generate(request, method="full_reuse", max_new_tokens=config.speed_tokens)
             row["prompt_tokens"] = out.stats.prompt_tokens
             row["tokens_per_s"][weights] = out.stats.decode_tokens_per_s
+        if gguf is not None:
+            ids = [t for segment in rag.segments(request) for t in segment.token_ids]
+            row["tokens_per_s"][LLAMA_CPP] = llama_cpp_decode(gguf, ids, config.speed_tokens)
         rows.append(row)
+    rag.engine.model.quantize_linears("auto")
     return rows
+
+
+def llama_cpp_decode(gguf: Path, ids: list[int], tokens: int) -> float:
+    """llama.cpp's greedy decode tokens/s after prefilling ``ids``, with torch's thread count."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(gguf), n_ctx=len(ids) + tokens + 8, n_threads=torch.get_num_threads(),
+                n_threads_batch=torch.get_num_threads(), n_batch=512, verbose=False)  # fmt: skip
+    llm.eval(ids)
+    start = time.perf_counter()
+    for _ in range(tokens):
+        llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+    return tokens / (time.perf_counter() - start)
+
+
+def default_gguf(model: str) -> Path | None:
+    """The GGUF file ``model`` was converted from when it is the default model or a .gguf path."""
+    from fusionrag_llm.models.default_model import DEFAULT_ALIASES, DEFAULT_MODEL, downloaded_gguf, installed_gguf
+    from fusionrag_llm.paths import cache_dir
+
+    if str(model).endswith(".gguf") and Path(model).is_file():
+        return Path(model)
+    if str(model).lower() in {DEFAULT_MODEL, *DEFAULT_ALIASES}:
+        return installed_gguf() or downloaded_gguf(cache_dir())
+    return None
 
 
 def run_fidelity(rag, config: DecodeConfig) -> list[dict]:
@@ -98,7 +131,7 @@ def run_fidelity(rag, config: DecodeConfig) -> list[dict]:
             _, forced = _decode(model, cache, len(ids), first, config.max_new_tokens, forced=reference)
             row["formats"][weights] = _compare(reference, reference_logits, tokens, forced)
         rows.append(row)
-    model.quantize_linears("float")
+    model.quantize_linears("auto")
     return rows
 
 
@@ -162,10 +195,12 @@ def summarize(speed: list[dict], fidelity: list[dict], formats) -> dict:
 
 def decode_markdown(result: dict, config: dict, machine: dict) -> str:
     formats = config["formats"]
-    speed_rows = [[r["prompt_tokens"], *(fmt(r["tokens_per_s"][w], 1) for w in formats),
-                   *(f"{r['tokens_per_s'][w] / r['tokens_per_s']['float']:.2f}x" for w in formats if w != "float"
-                     and "float" in formats)] for r in result["speed"]]  # fmt: skip
-    ratios = [f"{w} vs float" for w in formats if w != "float" and "float" in formats]
+    columns = list(formats) + ([LLAMA_CPP] if result["speed"] and LLAMA_CPP in result["speed"][0]["tokens_per_s"] else [])
+    pairs = [(w, base) for base in ("float", LLAMA_CPP) if base in columns for w in formats if w != base]
+    speed_rows = [[r["prompt_tokens"], *(fmt(r["tokens_per_s"][w], 1) for w in columns),
+                   *(f"{r['tokens_per_s'][w] / r['tokens_per_s'][base]:.2f}x" for w, base in pairs)]
+                  for r in result["speed"]]  # fmt: skip
+    ratios = [f"{w} vs {base}" for w, base in pairs]
     summary = result["summary"]
     fidelity_rows = [[w, f"{summary[w]['same_answer']}/{summary[w]['questions']}", fmt(summary[w]["top1_agreement"], 3),
                       fmt(summary[w]["kl_mean"], 5), fmt(summary[w]["kl_max"], 4), summary[w]["worst_question"]]
@@ -175,8 +210,8 @@ def decode_markdown(result: dict, config: dict, machine: dict) -> str:
         f"{machine['platform']}, {machine['cpu_count']} CPUs, torch {machine['torch']} "
         f"({machine['torch_threads']} threads). One process, one run.\n\n"
         f"## Speed: decode tokens/s, {config['speed_tokens']} new tokens after a Full Reuse prompt\n\n"
-        + markdown_table(["prompt tokens", *(f"{w} tok/s" for w in formats), *ratios], speed_rows)
-        + f"\n\n## Fidelity against float decode: {config['questions']} questions x {config['passages']} passages, "
+        + markdown_table(["prompt tokens", *(f"{w} tok/s" for w in columns), *ratios], speed_rows)
+        + f"\n\n{result.get('baseline_note', '')}\n\n## Fidelity against float decode: {config['questions']} questions x {config['passages']} passages, "
         f"{config['max_new_tokens']} new tokens, exact (Full Attention) prompt KV\n\n"
         + markdown_table(["format", "same answer", "top-1 agreement (forced)", "KL mean", "KL max", "worst question"],
                          fidelity_rows)  # fmt: skip
@@ -192,9 +227,22 @@ def write_decode(out_dir: Path, config: dict, machine: dict, result: dict) -> li
     return paths + [out_dir / "decode.md"]
 
 
-def run_decode(rag, config: DecodeConfig) -> dict:
+def run_decode(rag, config: DecodeConfig, llama_cpp: bool = True) -> dict:
+    """Speed and fidelity; llama.cpp is timed too when asked, installed, and the model has a GGUF file."""
     start = time.perf_counter()
-    speed = run_speed(rag, config)
+    gguf, note = _baseline(rag.model_name) if llama_cpp else (None, "llama.cpp: not asked for (--no-llama-cpp).")
+    speed = run_speed(rag, config, gguf)
     fidelity = run_fidelity(rag, config)
     return {"speed": speed, "fidelity": fidelity, "summary": summarize(speed, fidelity, config.formats),
-            "seconds": time.perf_counter() - start}  # fmt: skip
+            "baseline_note": note, "seconds": time.perf_counter() - start}  # fmt: skip
+
+
+def _baseline(model: str) -> tuple[Path | None, str]:
+    try:
+        import llama_cpp
+    except ImportError:
+        return None, "llama.cpp: skipped, llama-cpp-python is not installed (pip install 'fusionrag_llm[llama-cpp]')."
+    gguf = default_gguf(model)
+    if gguf is None:
+        return None, f"llama.cpp: skipped, no GGUF file is known for {model!r}."
+    return gguf, f"llama.cpp: llama-cpp-python {llama_cpp.__version__} on {gguf.name}, same prompt token ids and threads."
