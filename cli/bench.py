@@ -52,6 +52,12 @@ def _ratios(ctx, param, value):
     return _parsed(parse_ratios)(ctx, param, value)
 
 
+def _parsed_baselines(ctx, param, value):
+    from fusionrag_llm.eval.bench_ttft import parse_baselines
+
+    return _parsed(parse_baselines)(ctx, param, value)
+
+
 def _lengths(ctx, param, value):
     from fusionrag_llm.eval.bench_methods import parse_lengths
 
@@ -151,31 +157,40 @@ def quality(dataset, methods, ratios, passages, limit, skip, words_per_passage, 
 @dtype_option
 @neighbors_option
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(1), help="Timed runs after one warm-up.")
-@click.option("--hf/--no-hf", default=True, show_default=True, help="Also time plain transformers generate.")
+@click.option("--baselines", default="transformers", show_default=True, callback=_parsed_baselines,
+              help="Also time these on the same prompt ids: transformers, llama_cpp (the model's GGUF; needs "
+                   "llama-cpp-python), a comma list, or none.")  # fmt: skip
+@click.option("--new-tokens", default=1, show_default=True, type=click.IntRange(1),
+              help="Tokens each run decodes (end tokens ignored); above 1 adds an end-to-end table (TTFT + N tokens).")  # fmt: skip
 @seed_option
 @out_option("bench_results")
 @store_option
 @host_option
 @disk_option
 @progress_option
-def ttft(lengths, methods, ratios, dataset, model, device, dtype, neighbors, repeats, hf, seed, out, store,
-         host_gib, disk_gib, progress) -> None:  # fmt: skip
+def ttft(lengths, methods, ratios, dataset, model, device, dtype, neighbors, repeats, baselines, new_tokens, seed, out,
+         store, host_gib, disk_gib, progress) -> None:  # fmt: skip
     """Time to first token (median, with load/select/prefill) per method, ratio and prompt length."""
     from fusionrag_llm.eval.bench_ttft import TTFTConfig, build_prompts, ingest_prompts, run_ttft, source_passages, write_ttft
     from fusionrag_llm.eval.hf_baseline import load_hf_twin
+    from fusionrag_llm.eval.llama_cpp_baseline import find_llama_cpp
     from fusionrag_llm.eval.results import machine_info
 
-    config = TTFTConfig(dataset, model, lengths, methods, ratios, repeats, neighbors, seed, device, dtype)
+    config = TTFTConfig(dataset, model, lengths, methods, ratios, repeats, neighbors, seed, device, dtype, baselines,
+                        new_tokens)  # fmt: skip
     rag = _load(model, device, dtype, store, host_gib, disk_gib)
+    gguf, note = find_llama_cpp(rag.model_name) if "llama_cpp" in baselines else (None, "")
+    if "llama_cpp" in baselines:
+        click.echo(note)
     try:
         question, passages = source_passages(dataset, max(lengths), seed)
         prompts = build_prompts(rag, question, passages, lengths)
         offline = ingest_prompts(rag, prompts, neighbors, progress=progress)
-        hf_model = load_hf_twin(rag.parts.loaded) if hf else None
-        rows = run_ttft(rag, prompts, config, hf_model, progress=progress)
+        hf_model = load_hf_twin(rag.parts.loaded) if "transformers" in baselines else None
+        rows = run_ttft(rag, prompts, config, hf_model, gguf, progress=progress)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    _echo_outputs(write_ttft(Path(out), config.to_dict(), machine_info(rag), offline, rows))
+    _echo_outputs(write_ttft(Path(out), config.to_dict(), machine_info(rag), offline, rows, note))
 
 
 @bench.command()

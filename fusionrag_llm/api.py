@@ -187,7 +187,8 @@ class FusionRAG:
 
     def stream(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
                max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
-               seed: int = 0, variant_policy: str | None = None, stop: str | Sequence[str] | None = None) -> GenerationStream:  # fmt: skip
+               seed: int = 0, variant_policy: str | None = None, stop: str | Sequence[str] | None = None,
+               ignore_eos: bool = False) -> GenerationStream:  # fmt: skip
         """Like ``generate``, but iterate the result for text deltas as they are decoded.
 
         >>> rag = FusionRAG.from_pretrained("tiny")
@@ -196,11 +197,13 @@ class FusionRAG:
         True
         """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy)
-        return self.engine.stream(self._locked_segments(request), plan, max_new_tokens, stop=() if stop is None else stop)
+        return self.engine.stream(self._locked_segments(request), plan, max_new_tokens, stop=() if stop is None else stop,
+                                  ignore_eos=ignore_eos)
 
     def generate(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
                  max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
-                 seed: int = 0, variant_policy: str | None = None, stop: str | Sequence[str] | None = None) -> Generation:  # fmt: skip
+                 seed: int = 0, variant_policy: str | None = None, stop: str | Sequence[str] | None = None,
+               ignore_eos: bool = False) -> Generation:  # fmt: skip
         """Answer ``request`` greedily; ``out.stats`` holds TTFT, its parts and token counts.
 
         ``method``: one of ``FusionRAG.methods``; ``kv_variant`` (plain|fused) and ``selector``
@@ -209,15 +212,17 @@ class FusionRAG:
         fused entry whenever one is stored; ``"overlap"`` only when at least half of the chunks it was
         fused after are in this request, else from its plain entry (``stats.fused_declined`` counts those).
         ``stop``: a string or up to 16 strings that end the answer where one first appears (the
-        answer is cut before it; ``out.finish_reason`` is then ``"stop"``).
+        answer is cut before it; ``out.finish_reason`` is then ``"stop"``). ``ignore_eos=True`` decodes
+        all ``max_new_tokens`` past the model's end-of-turn tokens (for timing a fixed answer length).
         """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy)
-        return self.engine.generate(self._locked_segments(request), plan, max_new_tokens, stop=() if stop is None else stop)
+        return self.engine.generate(self._locked_segments(request), plan, max_new_tokens, stop=() if stop is None else stop,
+                                    ignore_eos=ignore_eos)
 
     def generate_many(self, requests: Sequence[Request], method: str = "fusionrag", recompute_ratio: float = 0.15,
                       max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
                       seed: int = 0, variant_policy: str | None = None, lookahead: int = 4,
-                      stop: str | Sequence[str] | None = None) -> list[Generation]:  # fmt: skip
+                      stop: str | Sequence[str] | None = None, ignore_eos: bool = False) -> list[Generation]:  # fmt: skip
         """Answer several requests as one batch: their prefills are admitted together and every
         decode step runs all unfinished answers in one forward. Results come in request order and
         equal answering each alone (greedy decoding).
@@ -228,7 +233,8 @@ class FusionRAG:
         """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy)
         batch = [(self._locked_segments(request), plan, max_new_tokens) for request in requests]
-        return self.engine.generate_many(batch, lookahead=lookahead, stop=() if stop is None else stop)
+        return self.engine.generate_many(batch, lookahead=lookahead, stop=() if stop is None else stop,
+                                         ignore_eos=ignore_eos)
 
     def logits(self, request: Request, continuation_ids: Sequence[int], method: str = "fusionrag",
                recompute_ratio: float = 0.15, *, kv_variant: str | None = None, selector: str | None = None,

@@ -195,6 +195,22 @@ def quantize_exact(weight: torch.Tensor, tolerance: float = 1e-3) -> QuantWeight
     return None
 
 
+def concat_rows(weights: list[QuantWeight]) -> QuantWeight:
+    """One weight holding the rows of ``weights`` (one format, one input size) in order."""
+    fmts, inputs = {w.fmt for w in weights}, {w.shape[1] for w in weights}
+    check(len(fmts) == 1 and len(inputs) == 1, "concat_rows", f"weights must share a format and input size, got {fmts}, {inputs}")
+    m = None if weights[0].m is None else torch.cat([w.m for w in weights])
+    return QuantWeight(weights[0].fmt, torch.cat([w.q for w in weights]), torch.cat([w.d for w in weights]), m,
+                       (sum(w.shape[0] for w in weights), weights[0].shape[1]))  # fmt: skip
+
+
+def row_slice(weight: QuantWeight, start: int, rows: int) -> QuantWeight:
+    """Rows [start, start + rows) of ``weight``, as views of its tensors (contiguous: rows are)."""
+    end = start + rows
+    return QuantWeight(weight.fmt, weight.q[start:end], weight.d[start:end],
+                       None if weight.m is None else weight.m[start:end], (rows, weight.shape[1]))  # fmt: skip
+
+
 def dequantize(weight: QuantWeight) -> torch.Tensor:
     """The float32 weight [n, k] that ``weight`` stands for."""
     n, k = weight.shape

@@ -102,17 +102,21 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the step API
     def add_request(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, *, stop: Seq[str] = (),
-                    prefetch: int = 0, preloaded: Preloaded | None = None) -> Sequence:  # fmt: skip
+                    prefetch: int = 0, preloaded: Preloaded | None = None, ignore_eos: bool = False) -> Sequence:  # fmt: skip
         """Queue a request; returns its sequence (``request_id``, ``token_ids``, ``finished``, ``stats``).
 
         ``stop``: strings that end decoding once the answer contains one (the answer is cut before
-        it). ``prefetch``: load its chunk entries on the loader thread once it is within this many
+        it). ``ignore_eos``: decode all ``max_new_tokens`` past the model's end tokens (benchmarks). ``prefetch``: load its chunk entries on the loader thread once it is within this many
         places of the head of the queue (0: load them when it is admitted).
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise FusionRAGError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         seq = self._sequence(segments, plan, max_new_tokens)
         seq.stop_strings, seq.prefetch, seq.preloaded = check_stop(stop), prefetch, preloaded
+        if not isinstance(ignore_eos, bool):
+            raise FusionRAGError(f"ignore_eos must be True or False, got {ignore_eos!r}")
+        if ignore_eos:
+            seq.stop_ids = frozenset()
         seq.context_plan = self.resolver().plan(seq.segments, plan)  # keys once, for prefetch and assembly
         with self._lock:
             self.scheduler.add(seq)
@@ -249,13 +253,13 @@ class LLMEngine:
                 raise seq.error
 
     def generate(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int,
-                 preloaded: Preloaded | None = None, stop: Seq[str] = ()) -> Generation:  # fmt: skip
-        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, preloaded=preloaded)
+                 preloaded: Preloaded | None = None, stop: Seq[str] = (), ignore_eos: bool = False) -> Generation:  # fmt: skip
+        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, preloaded=preloaded, ignore_eos=ignore_eos)
         self.run_until_finished([seq])
         return self.generation(seq)
 
     def generate_many(self, requests: Seq[tuple[Seq[Segment], RunPlan, int]], lookahead: int = 4,
-                      stop: Seq[str] = ()) -> list[Generation]:  # fmt: skip
+                      stop: Seq[str] = (), ignore_eos: bool = False) -> list[Generation]:  # fmt: skip
         """Run ``(segments, plan, max_new_tokens)`` requests as one batch, in order of the results.
 
         Every request is checked before any is queued; entries of the next ``lookahead`` waiting
@@ -264,15 +268,15 @@ class LLMEngine:
         checked = [(list(segments), plan, max_new) for segments, plan, max_new in requests]
         for segments, _, max_new in checked:
             self.check_fits(len(prompt_ids(segments)), max_new)
-        seqs = [self.add_request(segments, plan, max_new, stop=stop, prefetch=lookahead)
+        seqs = [self.add_request(segments, plan, max_new, stop=stop, prefetch=lookahead, ignore_eos=ignore_eos)
                 for segments, plan, max_new in checked]  # fmt: skip
         self.run_until_finished(seqs)
         return [self.generation(seq) for seq in seqs]
 
     def stream(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int,
-               preloaded: Preloaded | None = None, stop: Seq[str] = ()) -> GenerationStream:  # fmt: skip
+               preloaded: Preloaded | None = None, stop: Seq[str] = (), ignore_eos: bool = False) -> GenerationStream:  # fmt: skip
         """Prefill now; iterate the returned stream for text deltas."""
-        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, preloaded=preloaded)
+        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, preloaded=preloaded, ignore_eos=ignore_eos)
         while seq.status is Status.WAITING:
             self.step()
         if seq.error is not None:

@@ -23,13 +23,11 @@ import torch
 
 from fusionrag_llm.eval.bench_batch import closest_request
 from fusionrag_llm.eval.bench_data import SYNTHETIC, load_examples
+from fusionrag_llm.eval.llama_cpp_baseline import LLAMA_CPP, find_llama_cpp, llama_cpp_decode
 from fusionrag_llm.eval.results import fmt, markdown_table, write_json
 from fusionrag_llm.models.forward import ForwardPass
 from fusionrag_llm.models.llama import DECODE_WEIGHTS
 from fusionrag_llm.request import RAGRequest
-
-LLAMA_CPP = "llama.cpp"
-
 
 @dataclass(frozen=True)
 class DecodeConfig:
@@ -86,33 +84,6 @@ def run_speed(rag, config: DecodeConfig, gguf: Path | None = None) -> list[dict]
         rows.append(row)
     rag.engine.model.quantize_linears("auto")
     return rows
-
-
-def llama_cpp_decode(gguf: Path, ids: list[int], tokens: int) -> float:
-    """llama.cpp's greedy decode tokens/s after prefilling ``ids``, with torch's thread count."""
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=str(gguf), n_ctx=len(ids) + tokens + 8, n_threads=torch.get_num_threads(),
-                n_threads_batch=torch.get_num_threads(), n_batch=512, verbose=False)  # fmt: skip
-    llm.eval(ids)
-    start = time.perf_counter()
-    for _ in range(tokens):
-        llm.eval([llm.sample(temp=0.0)])  # greedy (it gives this engine's tokens on the default model)
-    seconds = time.perf_counter() - start
-    llm.close()  # its threads and memory, before the next prompt is timed
-    return tokens / seconds
-
-
-def default_gguf(model: str) -> Path | None:
-    """The GGUF file ``model`` was converted from when it is the default model or a .gguf path."""
-    from fusionrag_llm.models.default_model import DEFAULT_ALIASES, DEFAULT_MODEL, downloaded_gguf, installed_gguf
-    from fusionrag_llm.paths import cache_dir
-
-    if str(model).endswith(".gguf") and Path(model).is_file():
-        return Path(model)
-    if str(model).lower() in {DEFAULT_MODEL, *DEFAULT_ALIASES}:
-        return installed_gguf() or downloaded_gguf(cache_dir())
-    return None
 
 
 def run_fidelity(rag, config: DecodeConfig) -> list[dict]:
@@ -231,19 +202,8 @@ def write_decode(out_dir: Path, config: dict, machine: dict, result: dict) -> li
 def run_decode(rag, config: DecodeConfig, llama_cpp: bool = True) -> dict:
     """Speed and fidelity; llama.cpp is timed too when asked, installed, and the model has a GGUF file."""
     start = time.perf_counter()
-    gguf, note = _baseline(rag.model_name) if llama_cpp else (None, "llama.cpp: not asked for (--no-llama-cpp).")
+    gguf, note = find_llama_cpp(rag.model_name) if llama_cpp else (None, "llama.cpp: not asked for (--no-llama-cpp).")
     speed = run_speed(rag, config, gguf)
     fidelity = run_fidelity(rag, config)
     return {"speed": speed, "fidelity": fidelity, "summary": summarize(speed, fidelity, config.formats),
             "baseline_note": note, "seconds": time.perf_counter() - start}  # fmt: skip
-
-
-def _baseline(model: str) -> tuple[Path | None, str]:
-    try:
-        import llama_cpp
-    except ImportError:
-        return None, "llama.cpp: skipped, llama-cpp-python is not installed (pip install 'fusionrag_llm[llama-cpp]')."
-    gguf = default_gguf(model)
-    if gguf is None:
-        return None, f"llama.cpp: skipped, no GGUF file is known for {model!r}."
-    return gguf, f"llama.cpp: llama-cpp-python {llama_cpp.__version__} on {gguf.name}, same prompt token ids and threads."

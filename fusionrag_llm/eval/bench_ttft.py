@@ -4,8 +4,12 @@ Prompts are one question over as many passages as bring the prompt closest to ea
 (in the model's tokens). All chunks are ingested first (the offline stage is not timed here). Each
 (length, method, ratio) runs once untimed, then ``repeats`` times; the table shows medians of the
 TTFT and its parts (load, select, prefill), the speedup over Full Attention of the same engine in
-the same run (``FA TTFT / TTFT``) and over plain ``transformers`` generation of the same model on
-the same prompt ids (``HF TTFT / TTFT``).
+the same run (``FA TTFT / TTFT``) and over the baselines on the same prompt ids: plain
+``transformers`` generation of the same model (``HF TTFT / TTFT``) and llama.cpp on the model's GGUF
+file with the same threads (``llama.cpp TTFT / TTFT``; skipped with a note when llama-cpp-python is
+not installed). With ``new_tokens`` > 1 every run also decodes that many tokens (end tokens ignored,
+so every method and baseline decodes the same count) and a second table compares the end-to-end
+time, TTFT + ``new_tokens`` tokens.
 """
 
 from __future__ import annotations
@@ -19,12 +23,23 @@ from tqdm.auto import tqdm
 
 from fusionrag_llm.eval.bench_data import SYNTHETIC, load_examples
 from fusionrag_llm.eval.bench_methods import BenchMethod, jobs
-from fusionrag_llm.eval.hf_baseline import hf_first_token
+from fusionrag_llm.eval.hf_baseline import hf_generate_timed
+from fusionrag_llm.eval.llama_cpp_baseline import LLAMA_CPP, LlamaCpp
 from fusionrag_llm.eval.plots import plot_ttft
-from fusionrag_llm.eval.results import fmt, markdown_table, median, ms, write_json
+from fusionrag_llm.eval.results import markdown_table, median, ms, write_json
 from fusionrag_llm.request import RAGRequest
 
 TIMING_FIELDS = ("ttft_s", "load_s", "select_s", "prefill_s")
+BASELINES = ("transformers", "llama_cpp")
+
+
+def parse_baselines(value: str) -> tuple[str, ...]:
+    """``"transformers,llama_cpp"`` -> a tuple; ``"none"`` or ``""`` -> no baseline."""
+    names = tuple(dict.fromkeys(n.strip() for n in value.split(",") if n.strip() and n.strip() != "none"))
+    bad = [n for n in names if n not in BASELINES]
+    if bad:
+        raise ValueError(f"baselines must be some of {', '.join(BASELINES)} (or none), got {value!r}")
+    return names
 
 
 @dataclass(frozen=True)
@@ -39,10 +54,16 @@ class TTFTConfig:
     seed: int = 0
     device: str | None = None
     dtype: str | None = None
+    baselines: tuple[str, ...] = ("transformers",)
+    new_tokens: int = 1  # decoded per run (TTFT is the first); > 1 adds the end-to-end table
 
     def __post_init__(self) -> None:
-        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
-            raise ValueError(f"repeats must be an int >= 1, got {self.repeats!r}")
+        for name in ("repeats", "new_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if any(b not in BASELINES for b in self.baselines):
+            raise ValueError(f"baselines must be some of {', '.join(BASELINES)}, got {list(self.baselines)}")
         if not self.lengths or not self.methods or not self.ratios:
             raise ValueError("at least one length, one method and one ratio are needed")
 
@@ -96,50 +117,73 @@ def build_prompts(rag, question: str, passages: list[str], lengths: tuple[int, .
 
 def _timed(rag, prompt: LengthPrompt, method: BenchMethod, ratio, config: TTFTConfig) -> dict:
     def once():
-        return rag.generate(prompt.request, method.method, method.engine_ratio(ratio), max_new_tokens=1,
-                            seed=config.seed, **method.overrides())  # fmt: skip
+        start = time.perf_counter()
+        out = rag.generate(prompt.request, method.method, method.engine_ratio(ratio), max_new_tokens=config.new_tokens,
+                           seed=config.seed, ignore_eos=True, **method.overrides())  # fmt: skip
+        return out.stats, time.perf_counter() - start
 
     once()  # warm-up
-    stats = [once().stats for _ in range(config.repeats)]
+    stats, walls = zip(*(once() for _ in range(config.repeats)))
     row = {name: median([getattr(s, name) for s in stats]) for name in TIMING_FIELDS}
-    row.update(recomputed_tokens=stats[0].recomputed_tokens, computed_tokens=stats[0].computed_tokens,
-               ttft_repeats_s=[s.ttft_s for s in stats])  # fmt: skip
+    row.update(e2e_s=median(list(walls)), recomputed_tokens=stats[0].recomputed_tokens,
+               computed_tokens=stats[0].computed_tokens, ttft_repeats_s=[s.ttft_s for s in stats])  # fmt: skip
     return row
 
 
-def _hf_row(hf_model, prompt_ids: list[int], repeats: int) -> dict:
-    hf_first_token(hf_model, prompt_ids)  # warm-up
-    times, token = zip(*(hf_first_token(hf_model, prompt_ids) for _ in range(repeats)))
-    return {"ttft_s": median(list(times)), "ttft_repeats_s": list(times), "first_token": token[0]}
+def _baseline_row(run, repeats: int, engine_first: int | None) -> dict:
+    """Median TTFT and end-to-end time of ``run()`` over ``repeats`` runs after a warm-up."""
+    run()  # warm-up
+    runs = [run() for _ in range(repeats)]
+    first = runs[0]["token_ids"][0] if "token_ids" in runs[0] else runs[0]["first_token"]
+    return {"ttft_s": median([r["ttft_s"] for r in runs]), "e2e_s": median([r["e2e_s"] for r in runs]),
+            "ttft_repeats_s": [r["ttft_s"] for r in runs], "first_token_matches_engine": first == engine_first}  # fmt: skip
 
 
-def run_ttft(rag, prompts: list[LengthPrompt], config: TTFTConfig, hf_model=None, progress: bool = True) -> list[dict]:
-    """One row per (length, method, ratio), plus a ``transformers`` row per length when ``hf_model``."""
+def run_ttft(rag, prompts: list[LengthPrompt], config: TTFTConfig, hf_model=None, gguf: Path | None = None,
+             progress: bool = True) -> list[dict]:  # fmt: skip
+    """One row per (length, method, ratio), plus a ``transformers`` row per length when ``hf_model``
+    and a ``llama.cpp`` row per length when ``gguf`` (the model's GGUF file)."""
     rows = []
-    for prompt in tqdm(prompts, desc="lengths", unit="prompt", disable=not progress):
-        fa_out = rag.generate(prompt.request, "full_attention", max_new_tokens=1)
-        base = {"length": prompt.target, "prompt_tokens": prompt.prompt_tokens, "chunks": len(prompt.request.chunks)}
-        mine = []
-        for method, ratio in jobs(config.methods, config.ratios):
-            label = method.label if ratio is None else f"{method.label} r={ratio:g}"
-            mine.append({**base, "label": label, "method": method.label, "ratio": ratio,
-                         **_timed(rag, prompt, method, ratio, config)})  # fmt: skip
-        if hf_model is not None:
-            hf = _hf_row(hf_model, list(fa_out.prompt_ids), config.repeats)
-            hf_agrees = hf.pop("first_token") == (fa_out.token_ids[0] if fa_out.token_ids else None)
-            mine.append({**base, "label": "transformers", "method": "transformers", "ratio": None,
-                         "first_token_matches_engine": hf_agrees, **hf})  # fmt: skip
-        _add_speedups(mine)
-        rows.extend(mine)
+    llama = LlamaCpp(gguf, n_ctx=max(p.prompt_tokens for p in prompts) + config.new_tokens + 8) if gguf else None
+    try:
+        for prompt in tqdm(prompts, desc="lengths", unit="prompt", disable=not progress):
+            rows.extend(_length_rows(rag, prompt, config, hf_model, llama))
+    finally:
+        if llama is not None:
+            llama.close()
     return rows
 
 
+def _length_rows(rag, prompt: LengthPrompt, config: TTFTConfig, hf_model, llama: LlamaCpp | None) -> list[dict]:
+    fa_out = rag.generate(prompt.request, "full_attention", max_new_tokens=1)
+    engine_first = fa_out.token_ids[0] if fa_out.token_ids else None
+    ids = list(fa_out.prompt_ids)
+    base = {"length": prompt.target, "prompt_tokens": prompt.prompt_tokens, "chunks": len(prompt.request.chunks)}
+    mine = []
+    for method, ratio in jobs(config.methods, config.ratios):
+        label = method.label if ratio is None else f"{method.label} r={ratio:g}"
+        mine.append({**base, "label": label, "method": method.label, "ratio": ratio,
+                     **_timed(rag, prompt, method, ratio, config)})  # fmt: skip
+    if hf_model is not None:
+        row = _baseline_row(lambda: hf_generate_timed(hf_model, ids, config.new_tokens), config.repeats, engine_first)
+        mine.append({**base, "label": "transformers", "method": "transformers", "ratio": None, **row})
+    if llama is not None:
+        row = _baseline_row(lambda: llama.generate(ids, config.new_tokens), config.repeats, engine_first)
+        mine.append({**base, "label": LLAMA_CPP, "method": "llama_cpp", "ratio": None, **row})
+    _add_speedups(mine)
+    return mine
+
+
 def _add_speedups(rows: list[dict]) -> None:
-    fa = next(r["ttft_s"] for r in rows if r["method"] == "full_attention")
-    hf = next((r["ttft_s"] for r in rows if r["method"] == "transformers"), math.nan)
+    def of(method: str, key: str) -> float:
+        return next((r[key] for r in rows if r["method"] == method), math.nan)
+
+    fa, hf, lc, lc_e2e = of("full_attention", "ttft_s"), of("transformers", "ttft_s"), of("llama_cpp", "ttft_s"), of("llama_cpp", "e2e_s")
     for row in rows:
         row["speedup_vs_fa"] = fa / row["ttft_s"]
         row["speedup_vs_hf"] = hf / row["ttft_s"]
+        row["speedup_vs_llama_cpp"] = lc / row["ttft_s"]
+        row["e2e_speedup_vs_llama_cpp"] = lc_e2e / row["e2e_s"]
 
 
 def ingest_prompts(rag, prompts: list[LengthPrompt], neighbors: int, progress: bool = True) -> dict:
@@ -151,26 +195,41 @@ def ingest_prompts(rag, prompts: list[LengthPrompt], neighbors: int, progress: b
             "fused_computed": report.fused_computed, "seconds": time.perf_counter() - start}  # fmt: skip
 
 
-def ttft_markdown(rows: list[dict], config: dict, machine: dict) -> str:
+def _times(value: float) -> str:
+    return f"{value:.2f}x" if math.isfinite(value) else "-"
+
+
+def ttft_markdown(rows: list[dict], config: dict, machine: dict, note: str = "") -> str:
     headers = ["length", "tokens", "method", "TTFT ms", "load ms", "select ms", "prefill ms", "recomputed",
-               "vs FA", "vs HF"]  # fmt: skip
+               "vs FA", "vs HF", "vs llama.cpp"]  # fmt: skip
     table = [[r["length"], r["prompt_tokens"], r["label"], ms(r["ttft_s"]), ms(r.get("load_s")), ms(r.get("select_s")),
-              ms(r.get("prefill_s")), r.get("recomputed_tokens", "-"), f"{r['speedup_vs_fa']:.2f}x",
-              fmt(r["speedup_vs_hf"], 2) + ("x" if math.isfinite(r["speedup_vs_hf"]) else "")]
+              ms(r.get("prefill_s")), r.get("recomputed_tokens", "-"), _times(r["speedup_vs_fa"]),
+              _times(r["speedup_vs_hf"]), _times(r.get("speedup_vs_llama_cpp", math.nan))]
              for r in rows]  # fmt: skip
     head = (f"# TTFT: {config['model']}\n\n"
             f"median of {config['repeats']} after one warm-up; {machine['platform']}, {machine['cpu_count']} CPUs, "
             f"torch {machine['torch']} ({machine['torch_threads']} threads), {machine.get('device')} {machine.get('dtype')}. "
             "'vs FA' = Full Attention TTFT / TTFT (same engine, same run); "
-            "'vs HF' = transformers generate(max_new_tokens=1) TTFT / TTFT.\n\n")  # fmt: skip
-    return head + markdown_table(headers, table) + "\n"
+            "'vs HF' = transformers generate TTFT / TTFT; 'vs llama.cpp' = llama.cpp TTFT / TTFT (same prompt ids).\n\n")  # fmt: skip
+    text = head + (f"{note}\n\n" if note else "") + markdown_table(headers, table) + "\n"
+    new = config.get("new_tokens", 1)
+    if new > 1:
+        e2e_rows = [[r["length"], r["prompt_tokens"], r["label"], ms(r["ttft_s"]), ms(r["e2e_s"]),
+                     _times(r.get("speedup_vs_llama_cpp", math.nan)), _times(r.get("e2e_speedup_vs_llama_cpp", math.nan))]
+                    for r in rows]  # fmt: skip
+        text += (f"\n## End to end: TTFT + {new} tokens\n\nEvery run decodes exactly {new} tokens (end tokens ignored); "
+                 "'vs llama.cpp' = llama.cpp time / time, same prompt ids and threads.\n\n"
+                 + markdown_table(["length", "tokens", "method", "TTFT ms", f"TTFT + {new} tok ms", "TTFT vs llama.cpp",
+                                   "end to end vs llama.cpp"], e2e_rows) + "\n")  # fmt: skip
+    return text
 
 
-def write_ttft(out_dir: Path, config: dict, machine: dict, offline: dict, rows: list[dict]) -> list[Path]:
+def write_ttft(out_dir: Path, config: dict, machine: dict, offline: dict, rows: list[dict], note: str = "") -> list[Path]:
     """ttft.json, ttft.md and ttft.png in ``out_dir``."""
     out_dir = Path(out_dir)
-    paths = [write_json(out_dir / "ttft.json", {"config": config, "machine": machine, "offline": offline, "rows": rows})]
-    (out_dir / "ttft.md").write_text(ttft_markdown(rows, config, machine))
+    paths = [write_json(out_dir / "ttft.json", {"config": config, "machine": machine, "offline": offline,
+                                                  "baseline_note": note, "rows": rows})]  # fmt: skip
+    (out_dir / "ttft.md").write_text(ttft_markdown(rows, config, machine, note))
     paths.append(out_dir / "ttft.md")
     paths.append(plot_ttft(rows, out_dir / "ttft.png", f"TTFT, {config['model']}"))
     return paths

@@ -102,3 +102,44 @@ class Linear(nn.Linear):
         if x.dim() == 2 and x.shape[0] <= PACKED_MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu" and self.packed:
             return _PACKED_LINEAR(x, self._packed[0], self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+
+class FusedLinears:
+    """Linear layers that read the same input (q/k/v, gate/up), run as one kernel call in decode steps.
+
+    ``fuse()`` concatenates their quantized copies into one weight and leaves each layer a view of
+    its rows (no second copy). While quantized linears are on and every layer still holds those
+    rows, ``__call__`` makes one call for all of them; otherwise it calls each layer.
+    """
+
+    def __init__(self, *linears: Linear):
+        self.linears = linears
+        self.sizes = [linear.out_features for linear in linears]
+        self._fused: tuple[cpu_quant.QuantWeight, torch.Tensor | None, tuple[cpu_quant.QuantWeight, ...]] | None = None
+
+    def fuse(self) -> bool:
+        """Join the layers' quantized copies when all have one, in one format; False otherwise."""
+        self._fused = None
+        quants = [linear._quant[0] if linear.quantized else None for linear in self.linears]
+        if any(q is None for q in quants) or len({q.fmt for q in quants}) != 1:
+            return False
+        fused = cpu_quant.concat_rows(quants)
+        start = 0
+        for linear, quant in zip(self.linears, quants):
+            linear._quant = (cpu_quant.row_slice(fused, start, quant.shape[0]), *linear._quant[1:])
+            start += quant.shape[0]
+        biases = [linear.bias for linear in self.linears]
+        bias = None if all(b is None for b in biases) else torch.cat(
+            [b.detach() if b is not None else torch.zeros(n) for b, n in zip(biases, self.sizes)])  # fmt: skip
+        self._fused = (fused, bias, tuple(linear._quant[0] for linear in self.linears))
+        return True
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        fused = self._fused
+        if (fused is not None and _QUANTIZED.get() and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu"
+                and all(linear.quantized and linear._quant[0] is part for linear, part in zip(self.linears, fused[2]))):  # fmt: skip
+            y = cpu_quant.run_linear(x.contiguous(), fused[0])
+            if fused[1] is not None:
+                y = y + fused[1]
+            return list(y.split(self.sizes, dim=-1))
+        return [linear(x) for linear in self.linears]

@@ -26,7 +26,7 @@ from fusionrag_llm.models.attention_backend import attention_backend
 from fusionrag_llm.models.config import ModelConfig
 from fusionrag_llm.models.forward import BatchContext, ForwardOutput, ForwardPass, spans_of
 from fusionrag_llm.models.kv_cache import KVCache
-from fusionrag_llm.models.linear import Linear, quantized_linears
+from fusionrag_llm.models.linear import FusedLinears, Linear, quantized_linears
 from fusionrag_llm.models.rotary import RotaryTable
 
 __all__ = ["DECODE_WEIGHTS", "DecoderLM", "ForwardOutput", "ForwardPass"]
@@ -63,6 +63,7 @@ class Attention(nn.Module):
         self.k_proj = Linear(cfg.hidden_size, kv_size, bias=cfg.attention_bias)
         self.v_proj = Linear(cfg.hidden_size, kv_size, bias=cfg.attention_bias)
         self.o_proj = Linear(q_size, cfg.hidden_size, bias=False)
+        self.qkv = FusedLinears(self.q_proj, self.k_proj, self.v_proj)  # one call in quantized decode steps
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -70,9 +71,10 @@ class Attention(nn.Module):
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [heads, n, d], k and v [kv_heads, n, d]; q/k normed (Qwen3) but not yet rotated."""
         n, cfg = x.shape[0], self.cfg
-        q = self.q_proj(x).view(n, cfg.num_heads, cfg.head_dim)
-        k = self.k_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
-        v = self.v_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
+        q, k, v = self.qkv(x)
+        q = q.view(n, cfg.num_heads, cfg.head_dim)
+        k = k.view(n, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         return q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
@@ -92,9 +94,11 @@ class MLP(nn.Module):
         self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up = FusedLinears(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -168,7 +172,11 @@ class DecoderLM(nn.Module):
                 logger.warning("decode stays float: %s", exc)
                 weights = "float"
         fmt = {"float": None, "auto": "exact"}.get(weights, weights)
-        return sum(layer.quantize("q8" if fmt in FORMATS and layer is self.lm_head else fmt) for layer in layers)
+        count = sum(layer.quantize("q8" if fmt in FORMATS and layer is self.lm_head else fmt) for layer in layers)
+        for block in self.model.layers:  # q/k/v and gate/up as one call each where they share a format
+            block.self_attn.qkv.fuse()
+            block.mlp.gate_up.fuse()
+        return count
 
     @property
     def decode_weights(self) -> str:

@@ -228,3 +228,19 @@ def test_a_chunk_computed_on_a_miss_is_not_counted_as_reused():
     assert first.path_hits["miss"] == 2 and first.missed_tokens == second_chunk and first.reused_tokens == 0
     again = fresh.generate(request, method="full_reuse", max_new_tokens=1).stats
     assert again.missed_tokens == 0 and again.reused_tokens == first.missed_tokens + first.reused_tokens
+
+
+def test_ignore_eos_decodes_every_asked_token_past_an_end_token():
+    rag = FusionRAG.from_pretrained("tiny")  # its own instance: the test changes the tokenizer's end tokens
+    first = rag.generate(REQUESTS[0], method="full_attention", max_new_tokens=5)
+    rag.engine.tokenizer.stop_ids = frozenset({first.token_ids[1]})  # the second answer token ends the answer
+    ended = rag.generate(REQUESTS[0], method="full_attention", max_new_tokens=5)
+    assert ended.token_ids == first.token_ids[:1] and ended.finish_reason == "stop"
+    forced = rag.generate(REQUESTS[0], method="full_attention", max_new_tokens=5, ignore_eos=True)
+    assert forced.token_ids == first.token_ids and forced.finish_reason == "length"
+    streamed = rag.stream(REQUESTS[0], method="full_attention", max_new_tokens=5, ignore_eos=True)
+    assert "".join(streamed) == first.text and streamed.token_ids == first.token_ids
+    batch = rag.generate_many(REQUESTS[:2], method="full_attention", max_new_tokens=5, ignore_eos=True)
+    assert [len(out.token_ids) for out in batch] == [5, 5]
+    with pytest.raises(FusionRAGError, match="ignore_eos must be True or False"):
+        rag.generate(REQUESTS[0], max_new_tokens=2, ignore_eos="yes")

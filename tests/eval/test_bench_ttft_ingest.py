@@ -17,9 +17,12 @@ def _invoke(args):
 def test_ttft(tmp_path):
     _invoke(["bench", "ttft", "--dataset", "synthetic", "--lengths", "200,700", "--methods", "fusionrag,cacheblend",
              "--ratios", "0.15", "--model", "tiny", "--repeats", "1", "--neighbors", "2", "--no-progress",
-             "--out", str(tmp_path)])  # fmt: skip
+             "--baselines", "transformers,llama_cpp", "--new-tokens", "4", "--out", str(tmp_path)])  # fmt: skip
     data = json.loads((tmp_path / "ttft.json").read_text())
-    assert (tmp_path / "ttft.png").read_bytes()[:4] == b"\x89PNG" and "vs HF" in (tmp_path / "ttft.md").read_text()
+    markdown = (tmp_path / "ttft.md").read_text()
+    assert (tmp_path / "ttft.png").read_bytes()[:4] == b"\x89PNG" and "vs HF" in markdown
+    # tiny has no GGUF file: llama.cpp is skipped with the reason, whether or not it is installed
+    assert "llama.cpp: skipped" in markdown and "## End to end: TTFT + 4 tokens" in markdown
     assert data["offline"]["fused_computed"] == data["offline"]["chunks"] > 0
     rows = {(r["length"], r["label"]): r for r in data["rows"]}
     labels = {"full_attention", "full_reuse", "fusionrag r=0.15", "cacheblend r=0.15", "transformers"}
@@ -29,6 +32,8 @@ def test_ttft(tmp_path):
         assert row["ttft_s"] > 0 and len(row["ttft_repeats_s"]) == 1
         assert math.isclose(row["speedup_vs_fa"], rows[(length, "full_attention")]["ttft_s"] / row["ttft_s"])
         assert math.isclose(row["speedup_vs_hf"], rows[(length, "transformers")]["ttft_s"] / row["ttft_s"])
+        assert row["ttft_s"] < row["e2e_s"]  # 3 more tokens decoded after the first
+        assert row["speedup_vs_llama_cpp"] is None  # no llama.cpp row (NaN is written as null)
         if label != "transformers":
             assert row["load_s"] + row["select_s"] + row["prefill_s"] <= row["ttft_s"] * 1.001
     assert rows[(700, "fusionrag r=0.15")]["recomputed_tokens"] > 0
@@ -38,8 +43,13 @@ def test_ttft(tmp_path):
 
 def test_ttft_length_beyond_the_window_is_a_clean_error(tmp_path):
     result = CliRunner().invoke(cli, ["bench", "ttft", "--dataset", "synthetic", "--lengths", "5000", "--model", "tiny",
-                                      "--no-hf", "--no-progress", "--out", str(tmp_path)])  # fmt: skip
+                                      "--baselines", "none", "--no-progress", "--out", str(tmp_path)])  # fmt: skip
     assert result.exit_code == 1 and "context window of 4096" in result.output
+
+
+def test_ttft_refuses_an_unknown_baseline(tmp_path):
+    result = CliRunner().invoke(cli, ["bench", "ttft", "--model", "tiny", "--baselines", "transformers,vllm"])
+    assert result.exit_code == 2 and "transformers, llama_cpp" in result.output
 
 
 def test_ingest(tmp_path):

@@ -108,7 +108,8 @@ def test_decode_steps_read_quantized_weights_and_prefills_stay_float(monkeypatch
     out = rag.generate(request, method="full_attention", max_new_tokens=4)
     steps = len(out.token_ids) - 1  # the first token comes from the prefill
     layers = len(rag.engine.model.model.layers)
-    assert steps >= 1 and calls == [1] * (steps * (7 * layers + 1))
+    # per layer one call for q/k/v, one for o, one for gate/up, one for down; plus the head
+    assert steps >= 1 and calls == [1] * (steps * (4 * layers + 1))
     with pytest.raises(FusionRAGError, match="float, q8, q4"):
         FusionRAG.from_pretrained("tiny", store=":memory:", decode_weights="int3")
 
@@ -133,3 +134,35 @@ def test_auto_quantizes_only_weights_that_are_their_own_blocks():
     assert model.quantize_linears("auto") == len(layers)
     assert model.lm_head.quantized == "q8" and {layer.quantized for layer in layers} == {"q4", "q8"}
     assert rag.generate(request, method="full_attention", max_new_tokens=6).token_ids == reference.token_ids
+
+
+def test_fused_linears_give_each_layer_s_own_product_in_one_call():
+    from fusionrag_llm.models.linear import FusedLinears, Linear, quantized_linears
+
+    torch.manual_seed(0)
+    layers = [Linear(64, n, bias=True) for n in (96, 32, 32)]
+    group = FusedLinears(*layers)
+    x = torch.randn(2, 64)
+    floats = [layer(x) for layer in layers]
+    for layer in layers:
+        layer.quantize("q4")
+    alone = []
+    with quantized_linears(True):
+        alone = [layer(x) for layer in layers]
+        assert group.fuse()
+        fused = group(x)
+        # the layers now hold views of the fused rows: no second copy of the weights
+        assert all(layer._quant[0].q.untyped_storage().data_ptr() == group._fused[0].q.untyped_storage().data_ptr()
+                   for layer in layers)  # fmt: skip
+        again = [layer(x) for layer in layers]
+    for a, f, g in zip(alone, fused, again):
+        torch.testing.assert_close(f, a, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(g, a)
+    assert [tuple(f.shape) for f in fused] == [(2, 96), (2, 32), (2, 32)]
+    assert all(torch.equal(a, b) for a, b in zip(group(x), floats))  # outside decode steps: float
+    layers[1].quantize("q8")  # one layer changed: the group calls each layer again
+    with quantized_linears(True):
+        mixed = group(x)
+        torch.testing.assert_close(mixed[1], layers[1](x))
+    layers[2].quantize(None)
+    assert not group.fuse()  # not every layer quantized: nothing joined

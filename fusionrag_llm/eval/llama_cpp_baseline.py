@@ -1,0 +1,82 @@
+"""llama.cpp as the CPU yardstick of the benchmarks: the same GGUF file, prompt token ids and threads.
+
+llama-cpp-python is an optional extra (``pip install 'fusionrag_llm[llama-cpp]'``, built from
+source); every entry point here says why llama.cpp is skipped instead of failing when it is absent
+or the model has no GGUF file. Decoding is greedy through llama.cpp's own sampler at temperature 0.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+LLAMA_CPP = "llama.cpp"
+
+
+def default_gguf(model: str) -> Path | None:
+    """The GGUF file ``model`` was converted from when it is the default model or a .gguf path."""
+    from fusionrag_llm.models.default_model import DEFAULT_ALIASES, DEFAULT_MODEL, downloaded_gguf, installed_gguf
+    from fusionrag_llm.paths import cache_dir
+
+    if str(model).endswith(".gguf") and Path(model).is_file():
+        return Path(model)
+    if str(model).lower() in {DEFAULT_MODEL, *DEFAULT_ALIASES}:
+        return installed_gguf() or downloaded_gguf(cache_dir())
+    return None
+
+
+def find_llama_cpp(model: str) -> tuple[Path | None, str]:
+    """(the GGUF file to run, a line for the report); the file is None when llama.cpp is skipped."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None, "llama.cpp: skipped, llama-cpp-python is not installed (pip install 'fusionrag_llm[llama-cpp]')."
+    gguf = default_gguf(model)
+    if gguf is None:
+        return None, f"llama.cpp: skipped, no GGUF file is known for {model!r}."
+    return gguf, (f"llama.cpp: llama-cpp-python {llama_cpp.__version__} on {gguf.name}, same prompt token ids, "
+                  f"{torch.get_num_threads()} threads, n_batch 512.")  # fmt: skip
+
+
+class LlamaCpp:
+    """One llama.cpp model and context of ``n_ctx`` tokens; ``close()`` frees its threads and memory."""
+
+    def __init__(self, gguf: Path, n_ctx: int):
+        from llama_cpp import Llama
+
+        threads = torch.get_num_threads()
+        self.llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                         n_batch=512, verbose=False)  # fmt: skip
+
+    def generate(self, ids: Sequence[int], new_tokens: int) -> dict:
+        """Prefill ``ids`` from an empty cache, then ``new_tokens`` greedy tokens (end tokens ignored).
+
+        ``ttft_s``: prefill and first token; ``e2e_s``: all of it; ``decode_s``: the steps after the first.
+        """
+        llm = self.llm
+        llm.reset()  # the next eval starts at position 0 and drops what the cache held
+        start = time.perf_counter()
+        llm.eval(list(ids))
+        tokens = [llm.sample(temp=0.0)]
+        first = time.perf_counter()
+        while len(tokens) < new_tokens:
+            llm.eval([tokens[-1]])
+            tokens.append(llm.sample(temp=0.0))
+        end = time.perf_counter()
+        return {"ttft_s": first - start, "e2e_s": end - start, "decode_s": end - first, "token_ids": tokens}
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def llama_cpp_decode(gguf: Path, ids: list[int], tokens: int) -> float:
+    """llama.cpp's greedy decode tokens/s after prefilling ``ids`` (the first token is not counted)."""
+    runner = LlamaCpp(gguf, n_ctx=len(ids) + tokens + 8)
+    try:
+        out = runner.generate(ids, tokens + 1)
+    finally:
+        runner.close()
+    return tokens / out["decode_s"]
