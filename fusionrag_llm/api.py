@@ -71,6 +71,7 @@ class FusionRAG:
         kernels: str | None = None,
         auxiliary: int | None = None,
         decode_weights: str | None = None,
+        decode_kv: str | None = None,
     ) -> "FusionRAG":
         """Load a model and open its KV store.
 
@@ -85,8 +86,12 @@ class FusionRAG:
         blocks ``"q8"`` / ``"q4"`` (faster; prefills and stored entries stay float); default
         ``$FUSIONRAG_DECODE_WEIGHTS`` or ``"auto"``: the blocks only where they hold the weights' own
         numbers (the default model, converted from its GGUF file), so answers do not change.
+        ``decode_kv``: what decode steps read the request's KV as on CPU: ``"model"`` (the float32
+        cache) or ``"float16"`` / ``"bfloat16"`` (a copy at half the bytes; faster decoding after long
+        prompts); default ``$FUSIONRAG_DECODE_KV`` or ``"model"``.
         """
-        loaded = load_model(name_or_path, device=device, dtype=dtype, kernels=kernels, decode_weights=decode_weights)
+        loaded = load_model(name_or_path, device=device, dtype=dtype, kernels=kernels, decode_weights=decode_weights,
+                            decode_kv=decode_kv)  # fmt: skip
         return cls(loaded, store=store, embedder=embedder, prefix_cache=prefix_cache, store_dtype=store_dtype,
                    auxiliary=auxiliary)  # fmt: skip
 

@@ -1,7 +1,9 @@
 """Decode benchmark: speed and fidelity of each decode weight format (``float``, ``q8``, ``q4``).
 
-One model is loaded; ``DecoderLM.quantize_linears`` switches what its decode steps read, so every
-format runs in the same process on the same prompts.
+One model is loaded; ``DecoderLM.quantize_linears`` and ``set_decode_kv`` switch what its decode
+steps read, so every format runs in the same process on the same prompts. A format is a weight format
+(``float``, ``q8``, ``q4``, ``auto``), optionally with the KV precision decode steps read after a
+slash (``q4/float16``; without one, the float32 cache itself).
 
 * **Speed**: for each target prompt length, a MuSiQue question over as many of its passages as come
   closest; Full Reuse (a cheap prefill), then ``speed_tokens`` new tokens; decode tokens per second
@@ -26,7 +28,7 @@ from fusionrag_llm.eval.bench_data import SYNTHETIC, load_examples
 from fusionrag_llm.eval.llama_cpp_baseline import LLAMA_CPP, find_llama_cpp, llama_cpp_decode
 from fusionrag_llm.eval.results import fmt, markdown_table, write_json
 from fusionrag_llm.models.forward import ForwardPass
-from fusionrag_llm.models.llama import DECODE_WEIGHTS
+from fusionrag_llm.models.llama import DECODE_KV, DECODE_WEIGHTS
 from fusionrag_llm.request import RAGRequest
 
 @dataclass(frozen=True)
@@ -41,9 +43,10 @@ class DecodeConfig:
     max_new_tokens: int = 32
 
     def __post_init__(self) -> None:
-        bad = [f for f in self.formats if f not in DECODE_WEIGHTS]
-        if bad or not self.formats:
-            raise ValueError(f"formats must be some of {', '.join(DECODE_WEIGHTS)}, got {list(self.formats)}")
+        if not self.formats:
+            raise ValueError(f"at least one format is needed ({ALLOWED})")
+        for name in self.formats:
+            format_parts(name)
         for name in ("speed_tokens", "passages", "max_new_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -55,12 +58,34 @@ class DecodeConfig:
         return asdict(self)
 
 
+ALLOWED = (f"a weight format ({', '.join(DECODE_WEIGHTS)}), optionally '/' and a KV precision "
+           f"({', '.join(k for k in DECODE_KV if k != 'model')})")  # fmt: skip
+
+
+def format_parts(name: str) -> tuple[str, str]:
+    """``"q4/float16"`` -> ``("q4", "float16")``, ``"q4"`` -> ``("q4", "model")``; ValueError otherwise."""
+    weights, slash, kv = name.partition("/")
+    kv = kv if slash else "model"
+    if weights not in DECODE_WEIGHTS or kv not in DECODE_KV or (slash and kv == "model"):
+        raise ValueError(f"decode formats must each be {ALLOWED}, got {name!r}")
+    return weights, kv
+
+
 def parse_formats(value: str) -> tuple[str, ...]:
-    """``"float,q4"`` -> ``("float", "q4")``; ``ValueError`` naming the allowed formats otherwise."""
+    """``"float,q4,q4/float16"`` -> a tuple; ``ValueError`` naming the allowed formats otherwise."""
     formats = tuple(f.strip() for f in value.split(",") if f.strip())
-    if not formats or any(f not in DECODE_WEIGHTS for f in formats):
-        raise ValueError(f"decode formats must be some of {', '.join(DECODE_WEIGHTS)}, got {value!r}")
+    if not formats:
+        raise ValueError(f"decode formats must each be {ALLOWED}, got {value!r}")
+    for name in formats:
+        format_parts(name)
     return formats
+
+
+def use_format(model, name: str) -> None:
+    """Make the model's decode steps read ``name``'s weights and KV."""
+    weights, kv = format_parts(name)
+    model.quantize_linears(weights)
+    model.set_decode_kv(kv)
 
 
 def run_speed(rag, config: DecodeConfig, gguf: Path | None = None) -> list[dict]:
@@ -73,7 +98,7 @@ def run_speed(rag, config: DecodeConfig, gguf: Path | None = None) -> list[dict]
         request = closest_request(rag, passages, question, target)
         row = {"target_tokens": target, "prompt_tokens": None, "tokens_per_s": {}}
         for weights in config.formats:
-            rag.engine.model.quantize_linears(weights)
+            use_format(rag.engine.model, weights)
             rag.generate(request, method="full_reuse", max_new_tokens=4)  # warm-up
             out = rag.generate(request, method="full_reuse", max_new_tokens=config.speed_tokens)
             row["prompt_tokens"] = out.stats.prompt_tokens
@@ -82,7 +107,7 @@ def run_speed(rag, config: DecodeConfig, gguf: Path | None = None) -> list[dict]
             ids = [t for segment in rag.segments(request) for t in segment.token_ids]
             row["tokens_per_s"][LLAMA_CPP] = llama_cpp_decode(gguf, ids, config.speed_tokens)
         rows.append(row)
-    rag.engine.model.quantize_linears("auto")
+    use_format(rag.engine.model, "auto")
     return rows
 
 
@@ -94,16 +119,16 @@ def run_fidelity(rag, config: DecodeConfig) -> list[dict]:
         request = RAGRequest(chunks=[p.text for p in example.passages], question=example.question)
         ids = [t for segment in rag.segments(request) for t in segment.token_ids]
         cache, first = _prefill(model, ids, config.max_new_tokens)
-        model.quantize_linears("float")
+        use_format(model, "float")
         reference, reference_logits = _decode(model, cache, len(ids), first, config.max_new_tokens)
         row = {"qid": example.id, "prompt_tokens": len(ids), "formats": {}}
         for weights in config.formats:
-            model.quantize_linears(weights)
+            use_format(model, weights)
             tokens, _ = _decode(model, cache, len(ids), first, config.max_new_tokens)
             _, forced = _decode(model, cache, len(ids), first, config.max_new_tokens, forced=reference)
             row["formats"][weights] = _compare(reference, reference_logits, tokens, forced)
         rows.append(row)
-    model.quantize_linears("auto")
+    use_format(model, "auto")
     return rows
 
 

@@ -71,6 +71,12 @@ class BatchContext:
         for step, cache, meta, (start, end) in zip(self.steps, self.caches, self.metas, self.spans):
             cache.keys[layer][:, step.slots] = k[:, start:end]
             cache.values[layer][:, step.slots] = v[:, start:end]
+            if cache.decode_keys is not None:  # decode steps keep the mirror equal; other writes drop it
+                if step.decode:
+                    cache.decode_keys[layer][:, step.slots] = k[:, start:end].to(cache.decode_keys.dtype)
+                    cache.decode_values[layer][:, step.slots] = v[:, start:end].to(cache.decode_values.dtype)
+                else:
+                    cache.drop_mirror()
             outputs.append(self.attention(q[:, start:end], cache, layer, step, meta))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
 

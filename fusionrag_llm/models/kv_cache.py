@@ -31,6 +31,10 @@ class KVCache:
     groups: torch.Tensor  # [capacity] int32; group 0 is seen by all, others only by their own group
     length: int = 0  # slots [0, length) are in use
     scaling: AttentionScaling | None = None  # None: plain softmax attention
+    # A lower-precision copy of keys/values that decode steps read (``DecoderLM.decode_kv``); it exists
+    # only while it equals the full-precision cache rounded, and any other write drops it.
+    decode_keys: torch.Tensor | None = None
+    decode_values: torch.Tensor | None = None
 
     @classmethod
     def empty(
@@ -50,6 +54,14 @@ class KVCache:
             valid=torch.zeros(capacity, dtype=torch.bool, device=device),
             groups=torch.zeros(capacity, dtype=torch.int32, device=device),
         )
+
+    def mirror(self, dtype: torch.dtype) -> None:
+        """Make (once) the ``dtype`` copy of keys and values that decode steps read."""
+        if self.decode_keys is None or self.decode_keys.dtype != dtype:
+            self.decode_keys, self.decode_values = self.keys.to(dtype), self.values.to(dtype)
+
+    def drop_mirror(self) -> None:
+        self.decode_keys = self.decode_values = None
 
     @property
     def capacity(self) -> int:

@@ -69,12 +69,12 @@ def test_ingest(tmp_path):
 def test_decode(tmp_path):
     from fusionrag_llm.kernels import cpu_quant
 
-    formats = "float,q8,q4" if cpu_quant.available() else "float"
+    formats = "float,q8,q4,q4/float16" if cpu_quant.available() else "float,float/float16"
     _invoke(["bench", "decode", "--dataset", "synthetic", "--model", "tiny", "--formats", formats, "--lengths", "400,1200",
              "--speed-tokens", "6", "--questions", "2", "--passages", "3", "--max-new-tokens", "5", "--out", str(tmp_path)])  # fmt: skip
     data = json.loads((tmp_path / "decode.json").read_text())
     markdown = (tmp_path / "decode.md").read_text()
-    assert ("q8 vs float" in markdown or formats == "float") and "llama.cpp: skipped" in markdown
+    assert ("q8 vs float" in markdown or not cpu_quant.available()) and "llama.cpp: skipped" in markdown
     assert [r["target_tokens"] for r in data["speed"]] == [400, 1200]
     assert data["speed"][0]["prompt_tokens"] < data["speed"][1]["prompt_tokens"]
     assert all(r["tokens_per_s"][f] > 0 for r in data["speed"] for f in formats.split(","))
@@ -83,10 +83,11 @@ def test_decode(tmp_path):
         float_row = row["formats"]["float"]  # float against itself: the same computation
         assert float_row["same_answer"] and float_row["kl_max"] == 0.0 and float_row["top1_agreement"] == 1.0
         for fmt in formats.split(",")[1:]:  # random weights are not on the 8/4-bit grids: close, not equal
-            assert 0.0 < row["formats"][fmt]["kl_mean"] < 0.5
+            assert 0.0 < row["formats"][fmt]["kl_mean"] < 0.5  # (and a float16 KV is not the float32 one)
     assert data["summary"]["float"]["same_answer"] == 2
 
 
 def test_decode_refuses_an_unknown_format(tmp_path):
-    result = CliRunner().invoke(cli, ["bench", "decode", "--dataset", "synthetic", "--model", "tiny", "--formats", "q3"])
-    assert result.exit_code != 0 and "float, q8, q4" in result.output
+    for bad in ("q3", "q4/int8", "q4/model"):
+        result = CliRunner().invoke(cli, ["bench", "decode", "--dataset", "synthetic", "--model", "tiny", "--formats", bad])
+        assert result.exit_code != 0 and "float, q8, q4" in result.output and "float16, bfloat16" in result.output
