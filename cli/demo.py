@@ -1,36 +1,128 @@
-"""``fusionrag demo``: ingest the bundled corpus, then answer its questions with full attention and
-with FusionRAG side by side (answers, time to first token, tokens reused and recomputed)."""
+"""``fusionrag demo``: ingest the bundled corpus, then answer its questions with every method side by
+side (time to first token, speed-up over full attention, tokens computed, answer), and with
+llama.cpp on the model's GGUF file when llama-cpp-python is installed.
+
+Each question's prompt holds ``--distractors`` invented passages (seeded, about 100 words each) that
+stand for the rest of a long retrieval, then the question's own passages, nearest the question (the
+order a long-context reordering of retrieved chunks gives): 20 of them make prompts of about 3.3k
+tokens with SmolLM2's tokenizer.
+"""
 
 from __future__ import annotations
 
+import logging
+import statistics
+
 import click
 
-from fusionrag_llm.data import demo_corpus
 from fusionrag_llm.cli.options import device_option, dtype_option, load_rag, model_option
+from fusionrag_llm.data import demo_corpus
+
+METHODS = ("full_attention", "full_reuse", "cacheblend", "fusionrag")
+
+
+def distractor_passages(count: int) -> list[str]:
+    """``count`` invented passages about people and places the demo's questions never mention."""
+    from fusionrag_llm.eval.synthetic import make_synthetic
+
+    if count == 0:
+        return []
+    examples = make_synthetic(num_questions=-(-count // 10), passages_per_question=10, seed=0, words_per_passage=100)
+    return [p.text for ex in examples for p in ex.passages][:count]
 
 
 @click.command()
 @model_option
 @device_option
 @dtype_option
-@click.option("--ratio", default=0.15, show_default=True, type=click.FloatRange(0, 1), help="Recompute ratio of fusionrag.")
+@click.option("--ratio", default=0.15, show_default=True, type=click.FloatRange(0, 1), help="Recompute ratio of fusionrag and cacheblend.")
 @click.option("--max-new-tokens", default=24, show_default=True, type=click.IntRange(1, 512), help="Most tokens to generate per answer.")
+@click.option("--distractors", default=20, show_default=True, type=click.IntRange(0, 60),
+              help="Invented passages (about 100 words each) retrieved with each question's own; 20 make prompts of about 3.3k tokens.")  # fmt: skip
+@click.option("--llama-cpp/--no-llama-cpp", "llama_cpp", default=True, show_default=True,
+              help="Also answer with llama.cpp on the model's GGUF file (when llama-cpp-python is installed).")  # fmt: skip
 @click.option("--store", default=":memory:", show_default=True, help="KV store folder (the demo keeps it in memory).")
-def demo(model: str, device: str | None, dtype: str | None, ratio: float, max_new_tokens: int, store: str) -> None:
-    """Full attention vs FusionRAG on a small bundled corpus."""
-    from fusionrag_llm import RAGRequest
+@click.option("-v", "--verbose", is_flag=True, help="Show ingestion progress and the engine's logs.")
+def demo(model: str, device: str | None, dtype: str | None, ratio: float, max_new_tokens: int, distractors: int,
+         llama_cpp: bool, store: str, verbose: bool) -> None:  # fmt: skip
+    """Every method, and llama.cpp when installed, on a small bundled corpus: TTFT, speed-up, answers."""
+    logging.getLogger("fusionrag_llm").setLevel(logging.INFO if verbose else logging.WARNING)
+    if not verbose:
+        from transformers.utils import logging as hf_logging
 
-    corpus = demo_corpus()
+        hf_logging.disable_progress_bar()  # its weight-loading bar
+    corpus, extra = demo_corpus(), distractor_passages(distractors)
     rag = load_rag(model, device, dtype, store, prefix_cache=False)
     click.echo(f"model: {rag.model_name} ({rag.parts.loaded.model.device}, {rag.parts.loaded.model.dtype})")
-    report = rag.ingest(corpus["passages"], neighbors=3, progress=True)
-    click.echo(f"ingested {len(corpus['passages'])} passages: {report.plain_computed} plain and "
+    report = rag.ingest(corpus["passages"] + extra, neighbors=3, progress=verbose)
+    click.echo(f"ingested {len(corpus['passages']) + len(extra)} passages: {report.plain_computed} plain and "
                f"{report.fused_computed} fused entries computed")  # fmt: skip
+    llama = _llama_cpp(rag, llama_cpp, corpus, extra, max_new_tokens)
+    rag.generate(corpus["passages"][0], method="full_attention", max_new_tokens=1)  # warm-up, not shown
+    rows = []
     for item in corpus["questions"]:
-        request = RAGRequest(chunks=[corpus["passages"][i] for i in item["passages"]], question=item["question"])
-        click.echo(f"\nQ: {item['question']}  (expected: {item['answer']})")
-        for method in ("full_attention", "fusionrag"):
-            out = rag.generate(request, method=method, recompute_ratio=ratio, max_new_tokens=max_new_tokens)
-            s = out.stats
-            click.echo(f"  {method:<15} TTFT {s.ttft_s * 1000:6.0f} ms  computed {s.computed_tokens:4d} / "
-                       f"{s.prompt_tokens} tokens  reused {s.reused_tokens:4d}  A: {out.text.strip()}")  # fmt: skip
+        question_rows = _answer(rag, _request(corpus, item, extra), ratio, max_new_tokens, llama)
+        click.echo(f"\nQ: {item['question']}  (expected: {item['answer']}; {question_rows[0]['prompt']} prompt tokens)")
+        click.echo(_table(question_rows))
+        rows.extend(question_rows)
+    if llama is not None:
+        llama.close()
+    click.echo("\n" + _summary(rows))
+
+
+def _llama_cpp(rag, wanted: bool, corpus: dict, extra: list[str], max_new_tokens: int):
+    if not wanted:
+        return None
+    from fusionrag_llm.eval.llama_cpp_baseline import LlamaCpp, find_llama_cpp
+
+    gguf, note = find_llama_cpp(rag.model_name)
+    click.echo(note)
+    if gguf is None:
+        return None
+    longest = max(sum(len(s.token_ids) for s in rag.segments(_request(corpus, item, extra)))
+                  for item in corpus["questions"])  # fmt: skip
+    return LlamaCpp(gguf, n_ctx=longest + max_new_tokens + 8)
+
+
+def _request(corpus: dict, item: dict, extra: list[str]):
+    from fusionrag_llm import RAGRequest
+
+    return RAGRequest(chunks=extra + [corpus["passages"][i] for i in item["passages"]], question=item["question"])
+
+
+def _answer(rag, request, ratio: float, max_new_tokens: int, llama) -> list[dict]:
+    rows = []
+    for method in METHODS:
+        out = rag.generate(request, method=method, recompute_ratio=ratio, max_new_tokens=max_new_tokens)
+        s = out.stats
+        label = method if method in ("full_attention", "full_reuse") else f"{method} r={ratio:g}"
+        rows.append({"method": label, "ttft_s": s.ttft_s, "computed": s.computed_tokens, "prompt": s.prompt_tokens,
+                     "answer": out.text.strip(), "ids": out.token_ids, "prompt_ids": out.prompt_ids})  # fmt: skip
+    if llama is not None:
+        out = llama.generate(rows[0]["prompt_ids"], max_new_tokens, rag.tokenizer.stop_ids)
+        rows.append({"method": "llama.cpp", "ttft_s": out["ttft_s"], "computed": rows[0]["prompt"],
+                     "prompt": rows[0]["prompt"], "answer": rag.tokenizer.decode(out["token_ids"]).strip(),
+                     "ids": out["token_ids"]})  # fmt: skip
+    reference = rows[0]
+    for row in rows:
+        row["vs_fa"] = reference["ttft_s"] / row["ttft_s"]
+        row["same_as_fa"] = row["ids"] == reference["ids"]
+    return rows
+
+
+def _table(rows: list[dict]) -> str:
+    lines = [f"  {'method':<18} {'TTFT ms':>9} {'vs FA':>7} {'computed':>9}  answer"]
+    for r in rows:
+        same = "" if r is rows[0] else ("  (= FA)" if r["same_as_fa"] else "")
+        lines.append(f"  {r['method']:<18} {r['ttft_s'] * 1000:9.0f} {r['vs_fa']:6.1f}x {r['computed']:9d}  "
+                     f"{r['answer'][:100]}{same}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _summary(rows: list[dict]) -> str:
+    lines = ["Summary: median TTFT speed-up over full attention; answers the same as full attention's"]
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == method]
+        same = sum(r["same_as_fa"] for r in mine)
+        lines.append(f"  {method:<18} {statistics.median(r['vs_fa'] for r in mine):6.1f}x   {same}/{len(mine)} answers")
+    return "\n".join(lines)

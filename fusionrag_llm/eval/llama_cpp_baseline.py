@@ -51,8 +51,9 @@ class LlamaCpp:
         self.llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                          n_batch=512, verbose=False)  # fmt: skip
 
-    def generate(self, ids: Sequence[int], new_tokens: int) -> dict:
-        """Prefill ``ids`` from an empty cache, then ``new_tokens`` greedy tokens (end tokens ignored).
+    def generate(self, ids: Sequence[int], new_tokens: int, stop_ids: frozenset[int] = frozenset()) -> dict:
+        """Prefill ``ids`` from an empty cache, then up to ``new_tokens`` greedy tokens, ending before
+        a token of ``stop_ids`` (none: exactly ``new_tokens``).
 
         ``ttft_s``: prefill and first token; ``e2e_s``: all of it; ``decode_s``: the steps after the first.
         """
@@ -62,10 +63,12 @@ class LlamaCpp:
         llm.eval(list(ids))
         tokens = [llm.sample(temp=0.0)]
         first = time.perf_counter()
-        while len(tokens) < new_tokens:
+        while len(tokens) < new_tokens and tokens[-1] not in stop_ids:
             llm.eval([tokens[-1]])
             tokens.append(llm.sample(temp=0.0))
         end = time.perf_counter()
+        if tokens[-1] in stop_ids:
+            tokens.pop()
         return {"ttft_s": first - start, "e2e_s": end - start, "decode_s": end - first, "token_ids": tokens}
 
     def close(self) -> None:
