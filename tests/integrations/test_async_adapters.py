@@ -157,6 +157,11 @@ async def _with_ticker(work):
     return result, ticks, elapsed
 
 
+# A free loop ticks at least this share of the ticks the elapsed time allows; a blocked one ticks only
+# between calls. Not higher: on 2 cores the loop competes with the engine's compute threads.
+FREE_LOOP_SHARE = 0.25
+
+
 @pytest.fixture(scope="module")
 def sync_answers(rag):
     """The sync answers to PROMPTS, per SYNC key, computed once."""
@@ -176,7 +181,7 @@ def test_async_call_keeps_the_loop_running_and_answers_like_sync(rag, sync_answe
     expected = sync_answers(sync_key)
     (texts, deltas), ticks, elapsed = asyncio.run(_with_ticker(async_calls(rag)))
     assert texts == expected
-    assert ticks >= 0.5 * elapsed / TICK_S, f"{ticks} ticks in {elapsed:.3f}s: the event loop was blocked"
+    assert ticks >= FREE_LOOP_SHARE * elapsed / TICK_S, f"{ticks} ticks in {elapsed:.3f}s: the event loop was blocked"
     if deltas is not None:  # streams yield as tokens come, not once at the end
         assert all(len([d for d in call if d]) > 1 for call in deltas)
     assert not rag.engine.has_unfinished()
@@ -193,7 +198,7 @@ def test_the_ticker_sees_a_blocked_loop(rag):
     _, ticks, elapsed = asyncio.run(_with_ticker(blocking()))
     if elapsed < 10 * TICK_S:
         pytest.skip(f"generation too fast here ({elapsed:.3f}s) to tell a blocked loop")
-    assert ticks < 0.5 * elapsed / TICK_S
+    assert ticks < FREE_LOOP_SHARE * elapsed / TICK_S
 
 
 class EventCounter(BaseEventHandler):
