@@ -77,12 +77,16 @@ class Linear(nn.Linear):
     def quantize(self, fmt: str | None) -> bool:
         """Keep a ``fmt`` ("q8", "q4") copy of the weight for decode steps, or drop it (None); "exact":
         the 4-bit or 8-bit form only if it holds the weight's own numbers. False (nothing kept) for a
-        weight the kernel cannot take (not on CPU, inputs not a multiple of 32) or not exact."""
+        weight the kernel cannot take (not on CPU, inputs not a multiple of 32, values beyond the
+        half-float range of the block scales) or not exact."""
         weight = self.weight.detach()
         self._quant = None
         if fmt is None or weight.device.type != "cpu" or weight.shape[1] % cpu_quant.BLOCK:
             return False
-        quant = cpu_quant.quantize_exact(weight) if fmt == "exact" else cpu_quant.quantize(weight, fmt)
+        try:
+            quant = cpu_quant.quantize_exact(weight) if fmt == "exact" else cpu_quant.quantize(weight, fmt)
+        except ValueError:  # out of the scales' range: this layer decodes from its float weight
+            return False
         if quant is not None:
             self._quant = (quant, weight.data_ptr(), weight._version)
         return quant is not None

@@ -26,11 +26,13 @@ def test_kernel_matches_reference(fmt, m, n, k):
 def test_weights_are_rounded_as_the_formats_say():
     w = torch.linspace(-1.0, 2.0, 32)[None]
     q8 = cpu_quant.quantize(w, "q8")
-    assert q8.q.dtype == torch.int8 and q8.q.abs().max() == 127 and torch.allclose(q8.d, torch.tensor([[2.0 / 127]]))
+    assert q8.q.dtype == torch.int8 and q8.q.abs().max() == 127
+    assert q8.d.dtype == torch.float16 and torch.equal(q8.d, torch.tensor([[2.0 / 127]]).half())  # GGUF's half scales
     q4 = cpu_quant.quantize(w, "q4")
-    assert q4.q.shape == (1, 16) and torch.allclose(q4.m, torch.tensor([[-1.0]])) and torch.allclose(q4.d, torch.tensor([[0.2]]))
+    assert q4.q.shape == (1, 16) and torch.equal(q4.m, torch.tensor([[-1.0]]).half())
+    assert torch.equal(q4.d, torch.tensor([[0.2]]).half())
     nibbles = torch.cat([q4.q & 0x0F, q4.q >> 4], dim=-1)[0]  # element i low nibble, i + 16 high
-    torch.testing.assert_close(nibbles.float(), torch.round((w[0] + 1.0) / 0.2))
+    torch.testing.assert_close(nibbles.float(), torch.round((w[0] + 1.0) / float(q4.d)))
 
 
 @pytest.mark.parametrize("fmt", cpu_quant.FORMATS)
@@ -52,6 +54,31 @@ def test_bad_inputs_are_refused_with_what_is_allowed():
         cpu_quant.linear(torch.randn(2, 32), qw)
     with pytest.raises(ValueError, match="float32"):
         cpu_quant.linear(torch.randn(2, 64, dtype=torch.float64), qw)
+    with pytest.raises(ValueError, match="half floats"):
+        cpu_quant.quantize(torch.full((4, 64), 1e5), "q4")
+    from fusionrag_llm.models.linear import Linear
+
+    layer = Linear(64, 4)
+    with torch.no_grad():
+        layer.weight.fill_(float("inf"))
+    assert not layer.quantize("q8") and layer.quantized is None  # such a layer decodes from its float weight
+
+
+def test_the_plain_c_build_reads_half_scales_like_the_reference(tmp_path, monkeypatch):
+    """Without AVX2/F16C the kernel converts the half scales itself: normal and subnormal ones."""
+    monkeypatch.setattr(cpu_quant, "_FLAGS", ["-O2", "-fopenmp", "-shared", "-fPIC"])  # baseline x86-64: no F16C
+    plain = cpu_quant._open(cpu_quant._build(tmp_path))
+    assert plain.fr_quant_has_avx2() == 0
+    monkeypatch.setattr(cpu_quant, "_library", plain)
+    g = torch.Generator().manual_seed(3)
+    for scale in (0.05, 1e-4):  # 1e-4: the block scales are subnormal half floats
+        weight = torch.randn(40, 96, generator=g) * scale
+        x = torch.randn(2, 96, generator=g)
+        for fmt in cpu_quant.FORMATS:
+            qw = cpu_quant.quantize(weight, fmt)
+            assert bool((qw.d != 0).all()) and bool((qw.d.float() < 6.1e-5).all()) == (scale < 0.01)
+            want = cpu_quant.linear_ref(x, qw)
+            torch.testing.assert_close(cpu_quant.linear(x, qw), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
 def test_a_decode_row_through_gguf_weights_is_the_float_product():
