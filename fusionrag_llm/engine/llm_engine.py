@@ -32,6 +32,7 @@ from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.engine.streaming import GenerationStream
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
+from fusionrag_llm.fusion.craft import FocusTracker
 from fusionrag_llm.fusion.scorers.auxiliary_attention import check_layers
 from fusionrag_llm.fusion.selectors import Selection, select_many
 from fusionrag_llm.models.llama import ForwardOutput, ForwardPass
@@ -232,6 +233,10 @@ class LLMEngine:
         _count_tokens(stats, layout, selected)
         stats.computed_tokens += len(work.recompute)
         work.forward = self.runner.recompute_pass(layout, work.recompute, capture_raw_kv=work.exact)
+        if work.seq.plan.early_stop and not work.exact:  # Cache-Craft: stop recomputing unfocused chunks
+            droppable = torch.isin(work.recompute, selected)
+            work.forward.observe = FocusTracker(work.recompute, layout.suffix_slots, layout.chunk_spans, droppable,
+                                                self.model.kernels)  # fmt: skip
 
     def _finish_prefill(self, work: PrefillWork, out: ForwardOutput, token: int | None) -> None:
         seq = work.seq
@@ -240,6 +245,10 @@ class LLMEngine:
         done = time.perf_counter()
         seq.stats.prefill_s, seq.stats.ttft_s = done - work.chosen, done - work.started
         seq.prompt_logits, seq.first_token_at = out.logits[-1], done
+        tracker = work.forward.observe
+        if isinstance(tracker, FocusTracker):
+            seq.stats.stop_layer, seq.stats.stopped_tokens = tracker.cutoff, tracker.dropped
+            seq.stats.focused_chunks = None if tracker.focused is None else len(tracker.focused)
         if token is not None:
             seq.accept(token)
 

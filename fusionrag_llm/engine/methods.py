@@ -34,8 +34,10 @@ KV_VARIANTS = ("plain", "fused")
 # "always": its fused entry whenever stored (the paper); "overlap": its fused entry only when at
 # least VARIANT_MIN_OVERLAP of the chunks it was fused after are in this request, else its plain one;
 # "check": whichever of the two has KV closer to this prompt's exact KV at layer VARIANT_CHECK_LAYER
-# (layers below it are run once over the context to know it: about 1/num_layers of a full prefill).
-VARIANT_POLICIES = ("always", "overlap", "check")
+# (layers below it are run once over the context to know it: about 1/num_layers of a full prefill);
+# "cfo": Cache-Craft's choice, the variant with the lower Cache Fix Overhead given the chunks in front
+# of it in this request (``fusion/craft.py``).
+VARIANT_POLICIES = ("always", "overlap", "check", "cfo")
 VARIANT_MIN_OVERLAP = 0.5
 VARIANT_CHECK_LAYER = 1
 # Stages beyond resolve -> select -> sparse prefill -> decode that this engine runs today.
@@ -43,8 +45,10 @@ VARIANT_CHECK_LAYER = 1
 # the first layers of the main model (``FusionRAG(auxiliary=...)``), run by the selector. Parallel
 # positions: every chunk starts right after the prefix. Attention scaling: computed tokens see the
 # chunk tokens as one group, sharpened by APE_TEMPERATURE inside and weighted by APE_SCALE as a whole.
+# Offline metadata: Cache-Craft's notes on every fused entry, measured when it is computed. Early stop:
+# the sparse prefill drops rows part way (Cache-Craft's focused chunks, ``fusion/craft.FocusTracker``).
 ENGINE_STAGES: frozenset[str] = frozenset({"needs_chunk_boundaries", "auxiliary_model", "parallel_positions",
-                                           "attention_scaling"})  # fmt: skip
+                                           "attention_scaling", "offline_metadata", "early_stop"})  # fmt: skip
 # APE's defaults as its comparisons report them (temperature 0.9, scaling factor 0.9).
 APE_TEMPERATURE = 0.9
 APE_SCALE = 0.9
@@ -72,8 +76,15 @@ class MethodSpec:
     offline_metadata: tuple[str, ...] = ()
     # a second, smaller model the selector runs (e.g. CacheClip); None: none
     auxiliary_model: str | None = None
+    # the sparse prefill stops recomputing the tokens of chunks the question does not focus on once
+    # that set is stable (Cache-Craft's adaptive early termination)
+    early_stop: bool = False
+    # the method's own variant policy (one of VARIANT_POLICIES) when it reuses fused entries
+    variant_policy: str = "always"
 
     def __post_init__(self) -> None:
+        if self.variant_policy not in VARIANT_POLICIES:
+            raise FusionRAGError(f"method {self.name!r}: variant_policy {self.variant_policy!r} is not one of {VARIANT_POLICIES}")
         if self.kv_variant is not None and self.kv_variant not in KV_VARIANTS:
             raise FusionRAGError(f"method {self.name!r}: kv_variant {self.kv_variant!r} is not one of {KV_VARIANTS}")
         if selector_spec(self.selector).selects and self.kv_variant is None:
@@ -84,7 +95,7 @@ class MethodSpec:
         """The names of the extra stages this method needs (empty for the plain pipeline)."""
         defaults = {f.name: f.default for f in fields(self)}
         flags = ("select_before_prefill", "per_layer_selection", "attention_scaling", "parallel_positions",
-                 "needs_chunk_boundaries", "offline_metadata", "auxiliary_model")  # fmt: skip
+                 "needs_chunk_boundaries", "offline_metadata", "auxiliary_model", "early_stop")  # fmt: skip
         return tuple(name for name in flags if getattr(self, name) != defaults[name])
 
 
@@ -101,6 +112,11 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("cacheclip", "plain", "auxiliary_attention",
                    "plain KV, recompute the tokens a shallower model's question attention picks, in 8-token windows (CacheClip)",
                    needs_chunk_boundaries=True, auxiliary_model="first_layers"),
+        MethodSpec("cache_craft", "fused", "cache_craft",
+                   "the variant (fused or plain) with the lowest Cache Fix Overhead, its most contextualised tokens "
+                   "recomputed per chunk, unfocused chunks stopped early (Cache-Craft)",
+                   needs_chunk_boundaries=True, offline_metadata=("cci", "inter", "order"), early_stop=True,
+                   variant_policy="cfo"),
         MethodSpec("ape", "plain", "none",
                    "plain KV, every chunk at the positions right after the prefix, attention to chunks sharpened and scaled (APE)",
                    attention_scaling=True, parallel_positions=True),
@@ -134,6 +150,11 @@ class RunPlan:
         return (APE_TEMPERATURE, APE_SCALE) if METHODS[self.method].attention_scaling else None
 
     @property
+    def early_stop(self) -> bool:
+        """The sparse prefill may stop recomputing unfocused chunks part way (Cache-Craft)."""
+        return METHODS[self.method].early_stop and self.kv_variant is not None
+
+    @property
     def ratio_free(self) -> bool:
         """True when the ratio cannot change the run: no chunk reuse, or a selector that picks nothing."""
         return not self.reuses_chunks or not SELECTORS[self.selector].selects
@@ -165,7 +186,8 @@ def check_run_options(*, method: str, recompute_ratio: float, kv_variant: str | 
         raise FusionRAGError(f"variant_policy {variant_policy!r} chooses between fused and plain entries; "
                              f"it needs kv_variant 'fused', and this run reuses {variant!r} entries")  # fmt: skip
     ratio = float(recompute_ratio) if SELECTORS[chosen].selects else 0.0
-    return RunPlan(method, variant, chosen, ratio, seed, variant_policy or "always")
+    policy = variant_policy or (spec.variant_policy if variant == "fused" else "always")
+    return RunPlan(method, variant, chosen, ratio, seed, policy)
 
 
 def plan_run(method: str, recompute_ratio: float, kv_variant: str | None = None,

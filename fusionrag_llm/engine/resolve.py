@@ -13,6 +13,7 @@ loader's, for ``pinned`` preloaded keys) until their KV has been placed in the r
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -21,6 +22,7 @@ import torch
 from fusionrag_llm.engine.methods import VARIANT_CHECK_LAYER, VARIANT_MIN_OVERLAP, RunPlan
 from fusionrag_llm.engine.plan import Boundary, ContextPlan, PlannedSegment, ResolveCounts, plan_context
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
+from fusionrag_llm.fusion.craft import VariantNotes, fix_overhead, plain_notes
 from fusionrag_llm.fusion.placement import place_entry
 from fusionrag_llm.fusion.scorers.kv_deviation import squared_distance
 from fusionrag_llm.fusion.selectors import RequestLayout
@@ -31,6 +33,7 @@ from fusionrag_llm.storage import KVEntry
 __all__ = ["Boundary", "ContextPlan", "ContextResolver", "Preloaded", "ResolveCounts", "ResolvedContext"]
 
 Preloaded = dict[str, tuple[KVEntry, str]]
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -50,6 +53,8 @@ class _Placed:
     missed: list[torch.Tensor] = field(default_factory=list)  # reused chunk tokens whose entry was computed now
     # variant_policy="check": chunks placed fused whose plain entry is the alternative
     alternatives: list[_Alternative] = field(default_factory=list)
+    # variant_policy="cfo": chunk start -> (Cache Fix Overhead of the variant serving it, its token order)
+    craft: dict[int, tuple[float, tuple[int, ...]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -84,10 +89,14 @@ class ContextResolver:
             matched = 1 if context_plan.boundaries else 0
         first = context_plan.boundaries[matched - 1].segment + 1 if matched else 1
         placed = _Placed([], [], [])
-        for segment in context_plan.segments[first:]:
+        ahead = _chunks_ahead(context_plan)
+        for index, segment in enumerate(context_plan.segments[first:], start=first):
             if segment.candidates:
                 misses = counts.path_hits["miss"]
-                entry = self._chunk_entry(segment, counts, context_plan)
+                if context_plan.variant_policy == "cfo" and not segment.exact_plain:
+                    entry = self._craft_entry(segment, counts, ahead[index], placed)
+                else:
+                    entry = self._chunk_entry(segment, counts, context_plan)
                 slots = place_entry(self.model, cache, entry, segment.first_position)
                 plain = self._plain_alternative(segment, entry, context_plan)
                 if plain is not None:
@@ -185,10 +194,39 @@ class ContextResolver:
                 counts.fused_declined += 1
                 continue
             if found is not None:
-                counts.path_hits["exact" if segment.exact_plain else "chunk"] += 1
-                counts.variant_hits[candidate.variant] += 0 if segment.exact_plain else 1
-                _count_tier(counts, found[1])
-                return found[0]
+                return self._hit(segment, counts, candidate.variant, found)
+        return self._computed_plain(segment, counts)
+
+    def _craft_entry(self, segment: PlannedSegment, counts: ResolveCounts, ahead: list[str], placed: _Placed) -> KVEntry:
+        """variant_policy="cfo" (Cache-Craft, ``fusion/craft.py``): of the chunk's fused and plain
+        variants, the one with the lower Cache Fix Overhead given the chunks ``ahead`` of it. The plain
+        one's overhead needs no data, so it is read only when it wins (or the fused one is missing)."""
+        plain_fix = fix_overhead(plain_notes(), ahead)
+        fused, notes = None, None
+        if segment.candidates[0].variant == "fused":
+            fused = self._fetch(segment.candidates[0].key, segment.token_ids, "fused")
+        if fused is not None:
+            notes = _stored_notes(fused[0], len(segment.token_ids))
+            fused_fix = fix_overhead(notes, ahead)
+            if fused_fix <= plain_fix:
+                placed.craft[segment.start] = (fused_fix, notes.order)
+                return self._hit(segment, counts, "fused", fused)
+        order = notes.order if notes is not None else ()  # which tokens look outside: the fused variant's ranking
+        placed.craft[segment.start] = (plain_fix, order)
+        plain = segment.candidates[-1]
+        found = self._fetch(plain.key, segment.token_ids, "plain")
+        if fused is not None:
+            counts.fused_declined += 1
+        return self._computed_plain(segment, counts) if found is None else self._hit(segment, counts, "plain", found)
+
+    @staticmethod
+    def _hit(segment: PlannedSegment, counts: ResolveCounts, variant: str, found: tuple[KVEntry, str]) -> KVEntry:
+        counts.path_hits["exact" if segment.exact_plain else "chunk"] += 1
+        counts.variant_hits[variant] += 0 if segment.exact_plain else 1
+        _count_tier(counts, found[1])
+        return found[0]
+
+    def _computed_plain(self, segment: PlannedSegment, counts: ResolveCounts) -> KVEntry:
         entry = self.computer.compute_plain([segment.token_ids])[0]
         self.entry_store.put_keyed(segment.candidates[-1].key, entry)  # the last candidate is always plain
         counts.path_hits["miss"] += 1
@@ -229,6 +267,34 @@ def _fusion_fits(entry: KVEntry, context_plan: ContextPlan) -> bool:
     return present / len(neighbours) >= VARIANT_MIN_OVERLAP
 
 
+_warned_notes = False
+
+
+def _stored_notes(entry: KVEntry, length: int) -> VariantNotes:
+    """A fused entry's Cache-Craft notes; an entry computed before they were kept gets the most
+    cautious ones (CCI 1, every neighbour alike, no token order), with one warning per process."""
+    global _warned_notes
+    prefix = entry.meta.get("neighbours") or []
+    notes = VariantNotes.from_meta(entry.meta, prefix, length)
+    if notes is None:
+        if not _warned_notes:
+            logger.warning("fused entries without Cache-Craft notes (computed by an older version): their variant "
+                           "choice assumes the most context dependence; ingest into a new store to measure it")  # fmt: skip
+            _warned_notes = True
+        notes = VariantNotes(tuple(prefix), (1.0,) * len(prefix), 1.0)
+    return notes
+
+
+def _chunks_ahead(context_plan: ContextPlan) -> dict[int, list[str]]:
+    """For each segment index, the catalog ids of the chunks before it in the prompt, in order."""
+    ahead, seen = {}, []
+    for index, segment in enumerate(context_plan.segments):
+        ahead[index] = list(seen)
+        if segment.chunk_id is not None:
+            seen.append(segment.chunk_id)
+    return ahead
+
+
 def _deviation(cache: KVCache, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> float:
     """Mean squared distance per token of the cache's K and V at ``layer`` in ``slots`` from ``keys``/``values``."""
     return float((squared_distance(cache.keys[layer, :, slots], keys) + squared_distance(cache.values[layer, :, slots], values)).mean())
@@ -253,13 +319,16 @@ def _layout(context_plan: ContextPlan, placed: _Placed, cache: KVCache) -> Reque
     empty = torch.zeros(0, dtype=torch.long, device=device)
     n = len(context_plan.prompt_ids)
     parallel = any(segment.position is not None for segment in context_plan.segments)
+    chunks = [seg for seg in context_plan.segments if seg.kind == "chunk"]
     return RequestLayout(
         token_ids=torch.tensor(context_plan.prompt_ids, device=device),
         reused_slots=torch.cat(placed.reused) if placed.reused else empty,
         fresh_slots=torch.cat(placed.fresh),
         suffix_slots=torch.cat(placed.suffix),
-        chunk_spans=tuple((seg.start, seg.end) for seg in context_plan.segments if seg.kind == "chunk"),
+        chunk_spans=tuple((seg.start, seg.end) for seg in chunks),
         missed_slots=torch.cat(placed.missed) if placed.missed else empty,
         prefix_length=context_plan.segments[0].end,
         positions=cache.positions[:n].clone() if parallel else None,
+        chunk_fix=tuple(placed.craft.get(seg.start, (0.0, ()))[0] for seg in chunks) if placed.craft else (),
+        chunk_order=tuple(placed.craft.get(seg.start, (0.0, ()))[1] for seg in chunks) if placed.craft else (),
     )

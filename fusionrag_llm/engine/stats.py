@@ -30,7 +30,12 @@ class GenerationStats:
     path_hits: dict[str, int] = field(default_factory=lambda: {"exact": 0, "chunk": 0, "miss": 0})
     tier_hits: dict[str, int] = field(default_factory=lambda: {"device": 0, "host": 0, "disk": 0})
     variant_hits: dict[str, int] = field(default_factory=lambda: {"fused": 0, "plain": 0})  # chunk hits by variant
-    fused_declined: int = 0  # fused entries found but not used: variant_policy="overlap" chose the plain one
+    fused_declined: int = 0  # fused entries found but not used: the variant policy chose the plain one
+    # Cache-Craft's early stop: the layer after which unfocused chunks were no longer recomputed (None:
+    # never), how many chunks stayed focused, and the recomputed tokens that stopped there
+    stop_layer: int | None = None
+    focused_chunks: int | None = None
+    stopped_tokens: int = 0
     # retrieved chunks (registered) that a framework adapter found the prompt not to hold as registered
     # text (e.g. rewritten by a template), so they were not reused; 0 where no adapter checked
     unmatched_chunks: int = 0

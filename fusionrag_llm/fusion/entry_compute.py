@@ -15,6 +15,7 @@ from typing import Sequence
 
 import torch
 
+from fusionrag_llm.fusion.craft import META_KEY, NotesRecorder
 from fusionrag_llm.fusion.entry_keys import EntryKeys, TokenIds
 from fusionrag_llm.fusion.entry_store import EntryStore
 from fusionrag_llm.fusion.placement import place_entry
@@ -96,16 +97,19 @@ class EntryComputer:
         context = len(self.keys.s0_ids) + sum(len(n.token_ids) for n in neighbours)
         cache = self.model.new_cache(context + len(token_ids))
         place_entry(self.model, cache, s0, 0)
-        position = len(self.keys.s0_ids)
+        position, spans = len(self.keys.s0_ids), []
         for neighbour in neighbours:
             place_entry(self.model, cache, neighbour, position)
+            spans.append((position, position + len(neighbour.token_ids)))
             position += len(neighbour.token_ids)
         device = self.model.device
         ids = torch.tensor(token_ids, device=device)
-        step = ForwardPass(ids, torch.arange(context, context + len(ids), device=device),
-                           cache.reserve(len(ids)), logit_rows=ids[:0], capture_raw_kv=True)  # fmt: skip
+        used = list(neighbour_ids[: len(neighbours)])
+        notes = NotesRecorder(used, spans, (context, context + len(ids)))  # Cache-Craft's notes on this variant
+        step = ForwardPass(ids, torch.arange(context, context + len(ids), device=device), cache.reserve(len(ids)),
+                           logit_rows=ids[:0], capture_raw_kv=True, observe=notes)  # fmt: skip
         out = self.model(step, cache)
-        meta = self.keys.meta("fused", neighbours=list(neighbour_ids[: len(neighbours)]), requested=list(neighbour_ids))
+        meta = self.keys.meta("fused", neighbours=used, requested=list(neighbour_ids), **{META_KEY: notes.notes().to_meta()})
         return KVEntry(tuple(token_ids), out.raw_keys.clone(), out.raw_values.clone(), meta)
 
     def _fitting(self, token_ids: TokenIds, neighbours: Sequence[KVEntry]) -> list[KVEntry]:

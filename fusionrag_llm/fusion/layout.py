@@ -22,6 +22,10 @@ class RequestLayout:
     missed_slots: torch.Tensor | None = None  # reused chunk tokens whose entry this request computed (a miss)
     prefix_length: int = 0  # slots [0, prefix_length) hold segment 0 (the shared prefix S0 when canonical)
     positions: torch.Tensor | None = None  # [N] each prompt slot's position; None: slot == position
+    # variant_policy="cfo" (Cache-Craft), per chunk of ``chunk_spans``: the Cache Fix Overhead of the
+    # variant serving it (0 for exact KV) and its tokens' order, most contextualised first (() = unknown)
+    chunk_fix: tuple[float, ...] = ()
+    chunk_order: tuple[tuple[int, ...], ...] = ()
 
     def step(self, slots: torch.Tensor, **kw) -> ForwardPass:
         positions = slots if self.positions is None else self.positions[slots]

@@ -21,6 +21,7 @@ from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion.layout import RequestLayout, ScoringInput
 from fusionrag_llm.fusion.scorers import (
     auxiliary_attention,
+    cache_craft,
     chunk_starts,
     early_attention,
     kv_deviation,
@@ -77,6 +78,9 @@ SELECTORS: dict[str, SelectorSpec] = {
         SelectorSpec("auxiliary_attention", auxiliary_attention.scores, True,
                      "CacheClip: a shallower model's last-layer question attention, chunk by chunk, kept in 8-token windows",
                      pick=auxiliary_attention.pick),
+        SelectorSpec("cache_craft", cache_craft.scores, False,
+                     "Cache-Craft: per chunk, as many tokens as its Cache Fix Overhead asks, those most attentive to earlier chunks",
+                     pick=cache_craft.pick),
         SelectorSpec("chunk_starts", chunk_starts.scores, False,
                      "EPIC: the first tokens of every chunk, the same number in each (no forward pass)"),
         SelectorSpec("random", random_order.scores, False, "a seeded random subset (a floor for the others)"),

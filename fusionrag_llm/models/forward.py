@@ -29,6 +29,25 @@ class ForwardPass:
     capture_raw_kv: bool = False  # return pre-rotary keys and values of the n tokens, all layers
     groups: torch.Tensor | None = None  # [n] int32 attention groups (see KVCache.attention_mask)
     decode: bool = False  # a decode step: may read the quantized weights (``DecoderLM.quantize_linears``)
+    # called as observe(layer, rotated queries [heads, n, d], cache, step) once the layer's K/V are in the
+    # cache; once its ``keep`` attribute is a [n] bool mask, the later layers run only those rows (the
+    # others keep the KV they have there). Rows with logits must be kept.
+    observe: Any = None
+
+    def narrowed(self, keep: torch.Tensor) -> "ForwardPass":
+        """The same step with only the ``keep`` rows (no observer: it has decided)."""
+        if self.capture_raw_kv or self.capture_query_layers:
+            raise ValueError("a step that captures K/V or queries cannot drop rows part way")
+        logit_rows = None
+        if self.logit_rows is not None:
+            if not bool(keep[self.logit_rows].all()):
+                raise ValueError("a step cannot drop the rows it returns logits for")
+            logit_rows = (torch.cumsum(keep.long(), 0) - 1)[self.logit_rows]
+        elif not bool(keep.all()):
+            raise ValueError("a step that returns logits for every row cannot drop rows")
+        groups = None if self.groups is None else self.groups[keep]
+        return ForwardPass(self.token_ids[keep], self.positions[keep], self.slots[keep], logit_rows,
+                           groups=groups, decode=self.decode)  # fmt: skip
 
 
 @dataclass
@@ -77,6 +96,8 @@ class BatchContext:
                     cache.decode_values[layer][:, step.slots] = v[:, start:end].to(cache.decode_values.dtype)
                 else:
                     cache.drop_mirror()
+            if step.observe is not None:
+                step.observe(layer, q[:, start:end], cache, step)
             outputs.append(self.attention(q[:, start:end], cache, layer, step, meta))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
 

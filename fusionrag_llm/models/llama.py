@@ -246,20 +246,36 @@ class DecoderLM(nn.Module):
                 cache.mirror(self._decode_kv)
             elif step.decode:
                 cache.drop_mirror()
-        steps, caches = list(steps), list(caches)
+        outputs = [ForwardOutput(logits=torch.empty(0), raw_keys=[], raw_values=[]) for _ in steps]
+        batch = self._context(list(steps), list(caches), outputs)
+        ids = steps[0].token_ids if len(steps) == 1 else torch.cat([s.token_ids for s in steps])
+        return batch, self.model.embed_tokens(ids)
+
+    def _context(self, steps: list[ForwardPass], caches: list[KVCache], outputs: list[ForwardOutput]) -> BatchContext:
         positions = steps[0].positions if len(steps) == 1 else torch.cat([s.positions for s in steps])
         cos_sin = None if self.kernels == "triton" else self.rotary_cos_sin(positions)
-        batch = BatchContext(
+        return BatchContext(
             steps=steps,
             caches=caches,
             spans=spans_of(steps),
             rotate=lambda x: self.rotate(x, positions, cos_sin),
             attention=self.attention,
             metas=[self.attention.prepare(step, cache) for step, cache in zip(steps, caches)],
-            outputs=[ForwardOutput(logits=torch.empty(0), raw_keys=[], raw_values=[]) for _ in steps],
+            outputs=outputs,
         )
-        ids = steps[0].token_ids if len(steps) == 1 else torch.cat([s.token_ids for s in steps])
-        return batch, self.model.embed_tokens(ids)
+
+    def _narrow(self, batch: BatchContext, x: torch.Tensor) -> tuple[BatchContext, torch.Tensor]:
+        """Drop the rows an observer no longer wants (``ForwardPass.observe``) before the next layer."""
+        decided = [getattr(step.observe, "keep", None) is not None for step in batch.steps]
+        if not any(decided):
+            return batch, x
+        steps, rows = [], []
+        for step, done, (start, end) in zip(batch.steps, decided, batch.spans):
+            keep = step.observe.keep if done else None
+            steps.append(step.narrowed(keep) if done else step)
+            rows.append(torch.arange(start, end, device=x.device) if keep is None
+                        else torch.nonzero(keep).flatten() + start)  # fmt: skip
+        return self._context(steps, batch.caches, batch.outputs), x[torch.cat(rows)]
 
     @torch.inference_mode()
     def project_layer(self, step: ForwardPass, cache: KVCache, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -290,8 +306,11 @@ class DecoderLM(nn.Module):
 
     def _forward_batch(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> list[ForwardOutput]:
         batch, x = self._batch(steps, caches)  # x: [n_total, hidden]
+        narrowing = any(step.observe is not None for step in steps)
         for block in self.model.layers:
             x = block(x, batch)
+            if narrowing:
+                batch, x = self._narrow(batch, x)
         rows = [x[start:end] if step.logit_rows is None else x[start:end][step.logit_rows]
                 for step, (start, end) in zip(batch.steps, batch.spans)]  # fmt: skip
         # One head matmul for every sequence's rows: the head is the largest weight, read once a step.

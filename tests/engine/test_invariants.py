@@ -24,6 +24,7 @@ ABLATIONS = [
     ("epic", None, None),
     ("fusionrag", "fused", "query_guided_layers"),
     ("fusionrag", "fused", "query_guided_kv_union"),
+    ("cache_craft", None, None),
 ]
 # CacheClip recomputes at most k (its 8-token windows drop some picks), so only r = 1 is exact about counts
 EVERY_RULE = [*ABLATIONS, ("cacheclip", None, None)]

@@ -10,20 +10,23 @@ from fusionrag_llm.fusion.selectors import RequestLayout, select_tokens
 
 
 def test_every_row_is_consistent_and_runs_on_this_engine():
-    assert list(METHODS) == ["full_attention", "full_reuse", "cacheblend", "fusionrag", "a3", "epic", "cacheclip", "ape"]
+    assert list(METHODS) == ["full_attention", "full_reuse", "cacheblend", "fusionrag", "a3", "epic", "cacheclip",
+                             "cache_craft", "ape"]  # fmt: skip
     for spec in METHODS.values():
         assert spec.selector in SELECTORS and spec.kv_variant in (None, *methods.KV_VARIANTS)
         assert set(spec.stages) <= methods.ENGINE_STAGES and spec.description
     assert METHODS["epic"].stages == ("needs_chunk_boundaries",)
     assert METHODS["cacheclip"].stages == ("needs_chunk_boundaries", "auxiliary_model")
     assert METHODS["ape"].stages == ("attention_scaling", "parallel_positions")
+    assert METHODS["cache_craft"].stages == ("needs_chunk_boundaries", "offline_metadata", "early_stop")
+    assert METHODS["cache_craft"].variant_policy == "cfo"
     assert all(spec.description for spec in SELECTORS.values())
 
 
 @pytest.mark.parametrize("knobs, message", [
-    (dict(method="magic"), "valid methods: full_attention, full_reuse, cacheblend, fusionrag, a3, epic, cacheclip, ape"),
+    (dict(method="magic"), "valid methods: full_attention, full_reuse, cacheblend, fusionrag, a3, epic, cacheclip, cache_craft, ape"),
     (dict(method="fusionrag", kv_variant="mixed"), "valid: plain, fused"),
-    (dict(method="fusionrag", selector="best"), "valid selectors: query_guided, query_guided_layers, query_guided_groups, query_guided_per_chunk, query_guided_kv_union, kv_deviation, early_attention, auxiliary_attention, chunk_starts, random, oracle, none"),
+    (dict(method="fusionrag", selector="best"), "valid selectors: query_guided, query_guided_layers, query_guided_groups, query_guided_per_chunk, query_guided_kv_union, kv_deviation, early_attention, auxiliary_attention, cache_craft, chunk_starts, random, oracle, none"),
     (dict(method="fusionrag", recompute_ratio=1.5), r"recompute_ratio must be a number in \[0, 1\]"),
     (dict(method="fusionrag", recompute_ratio=True), r"recompute_ratio must be a number in \[0, 1\]"),
     (dict(method="fusionrag", seed=-1), "seed must be an int >= 0"),
@@ -45,12 +48,14 @@ def test_plans_follow_the_rows():
 
 
 def test_a_row_needing_a_stage_the_engine_lacks_is_refused(monkeypatch):
-    future = methods.MethodSpec("cache_craft", "plain", "none", "variants by prefix, CCI-guided recompute",
-                                offline_metadata=("cci",))  # fmt: skip
-    monkeypatch.setitem(methods.METHODS, "cache_craft", future)
-    assert future.stages == ("offline_metadata",)
-    with pytest.raises(FusionRAGError, match="needs stage.*offline_metadata"):
-        check_run_options(method="cache_craft", recompute_ratio=0.1)
+    future = methods.MethodSpec("blend_layers", "plain", "kv_deviation", "a recompute set filtered layer by layer",
+                                per_layer_selection=True)  # fmt: skip
+    monkeypatch.setitem(methods.METHODS, "blend_layers", future)
+    assert future.stages == ("per_layer_selection",)
+    with pytest.raises(FusionRAGError, match="needs stage.*per_layer_selection"):
+        check_run_options(method="blend_layers", recompute_ratio=0.1)
+    with pytest.raises(FusionRAGError, match="variant_policy 'sometimes' is not one of"):
+        methods.MethodSpec("odd", "fused", "none", variant_policy="sometimes")
 
 
 def test_a_row_that_selects_without_reuse_is_refused():

@@ -79,7 +79,7 @@ def test_every_method_runs_through_every_entry_point(rag, method):
     assert logits[:-1].argmax(dim=-1).tolist() == alone.token_ids  # the greedy answer, scored the same way
 
 
-@pytest.mark.parametrize("method", ["a3", "epic", "cacheclip", "ape"])
+@pytest.mark.parametrize("method", ["a3", "epic", "cacheclip", "cache_craft", "ape"])
 def test_the_cli_offers_the_peer_methods(tmp_path, method):
     docs = tmp_path / "docs"
     docs.mkdir()
