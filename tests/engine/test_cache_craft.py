@@ -201,6 +201,19 @@ def test_generate_reports_the_early_stop(rag, monkeypatch):
     assert exact.stats.stop_layer is None and exact.stats.stopped_tokens == 0  # r = 1 stays exact
 
 
+def test_early_stops_in_one_batch_give_the_answers_of_one_by_one(rag, monkeypatch):
+    """Two sequences dropping different rows part way through one batched forward."""
+    monkeypatch.setattr(craft, "FOCUS_WINDOW", 1)
+    requests = [RAGRequest(chunks=[D, E, A, B, C], question=QUESTION),
+                RAGRequest(chunks=[E, C, D, A, B], question="What does Lowmarch export?")]  # fmt: skip
+    knobs = dict(method="cache_craft", recompute_ratio=0.5, max_new_tokens=3)
+    alone = [rag.generate(r, **knobs) for r in requests]
+    together = rag.generate_many(requests, **knobs)
+    assert all(a.stats.stopped_tokens > 0 for a in alone)
+    assert [t.token_ids for t in together] == [a.token_ids for a in alone]
+    assert [t.stats.stopped_tokens for t in together] == [a.stats.stopped_tokens for a in alone]
+
+
 def test_the_cfo_policy_needs_fused_entries():
     with pytest.raises(FusionRAGError, match="variant_policy 'cfo' chooses between fused and plain"):
         plan_run("cacheblend", 0.1, variant_policy="cfo")

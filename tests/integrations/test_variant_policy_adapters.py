@@ -23,6 +23,8 @@ def test_adapters_pass_the_policy_through(rag):
     assert chat.invoke(request).response_metadata["fusionrag_stats"]["fused_declined"] == 1
     with pytest.raises(ValueError, match="variant_policy"):
         ChatFusionRAG(rag=rag, variant_policy="sometimes")
+    cfo = ChatFusionRAG(rag=rag, variant_policy="cfo", recompute_ratio=0.0, max_tokens=2).invoke(request)
+    assert cfo.response_metadata["fusionrag_stats"]["fused_declined"] == 1  # its neighbour is not in front of it
     llm = FusionRAGLLM(rag=rag, recompute_ratio=0.0, max_tokens=2)
     out = llm.complete(request, variant_policy="overlap")
     assert out.raw["stats"]["fused_declined"] == 1
@@ -30,7 +32,7 @@ def test_adapters_pass_the_policy_through(rag):
 
 def test_adapters_run_the_check_policy_and_the_peer_methods(rag):
     request = f"Context:\n{TEXTS[0]}\n\n{TEXTS[2]}\n\n{TEXTS[3]}\n\nWho runs the ferry?"
-    for method in ("a3", "epic", "cacheclip", "ape"):  # r = 0.9: CacheClip's windows keep picks only where they crowd
+    for method in ("a3", "epic", "cacheclip", "cache_craft", "ape"):  # r = 0.9: CacheClip's windows keep picks only where they crowd
         chat = ChatFusionRAG(rag=rag, method=method, recompute_ratio=0.9, max_tokens=2)
         stats = chat.invoke(request).response_metadata["fusionrag_stats"]
         recomputes = method != "ape"  # APE's chunks share positions: it recomputes none
@@ -42,5 +44,5 @@ def test_adapters_run_the_check_policy_and_the_peer_methods(rag):
     checked = llm.complete(request, variant_policy="check").raw["stats"]
     hits = checked["variant_hits"]
     assert paper["fused"] > 0 and hits["fused"] + hits["plain"] == paper["fused"] and checked["fused_declined"] == hits["plain"]
-    with pytest.raises(ValueError, match="valid methods: .*a3, epic, cacheclip, ape"):
+    with pytest.raises(ValueError, match="valid methods: .*a3, epic, cacheclip, cache_craft, ape"):
         ChatFusionRAG(rag=rag, method="lego")
