@@ -41,3 +41,4 @@ class ScoringInput:
     layout: RequestLayout
     seed: int = 0
     auxiliary_layers: int | None = None  # CacheClip's auxiliary model: this many layers of the main one
+    k: int | None = None  # how many tokens the run will recompute (a scorer that works in stages reads it)

@@ -29,6 +29,7 @@ from fusionrag_llm.fusion.scorers import (
     query_guided,
     query_guided_variants,
     random_order,
+    two_stage,
 )
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.models.llama import DecoderLM, ForwardOutput, ForwardPass
@@ -69,6 +70,8 @@ SELECTORS: dict[str, SelectorSpec] = {
         SelectorSpec("query_guided_per_chunk", query_guided_variants.per_chunk_scores, True,
                      "the question's last-layer attention, the same share of every chunk",
                      query_guided.scoring_pass, query_guided_variants.per_chunk_from),
+        SelectorSpec("query_guided_two_stage", two_stage.scores, True,
+                     "half the budget by the question's attention (upper layers), recomputed; the other half by its attention read again after that (ProphetKV's two stages)"),
         SelectorSpec("query_guided_kv_union", query_guided_variants.kv_union, True,
                      "half the tokens by the question's attention, half by CacheBlend's KV deviation"),
         SelectorSpec("kv_deviation", kv_deviation.scores, True,
@@ -106,7 +109,7 @@ def select_tokens(selector: str, k: int, model: DecoderLM, cache: KVCache, layou
     trivial = _trivial(spec, k, layout)
     if trivial is not None:
         return trivial
-    return _pick(spec, layout, spec.scorer(ScoringInput(model, cache, layout, seed, auxiliary_layers)), k)
+    return _pick(spec, layout, spec.scorer(ScoringInput(model, cache, layout, seed, auxiliary_layers, k)), k)
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,7 @@ def select_many(jobs: Sequence[Selection], model: DecoderLM) -> list[torch.Tenso
         try:
             spec = selector_spec(job.selector)
             trivial = _trivial(spec, job.k, job.layout)
-            inp = ScoringInput(model, job.cache, job.layout, job.seed, job.auxiliary_layers)
+            inp = ScoringInput(model, job.cache, job.layout, job.seed, job.auxiliary_layers, job.k)
             if trivial is not None:
                 results[i] = trivial
             elif spec.scoring_pass is None:

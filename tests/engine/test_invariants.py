@@ -25,6 +25,7 @@ ABLATIONS = [
     ("fusionrag", "fused", "query_guided_layers"),
     ("fusionrag", "fused", "query_guided_kv_union"),
     ("cache_craft", None, None),
+    ("fusionrag", "fused", "query_guided_two_stage"),
 ]
 # CacheClip recomputes at most k (its 8-token windows drop some picks), so only r = 1 is exact about counts
 EVERY_RULE = [*ABLATIONS, ("cacheclip", None, None)]

@@ -1,5 +1,5 @@
 """The stronger selectors: several layers, CacheClip's 8-token groups, a share per chunk, a union
-with CacheBlend's ranking. Each returns k reused slots, batches like query_guided where it reads the
+with CacheBlend's ranking, two stages (ProphetKV). Each returns k reused slots, batches like query_guided where it reads the
 same forward, and follows its own rule."""
 
 import pytest
@@ -11,7 +11,8 @@ from fusionrag_llm.fusion.layout import RequestLayout
 from fusionrag_llm.fusion.scorers.shaping import group_ids, in_groups, per_chunk, rank_union
 from fusionrag_llm.fusion.selectors import Selection, select_many, select_tokens
 
-VARIANTS = ["query_guided_layers", "query_guided_groups", "query_guided_per_chunk", "query_guided_kv_union"]
+VARIANTS = ["query_guided_layers", "query_guided_groups", "query_guided_per_chunk", "query_guided_kv_union",
+            "query_guided_two_stage"]
 CHUNKS = [
     "The river Sel floods the lower town of Brightwater every spring after the snow melts in the hills.",
     "Brightwater's mayor in 1901 was Ida Renn, who built the first stone embankment along the river.",
@@ -98,3 +99,30 @@ def test_the_variants_reading_one_forward_batch_with_query_guided(rag):
     assert calls == [4]
     for job, picked in zip(jobs, together):
         assert picked.tolist() == select_tokens(job.selector, job.k, rag.engine.model, job.cache, job.layout).tolist()
+
+
+def test_two_stages_take_the_first_reading_then_the_reading_after_recomputing_it(rag):
+    """Stage one: the top half of k by the upper layers' attention over the stitched cache. Stage two:
+    that half and the fresh text recomputed, the question's attention read again, its best others."""
+    from fusionrag_llm.fusion.layout import ScoringInput
+    from fusionrag_llm.fusion.scorers import query_guided
+
+    job = assembled(rag, "query_guided_two_stage")
+    model, lay = rag.engine.model, job.layout
+    cache = job.cache
+    saved = cache.keys.clone(), cache.values.clone(), cache.valid.clone(), cache.positions.clone()
+    first = query_guided.layers_scores(ScoringInput(model, cache, lay))
+    half = (job.k + 1) // 2
+    stage_one = lay.reused_slots[torch.topk(first, half).indices]
+    rows = torch.cat([stage_one, lay.fresh_slots]).sort().values
+    layers = frozenset(range(model.cfg.num_layers // 2, model.cfg.num_layers))
+    out = model(lay.step(rows, logit_rows=rows[:0], capture_query_layers=layers), cache)
+    second = query_guided.layers_scores_from(ScoringInput(model, cache, lay), out, rows)
+    assert not torch.allclose(second, first)  # the recomputed half changed what the question attends to
+    second[torch.isin(lay.reused_slots, stage_one)] = float("-inf")
+    stage_two = lay.reused_slots[torch.topk(second, job.k - half).indices]
+    expected = torch.cat([stage_one, stage_two]).sort().values
+
+    cache.keys[:], cache.values[:], cache.valid[:], cache.positions[:] = saved  # the assembled cache again
+    picked = select_tokens("query_guided_two_stage", job.k, model, cache, lay)
+    assert job.k >= 4 and picked.tolist() == expected.tolist()
