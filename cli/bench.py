@@ -185,7 +185,7 @@ def ttft(lengths, methods, ratios, dataset, model, device, dtype, neighbors, rep
     try:
         question, passages = source_passages(dataset, max(lengths), seed)
         prompts = build_prompts(rag, question, passages, lengths)
-        offline = ingest_prompts(rag, prompts, neighbors, progress=progress)
+        offline = ingest_prompts(rag, prompts, neighbors, progress=progress, methods=config.methods)
         hf_model = load_hf_twin(rag.parts.loaded) if "transformers" in baselines else None
         rows = run_ttft(rag, prompts, config, hf_model, gguf, progress=progress)
     except ValueError as exc:

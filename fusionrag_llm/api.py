@@ -120,20 +120,25 @@ class FusionRAG:
         return self._entries.fingerprint
 
     def add_chunks(self, texts: Sequence[str], fuse: bool = True, neighbors: int = 10,
-                   embeddings=None, progress: bool = False) -> list[str]:  # fmt: skip
+                   embeddings=None, progress: bool = False, variant_notes: bool = False) -> list[str]:  # fmt: skip
         """Offline stage: store plain (and fused) entries of ``texts``; returns their chunk ids.
 
         ``embeddings`` ([len(texts), dim]) skip the embedding model (e.g. a vector store's own).
-        Calling it again with the same texts computes nothing.
+        ``variant_notes``: fused entries also carry the notes the ``cache_craft`` method reads (about
+        70% more time per fused entry). Calling it again with the same texts computes nothing.
         """
-        return self.ingest(texts, fuse=fuse, neighbors=neighbors, embeddings=embeddings, progress=progress).chunk_ids
+        return self.ingest(texts, fuse=fuse, neighbors=neighbors, embeddings=embeddings, progress=progress,
+                           variant_notes=variant_notes).chunk_ids  # fmt: skip
 
     def ingest(self, texts: Sequence[str], fuse: bool = True, neighbors: int = 10,
-               embeddings=None, progress: bool = False) -> IngestReport:  # fmt: skip
+               embeddings=None, progress: bool = False, variant_notes: bool = False) -> IngestReport:  # fmt: skip
         """``add_chunks`` that also says how many entries it computed."""
+        if not isinstance(variant_notes, bool):
+            raise FusionRAGError(f"variant_notes must be True or False, got {variant_notes!r}")
         with self.engine.lock:  # not between two steps of requests other threads are running
             return add_chunks(self._entries, self._catalog, self.tokenizer.encode, texts, fuse=fuse,
-                              neighbors=neighbors, embeddings=embeddings, embedder=self.embedder, progress=progress)  # fmt: skip
+                              neighbors=neighbors, embeddings=embeddings, embedder=self.embedder, progress=progress,
+                              variant_notes=variant_notes)  # fmt: skip
 
     def segments(self, request: Request) -> list[Segment]:
         """How ``request`` is split into prefix, chunks, text between, and suffix.

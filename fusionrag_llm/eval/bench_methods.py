@@ -53,6 +53,17 @@ class BenchMethod:
     def overrides(self) -> dict:
         return {"kv_variant": self.kv_variant, "selector": self.selector, "variant_policy": self.variant_policy}
 
+    @property
+    def needs_variant_notes(self) -> bool:
+        """Its runs read Cache-Craft's notes on fused entries (the offline stage must store them)."""
+        plan = self.plan(0.0)
+        return plan.variant_policy == "cfo" or bool(METHODS[self.method].offline_metadata and plan.kv_variant == "fused")
+
+
+def needs_variant_notes(methods) -> bool:
+    """Whether any of ``methods`` (``BenchMethod``s) needs the notes (``FusionRAG.ingest(variant_notes=)``)."""
+    return any(m.needs_variant_notes for m in methods)
+
 
 def parse_method(spec: str) -> BenchMethod:
     """``"cacheblend"`` or ``"fused+kv_deviation"`` -> :class:`BenchMethod`.

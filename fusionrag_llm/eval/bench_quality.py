@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from tqdm.auto import tqdm
 
 from fusionrag_llm.eval.bench_data import chunk_texts, passage_pool
-from fusionrag_llm.eval.bench_methods import BenchMethod, jobs
+from fusionrag_llm.eval.bench_methods import BenchMethod, jobs, needs_variant_notes
 from fusionrag_llm.eval.datasets import QAExample
 from fusionrag_llm.eval.metrics import exact_match, f1_score, first_token_agreement, greedy_exact_match, mean_kl
 from fusionrag_llm.eval.partial_log import PartialLog
@@ -99,7 +99,7 @@ def run_quality(rag, examples: list[QAExample], config: QualityConfig, log: Part
     for ex in tqdm(pending, desc="questions", unit="q", disable=not progress):
         # Entries evicted from a bounded store since the offline stage are recomputed here (same
         # neighbours: the catalog holds the whole pool), so no method silently falls back to plain.
-        again = rag.ingest(chunk_texts(ex), neighbors=config.neighbors)
+        again = rag.ingest(chunk_texts(ex), neighbors=config.neighbors, variant_notes=needs_variant_notes(config.methods))
         run.reingested += again.plain_computed + again.fused_computed
         run.computed += _run_question(rag, ex, todo[ex.id], config, log)
     return run
@@ -108,7 +108,8 @@ def run_quality(rag, examples: list[QAExample], config: QualityConfig, log: Part
 def _offline_stage(rag, examples: list[QAExample], config: QualityConfig, progress: bool) -> dict:
     """Plain and fused entries of every passage of the run; neighbours come from that whole pool."""
     start = time.perf_counter()
-    report = rag.ingest(passage_pool(examples), neighbors=config.neighbors, progress=progress)
+    report = rag.ingest(passage_pool(examples), neighbors=config.neighbors, progress=progress,
+                        variant_notes=needs_variant_notes(config.methods))  # fmt: skip
     return {"chunks": len(report.chunk_ids), "plain_computed": report.plain_computed,
             "fused_computed": report.fused_computed, "seconds": time.perf_counter() - start}  # fmt: skip
 

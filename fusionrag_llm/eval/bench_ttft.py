@@ -22,7 +22,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from fusionrag_llm.eval.bench_data import SYNTHETIC, load_examples
-from fusionrag_llm.eval.bench_methods import BenchMethod, jobs
+from fusionrag_llm.eval.bench_methods import BenchMethod, jobs, needs_variant_notes
 from fusionrag_llm.eval.hf_baseline import hf_generate_timed
 from fusionrag_llm.eval.llama_cpp_baseline import LLAMA_CPP, LlamaCpp
 from fusionrag_llm.eval.plots import plot_ttft
@@ -186,11 +186,13 @@ def _add_speedups(rows: list[dict]) -> None:
         row["e2e_speedup_vs_llama_cpp"] = lc_e2e / row["e2e_s"]
 
 
-def ingest_prompts(rag, prompts: list[LengthPrompt], neighbors: int, progress: bool = True) -> dict:
-    """The offline stage for every chunk of every prompt (not part of any TTFT)."""
+def ingest_prompts(rag, prompts: list[LengthPrompt], neighbors: int, progress: bool = True,
+                   methods: tuple[BenchMethod, ...] = ()) -> dict:  # fmt: skip
+    """The offline stage for every chunk of every prompt (not part of any TTFT), with the notes on
+    fused entries that ``methods`` read."""
     start = time.perf_counter()
     pool = list(dict.fromkeys(chunk for p in prompts for chunk in p.request.chunks))
-    report = rag.ingest(pool, neighbors=neighbors, progress=progress)
+    report = rag.ingest(pool, neighbors=neighbors, progress=progress, variant_notes=needs_variant_notes(methods))
     return {"chunks": len(pool), "plain_computed": report.plain_computed,
             "fused_computed": report.fused_computed, "seconds": time.perf_counter() - start}  # fmt: skip
 

@@ -33,6 +33,7 @@ from typing import Sequence
 import torch
 
 from fusionrag_llm.kernels.dispatch import critical_scores
+from fusionrag_llm.models.attention import attend, causal_tail_start
 
 PLAIN_CCI = 0.5  # sigmoid(0): no prefix chunk, no outside attention
 FOCUS_WINDOW = 3  # layers the focused set must stay the same before recompute of the others stops
@@ -88,16 +89,15 @@ class NotesRecorder:
         self.outside: torch.Tensor | None = None  # per chunk token, attention to the prefix chunks
 
     def __call__(self, layer: int, q: torch.Tensor, cache, step) -> None:
-        weights = attention_weights(q, cache, layer, step.positions).mean(dim=0)  # [n, length]
-        n = weights.shape[0]
-        per_chunk = torch.stack([weights[:, s:e].sum(dim=1) for s, e in self.prefix_spans], dim=1) \
-            if self.prefix_spans else weights.new_zeros(n, 0)  # fmt: skip
+        spans = [*self.prefix_spans, self.chunk_span]
+        mass = span_attention(q, cache, layer, step, spans).mean(dim=0).double()  # [n, prefix chunks + 1]
+        n = mass.shape[0]
+        per_chunk = mass[:, :-1]
         sizes = torch.tensor([e - s for s, e in self.prefix_spans], dtype=torch.float64)
-        self.inter += per_chunk.sum(dim=0).double()
-        self.a.append(float((per_chunk.sum(dim=0).double() / (n * sizes)).sum()) if self.prefix_spans else 0.0)
-        start, end = self.chunk_span
-        self.b.append(float(weights[:, start:end].sum()) / n**2)
-        outside = per_chunk.sum(dim=1).double()
+        self.inter += per_chunk.sum(dim=0)
+        self.a.append(float((per_chunk.sum(dim=0) / (n * sizes)).sum()) if self.prefix_spans else 0.0)
+        self.b.append(float(mass[:, -1].sum()) / n**2)
+        outside = per_chunk.sum(dim=1)
         self.outside = outside if self.outside is None else self.outside + outside
 
     def notes(self) -> VariantNotes:
@@ -107,15 +107,23 @@ class NotesRecorder:
         return VariantNotes(self.prefix, tuple(self.inter.tolist()), cci, order if self.prefix else ())
 
 
-def attention_weights(q: torch.Tensor, cache, layer: int, positions: torch.Tensor) -> torch.Tensor:
-    """Softmax weights [heads, n, length] of queries q [heads, n, d] at ``positions`` over the cache's
-    used slots at ``layer`` (the causal position mask, no attention groups), in float32."""
-    n = cache.length
-    keys = cache.keys[layer, :, :n].float()
-    keys = keys.repeat_interleave(q.shape[0] // keys.shape[0], dim=0)
-    logits = q.float() @ keys.transpose(1, 2) / q.shape[-1] ** 0.5
-    mask = cache.attention_mask(positions)
-    return torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
+def span_attention(q: torch.Tensor, cache, layer: int, step, spans: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """[heads, n, len(spans)]: the softmax weight each query of ``step`` (q [heads, n, d], rotated)
+    gives the cache slots of each span at ``layer``, under the step's causal position mask.
+
+    The weights are never materialised: attention over values that are the spans' indicator vectors
+    (one column per span) sums them, through the same fused kernels as the forward's attention."""
+    n, dim = cache.length, q.shape[-1]
+    if len(spans) > dim:
+        raise ValueError(f"at most {dim} spans per attention call, got {len(spans)}")
+    indicator = torch.zeros(n, dim, dtype=q.dtype, device=q.device)
+    for column, (start, end) in enumerate(spans):
+        indicator[start:end, column] = 1.0
+    keys = cache.keys[layer, :, :n]
+    values = indicator.expand(keys.shape[0], n, dim)
+    tail = causal_tail_start(step.slots, step.positions, cache.positions, cache.valid, n)
+    mask = None if tail is not None else cache.attention_mask(step.positions)[None, None]
+    return attend(q, keys, values, mask, tail)[..., : len(spans)]
 
 
 def kendall_distance(old: Sequence[str], new: Sequence[str]) -> float:

@@ -90,8 +90,12 @@ class EntryComputer:
         keys, values = out.raw_keys.split(sizes, dim=2), out.raw_values.split(sizes, dim=2)
         return [KVEntry(c, k.clone(), v.clone(), self.keys.meta("plain")) for c, k, v in zip(batch, keys, values)]
 
-    def compute_fused(self, token_ids: TokenIds, neighbours: Sequence[KVEntry], neighbour_ids: Sequence[str]) -> KVEntry:
-        """The chunk's KV computed after S0 and ``neighbours`` (most similar first) at consecutive positions."""
+    def compute_fused(self, token_ids: TokenIds, neighbours: Sequence[KVEntry], neighbour_ids: Sequence[str],
+                      notes: bool = False) -> KVEntry:  # fmt: skip
+        """The chunk's KV computed after S0 and ``neighbours`` (most similar first) at consecutive positions.
+
+        ``notes``: also measure Cache-Craft's notes on it (``fusion/craft.py``; kept in its meta). They
+        cost one more attention pass per layer, about 70% more time for a 600-token chunk after nine."""
         s0, _ = self.prefix_entry(self.keys.s0_ids)
         neighbours = self._fitting(token_ids, neighbours)
         context = len(self.keys.s0_ids) + sum(len(n.token_ids) for n in neighbours)
@@ -105,11 +109,12 @@ class EntryComputer:
         device = self.model.device
         ids = torch.tensor(token_ids, device=device)
         used = list(neighbour_ids[: len(neighbours)])
-        notes = NotesRecorder(used, spans, (context, context + len(ids)))  # Cache-Craft's notes on this variant
+        recorder = NotesRecorder(used, spans, (context, context + len(ids))) if notes else None
         step = ForwardPass(ids, torch.arange(context, context + len(ids), device=device), cache.reserve(len(ids)),
-                           logit_rows=ids[:0], capture_raw_kv=True, observe=notes)  # fmt: skip
+                           logit_rows=ids[:0], capture_raw_kv=True, observe=recorder)  # fmt: skip
         out = self.model(step, cache)
-        meta = self.keys.meta("fused", neighbours=used, requested=list(neighbour_ids), **{META_KEY: notes.notes().to_meta()})
+        extra = {META_KEY: recorder.notes().to_meta()} if recorder is not None else {}
+        meta = self.keys.meta("fused", neighbours=used, requested=list(neighbour_ids), **extra)
         return KVEntry(tuple(token_ids), out.raw_keys.clone(), out.raw_values.clone(), meta)
 
     def _fitting(self, token_ids: TokenIds, neighbours: Sequence[KVEntry]) -> list[KVEntry]:

@@ -39,6 +39,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
+from fusionrag_llm.fusion.craft import META_KEY
 from fusionrag_llm.fusion.catalog import (CatalogWriteError, ChunkCatalog, FusedRecord, Neighbourhood,
                                           RegisteredChunk, chunk_id_of)  # fmt: skip
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
@@ -92,8 +93,12 @@ def add_chunks(
     embeddings=None,
     embedder: Embedder | None = None,
     progress: bool = True,
+    variant_notes: bool = False,
 ) -> IngestReport:
-    """Register ``texts`` as chunks and store their plain (and, with ``fuse``, fused) entries."""
+    """Register ``texts`` as chunks and store their plain (and, with ``fuse``, fused) entries.
+
+    ``variant_notes``: fused entries carry Cache-Craft's notes (what ``cache_craft`` reads); a stored
+    fused entry without them is computed again with them."""
     texts = validate_texts(texts)
     if isinstance(neighbors, bool) or not isinstance(neighbors, int) or neighbors < 0:
         raise FusionRAGError(f"neighbors must be an int >= 0, got {neighbors!r}")
@@ -103,7 +108,7 @@ def add_chunks(
     try:
         _ensure_plain(entries, chunks, report, progress)
         if fuse:
-            _ensure_fused(entries, catalog, chunks, neighbors, report, progress)
+            _ensure_fused(entries, catalog, chunks, neighbors, report, progress, variant_notes)
     except (StoreWriteError, CatalogWriteError) as exc:
         directory = getattr(exc, "directory", None) or entries.store.directory
         cause = getattr(exc, "cause", None) or exc.__cause__ or exc
@@ -165,21 +170,21 @@ def _plain_entry(entries: ChunkEntries, chunk: RegisteredChunk, report: IngestRe
 
 # ---------------------------------------------------------------------- fused entries
 def _ensure_fused(entries: ChunkEntries, catalog: ChunkCatalog, chunks: list[RegisteredChunk],
-                  neighbors: int, report: IngestReport, progress: bool) -> None:  # fmt: skip
+                  neighbors: int, report: IngestReport, progress: bool, notes: bool = False) -> None:  # fmt: skip
     catalog.refresh()
     for chunk in tqdm(chunks, desc="fused entries", unit="chunk", disable=not progress):
-        _fuse(entries, catalog, chunk, neighbors, report)
-    _refresh_stale(entries, catalog, report)
+        _fuse(entries, catalog, chunk, neighbors, report, notes)
+    _refresh_stale(entries, catalog, report, notes)
 
 
 def _fuse(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, count: int,
-          report: IngestReport) -> None:  # fmt: skip
-    """Make ``chunk``'s fused entry the one its current ``count`` neighbours give."""
+          report: IngestReport, notes: bool = False) -> None:  # fmt: skip
+    """Make ``chunk``'s fused entry the one its current ``count`` neighbours give (with notes if asked)."""
     near = catalog.neighbourhood(chunk, count)
-    if _is_current(entries, catalog, chunk, near):
+    if _is_current(entries, catalog, chunk, near) and (not notes or _has_notes(entries, chunk)):
         return
     for _ in range(MAX_RECOMPUTES):
-        _store_fused(entries, catalog, chunk, near, report)
+        _store_fused(entries, catalog, chunk, near, report, notes)
         catalog.refresh()
         latest = catalog.neighbourhood(chunk, count)
         if latest.ids == near.ids:
@@ -189,10 +194,15 @@ def _fuse(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, 
                    chunk.chunk_id)  # fmt: skip
 
 
+def _has_notes(entries: ChunkEntries, chunk: RegisteredChunk) -> bool:
+    found = entries.entry_store.lookup(chunk.token_ids, "fused")
+    return found is not None and META_KEY in found[0].meta
+
+
 def _store_fused(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, near: Neighbourhood,
-                 report: IngestReport) -> None:  # fmt: skip
+                 report: IngestReport, notes: bool = False) -> None:  # fmt: skip
     plain = [_plain_entry(entries, neighbour, report) for neighbour in near.chunks]
-    entry = entries.computer.compute_fused(chunk.token_ids, plain, list(near.ids))
+    entry = entries.computer.compute_fused(chunk.token_ids, plain, list(near.ids), notes=notes)
     stored = _put(entries, entry, "fused")
     report.fused_computed += 1
     if stored:  # a record of an entry the store refused would claim it current
@@ -235,7 +245,7 @@ def _record_if_writable(catalog: ChunkCatalog, record: FusedRecord) -> None:
         logger.debug("the record of fused entry %s is not updated: %s", record.key, exc)
 
 
-def _refresh_stale(entries: ChunkEntries, catalog: ChunkCatalog, report: IngestReport) -> None:
+def _refresh_stale(entries: ChunkEntries, catalog: ChunkCatalog, report: IngestReport, notes: bool = False) -> None:
     """Fuse again this model's chunks whose recorded neighbours are no longer their nearest."""
     catalog.refresh()
     for record in catalog.fused_records():
@@ -245,4 +255,4 @@ def _refresh_stale(entries: ChunkEntries, catalog: ChunkCatalog, report: IngestR
         if entries.keys.key(chunk.token_ids, "fused") != record.key:
             continue  # another model's (or prefix's) entry of this chunk
         if catalog.neighbourhood(chunk, record.count).ids != record.requested:
-            _fuse(entries, catalog, chunk, record.count, report)
+            _fuse(entries, catalog, chunk, record.count, report, notes)

@@ -49,7 +49,7 @@ def _embedding_dim() -> int:
 
 
 def ingest_paths(rag: FusionRAG, paths: Sequence[str | Path], max_words: int = 200, neighbors: int = 10,
-                 fuse: bool = True, progress: bool = True) -> IngestSummary:  # fmt: skip
+                 fuse: bool = True, progress: bool = True, variant_notes: bool = False) -> IngestSummary:  # fmt: skip
     """Ingest text/markdown files and folders; every file is read and checked before anything is stored."""
     chunks = load_chunks(paths, max_words)
     index = document_index(rag)
@@ -66,7 +66,8 @@ def ingest_paths(rag: FusionRAG, paths: Sequence[str | Path], max_words: int = 2
     if fuse:
         texts = list(dict.fromkeys(c.text for c in chunks))
         vectors = np.stack([index.vector_of(t) for t in texts])
-        fused = rag.ingest(texts, fuse=True, neighbors=neighbors, embeddings=vectors, progress=progress).fused_computed
+        fused = rag.ingest(texts, fuse=True, neighbors=neighbors, embeddings=vectors, progress=progress,
+                           variant_notes=variant_notes).fused_computed  # fmt: skip
     files = len({c.source for c in chunks})
     return IngestSummary(files, len(chunks), len(new), plain, fused)
 

@@ -72,8 +72,23 @@ def test_focused_chunks_are_algorithm_one():
 @pytest.fixture(scope="module")
 def rag():
     rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
-    rag.add_chunks(list(EMBEDDINGS), embeddings=list(EMBEDDINGS.values()), neighbors=2)
+    rag.add_chunks(list(EMBEDDINGS), embeddings=list(EMBEDDINGS.values()), neighbors=2, variant_notes=True)
     return rag
+
+
+def test_notes_are_stored_only_when_asked_and_added_to_entries_without_them():
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    texts, vectors = list(EMBEDDINGS)[:3], list(EMBEDDINGS.values())[:3]
+    rag.add_chunks(texts, embeddings=vectors, neighbors=2)
+    without = fused_entry(rag, C)
+    assert craft.META_KEY not in without.meta
+    again = rag.ingest(texts, embeddings=vectors, neighbors=2, variant_notes=True)
+    assert again.fused_computed == 3 and again.plain_computed == 0  # only the fused entries, once more
+    noted = fused_entry(rag, C)
+    assert craft.META_KEY in noted.meta and torch.equal(noted.keys, without.keys)  # same KV, notes added
+    assert rag.ingest(texts, embeddings=vectors, neighbors=2, variant_notes=True).fused_computed == 0
+    with pytest.raises(FusionRAGError, match="variant_notes must be True or False"):
+        rag.ingest(texts, embeddings=vectors, variant_notes="yes")
 
 
 def fused_entry(rag, text):
@@ -220,3 +235,29 @@ def test_the_cfo_policy_needs_fused_entries():
     assert plan_run("cache_craft", 0.1).variant_policy == "cfo"
     assert plan_run("cache_craft", 0.1, kv_variant="plain").variant_policy == "always"
     assert plan_run("fusionrag", 0.1, variant_policy="cfo").variant_policy == "cfo"
+
+
+def test_benchmarks_store_notes_only_for_methods_that_read_them():
+    from fusionrag_llm.eval.bench_methods import needs_variant_notes, parse_methods
+
+    assert needs_variant_notes(parse_methods("cache_craft"))
+    assert needs_variant_notes(parse_methods("fusionrag:cfo"))
+    assert not needs_variant_notes(parse_methods("fusionrag,cacheblend,fused+query_guided_layers,ape"))
+    assert not needs_variant_notes(parse_methods("plain+cache_craft"))  # plain entries carry no notes
+
+
+def test_the_cli_ingests_with_notes(tmp_path):
+    from click.testing import CliRunner
+
+    from fusionrag_llm.cli.main import cli
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i, text in enumerate((A, B, C)):
+        (docs / f"{i}.md").write_text(text)
+    store = str(tmp_path / "store")
+    result = CliRunner().invoke(cli, ["ingest", str(docs), "--model", "tiny", "--store", store, "--neighbors", "1",
+                                      "--variant-notes"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rag = FusionRAG.from_pretrained("tiny", store=store)
+    assert craft.META_KEY in fused_entry(rag, C).meta
