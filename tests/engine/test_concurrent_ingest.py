@@ -104,14 +104,14 @@ def test_an_entry_computed_from_an_older_view_is_computed_again_after_it_is_writ
     compute_fused = EntryComputer.compute_fused
     seen = {}
 
-    def other_process_meanwhile(self, token_ids, neighbours, neighbour_ids):
+    def other_process_meanwhile(self, token_ids, neighbours, neighbour_ids, **options):
         # While the first engine computes X after Z, the second registers Y (closer to X) and
         # finishes; X has no record yet, so only the first engine can still put X right.
         if self is first.parts.entries.computer and "second" not in seen:
             seen["second"] = second.ingest([Y], neighbors=1, embeddings=[VY])
         elif self is first.parts.entries.computer and token_ids == first.parts.catalog.get(Z).token_ids:
             seen["X when Z starts"] = neighbour_texts(first, X)  # right away, not only at the end
-        return compute_fused(self, token_ids, neighbours, neighbour_ids)
+        return compute_fused(self, token_ids, neighbours, neighbour_ids, **options)
 
     monkeypatch.setattr(EntryComputer, "compute_fused", other_process_meanwhile)
     first.ingest([X, Z], neighbors=1, embeddings=[VX, VZ])
