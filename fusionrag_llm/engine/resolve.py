@@ -320,6 +320,8 @@ def _layout(context_plan: ContextPlan, placed: _Placed, cache: KVCache) -> Reque
     n = len(context_plan.prompt_ids)
     parallel = any(segment.position is not None for segment in context_plan.segments)
     chunks = [seg for seg in context_plan.segments if seg.kind == "chunk"]
+    # variant_policy="cfo": each chunk's overhead and token order (exact chunks: none to fix)
+    craft = [placed.craft.get(seg.start, (0.0, ())) for seg in chunks] if placed.craft else []
     return RequestLayout(
         token_ids=torch.tensor(context_plan.prompt_ids, device=device),
         reused_slots=torch.cat(placed.reused) if placed.reused else empty,
@@ -329,6 +331,6 @@ def _layout(context_plan: ContextPlan, placed: _Placed, cache: KVCache) -> Reque
         missed_slots=torch.cat(placed.missed) if placed.missed else empty,
         prefix_length=context_plan.segments[0].end,
         positions=cache.positions[:n].clone() if parallel else None,
-        chunk_fix=tuple(placed.craft.get(seg.start, (0.0, ()))[0] for seg in chunks) if placed.craft else (),
-        chunk_order=tuple(placed.craft.get(seg.start, (0.0, ()))[1] for seg in chunks) if placed.craft else (),
+        chunk_fix=tuple(fix for fix, _ in craft),
+        chunk_order=tuple(order for _, order in craft),
     )

@@ -87,11 +87,12 @@ class FusedRecord:
     neighbours: tuple[str, ...]  # those it was computed after (the context window may drop the last)
     view: int
     floor: float | None
+    notes: bool = False  # the entry carries Cache-Craft's notes (``fusion/craft.py``)
 
     def to_json(self) -> str:
         return json.dumps({"fused": self.key, "chunk": self.chunk_id, "count": self.count,
                            "requested": list(self.requested), "neighbours": list(self.neighbours),
-                           "view": self.view, "floor": self.floor})  # fmt: skip
+                           "view": self.view, "floor": self.floor, "notes": self.notes})  # fmt: skip
 
     @classmethod
     def from_json(cls, record: dict) -> FusedRecord:
@@ -104,7 +105,10 @@ class FusedRecord:
         count, view = record["count"], record["view"]
         if not all(isinstance(n, int) and n >= 0 for n in (count, view)) or not isinstance(record["chunk"], str):
             raise ValueError("count and view must be ints >= 0, chunk a string")
-        return cls(record["fused"], record["chunk"], count, tuple(ids[0]), tuple(ids[1]), view, floor)
+        notes = record.get("notes", False)  # records written before notes existed have none
+        if not isinstance(notes, bool):
+            raise ValueError("notes must be true or false")
+        return cls(record["fused"], record["chunk"], count, tuple(ids[0]), tuple(ids[1]), view, floor, notes)
 
 
 class ChunkCatalog:

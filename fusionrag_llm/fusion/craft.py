@@ -219,7 +219,7 @@ class FocusTracker:
 
     def __init__(self, rows: torch.Tensor, suffix_slots: torch.Tensor, chunk_spans: Sequence[tuple[int, int]],
                  droppable: torch.Tensor, kernels: str = "torch", window: int | None = None):  # fmt: skip
-        self.rows, self.suffix_slots, self.spans = rows, suffix_slots, list(chunk_spans)
+        self.rows, self.spans = rows, list(chunk_spans)
         self.suffix_rows = torch.isin(rows, suffix_slots)
         self.droppable = droppable  # [n] bool: rows that are recomputed chunk tokens
         self.kernels, self.window = kernels, window or FOCUS_WINDOW

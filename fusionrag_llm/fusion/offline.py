@@ -181,7 +181,7 @@ def _fuse(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, 
           report: IngestReport, notes: bool = False) -> None:  # fmt: skip
     """Make ``chunk``'s fused entry the one its current ``count`` neighbours give (with notes if asked)."""
     near = catalog.neighbourhood(chunk, count)
-    if _is_current(entries, catalog, chunk, near) and (not notes or _has_notes(entries, chunk)):
+    if _is_current(entries, catalog, chunk, near) and (not notes or _has_notes(entries, catalog, chunk)):
         return
     for _ in range(MAX_RECOMPUTES):
         _store_fused(entries, catalog, chunk, near, report, notes)
@@ -194,7 +194,12 @@ def _fuse(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, 
                    chunk.chunk_id)  # fmt: skip
 
 
-def _has_notes(entries: ChunkEntries, chunk: RegisteredChunk) -> bool:
+def _has_notes(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk) -> bool:
+    """Whether the chunk's current fused entry carries notes, from its record (reading the entry only
+    where a read-only store could not record it)."""
+    record = catalog.fused_record(entries.keys.key(chunk.token_ids, "fused"))
+    if record is not None:
+        return record.notes
     found = entries.entry_store.lookup(chunk.token_ids, "fused")
     return found is not None and META_KEY in found[0].meta
 
@@ -206,13 +211,14 @@ def _store_fused(entries: ChunkEntries, catalog: ChunkCatalog, chunk: Registered
     stored = _put(entries, entry, "fused")
     report.fused_computed += 1
     if stored:  # a record of an entry the store refused would claim it current
-        used = tuple(entry.meta.get("neighbours", near.ids))
-        catalog.record_fused(_record(entries, chunk, near, used))
+        catalog.record_fused(_record(entries, chunk, near, entry))
 
 
-def _record(entries: ChunkEntries, chunk: RegisteredChunk, near: Neighbourhood, used: Sequence[str]) -> FusedRecord:
+def _record(entries: ChunkEntries, chunk: RegisteredChunk, near: Neighbourhood, entry: KVEntry) -> FusedRecord:
+    """The record of ``entry``, the chunk's fused entry computed after ``near``."""
     key = entries.keys.key(chunk.token_ids, "fused")
-    return FusedRecord(key, chunk.chunk_id, near.count, near.ids, tuple(used), near.view, near.floor)
+    used = tuple(entry.meta.get("neighbours", near.ids))
+    return FusedRecord(key, chunk.chunk_id, near.count, near.ids, used, near.view, near.floor, META_KEY in entry.meta)
 
 
 def _is_current(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, near: Neighbourhood) -> bool:
@@ -233,7 +239,7 @@ def _adopt_unrecorded(entries: ChunkEntries, catalog: ChunkCatalog, chunk: Regis
     if found is None or list(found[0].meta.get("requested", ())) != list(near.ids):
         return False
     # recorded from now on, so that later ingestions can tell when it goes stale
-    _record_if_writable(catalog, _record(entries, chunk, near, found[0].meta.get("neighbours", near.ids)))
+    _record_if_writable(catalog, _record(entries, chunk, near, found[0]))
     return True
 
 

@@ -2,6 +2,7 @@
 keeps, the variant whose prefix chunks match, the per-chunk budget and the early stop of unfocused
 chunks (on ``tiny``, with hand-built neighbour sets)."""
 
+import json
 import math
 
 import pytest
@@ -261,3 +262,16 @@ def test_the_cli_ingests_with_notes(tmp_path):
     assert result.exit_code == 0, result.output
     rag = FusionRAG.from_pretrained("tiny", store=store)
     assert craft.META_KEY in fused_entry(rag, C).meta
+
+
+def test_the_catalog_records_which_fused_entries_carry_notes():
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    texts, vectors = list(EMBEDDINGS)[:3], list(EMBEDDINGS.values())[:3]
+    rag.add_chunks(texts, embeddings=vectors, neighbors=2)
+    catalog, keys = rag.parts.catalog, rag.parts.entries.keys
+    key = keys.key(rag.tokenizer.encode(C), "fused")
+    assert catalog.fused_record(key).notes is False
+    rag.ingest(texts, embeddings=vectors, neighbors=2, variant_notes=True)
+    record = catalog.fused_record(key)
+    assert record.notes is True
+    assert type(record).from_json(json.loads(record.to_json())) == record

@@ -34,11 +34,11 @@ def scores(inp: ScoringInput) -> torch.Tensor:
 
 def layers_pass(inp: ScoringInput) -> ForwardPass:
     """As ``scoring_pass``, keeping the queries of the upper half of the layers."""
-    return _pass(inp, _upper_half(inp))
+    return _pass(inp, upper_half(inp))
 
 
 def layers_scores_from(inp: ScoringInput, out: ForwardOutput, rows: torch.Tensor | None = None) -> torch.Tensor:
-    per_layer = [_layer_scores(inp, out, layer, rows) for layer in _upper_half(inp)]
+    per_layer = [_layer_scores(inp, out, layer, rows) for layer in upper_half(inp)]
     return torch.stack([s / s.sum().clamp_min(1e-12) for s in per_layer]).mean(dim=0)
 
 
@@ -67,6 +67,6 @@ def _last(inp: ScoringInput) -> int:
     return inp.model.cfg.num_layers - 1
 
 
-def _upper_half(inp: ScoringInput) -> tuple[int, ...]:
+def upper_half(inp: ScoringInput) -> tuple[int, ...]:
     layers = inp.model.cfg.num_layers
     return tuple(range(layers // 2, layers))

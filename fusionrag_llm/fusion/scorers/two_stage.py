@@ -28,7 +28,7 @@ def scores(inp: ScoringInput) -> torch.Tensor:
         return first
     picked = torch.topk(first, (k + 1) // 2).indices
     rows = torch.cat([layout.reused_slots[picked], layout.fresh_slots]).sort().values
-    out = inp.model(layout.step(rows, logit_rows=rows[:0], capture_query_layers=frozenset(query_guided._upper_half(inp))),
+    out = inp.model(layout.step(rows, logit_rows=rows[:0], capture_query_layers=frozenset(query_guided.upper_half(inp))),
                     inp.cache)  # fmt: skip
     second = query_guided.layers_scores_from(inp, out, rows)
     ranked = second - second.min() + 1.0  # >= 1 everywhere
