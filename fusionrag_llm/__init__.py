@@ -19,6 +19,7 @@ _EXPORTS = {
     "FusionRAG": "fusionrag_llm.api",
     "Generation": "fusionrag_llm.engine.llm_engine",
     "GenerationStats": "fusionrag_llm.engine.stats",
+    "SamplingParams": "fusionrag_llm.engine.sampling",
     "FusionRAGError": "fusionrag_llm.errors",
     "CatalogWriteError": "fusionrag_llm.fusion.catalog",
     "CATALOG_FILE": "fusionrag_llm.fusion.catalog",
@@ -59,6 +60,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from fusionrag_llm.api import FusionRAG
     from fusionrag_llm.engine.llm_engine import Generation
     from fusionrag_llm.engine.methods import KV_VARIANTS, METHODS, MethodSpec, RunPlan, check_run_options
+    from fusionrag_llm.engine.sampling import SamplingParams
     from fusionrag_llm.engine.stats import GenerationStats
     from fusionrag_llm.errors import FusionRAGError, MissingDependencyError
     from fusionrag_llm.fusion.catalog import CATALOG_FILE, CatalogWriteError, registered_chunk_count

@@ -11,6 +11,7 @@ import torch
 from fusionrag_llm.engine.llm_engine import Generation, LLMEngine
 from fusionrag_llm.engine.streaming import GenerationStream
 from fusionrag_llm.engine.methods import METHODS, plan_run
+from fusionrag_llm.engine.sampling import SamplingParams
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion.catalog import CATALOG_FILE, ChunkCatalog
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
@@ -198,7 +199,7 @@ class FusionRAG:
     def stream(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
                max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
                seed: int = 0, variant_policy: str | None = None, stop: str | Sequence[str] | None = None,
-               ignore_eos: bool = False) -> GenerationStream:  # fmt: skip
+               ignore_eos: bool = False, sampling: SamplingParams | dict | None = None) -> GenerationStream:  # fmt: skip
         """Like ``generate``, but iterate the result for text deltas as they are decoded.
 
         >>> rag = FusionRAG.from_pretrained("tiny")
@@ -208,13 +209,13 @@ class FusionRAG:
         """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy)
         return self.engine.stream(self._locked_segments(request), plan, max_new_tokens, stop=() if stop is None else stop,
-                                  ignore_eos=ignore_eos)
+                                  ignore_eos=ignore_eos, sampling=sampling)
 
     def generate(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
                  max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
                  seed: int = 0, variant_policy: str | None = None, stop: str | Sequence[str] | None = None,
-               ignore_eos: bool = False) -> Generation:  # fmt: skip
-        """Answer ``request`` greedily; ``out.stats`` holds TTFT, its parts and token counts.
+                 ignore_eos: bool = False, sampling: SamplingParams | dict | None = None, n: int = 1) -> Generation:  # fmt: skip
+        """Answer ``request``; ``out.stats`` holds TTFT, its parts and token counts.
 
         ``method``: one of ``FusionRAG.methods``; ``kv_variant`` (plain|fused) and ``selector``
         (query_guided|kv_deviation|random|oracle|none) override the method's own for ablations.
@@ -224,18 +225,30 @@ class FusionRAG:
         ``stop``: a string or up to 16 strings that end the answer where one first appears (the
         answer is cut before it; ``out.finish_reason`` is then ``"stop"``). ``ignore_eos=True`` decodes
         all ``max_new_tokens`` past the model's end-of-turn tokens (for timing a fixed answer length).
+        ``sampling``: how tokens are chosen, a ``SamplingParams`` or a dict of its fields
+        (``temperature``, ``top_p``, ``top_k``, ``min_p``, the repetition / frequency / presence
+        penalties, ``seed``, ``stop_token_ids``); default greedy. ``n``: answers to draw from one
+        prefill (``out.others`` holds answers 2..n). ``seed`` (above) seeds the ``random`` selector only.
+
+        >>> rag = FusionRAG.from_pretrained("tiny")
+        >>> a = rag.generate("Say hi", method="full_attention", max_new_tokens=4, sampling={"temperature": 0.8, "seed": 7})
+        >>> b = rag.generate("Say hi", method="full_attention", max_new_tokens=4, sampling={"temperature": 0.8, "seed": 7})
+        >>> a.token_ids == b.token_ids
+        True
         """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy)
         return self.engine.generate(self._locked_segments(request), plan, max_new_tokens, stop=() if stop is None else stop,
-                                    ignore_eos=ignore_eos)
+                                    ignore_eos=ignore_eos, sampling=sampling, n=n)
 
     def generate_many(self, requests: Sequence[Request], method: str = "fusionrag", recompute_ratio: float = 0.15,
                       max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
                       seed: int = 0, variant_policy: str | None = None, lookahead: int = 4,
-                      stop: str | Sequence[str] | None = None, ignore_eos: bool = False) -> list[Generation]:  # fmt: skip
+                      stop: str | Sequence[str] | None = None, ignore_eos: bool = False,
+                      sampling: SamplingParams | dict | None = None) -> list[Generation]:  # fmt: skip
         """Answer several requests as one batch: their prefills are admitted together and every
         decode step runs all unfinished answers in one forward. Results come in request order and
-        equal answering each alone (greedy decoding).
+        equal answering each alone (greedy decoding; with a seeded ``sampling``, each request draws
+        from its own stream).
 
         The entries of the next ``lookahead`` waiting requests load from the store on a background
         thread while the engine computes: each result's ``stats.prefetch_s`` is that loading and
@@ -244,7 +257,7 @@ class FusionRAG:
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy)
         batch = [(self._locked_segments(request), plan, max_new_tokens) for request in requests]
         return self.engine.generate_many(batch, lookahead=lookahead, stop=() if stop is None else stop,
-                                         ignore_eos=ignore_eos)
+                                         ignore_eos=ignore_eos, sampling=sampling)
 
     def logits(self, request: Request, continuation_ids: Sequence[int], method: str = "fusionrag",
                recompute_ratio: float = 0.15, *, kv_variant: str | None = None, selector: str | None = None,

@@ -13,6 +13,7 @@ its positions layer by layer in the request's own cache. Shared entries are only
 
 from __future__ import annotations
 
+import copy
 import itertools
 import threading
 import time
@@ -26,6 +27,7 @@ from fusionrag_llm.engine.methods import METHODS, RunPlan
 from fusionrag_llm.engine.model_runner import ModelRunner
 from fusionrag_llm.engine.prefetch import Prefetcher
 from fusionrag_llm.engine.resolve import ContextResolver, Preloaded, ResolvedContext
+from fusionrag_llm.engine.sampling import SamplingParams
 from fusionrag_llm.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from fusionrag_llm.engine.sequence import Sequence, Status
 from fusionrag_llm.engine.stats import GenerationStats
@@ -50,6 +52,7 @@ class Generation:
     stats: GenerationStats
     segments: list[Segment] = field(default_factory=list, repr=False)
     finish_reason: str | None = None  # "stop" (a stop token), "length" (max_new_tokens) or "abort"
+    others: list["Generation"] = field(default_factory=list, repr=False)  # answers 2..n when n > 1
 
 
 @dataclass
@@ -103,21 +106,31 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the step API
     def add_request(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, *, stop: Seq[str] = (),
-                    prefetch: int = 0, preloaded: Preloaded | None = None, ignore_eos: bool = False) -> Sequence:  # fmt: skip
+                    prefetch: int = 0, preloaded: Preloaded | None = None, ignore_eos: bool = False,
+                    sampling: SamplingParams | dict | None = None, n: int = 1) -> Sequence:  # fmt: skip
         """Queue a request; returns its sequence (``request_id``, ``token_ids``, ``finished``, ``stats``).
 
         ``stop``: strings that end decoding once the answer contains one (the answer is cut before
-        it). ``ignore_eos``: decode all ``max_new_tokens`` past the model's end tokens (benchmarks). ``prefetch``: load its chunk entries on the loader thread once it is within this many
-        places of the head of the queue (0: load them when it is admitted).
+        it). ``ignore_eos``: decode all ``max_new_tokens`` past the model's end tokens (benchmarks).
+        ``prefetch``: load its chunk entries on the loader thread once it is within this many
+        places of the head of the queue (0: load them when it is admitted). ``sampling``: how tokens
+        are chosen (``SamplingParams`` or a dict of its fields; default greedy). ``n``: answers to
+        draw; answers 2..n fork from the first after its prefill (``seq.forks``), so the prompt is
+        computed once.
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise FusionRAGError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-        seq = self._sequence(segments, plan, max_new_tokens)
-        seq.stop_strings, seq.prefetch, seq.preloaded = check_stop(stop), prefetch, preloaded
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+            raise FusionRAGError(f"n must be an int in [1, {MAX_N}], got {n!r}")
         if not isinstance(ignore_eos, bool):
             raise FusionRAGError(f"ignore_eos must be True or False, got {ignore_eos!r}")
-        if ignore_eos:
-            seq.stop_ids = frozenset()
+        sampling = SamplingParams.of(sampling)
+        extra_stops = check_token_ids(sampling.stop_token_ids, self.model.cfg.vocab_size, "stop_token_ids")
+        seq = self._sequence(segments, plan, max_new_tokens)
+        seq.stop_strings, seq.prefetch, seq.preloaded = check_stop(stop), prefetch, preloaded
+        seq.sampling, seq.n = sampling, n
+        seq.generator = sampling.generator(self.model.device)
+        seq.stop_ids = frozenset(extra_stops) | (frozenset() if ignore_eos else seq.stop_ids)
         seq.context_plan = self.resolver().plan(seq.segments, plan)  # keys once, for prefetch and assembly
         with self._lock:
             self.scheduler.add(seq)
@@ -138,13 +151,16 @@ class LLMEngine:
             return [seq for seq in [*scheduled.prefills, *scheduled.decodes] if seq.finished]
 
     def abort(self, request_id: int) -> bool:
-        """Stop a waiting or running request; its sequence finishes with reason ``"abort"``."""
+        """Stop a waiting or running request (and its forks); it finishes with reason ``"abort"``."""
         with self._lock:
             seq = self.scheduler.abort(request_id)
             if seq is None:
                 return False
             self.prefetcher.discard(seq)
-            seq.finish("abort")
+            for one in [seq, *seq.forks]:
+                if not one.finished:
+                    self.scheduler.abort(one.request_id)
+                    one.finish("abort")
             return True
 
     def has_unfinished(self) -> bool:
@@ -159,16 +175,17 @@ class LLMEngine:
             return
         try:
             outputs = self.runner.run(passes, caches)
-            tokens = self.runner.greedy([out.logits[-1] for out in outputs])
-            for w, out, token in zip(work, outputs, tokens):
-                self._finish_prefill(w, out, token)
+            for w, out in zip(work, outputs):
+                self._finish_prefill(w, out)
+            firsts = [seq for w in work for seq in (w.seq, *w.seq.forks)]  # forks share their prompt's logits
+            logits = [seq.prompt_logits for seq in firsts] + [out.logits[-1] for out in outputs[len(work) :]]
+            tokens = self.runner.next_tokens(logits, firsts + decodes)
         except Exception as exc:  # the batch's sequences fail together; their callers raise it
-            for seq in [w.seq for w in work] + decodes:
+            for seq in [one for w in work for one in (w.seq, *w.seq.forks)] + decodes:
                 seq.finish("error", exc)
             return
-        for seq, token in zip(decodes, tokens[len(work) :]):
+        for seq, token in zip(firsts + decodes, tokens):
             seq.accept(token)
-        for seq in [w.seq for w in work] + decodes:
             if seq.stop_strings and seq.token_ids:
                 seq.find_stop_string(self.tokenizer.decode(seq.token_ids))
 
@@ -238,7 +255,7 @@ class LLMEngine:
             work.forward.observe = FocusTracker(work.recompute, layout.suffix_slots, layout.chunk_spans, droppable,
                                                 self.model.kernels)  # fmt: skip
 
-    def _finish_prefill(self, work: PrefillWork, out: ForwardOutput, token: int | None) -> None:
+    def _finish_prefill(self, work: PrefillWork, out: ForwardOutput) -> None:
         seq = work.seq
         if work.exact:
             work.resolver.store_exact_blocks(work.resolved, work.recompute, out.raw_keys, out.raw_values, seq.prompt_ids)
@@ -249,26 +266,35 @@ class LLMEngine:
         if isinstance(tracker, FocusTracker):
             seq.stats.stop_layer, seq.stats.stopped_tokens = tracker.cutoff, tracker.dropped
             seq.stats.focused_chunks = None if tracker.focused is None else len(tracker.focused)
-        if token is not None:
-            seq.accept(token)
+        seq.forks = [self._fork(seq, index) for index in range(1, seq.n)]
+
+    def _fork(self, seq: Sequence, index: int) -> Sequence:
+        """Answer ``index`` of ``seq``'s ``n``: its prompt's KV copied, its own random stream."""
+        twin = Sequence(next(self._request_ids), seq.segments, seq.plan, seq.max_new_tokens, seq.prompt_ids,
+                        seq.stop_ids, sampling=seq.sampling, stop_strings=seq.stop_strings, status=Status.RUNNING,
+                        stats=copy.deepcopy(seq.stats), arrival=seq.arrival, first_token_at=seq.first_token_at,
+                        cache=seq.cache.fork(), prompt_logits=seq.prompt_logits, prompt_end=seq.prompt_end)  # fmt: skip
+        twin.generator = seq.sampling.generator(self.model.device, offset=index)
+        return twin
 
     # ------------------------------------------------------------------ loops over step
     def run_until_finished(self, seqs: Seq[Sequence]) -> None:
-        """Step until every one of ``seqs`` has finished; re-raise the first one's error."""
-        while not all(seq.finished for seq in seqs):
+        """Step until every one of ``seqs`` (and their forks) has finished; re-raise the first one's error."""
+        while not all(one.finished for seq in seqs for one in (seq, *seq.forks)):
             self.step()
         for seq in seqs:
             if seq.error is not None:
                 raise seq.error
 
-    def generate(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int,
-                 preloaded: Preloaded | None = None, stop: Seq[str] = (), ignore_eos: bool = False) -> Generation:  # fmt: skip
-        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, preloaded=preloaded, ignore_eos=ignore_eos)
+    def generate(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, preloaded: Preloaded | None = None,
+                 stop: Seq[str] = (), ignore_eos: bool = False, sampling=None, n: int = 1) -> Generation:  # fmt: skip
+        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, preloaded=preloaded, ignore_eos=ignore_eos,
+                               sampling=sampling, n=n)  # fmt: skip
         self.run_until_finished([seq])
         return self.generation(seq)
 
     def generate_many(self, requests: Seq[tuple[Seq[Segment], RunPlan, int]], lookahead: int = 4,
-                      stop: Seq[str] = (), ignore_eos: bool = False) -> list[Generation]:  # fmt: skip
+                      stop: Seq[str] = (), ignore_eos: bool = False, sampling=None) -> list[Generation]:  # fmt: skip
         """Run ``(segments, plan, max_new_tokens)`` requests as one batch, in order of the results.
 
         Every request is checked before any is queued; entries of the next ``lookahead`` waiting
@@ -277,15 +303,16 @@ class LLMEngine:
         checked = [(list(segments), plan, max_new) for segments, plan, max_new in requests]
         for segments, _, max_new in checked:
             self.check_fits(len(prompt_ids(segments)), max_new)
-        seqs = [self.add_request(segments, plan, max_new, stop=stop, prefetch=lookahead, ignore_eos=ignore_eos)
-                for segments, plan, max_new in checked]  # fmt: skip
+        seqs = [self.add_request(segments, plan, max_new, stop=stop, prefetch=lookahead, ignore_eos=ignore_eos,
+                                 sampling=sampling) for segments, plan, max_new in checked]  # fmt: skip
         self.run_until_finished(seqs)
         return [self.generation(seq) for seq in seqs]
 
-    def stream(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int,
-               preloaded: Preloaded | None = None, stop: Seq[str] = (), ignore_eos: bool = False) -> GenerationStream:  # fmt: skip
+    def stream(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, preloaded: Preloaded | None = None,
+               stop: Seq[str] = (), ignore_eos: bool = False, sampling=None) -> GenerationStream:  # fmt: skip
         """Prefill now; iterate the returned stream for text deltas."""
-        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, preloaded=preloaded, ignore_eos=ignore_eos)
+        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, preloaded=preloaded, ignore_eos=ignore_eos,
+                               sampling=sampling)  # fmt: skip
         while seq.status is Status.WAITING:
             self.step()
         if seq.error is not None:
@@ -295,7 +322,7 @@ class LLMEngine:
     def generation(self, seq: Sequence) -> Generation:
         return Generation(text=self.tokenizer.decode(seq.token_ids)[: seq.text_end], token_ids=list(seq.token_ids),
                           prompt_ids=seq.prompt_ids, stats=seq.stats, segments=seq.segments,
-                          finish_reason=seq.finish_reason)  # fmt: skip
+                          finish_reason=seq.finish_reason, others=[self.generation(fork) for fork in seq.forks])  # fmt: skip
 
     def logits(self, segments: Seq[Segment], continuation: Seq[int], plan: RunPlan) -> torch.Tensor:
         """[len(continuation) + 1, vocab] teacher-forced logits after the prompt and each continuation token."""
@@ -305,7 +332,7 @@ class LLMEngine:
             work = self._admit([seq])
             if not work:
                 raise seq.error
-            self._finish_prefill(work[0], self.runner.run([work[0].forward], [seq.cache])[0], token=None)
+            self._finish_prefill(work[0], self.runner.run([work[0].forward], [seq.cache])[0])
         return self.runner.teacher_forced(seq.cache, seq.prompt_logits, seq.prompt_end, continuation)
 
 
@@ -320,6 +347,7 @@ def _count_tokens(stats: GenerationStats, layout, selected: torch.Tensor) -> Non
 
 
 MAX_STOP_STRINGS = 16
+MAX_N = 16  # answers per request
 
 
 def check_stop(stop) -> tuple[str, ...]:

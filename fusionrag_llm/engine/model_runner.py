@@ -1,4 +1,4 @@
-"""The engine's device work: request caches, the batched forward of a step, greedy tokens.
+"""The engine's device work: request caches, the batched forward of a step, the next tokens.
 
 The scheduler and the sequences move integers; this is where a step's sequences become one
 forward call (one sequence: ``model(step, cache)``; several: ``model.forward_batch``), where
@@ -11,6 +11,7 @@ from typing import Sequence as Seq
 
 import torch
 
+from fusionrag_llm.engine.sampling import SamplingState, next_tokens
 from fusionrag_llm.engine.sequence import Sequence
 from fusionrag_llm.fusion.selectors import RequestLayout
 from fusionrag_llm.models.kv_cache import KVCache
@@ -45,11 +46,13 @@ class ModelRunner:
         return self.model.forward_batch(passes, caches)
 
     @staticmethod
-    def greedy(logits: Seq[torch.Tensor]) -> list[int]:
-        """The argmax token of each [vocab] row, read back in one transfer."""
+    def next_tokens(logits: Seq[torch.Tensor], seqs: Seq[Sequence]) -> list[int]:
+        """Each sequence's next token from its [vocab] logits row, by its sampling settings (greedy:
+        the argmax of every row, read back in one transfer)."""
         if not logits:
             return []
-        return torch.stack(list(logits)).argmax(dim=-1).tolist()
+        states = [SamplingState(seq.sampling, seq.generator, seq.prompt_ids, seq.token_ids) for seq in seqs]
+        return next_tokens(torch.stack(list(logits)), states)
 
     def teacher_forced(self, cache: KVCache, first_logits: torch.Tensor, next_position: int,
                        tokens: Seq[int]) -> torch.Tensor:  # fmt: skip

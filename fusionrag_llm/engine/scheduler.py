@@ -83,6 +83,7 @@ class Scheduler:
             if not seq.finished:
                 seq.status = Status.RUNNING
                 self.running.append(seq)
+            self.running += [fork for fork in seq.forks if not fork.finished]  # its answers 2..n
         self.running = [seq for seq in self.running if not seq.finished]
 
     def abort(self, request_id: int) -> Sequence | None:

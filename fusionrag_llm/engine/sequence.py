@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fusionrag_llm.engine.methods import RunPlan
+from fusionrag_llm.engine.sampling import GREEDY, SamplingParams
 from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.request import Segment
 
@@ -34,6 +35,11 @@ class Sequence:
     max_new_tokens: int
     prompt_ids: list[int]
     stop_ids: frozenset[int]
+    sampling: SamplingParams = GREEDY
+    generator: Any = None  # its torch.Generator when it samples (SamplingParams.generator)
+    n: int = 1  # answers to the same prompt: the others fork from this one after its prefill
+    forks: list["Sequence"] = field(default_factory=list)  # those other answers, once forked
+    stop_strings: tuple[str, ...] = ()
     prefetch: bool = False  # load its entries on the loader thread while others compute
     preloaded: dict | None = None  # key -> (entry, tier) the caller fetched already
     status: Status = Status.WAITING
@@ -65,7 +71,7 @@ class Sequence:
         return end + len(self.token_ids) - 1
 
     def accept(self, token: int) -> None:
-        """Take the next greedy token; finish on a stop token (not kept) or at ``max_new_tokens``."""
+        """Take the next token; finish on a stop token (not kept) or at ``max_new_tokens``."""
         if self.finished:  # aborted while its step ran
             return
         if token in self.stop_ids:

@@ -63,6 +63,12 @@ class KVCache:
     def drop_mirror(self) -> None:
         self.decode_keys = self.decode_values = None
 
+    def fork(self) -> "KVCache":
+        """An independent copy (its own buffers; the decode mirror is not copied), e.g. for a second
+        answer to the same prompt."""
+        return KVCache(self.keys.clone(), self.values.clone(), self.positions.clone(), self.valid.clone(),
+                       self.groups.clone(), self.length, self.scaling)  # fmt: skip
+
     @property
     def capacity(self) -> int:
         return self.keys.shape[2]
