@@ -14,6 +14,7 @@ COMMANDS = {
     "demo": "fusionrag_llm.cli.demo:demo",
     "ingest": "fusionrag_llm.cli.ingest:ingest",
     "query": "fusionrag_llm.cli.query:query",
+    "serve": "fusionrag_llm.cli.serve:serve",
 }
 
 

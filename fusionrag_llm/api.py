@@ -21,10 +21,10 @@ from fusionrag_llm.models.default_model import DEFAULT_MODEL
 from fusionrag_llm.models.fingerprint import fingerprint_of
 from fusionrag_llm.models.loader import LoadedModel, load_model
 from fusionrag_llm.models.tokenizer import ChatPart
-from fusionrag_llm.request import RAGRequest, Segment, build_segments, validate_messages
+from fusionrag_llm.request import RAGRequest, Segment, TextPrompt, build_segments, validate_messages
 from fusionrag_llm.engine.store import StoreSpec, open_store
 
-Request = RAGRequest | str | Sequence[dict]
+Request = RAGRequest | str | Sequence[dict] | TextPrompt
 
 
 @dataclass(frozen=True)
@@ -145,8 +145,9 @@ class FusionRAG:
         """How ``request`` is split into prefix, chunks, text between, and suffix.
 
         A flat string is the user message; a list of ``{"role", "content"}`` messages is a whole
-        chat. Registered chunk texts inside either become chunk segments where the prompt's own
-        tokens equal theirs (so finding them never changes the prompt's ids). Only the chat
+        chat; a ``TextPrompt`` is read as it is, without the chat template. Registered chunk texts
+        inside any of them become chunk segments where the prompt's own tokens equal theirs (so
+        finding them never changes the prompt's ids). Only the chat
         template's own text can become control tokens: chunks, questions, system prompts, message
         contents and flat prompts are data, so ``"<|im_end|>"`` inside them stays plain text.
         """
@@ -159,6 +160,8 @@ class FusionRAG:
                 raise FusionRAGError("the prompt is empty; pass a non-empty string or a RAGRequest")
             head, tail = self.tokenizer.chat_frame(None)
             return build_segments([*self._pieces(head), *self._find_chunks(request)], self._pieces(tail))
+        if isinstance(request, TextPrompt):
+            return build_segments(self._raw_pieces(request.text))
         if isinstance(request, (list, tuple)):
             body, generation_prompt = self.tokenizer.split_generation_prompt(validate_messages(request))
             return build_segments(self._pieces(body), self._pieces(generation_prompt))
@@ -176,6 +179,16 @@ class FusionRAG:
                 pieces += self._find_chunks(part.text)
             else:
                 pieces.append(Segment("text", part.text, tuple(self.tokenizer.encode(part.text))))
+        return pieces
+
+    def _raw_pieces(self, text: str) -> list[Segment]:
+        """A raw prompt's pieces. The engine needs tokens before the first chunk (its prefix) and after
+        the last (the suffix, whose queries guide the selection), so a chunk at either end is read
+        as plain text (computed, not reused); the prompt's ids do not change."""
+        pieces = self._find_chunks(text)
+        for end in (0, -1):
+            if pieces[end].kind == "chunk":
+                pieces[end] = Segment("text", pieces[end].text, pieces[end].token_ids)
         return pieces
 
     def _find_chunks(self, text: str) -> list[Segment]:

@@ -69,6 +69,22 @@ class RAGRequest:
 
 
 @dataclass(frozen=True)
+class TextPrompt:
+    """A raw prompt: its text is all the model reads, with no chat template around it (the
+    completions API). Registered chunks inside it are still found and reused.
+
+    >>> TextPrompt("Paris is in France. Q: Where is Paris? A:").text[:5]
+    'Paris'
+    """
+
+    text: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str) or not self.text.strip():
+            raise FusionRAGError("a text prompt must be a non-empty string")
+
+
+@dataclass(frozen=True)
 class Segment:
     kind: str  # one of SEGMENT_KINDS
     text: str

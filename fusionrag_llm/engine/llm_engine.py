@@ -246,6 +246,9 @@ class LLMEngine:
     def _plan_prefill(self, work: PrefillWork, selected: torch.Tensor) -> None:
         stats, layout = work.seq.stats, work.resolved.layout
         work.recompute = torch.cat([selected, layout.fresh_slots]).sort().values
+        if not len(work.recompute):  # a prompt served whole from exact KV (a raw prompt ending in its
+            # cached prefix): its last token runs again, rewriting its own KV, for the next token's logits
+            work.recompute = torch.tensor([len(layout.token_ids) - 1], device=selected.device)
         work.exact = len(selected) == len(layout.reused_slots)
         _count_tokens(stats, layout, selected)
         stats.computed_tokens += len(work.recompute)

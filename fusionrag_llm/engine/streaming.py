@@ -51,6 +51,53 @@ class IncrementalText:
         return delta
 
 
+class AnswerText:
+    """The text of one sequence's answer as it grows: ``pull`` hands out what is new since the last call.
+
+    Text that could still turn out to be the start of a stop string is held back, and the stop string
+    itself is never handed out; once the sequence has finished, ``pull`` also flushes what an
+    incomplete UTF-8 sequence held back. Plain bookkeeping over ``seq.token_ids``; it never steps.
+    """
+
+    def __init__(self, seq, decode):
+        self.seq = seq
+        self.token_ids: list[int] = []
+        self._text = IncrementalText(decode)
+        self._sent = 0  # characters of the decoded text handed out
+        self._flushed = False
+
+    @property
+    def text(self) -> str:
+        """The text handed out so far."""
+        return self._text.text[: self._sent]
+
+    def pull(self) -> str:
+        """The text that is new and final since the last call ("" when there is none)."""
+        seq = self.seq
+        while len(self.token_ids) < len(seq.token_ids):
+            token = seq.token_ids[len(self.token_ids)]
+            self.token_ids.append(token)
+            self._text.add(token)
+        if seq.finished and not self._flushed:
+            self._flushed = True
+            if seq.error is None:
+                self._text.flush()
+        return self._release()
+
+    def _release(self) -> str:
+        """New text that can no longer turn out to be part of a stop string (never the stop string)."""
+        text, seq = self._text.text, self.seq
+        if seq.finished:
+            end = len(text) if seq.text_end is None else min(seq.text_end, len(text))
+        elif seq.stop_strings:
+            end = len(text) - max(map(len, seq.stop_strings)) + 1
+        else:
+            end = len(text)
+        delta = text[self._sent : end] if end > self._sent else ""
+        self._sent += len(delta)
+        return delta
+
+
 class GenerationStream:
     """Iterate for text deltas; afterwards ``text``, ``token_ids`` and ``stats`` hold the whole answer.
 
@@ -62,19 +109,21 @@ class GenerationStream:
     def __init__(self, engine, seq):
         self.stats = seq.stats
         self.prompt_ids = seq.prompt_ids
-        self.token_ids: list[int] = []
         self._engine = engine
         self._seq = seq
-        self._text = IncrementalText(engine.tokenizer.decode)
+        self._answer = AnswerText(seq, engine.tokenizer.decode)
         self._closed = False
         # a stream dropped before its end leaves the engine's batch instead of decoding on for nobody
         self._release_request = weakref.finalize(self, engine.abort, seq.request_id)
-        self._sent = 0  # characters of the decoded text handed out
 
     @property
     def text(self) -> str:
         """The text handed out so far."""
-        return self._text.text[: self._sent]
+        return self._answer.text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self._answer.token_ids
 
     @property
     def finish_reason(self) -> str | None:
@@ -83,36 +132,15 @@ class GenerationStream:
     def __iter__(self) -> Iterator[str]:
         seq = self._seq
         while not self._closed:
-            while len(self.token_ids) < len(seq.token_ids) and not self._closed:
-                token = seq.token_ids[len(self.token_ids)]
-                self.token_ids.append(token)
-                self._text.add(token)
-                delta = self._release()
-                if delta:
-                    yield delta
-            if seq.finished:
+            finished = seq.finished  # read before pulling: tokens of the last step are pulled with it
+            delta = self._answer.pull()
+            if delta:
+                yield delta
+            if finished:
                 break
             self._engine.step()
         if seq.error is not None:
             raise seq.error
-        if not self._closed:
-            self._text.flush()
-            delta = self._release()
-            if delta:
-                yield delta
-
-    def _release(self) -> str:
-        """New text that can no longer turn out to be part of a stop string (never the stop string)."""
-        text, seq = self._text.text, self._seq
-        if seq.finished:
-            end = len(text) if seq.text_end is None else min(seq.text_end, len(text))
-        elif seq.stop_strings:
-            end = len(text) - max(map(len, seq.stop_strings)) + 1
-        else:
-            end = len(text)
-        delta = text[self._sent : end] if end > self._sent else ""
-        self._sent += len(delta)
-        return delta
 
     def close(self) -> None:
         """Stop generating (the request leaves the engine's batch); the text so far stays."""

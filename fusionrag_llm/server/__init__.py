@@ -1,0 +1,23 @@
+"""``fusionrag serve``: the engine behind an OpenAI-compatible HTTP API (``create_app``, ``serve``).
+
+Any OpenAI client works against it unchanged (``base_url="http://127.0.0.1:8000/v1"``); requests of
+all clients are batched by one engine thread (``engine_loop.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+def serve(rag, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
+          max_waiting: int = 256, request_timeout: float = 600.0, log_level: str = "warning") -> None:  # fmt: skip
+    """Run the server until interrupted (blocking). Binds 127.0.0.1 unless told otherwise."""
+    from fusionrag_llm.errors import require
+
+    uvicorn = require("uvicorn", "serve", "fusionrag serve")
+    from fusionrag_llm.server.app import create_app
+
+    app = create_app(rag, served_model_name, max_waiting=max_waiting, request_timeout=request_timeout)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -1,0 +1,267 @@
+"""The OpenAI-compatible HTTP app: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``,
+``/v1/chunks`` and ``/health``, over one ``EngineLoop`` that batches every client's requests.
+
+Errors have OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``): bad JSON, bad
+fields, bad values and prompts over the context window are 400, an unknown model 404, a full
+queue 429, a request over its time limit 408; a stream that fails after it started ends with an
+error event. A client that goes away (a closed stream, a dropped connection) has its request
+aborted at the next engine step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from fusionrag_llm.errors import FusionRAGError, PromptTooLongError, require
+
+require("fastapi", "serve", "fusionrag serve")
+
+from fastapi import FastAPI, Request  # noqa: E402
+from fastapi.concurrency import run_in_threadpool  # noqa: E402
+from fastapi.exceptions import RequestValidationError  # noqa: E402
+from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
+from pydantic import ValidationError  # noqa: E402
+from starlette.exceptions import HTTPException  # noqa: E402
+
+from fusionrag_llm.server.engine_loop import EngineLoop, Overloaded, Update  # noqa: E402
+from fusionrag_llm.server.protocol import (  # noqa: E402
+    ChatCompletionRequest, ChunksRequest, CompletionRequest, created, error_body, fusionrag_extra, new_id, usage,
+)  # fmt: skip
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 16 * 2**20
+POLL_S = 0.5  # how often a waiting non-streamed request checks that its client is still there
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.status, self.kind, self.code = status, kind, code
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(error_body(str(self), self.kind, self.code), status_code=self.status)
+
+
+def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256,
+               request_timeout: float = 600.0) -> FastAPI:  # fmt: skip
+    """The app over ``rag`` (a ``FusionRAG``); its engine thread runs while the app does."""
+    name = served_model_name or rag.model_name
+    state: dict[str, EngineLoop] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state["loop"] = EngineLoop(rag, max_waiting=max_waiting)
+        try:
+            yield
+        finally:
+            state.pop("loop").close()
+
+    app = FastAPI(title="fusionrag", lifespan=lifespan)
+    _install_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        loop = state["loop"]
+        return {"status": "ok", "model": name, "running": loop.running, "waiting": loop.waiting}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {"id": name, "object": "model", "created": created(), "owned_by": "fusionrag",
+                "max_model_len": rag.context_window}  # fmt: skip
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = _parse(await _body(request), ChatCompletionRequest)
+        return await _complete(request, body, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = _parse(await _body(request), CompletionRequest)
+        return await _complete(request, body, "text")
+
+    @app.post("/v1/chunks")
+    async def add_chunks(request: Request) -> dict[str, Any]:
+        body = _parse(await _body(request), ChunksRequest)
+        try:
+            report = await run_in_threadpool(rag.ingest, body.texts, fuse=body.fuse, neighbors=body.neighbors)
+        except FusionRAGError as exc:
+            raise ApiError(400, str(exc)) from exc
+        return {"object": "list", "data": [{"object": "chunk", "id": chunk_id} for chunk_id in report.chunk_ids],
+                "plain_computed": report.plain_computed, "fused_computed": report.fused_computed}  # fmt: skip
+
+    @app.get("/v1/chunks")
+    async def chunk_count() -> dict[str, Any]:
+        return {"object": "chunk_count", "count": len(rag.parts.catalog)}
+
+    async def _complete(request: Request, body, kind: str):
+        if body.model != name:
+            raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {name!r}",
+                           "invalid_request_error", "model_not_found")  # fmt: skip
+        try:
+            prepared = body.prepared()
+        except FusionRAGError as exc:
+            raise ApiError(400, str(exc)) from exc
+        try:
+            updates, abort = state["loop"].submit(prepared)
+        except Overloaded as exc:
+            raise ApiError(429, str(exc), "rate_limit_exceeded") from exc
+        deadline = time.monotonic() + request_timeout
+        try:
+            first = await _next(request, updates, deadline)
+        except BaseException:
+            abort()
+            raise
+        reply = _Reply(body, kind, name)
+        if not body.stream:
+            try:
+                return await reply.whole(first, request, updates, deadline)
+            finally:
+                abort()  # a no-op once every answer finished; frees the slot otherwise
+        return StreamingResponse(reply.events(first, request, updates, deadline, abort), media_type="text/event-stream")
+
+    return app
+
+
+async def _body(request: Request) -> bytes:
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
+    return raw
+
+
+def _parse(raw: bytes, model):
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ApiError(400, _validation_message(exc)) from exc
+
+
+def _validation_message(exc: ValidationError) -> str:
+    problems = [f"{'.'.join(map(str, error['loc'])) or 'body'}: {error['msg']}" for error in exc.errors()[:5]]
+    return "invalid request: " + "; ".join(problems)
+
+
+async def _next(request: Request, updates: asyncio.Queue, deadline: float) -> Update:
+    """The next update; raises ``ApiError`` for an engine error, a timeout or a client gone away."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ApiError(408, "the request did not finish within the server's time limit", "timeout")
+        try:
+            item = await asyncio.wait_for(updates.get(), min(POLL_S, remaining))
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                raise ApiError(499, "the client closed the connection", "client_closed") from None
+            continue
+        if isinstance(item, PromptTooLongError):
+            raise ApiError(400, str(item), code="context_length_exceeded")
+        if isinstance(item, FusionRAGError):
+            raise ApiError(400, str(item))
+        if isinstance(item, BaseException):
+            logger.error("request failed: %r", item)
+            raise ApiError(500, f"the engine failed on this request: {type(item).__name__}", "server_error")
+        return item
+
+
+class _Reply:
+    """One request's response: a whole JSON object, or server-sent events as answers grow."""
+
+    def __init__(self, body, kind: str, model: str):
+        self.body, self.kind, self.model = body, kind, model
+        self.id = new_id("chatcmpl" if kind == "chat" else "cmpl")
+        self.created = created()
+        self.object = "chat.completion" if kind == "chat" else "text_completion"
+
+    async def whole(self, first: Update, request: Request, updates: asyncio.Queue, deadline: float) -> dict:
+        texts, finals = [""] * self.body.n, {}
+        update = first
+        while True:
+            texts[update.index] += update.delta
+            if update.finish_reason is not None:
+                finals[update.index] = update
+            if len(finals) == self.body.n:
+                break
+            update = await _next(request, updates, deadline)
+        stats = [finals[index].stats for index in range(self.body.n)]
+        choices = [self._choice(index, texts[index], finals[index].finish_reason) for index in range(self.body.n)]
+        return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
+                "choices": choices, "usage": usage(stats), "fusionrag": fusionrag_extra(self.body, stats)}  # fmt: skip
+
+    def _choice(self, index: int, text: str, reason: str | None) -> dict:
+        if self.kind == "chat":
+            return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                    "finish_reason": reason}  # fmt: skip
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+
+    async def events(self, first: Update, request: Request, updates: asyncio.Queue, deadline: float,
+                     abort) -> AsyncIterator[str]:  # fmt: skip
+        finals: dict[int, Update] = {}
+        try:
+            if self.kind == "chat":  # OpenAI opens every chat choice with its role
+                for index in range(self.body.n):
+                    yield self._event([self._delta(index, {"role": "assistant", "content": ""}, None)])
+            update = first
+            while True:
+                if update.delta or update.finish_reason is not None:
+                    yield self._event([self._delta(update.index, self._content(update.delta), update.finish_reason)])
+                if update.finish_reason is not None:
+                    finals[update.index] = update
+                if len(finals) == self.body.n:
+                    break
+                update = await _next(request, updates, deadline)
+            stats = [finals[index].stats for index in range(self.body.n)]
+            tail: dict[str, Any] = {"fusionrag": fusionrag_extra(self.body, stats)}
+            if self.body.include_usage:
+                tail["usage"] = usage(stats)
+            yield self._event([], **tail)
+            yield "data: [DONE]\n\n"
+        except ApiError as exc:  # the response has started: the error is the stream's last event
+            yield f"data: {json.dumps(error_body(str(exc), exc.kind, exc.code))}\n\n"
+        finally:
+            abort()
+
+    def _content(self, delta: str) -> dict:
+        return {"content": delta} if delta else {}
+
+    def _delta(self, index: int, delta: dict, reason: str | None) -> dict:
+        if self.kind == "chat":
+            return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+        return {"index": index, "text": delta.get("content", ""), "logprobs": None, "finish_reason": reason}
+
+    def _event(self, choices: list[dict], **extra: Any) -> str:
+        chunk = {"id": self.id, "object": f"{self.object}.chunk" if self.kind == "chat" else self.object,
+                 "created": self.created, "model": self.model, "choices": choices, **extra}  # fmt: skip
+        if self.body.include_usage and "usage" not in extra:
+            chunk["usage"] = None
+        return f"data: {json.dumps(chunk)}\n\n"
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(error_body(f"invalid request: {exc.errors()[:3]}"), status_code=400)

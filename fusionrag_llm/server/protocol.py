@@ -1,0 +1,181 @@
+"""The OpenAI-compatible request and response shapes, and their translation to engine calls.
+
+Requests are pydantic models: types are checked by pydantic, ranges by the engine's own validators
+(``SamplingParams``, ``check_run_options``), so the server and the library refuse the same values with
+the same words. Fields of the OpenAI API this engine cannot honour (tools, logprobs, JSON mode) are
+refused with a 400 that says so; unknown fields are ignored, as OpenAI-compatible servers do.
+FusionRAG's own options travel as extra body fields (``method``, ``recompute_ratio``, ``kv_variant``,
+``selector``, ``variant_policy``), as do vLLM's sampling extras (``top_k``, ``min_p``,
+``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fusionrag_llm.engine.llm_engine import MAX_N, check_stop
+from fusionrag_llm.engine.methods import check_run_options
+from fusionrag_llm.engine.sampling import SamplingParams
+from fusionrag_llm.errors import FusionRAGError
+from fusionrag_llm.request import TextPrompt
+from fusionrag_llm.server.engine_loop import Prepared
+
+RUN_FIELDS = ("method", "recompute_ratio", "kv_variant", "selector", "variant_policy")
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
+                   "presence_penalty", "seed", "stop_token_ids")  # fmt: skip
+
+
+class Unsupported(FusionRAGError):
+    """A field of the OpenAI API that this server cannot honour."""
+
+
+class _Options(BaseModel):
+    """What chat and text completions share."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: Optional[int] = Field(default=None, ge=1)
+    max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: Optional[dict[str, Any]] = None
+    stop: Optional[Union[str, list[str]]] = None
+    temperature: Optional[float] = None  # None: greedy (the engine's default)
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    seed: Optional[int] = None
+    stop_token_ids: Optional[list[int]] = None
+    ignore_eos: bool = False
+    logprobs: Optional[Union[bool, int]] = None
+    top_logprobs: Optional[int] = None
+    logit_bias: Optional[dict[str, float]] = None
+    user: Optional[str] = None
+    # FusionRAG's own
+    method: str = "fusionrag"
+    recompute_ratio: float = 0.15
+    kv_variant: Optional[str] = None
+    selector: Optional[str] = None
+    variant_policy: Optional[str] = None
+
+    def prepared(self, request: Any) -> Prepared:
+        """The engine call this asks for; bad values raise ``FusionRAGError`` (a 400)."""
+        if self.logprobs or self.top_logprobs:
+            raise Unsupported("logprobs are not supported by this server")
+        if self.logit_bias:
+            raise Unsupported("logit_bias is not supported by this server")
+        run = {name: getattr(self, name) for name in RUN_FIELDS}
+        plan = check_run_options(**run)
+        given = {name: getattr(self, name) for name in SAMPLING_FIELDS if getattr(self, name) is not None}
+        sampling = SamplingParams(**given)
+        return Prepared(request, plan, self.max_completion_tokens or self.max_tokens, check_stop(self.stop),
+                        sampling, self.n, self.ignore_eos)  # fmt: skip
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: str
+    text: Optional[str] = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: Optional[Union[str, list[ContentPart]]] = None
+
+
+class ChatCompletionRequest(_Options):
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: Optional[list[Any]] = None
+    tool_choice: Optional[Any] = None
+    response_format: Optional[dict[str, Any]] = None
+
+    def prepared(self) -> Prepared:  # type: ignore[override]
+        if self.tools:
+            raise Unsupported("tool calling is not supported by this server: send no tools")
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise Unsupported("only response_format {'type': 'text'} is supported: no constrained decoding")
+        return super().prepared([_chat_dict(index, message) for index, message in enumerate(self.messages)])
+
+
+class CompletionRequest(_Options):
+    prompt: Union[str, list[str]]
+    echo: bool = False
+    suffix: Optional[str] = None
+    best_of: Optional[int] = None
+
+    def prepared(self) -> Prepared:  # type: ignore[override]
+        if self.echo or self.suffix:
+            raise Unsupported("echo and suffix are not supported by this server")
+        if self.best_of not in (None, self.n):
+            raise Unsupported("best_of must equal n (or be left out): answers are not ranked")
+        prompt = self.prompt
+        if isinstance(prompt, list):
+            if len(prompt) != 1:
+                raise Unsupported("send one prompt per request (a list of exactly one string); use concurrent "
+                                  "requests for several, which the server batches")  # fmt: skip
+            prompt = prompt[0]
+        return super().prepared(TextPrompt(prompt))
+
+
+class ChunksRequest(BaseModel):
+    """``POST /v1/chunks``: register texts (plain and fused KV computed now) for later requests to reuse."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    texts: list[str] = Field(min_length=1, max_length=1000)
+    fuse: bool = True
+    neighbors: int = Field(default=10, ge=0, le=64)
+
+
+def _chat_dict(index: int, message: ChatMessage) -> dict[str, str]:
+    role = "system" if message.role == "developer" else message.role
+    if role in ("tool", "function"):
+        raise Unsupported(f"messages[{index}] has role {message.role!r}: tool results are not supported")
+    content = message.content
+    if isinstance(content, list):
+        if any(part.type != "text" or part.text is None for part in content):
+            raise Unsupported(f"messages[{index}]: only text content parts are supported")
+        content = "".join(part.text for part in content)
+    return {"role": role, "content": content or ""}
+
+
+# ---------------------------------------------------------------------- responses
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(stats: list[Any]) -> dict[str, Any]:
+    """OpenAI usage over a request's answers; ``cached_tokens``: prompt tokens whose KV was reused."""
+    first = stats[0]
+    completion = sum(one.generated_tokens for one in stats)
+    cached = first.exact_tokens + first.reused_tokens
+    return {"prompt_tokens": first.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": first.prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+
+
+def fusionrag_extra(body: _Options, stats: list[Any]) -> dict[str, Any]:
+    return {"method": body.method, "recompute_ratio": body.recompute_ratio, "stats": [one.to_dict() for one in stats]}
+
+
+def error_body(message: str, kind: str = "invalid_request_error", code: str | None = None,
+               param: str | None = None) -> dict[str, Any]:  # fmt: skip
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def created() -> int:
+    return int(time.time())
