@@ -287,6 +287,57 @@ def batch(dataset, requests, tokens, max_new_tokens, method, ratio, model, devic
     _echo_outputs(write_batch(Path(out), config.to_dict(), machine_info(rag), offline, result))
 
 
+def _concurrency(ctx, param, value):
+    try:
+        levels = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated ints such as 1,4,16, got {value!r}") from None
+    if any(level < 1 for level in levels):
+        raise click.BadParameter(f"every level must be >= 1, got {value!r}")
+    return levels
+
+
+@bench.command()
+@dataset_option
+@click.option("--requests", default=16, show_default=True, type=click.IntRange(1), help="Requests per level (one question each).")
+@click.option("--tokens", default=1024, show_default=True, type=click.IntRange(1), help="Target prompt length in tokens.")
+@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1, 512), help="Most tokens to generate per answer.")
+@click.option("--concurrency", default="1,4,16", show_default=True, callback=_concurrency, help="Concurrent clients per level.")
+@click.option("--method", default="fusionrag", show_default=True, help="Method every request runs.")
+@click.option("--ratio", default=0.15, show_default=True, type=click.FloatRange(0, 1), help="Recompute ratio.")
+@model_option
+@device_option
+@dtype_option
+@click.option("--neighbors", default=3, show_default=True, type=click.IntRange(0), help="Fusion neighbours per chunk.")
+@seed_option
+@out_option("bench_results")
+@store_option
+@host_option
+@disk_option
+@progress_option
+def serve(dataset, requests, tokens, max_new_tokens, concurrency, method, ratio, model, device, dtype, neighbors, seed,
+          out, store, host_gib, disk_gib, progress) -> None:  # fmt: skip
+    """The OpenAI-compatible server under concurrent streaming clients: throughput, TTFT p50/p95."""
+    from fusionrag_llm.engine.scheduler import SchedulerConfig
+    from fusionrag_llm.eval.bench_batch import BatchConfig, build_requests
+    from fusionrag_llm.eval.bench_serve import ServeConfig, run_serve, write_serve
+    from fusionrag_llm.eval.results import machine_info
+
+    rag = _load(model, device, dtype, store, host_gib, disk_gib)
+    try:
+        config = ServeConfig(dataset, model, requests, tokens, max_new_tokens, concurrency, method, ratio, neighbors, seed)
+        rag.engine.scheduler.config = SchedulerConfig(max_num_seqs=max(16, max(concurrency)))
+        prompts = build_requests(rag, BatchConfig(dataset, model, requests, tokens, max_new_tokens, method, ratio,
+                                                  neighbors, seed))  # fmt: skip
+        start = time.perf_counter()
+        report = rag.ingest(list(dict.fromkeys(c for p in prompts for c in p.chunks)), neighbors=neighbors, progress=progress)
+        offline = {"chunks": len(report.chunk_ids), "seconds": time.perf_counter() - start}
+        result = run_serve(rag, prompts, config)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    _echo_outputs(write_serve(Path(out), config.to_dict(), machine_info(rag), offline, result))
+
+
 def _formats(ctx, param, value):
     from fusionrag_llm.eval.bench_decode import parse_formats
 
