@@ -13,6 +13,7 @@ levels of the same run. Greedy answers must not depend on the level: identical a
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import threading
 import time
@@ -140,7 +141,7 @@ def _level(concurrency: int, results: list[dict], seconds: float) -> dict:
 
 def _percentile(ordered: list[float], q: float) -> float:
     """The nearest-rank percentile of an ascending list."""
-    rank = max(1, min(len(ordered), round(q * len(ordered) + 0.5)))
+    rank = max(1, min(len(ordered), math.ceil(q * len(ordered) - 1e-9)))
     return ordered[rank - 1]
 
 
