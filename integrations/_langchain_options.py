@@ -2,9 +2,9 @@
 
 Framework-free (no LangChain import), so the tables can be read and tested on their own. Users of
 ChatOpenAI, langchain-huggingface and langchain-ollama bring their spellings (``model``,
-``num_predict``, ``top_p``, ...): a spelling with a meaning here is mapped to the field, a setting
-with a meaning elsewhere but not here is refused with the reason (its neutral value is accepted and
-does nothing), and anything else is an unknown argument, with the closest accepted name.
+``num_predict``, ``repeat_penalty``, ...): a spelling with a meaning here is mapped to the field, a
+setting with a meaning elsewhere but not here is refused with the reason (its neutral value is
+accepted and does nothing), and anything else is an unknown argument, with the closest accepted name.
 """
 
 from __future__ import annotations
@@ -12,26 +12,33 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from fusionrag_llm.integrations._shared import map_arguments
+from fusionrag_llm.integrations._shared import SAMPLING_OPTIONS, SAMPLING_SPELLINGS, map_arguments
 
 # What ChatOpenAI, langchain-huggingface and langchain-ollama users write for a field here.
 _SPELLINGS = {"model": "model_name", "model_id": "model_name", "max_new_tokens": "max_tokens",
               "num_predict": "max_tokens", "max_completion_tokens": "max_tokens", "stop_sequences": "stop",
-              "request_timeout": "timeout"}  # fmt: skip
+              "request_timeout": "timeout", **SAMPLING_SPELLINGS}  # fmt: skip
 
-_GREEDY = "decoding is greedy (always the most likely token)"
+_ONE = "one answer per call; call again (unseeded, or with another seed) for another"
+_SEARCH = "no beam search or best-of ranking: each answer is one greedy or sampled sequence"
+_FILTERS = "not a sampling setting here (those are temperature, top_p, top_k, min_p, the three penalties and seed)"
+_LOGPROBS = "answers carry no log-probabilities"
+_BIAS = "no per-token logit bias"
 _LOCAL = "the engine runs in this process: no API, server or credentials"
 _PLACED = "the engine was placed when it was loaded; pass a loaded FusionRAG engine as rag="
 _CONTEXT = "the context window is fixed by the model; max_tokens sets the answer's length"
-_BAG = "options are named arguments here (method, recompute_ratio, max_tokens, stop, seed, kv_variant, selector, variant_policy)"
+_BAG = ("options are named arguments here (method, recompute_ratio, max_tokens, stop, seed, temperature, top_p, "
+        "top_k, min_p, the penalties, kv_variant, selector, variant_policy)")  # fmt: skip
 _SCHEMA = "no constrained decoding: ask for JSON in the prompt and parse it with JsonOutputParser"
 # Settings with a meaning elsewhere but not here: (neutral values, accepted as no-ops; why the rest is refused).
 _UNSUPPORTED: dict[str, tuple[tuple, str]] = {
-    **dict.fromkeys(("top_p", "typical_p", "tfs_z", "repetition_penalty", "repeat_penalty"), ((None, 1.0), _GREEDY)),
-    **dict.fromkeys(("presence_penalty", "frequency_penalty", "min_p", "mirostat"), ((None, 0), _GREEDY)),
-    **dict.fromkeys(("top_k", "n", "best_of", "num_beams"), ((None, 1), _GREEDY)),
-    **dict.fromkeys(("do_sample", "logprobs"), ((None, False), _GREEDY)),
-    **dict.fromkeys(("top_logprobs", "logit_bias"), ((None,), _GREEDY)),
+    **dict.fromkeys(("typical_p", "tfs_z"), ((None, 1.0), _FILTERS)),
+    "mirostat": ((None, 0), _FILTERS),
+    "n": ((None, 1), _ONE),
+    **dict.fromkeys(("best_of", "num_beams"), ((None, 1), _SEARCH)),
+    "logprobs": ((None, False), _LOGPROBS),
+    "top_logprobs": ((None,), _LOGPROBS),
+    "logit_bias": ((None, {}), _BIAS),
     **dict.fromkeys(("num_ctx", "n_ctx", "context_window", "max_length"), ((None,), _CONTEXT)),
     **dict.fromkeys(("openai_api_key", "base_url", "openai_api_base", "organization", "openai_proxy",
                      "endpoint_url", "huggingfacehub_api_token", "http_client", "default_headers", "keep_alive"),
@@ -45,23 +52,22 @@ _UNSUPPORTED: dict[str, tuple[tuple, str]] = {
 # LangChain's standard unit tests pass an api_key to every chat model: taken, unused, with a warning
 _IGNORED = {"api_key": _LOCAL}
 
-# Per call (invoke keyword arguments, bind): these options, with the spellings of max_tokens.
-_CALL_FIELDS = ("max_tokens", "temperature", "method", "recompute_ratio", "kv_variant", "selector", "seed",
-                "variant_policy")
-_CALL_SPELLINGS = {name: field for name, field in _SPELLINGS.items() if field == "max_tokens"}
+# Per call (invoke keyword arguments, bind): these options, with the spellings of max_tokens and the sampling knobs.
+_CALL_FIELDS = ("max_tokens", "method", "recompute_ratio", "kv_variant", "selector", "seed", "variant_policy",
+                *SAMPLING_OPTIONS)  # fmt: skip
+_CALL_SPELLINGS = {name: field for name, field in _SPELLINGS.items() if field in _CALL_FIELDS}
 
 
 class UnsupportedFeatureError(NotImplementedError):
-    """Tool calling or structured output asked of a FusionRAG model, which generates plain text greedily."""
+    """Tool calling or structured output asked of a FusionRAG model, which generates plain text only."""
 
 
 def unsupported_feature(feature: str) -> UnsupportedFeatureError:
     return UnsupportedFeatureError(
-        f"{feature} is not supported: FusionRAG models generate plain text greedily, with no tool-call format and no "
+        f"{feature} is not supported: FusionRAG models generate plain text, with no tool-call format and no "
         "constrained decoding. Ask for JSON in the prompt and parse the answer instead, e.g. "
         "prompt | model | JsonOutputParser() (langchain_core.output_parsers)."
     )
-
 
 
 def constructor_arguments(model: type, data: dict, fields: set[str]) -> dict[str, Any]:
@@ -72,7 +78,8 @@ def constructor_arguments(model: type, data: dict, fields: set[str]) -> dict[str
 def call_arguments(model: type, kwargs: dict) -> dict[str, Any]:
     """Per-call options (``invoke(..., num_predict=8)``, ``bind(max_new_tokens=8)``) by field, checked as the
     constructor checks its arguments: ``max_new_tokens``/``num_predict``/``max_completion_tokens`` mean
-    ``max_tokens``; sampling settings raise saying why; other names raise with the closest accepted one."""
+    ``max_tokens``, ``repeat_penalty`` means ``repetition_penalty``; settings with no meaning here raise
+    saying why; other names raise with the closest accepted one."""
     owner = f"{model.__name__} (per call)"
     return map_arguments(owner, kwargs, _CALL_FIELDS, _CALL_SPELLINGS, lambda name, value: _not_a_field(model, name, value))
 

@@ -6,6 +6,7 @@ Framework-free on purpose, so importing it pulls in neither LlamaIndex nor LangC
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import difflib
 import functools
 import logging
@@ -14,13 +15,18 @@ import uuid
 import weakref
 from typing import Any, AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence, TypeVar
 
-from fusionrag_llm import FusionRAG, IngestReport, check_run_options
+from fusionrag_llm import FusionRAG, IngestReport, SamplingParams, check_run_options
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "smollm2-135m"
 RUN_OPTIONS = ("method", "recompute_ratio", "kv_variant", "selector", "seed", "variant_policy")  # check_run_options' knobs
-CALL_OPTIONS = (*RUN_OPTIONS[:2], "max_new_tokens", *RUN_OPTIONS[2:])
+# SamplingParams' knobs the adapters take by name (its seed is the call's seed; do_sample is transformers')
+SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
+                    "presence_penalty", "do_sample")  # fmt: skip
+CALL_OPTIONS = (*RUN_OPTIONS[:2], "max_new_tokens", *RUN_OPTIONS[2:], *SAMPLING_OPTIONS)
+SAMPLING_SPELLINGS = {"repeat_penalty": "repetition_penalty"}  # Ollama's and llama.cpp's name
+_NONE_IS_UNSET = (*SAMPLING_OPTIONS, "seed")  # None: not given (the setting, else the engine's default)
 
 T = TypeVar("T")
 _ITEM, _END, _ERROR = range(3)
@@ -63,24 +69,54 @@ def check_max_new_tokens(value: int) -> int:
     return value
 
 
-def check_temperature(value: float | None) -> float | None:
-    """Decoding is greedy: temperature 0 (or None) is accepted, anything else is an error."""
-    if value is not None and (isinstance(value, bool) or value != 0):
-        raise ValueError(f"FusionRAG decodes greedily; temperature must be 0 or None, got {value!r}")
-    return value
-
-
 def call_options(defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """Keyword arguments for ``rag.generate``: the adapter's settings updated by per-call ones."""
-    overrides = dict(overrides)
-    check_temperature(overrides.pop("temperature", None))
+    """Keyword arguments for ``rag.generate``: the adapter's settings updated by per-call ones, the sampling
+    knobs gathered into ``sampling``. A sampling knob or ``seed`` given as None keeps the setting."""
+    overrides = respell(overrides)
     unknown = sorted(set(overrides) - set(CALL_OPTIONS))
     if unknown:
-        raise ValueError(f"unknown option(s) {unknown}; per-call options: {', '.join(CALL_OPTIONS)}, temperature")
-    options = {**defaults, **overrides}
+        raise ValueError(f"unknown option(s) {unknown}; per-call options: {', '.join(CALL_OPTIONS)}")
+    given = {name: value for name, value in overrides.items() if value is not None or name not in _NONE_IS_UNSET}
+    options = {name: value for name, value in {**defaults, **given}.items()
+               if value is not None or name not in _NONE_IS_UNSET}  # fmt: skip
     check_run(options)
     check_max_new_tokens(options["max_new_tokens"])
-    return options
+    knobs = {name: options.pop(name) for name in SAMPLING_OPTIONS if name in options}
+    return {**options, "sampling": sampling_params(knobs, options.get("seed"))}
+
+
+def sampling_params(knobs: Mapping[str, Any], seed: int | None) -> SamplingParams:
+    """The engine's sampling for ``knobs`` (``SAMPLING_OPTIONS``), seeded by the call's ``seed``.
+
+    One seed for both: it seeds the ``random`` selector and the draws. ``do_sample=False`` decodes
+    greedily whatever the temperature (as in transformers); ``do_sample=True`` needs a temperature > 0.
+    Bad values raise the engine's ``FusionRAGError`` (a ``ValueError``) naming the allowed range.
+    """
+    knobs = dict(knobs)
+    do_sample = knobs.pop("do_sample", None)
+    params = SamplingParams(**knobs, seed=seed)
+    if do_sample is None:
+        return params
+    if not isinstance(do_sample, bool):
+        raise ValueError(f"do_sample must be True or False, got {do_sample!r:.40}")
+    if not do_sample:
+        return dataclasses.replace(params, temperature=0.0)
+    if params.greedy:
+        raise ValueError("do_sample=True needs a temperature > 0 to sample with (temperature 0 decodes greedily); "
+                         "set temperature, e.g. temperature=0.7")  # fmt: skip
+    return params
+
+
+def respell(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with other libraries' names of sampling knobs (``repeat_penalty``) mapped to the engine's."""
+    respelled: dict[str, Any] = {}
+    spelled: dict[str, str] = {}  # field -> the name it was given as
+    for name, value in options.items():
+        field = SAMPLING_SPELLINGS.get(name, name)
+        if field in spelled:
+            raise ValueError(f"{field} is given twice, as {spelled[field]!r} and as {name!r}; give it once")
+        respelled[field], spelled[field] = value, name
+    return respelled
 
 
 def engine_lock(rag: FusionRAG) -> threading.RLock:

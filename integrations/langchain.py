@@ -10,16 +10,19 @@ retrieved documents into the prompt, and the engine finds them there by content.
              | prompt | ChatFusionRAG(rag=rag))
 
 Stats of every call: ``generation_info`` (LLM), ``response_metadata["fusionrag_stats"]`` and
-``usage_metadata`` (chat model), so callbacks see them too. Decoding is greedy: ``temperature`` may
-only be 0 or None. ``stop`` sequences cut the answer (the model stops decoding at the first one).
+``usage_metadata`` (chat model), so callbacks see them too. Decoding is greedy unless ``temperature`` > 0;
+``top_p``, ``top_k``, ``min_p``, the repetition / frequency / presence penalties and ``seed`` (which
+also seeds the ``random`` selector) are the engine's ``SamplingParams``, set on the model or per call.
+``stop`` sequences cut the answer (the model stops decoding at the first one).
 Async calls (``ainvoke``, ``abatch``, ``astream``) run the engine on worker threads, whose requests
 it batches; the LLM's sync ``batch`` answers its prompts as one engine batch. ``get_num_tokens*`` count
 with the engine's tokenizer and chat template, offline.
 
 Constructor arguments are checked: other ecosystems' spellings that mean a field here are mapped
 (``model``/``model_id``, ``max_new_tokens``/``num_predict``/``max_completion_tokens``, ``stop_sequences``,
-``request_timeout``); sampling, server and context-window settings raise a ``ValueError`` saying why
-(their neutral values pass); anything else raises naming the argument and listing the accepted ones.
+``request_timeout``, ``repeat_penalty``); ``n``, beam search, log-probabilities, server and
+context-window settings raise a ``ValueError`` saying why (their neutral values pass); anything else
+raises naming the argument and listing the accepted ones.
 Per-call options (``invoke`` keyword arguments, ``bind``) are checked the same way.
 Tool calling and structured output raise ``UnsupportedFeatureError``.
 """
@@ -67,9 +70,17 @@ class _FusionRAGSettings(BaseModel):
     method: str = "fusionrag"
     recompute_ratio: float = 0.15
     max_tokens: int = 32
-    temperature: Optional[float] = None
     stop: Optional[list[str]] = None
-    seed: Optional[int] = None  # the random selector's seed; None: the engine's default
+    # Sampling (the engine's SamplingParams; None: its default, greedy). Numbers only: True is no temperature.
+    temperature: Optional[float] = Field(default=None, strict=True, description="0 or None: greedy; > 0 samples.")
+    top_p: Optional[float] = Field(default=None, strict=True)
+    top_k: Optional[int] = Field(default=None, strict=True)
+    min_p: Optional[float] = Field(default=None, strict=True)
+    repetition_penalty: Optional[float] = Field(default=None, strict=True)  # also as repeat_penalty
+    frequency_penalty: Optional[float] = Field(default=None, strict=True)
+    presence_penalty: Optional[float] = Field(default=None, strict=True)
+    do_sample: Optional[bool] = Field(default=None, strict=True)  # False: greedy whatever the temperature
+    seed: Optional[int] = Field(default=None, description="Seeds sampling and the random selector; None: a fresh draw.")
     kv_variant: Optional[str] = None  # ablation overrides of the method's own choices
     selector: Optional[str] = None
     variant_policy: Optional[str] = None  # "always" (the engine's default) or "overlap"
@@ -88,9 +99,7 @@ class _FusionRAGSettings(BaseModel):
     @model_validator(mode="after")
     def _check_settings(self):
         _shared.check_rag(self.rag)
-        _shared.check_run(self._run_options())
-        _shared.check_max_new_tokens(self.max_tokens)
-        _shared.check_temperature(self.temperature)
+        self._options({})  # the engine's own checks of every setting, sampling included
         if self.rag is not None:
             self.model_name = self.rag.model_name
         return self
@@ -102,8 +111,19 @@ class _FusionRAGSettings(BaseModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {"model_name": self.model_name, "method": self.method, "recompute_ratio": self.recompute_ratio,
-                "max_tokens": self.max_tokens}  # fmt: skip
+        """What sets the answer: LangChain's cache keys on it (with the call's own options)."""
+        return {"model_name": self.model_name, "max_tokens": self.max_tokens, **self._run_options(),
+                **self._sampling_settings()}  # fmt: skip
+
+    def _get_ls_params(self, stop: Optional[list[str]] = None, **kwargs: Any):
+        """LangChain's tracing params, with the temperature and length this call decodes with (per-call
+        options, their spellings and ``do_sample=False`` counted; greedy reports temperature 0)."""
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        try:
+            options = self._options(kwargs)
+        except ValueError:  # the call itself raises it, where the user sees it
+            return params
+        return {**params, "ls_temperature": options["sampling"].temperature, "ls_max_tokens": options["max_new_tokens"]}
 
     def with_structured_output(self, schema: Any, *, include_raw: bool = False, **kwargs: Any):
         """Not supported: raises ``UnsupportedFeatureError`` saying what works instead."""
@@ -115,13 +135,18 @@ class _FusionRAGSettings(BaseModel):
                      "variant_policy": self.variant_policy}  # fmt: skip
         return {**options, **{name: value for name, value in overrides.items() if value is not None}}
 
+    def _sampling_settings(self) -> dict[str, Any]:
+        settings = {name: getattr(self, name) for name in _shared.SAMPLING_OPTIONS}
+        return {name: value for name, value in settings.items() if value is not None}
+
     def _options(self, kwargs: dict) -> dict:
         """This call's options for the engine: the settings, updated by the call's (other spellings mapped)."""
         kwargs = {k: v for k, v in kwargs.items() if k != "stream"}  # LangChain's own streaming switch
         arguments = _options.call_arguments(type(self), kwargs)
         if "max_tokens" in arguments:
             arguments["max_new_tokens"] = arguments.pop("max_tokens")
-        return _shared.call_options({**self._run_options(), "max_new_tokens": self.max_tokens}, arguments)
+        defaults = {**self._run_options(), "max_new_tokens": self.max_tokens, **self._sampling_settings()}
+        return _shared.call_options(defaults, arguments)
 
     def _info(self, stats, token_ids, options: dict, stopped: bool) -> dict[str, Any]:
         reason = "stop" if stopped else _shared.finish_reason(token_ids, options["max_new_tokens"])
@@ -131,7 +156,8 @@ class _FusionRAGSettings(BaseModel):
         return self._answers([request], stop, kwargs)[0]
 
     def _answers(self, requests: list, stop: Optional[list[str]], kwargs: dict) -> list[tuple[str, dict[str, Any]]]:
-        """(text, info) per request; several run as one engine batch (the answers of one by one: greedy)."""
+        """(text, info) per request; several run as one engine batch (each answer as if alone: greedy, or each
+        request drawing from its own stream of the seed)."""
         options = self._options(kwargs)
         run = {**options, "stop": [s for s in stop or self.stop or () if s]}  # decoding ends at a stop string
         if len(requests) == 1:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import itertools
 from typing import Any, Callable, Optional, Sequence
 
 from fusionrag_llm.errors import require
@@ -75,18 +76,23 @@ _CHECKED: contextvars.ContextVar[Optional[tuple[Any, int]]] = contextvars.Contex
 
 # What llama-index-llms-openai / -llama-cpp users write for a field here.
 _SPELLINGS = {"max_tokens": "max_new_tokens", "model_path": "model_name", "model": "model_name"}
-# generate_kwargs keys: the per-call options, stop strings, and greedy decoding's neutral settings.
-_GENERATE_KWARGS = (*_shared.CALL_OPTIONS, "stop", "temperature", "do_sample")
+# generate_kwargs keys: the per-call options (sampling included) and stop strings; additional_kwargs keys:
+# the sampling options and their seed. Both also take repeat_penalty for repetition_penalty.
+_GENERATE_KWARGS = (*_shared.CALL_OPTIONS, "stop")
+_ADDITIONAL_KWARGS = (*_shared.SAMPLING_OPTIONS, "seed")
 _LOAD_SETTINGS = ("store", "device", "dtype")
 
 
 class FusionRAGLLM(CustomLLM):
-    """A LlamaIndex LLM answering with a ``FusionRAG`` engine (greedy decoding).
+    """A LlamaIndex LLM answering with a ``FusionRAG`` engine (greedy unless ``temperature`` > 0).
 
     Give ``rag`` (an engine) or ``model_name`` (loaded on first use with ``store``, ``device`` and
     ``dtype``, and shared by every adapter given the same ones). ``complete(prompt, stop=[...],
     method=..., recompute_ratio=..., max_new_tokens=...)`` overrides the settings for one call;
-    ``generate_kwargs`` holds defaults for every call. ``temperature`` may only be 0 or None.
+    ``generate_kwargs`` holds defaults for every call. ``temperature`` > 0 samples; ``additional_kwargs``
+    holds the other sampling options (``top_p``, ``top_k``, ``min_p``, the repetition / frequency /
+    presence penalties, ``seed``, which also seeds the ``random`` selector), and ``generate_kwargs`` and
+    each call take them too; ``do_sample=False`` decodes greedily whatever the temperature.
     ``system_prompt`` is sent as the chat's system message by ``complete(prompt)``.
 
     >>> llm = FusionRAGLLM(model_name="tiny", store=":memory:", max_tokens=8, context_window=2048)
@@ -101,7 +107,10 @@ class FusionRAGLLM(CustomLLM):
     method: str = Field(default="fusionrag", description="One of fusionrag_llm.METHODS.")
     recompute_ratio: float = Field(default=0.15, description="Share of reused chunk tokens recomputed, in [0, 1].")
     max_new_tokens: int = Field(default=32, description="Most tokens generated per call (alias max_tokens).")
-    temperature: Optional[float] = Field(default=0.0, description="0 or None: decoding is greedy.")
+    temperature: Optional[float] = Field(default=0.0, strict=True, description="0 or None: greedy; > 0 samples.")
+    additional_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description=f"Sampling options for every call: {', '.join(_ADDITIONAL_KWARGS)}."
+    )
     context_window: Optional[int] = Field(default=None, description="Report a smaller window than the model's.")
     generate_kwargs: dict[str, Any] = Field(default_factory=dict, description="Per-call options for every call.")
     is_chat_model: Optional[bool] = Field(
@@ -123,10 +132,8 @@ class FusionRAGLLM(CustomLLM):
     @model_validator(mode="after")
     def _check_settings(self) -> "FusionRAGLLM":
         _shared.check_rag(self.rag)
-        _shared.check_temperature(self.temperature)
-        self._check_generate_kwargs()
-        _shared.check_run({"method": self.method, "recompute_ratio": self.recompute_ratio})
-        _shared.check_max_new_tokens(self.max_new_tokens)
+        self._check_kwargs()
+        self._options({})  # the engine's own checks of every setting, sampling included
         _check_context_window(self.context_window)
         if self.rag is not None:
             given = [name for name in _LOAD_SETTINGS if getattr(self, name) is not None]
@@ -137,19 +144,18 @@ class FusionRAGLLM(CustomLLM):
             _check_context_window(self.context_window, self.rag)
         return self
 
-    def _check_generate_kwargs(self) -> None:
-        kwargs = dict(self.generate_kwargs)
-        unknown = sorted(set(kwargs) - set(_GENERATE_KWARGS))
-        if unknown:
-            accepted = ", ".join(_GENERATE_KWARGS)
-            raise ValueError(f"generate_kwargs has unsupported key(s) {unknown}; accepted: {accepted}")
-        twice = sorted(set(kwargs) & self.model_fields_set - {"stop", "temperature"})
-        if twice:
-            raise ValueError(f"{', '.join(twice)} given both as argument(s) and in generate_kwargs; give each once")
-        if kwargs.pop("do_sample", False) is not False:
-            raise ValueError("generate_kwargs do_sample must be False: FusionRAG decodes greedily")
-        _check_stop(kwargs.pop("stop", None))
-        _shared.call_options(self._fields(), kwargs)
+    def _check_kwargs(self) -> None:
+        """Known keys only, and each option given in one place (an argument, ``generate_kwargs`` or
+        ``additional_kwargs``); values are the engine's to check."""
+        generate = _known("generate_kwargs", self.generate_kwargs, _GENERATE_KWARGS)
+        additional = _known("additional_kwargs", self.additional_kwargs, _ADDITIONAL_KWARGS)
+        places = {"as argument(s)": self.model_fields_set & set(self._fields()), "in generate_kwargs": set(generate),
+                  "in additional_kwargs": set(additional)}  # fmt: skip
+        for (first, names), (second, others) in itertools.combinations(places.items(), 2):
+            twice = sorted(names & others)
+            if twice:
+                raise ValueError(f"{', '.join(twice)} given both {first} and {second}; give each once")
+        _check_stop(self.generate_kwargs.get("stop"))
 
     @classmethod
     def class_name(cls) -> str:
@@ -180,18 +186,21 @@ class FusionRAGLLM(CustomLLM):
         return self.rag is None or _has_chat_template(self.rag)
 
     def _fields(self) -> dict:
-        return {"method": self.method, "recompute_ratio": self.recompute_ratio, "max_new_tokens": self.max_new_tokens}
+        return {"method": self.method, "recompute_ratio": self.recompute_ratio, "max_new_tokens": self.max_new_tokens,
+                "temperature": self.temperature}  # fmt: skip
 
     def _options(self, kwargs: dict) -> dict:
-        """Options for ``rag.generate``: fields, then ``generate_kwargs``, then this call's ``kwargs``.
+        """Options for ``rag.generate``: fields, then ``additional_kwargs``, then ``generate_kwargs``, then
+        this call's ``kwargs``; the sampling ones become the engine's ``sampling``.
 
         ``stop`` is the engine's but not a shared per-call option, so it is checked and added here.
         """
-        defaults = {key: value for key, value in self.generate_kwargs.items() if key not in ("stop", "do_sample")}
+        generate = _shared.respell(self.generate_kwargs)
+        defaults = {**self._fields(), **_shared.respell(self.additional_kwargs), **generate}
+        defaults.pop("stop", None)
         kwargs = dict(kwargs)
-        stop = _check_stop(kwargs.pop("stop", None)) or _check_stop(self.generate_kwargs.get("stop"))
-        options = _shared.call_options({**self._fields(), **defaults}, kwargs)
-        options.pop("temperature", None)
+        stop = _check_stop(kwargs.pop("stop", None)) or _check_stop(generate.get("stop"))
+        options = _shared.call_options(defaults, kwargs)
         return {**options, "stop": stop} if stop else options
 
     def _prompt(self, prompt: str, formatted: bool):
@@ -301,6 +310,16 @@ def _check_context_window(window: Optional[int], engine: Optional[FusionRAG] = N
         raise ValueError(f"context_window={window} exceeds the model's window ({engine.context_window} tokens "
                          f"for {engine.model_name!r}); it may only lower it")  # fmt: skip
     return engine
+
+
+def _known(name: str, kwargs: dict, accepted: Sequence[str]) -> dict:
+    """``kwargs`` (other spellings mapped) when every key is in ``accepted``; else raises naming the rest."""
+    kwargs = _shared.respell(kwargs)
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        spellings = ", ".join(f"{spelling} for {field}" for spelling, field in _shared.SAMPLING_SPELLINGS.items())
+        raise ValueError(f"{name} has unsupported key(s) {unknown}; accepted: {', '.join(accepted)} ({spellings})")
+    return kwargs
 
 
 def _check_stop(stop: Any) -> list[str]:

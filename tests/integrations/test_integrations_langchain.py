@@ -158,8 +158,8 @@ def test_bad_input_raises_clear_errors(rag):
         ChatFusionRAG(rag=rag, method="magic")
     with pytest.raises(ValueError, match=r"recompute_ratio must be a number in \[0, 1\]"):
         FusionRAGLLMLangChain(rag=rag, recompute_ratio=2)
-    with pytest.raises(ValueError, match="temperature must be 0 or None"):
-        ChatFusionRAG(rag=rag, temperature=0.8)
+    with pytest.raises(ValueError, match=r"temperature must be a number >= 0 \(0 decodes greedily\)"):
+        ChatFusionRAG(rag=rag, temperature=-0.8)
     llm, chat = FusionRAGLLMLangChain(rag=rag, max_tokens=2), ChatFusionRAG(rag=rag, max_tokens=2)
     with pytest.raises(ValueError, match="prompt is empty"):
         llm.invoke("")
@@ -169,8 +169,8 @@ def test_bad_input_raises_clear_errors(rag):
         chat.invoke("Hello there", method="magic")
     with pytest.raises(ValueError, match="recompute_ratio"):
         llm.invoke("Hello there", recompute_ratio=1.5)
-    with pytest.raises(ValueError, match="does not support top_k=3: decoding is greedy"):
-        llm.invoke("Hello there", top_k=3)
+    with pytest.raises(ValueError, match="does not support best_of=3: no beam search or best-of ranking"):
+        llm.invoke("Hello there", best_of=3)
     with pytest.raises(ValueError, match="ToolMessage"):
         chat.invoke([HumanMessage("add"), ToolMessage("3", tool_call_id="1")])
 

@@ -81,9 +81,10 @@ def test_each_spelling_of_max_tokens_bounds_one_call(engine, model_class, spelli
 @pytest.mark.parametrize("options, error", [
     ({"max_tokens": 2, "num_predict": 3}, "max_tokens is given twice, as 'max_tokens' and as 'num_predict'"),
     ({"num_predicts": 2}, r"\(per call\) got an unknown argument 'num_predicts'; did you mean 'num_predict'\?"),
-    ({"top_p": 0.5}, "does not support top_p=0.5: decoding is greedy"),
+    ({"logprobs": True}, "does not support logprobs=True: answers carry no log-probabilities"),
     ({"num_predict": 0}, "max_new_tokens must be an int >= 1"),
-    ({"temperature": 0.7}, "temperature must be 0 or None"),
+    ({"temperature": -0.7}, "temperature must be a number >= 0"),
+    ({"top_p": 0}, r"top_p must be a number in \(0, 1\]"),
 ])  # fmt: skip
 def test_per_call_options_are_checked_like_the_constructors(engine, options, error):
     for model in (ChatFusionRAG(rag=engine), FusionRAGLLMLangChain(rag=engine)):
@@ -91,6 +92,6 @@ def test_per_call_options_are_checked_like_the_constructors(engine, options, err
             model.invoke(PROMPTS[0], **options)
 
 
-def test_neutral_sampling_values_pass_per_call(engine):
+def test_neutral_values_of_unsupported_settings_pass_per_call(engine):
     chat = ChatFusionRAG(rag=engine, max_tokens=3)
-    assert chat.invoke(PROMPTS[0], top_p=1.0, top_k=1).content == chat.invoke(PROMPTS[0]).content
+    assert chat.invoke(PROMPTS[0], n=1, best_of=1, logprobs=False).content == chat.invoke(PROMPTS[0]).content

@@ -39,6 +39,15 @@ def test_a_typo_raises_with_the_argument_it_resembles(rag, model_class, typo, me
     ("stop_sequences", ["END"], "stop", ["END"]),
     ("temperature", 0, "temperature", 0),
     ("temperature", None, "temperature", None),
+    ("temperature", 0.7, "temperature", 0.7),
+    ("top_p", 0.9, "top_p", 0.9),
+    ("top_k", 40, "top_k", 40),
+    ("min_p", 0.05, "min_p", 0.05),
+    ("repetition_penalty", 1.1, "repetition_penalty", 1.1),
+    ("repeat_penalty", 1.1, "repetition_penalty", 1.1),
+    ("frequency_penalty", 0.5, "frequency_penalty", 0.5),
+    ("presence_penalty", -0.5, "presence_penalty", -0.5),
+    ("do_sample", False, "do_sample", False),
     ("seed", 7, "seed", 7),
     ("selector", "random", "selector", "random"),
     ("timeout", 60, "timeout", 60),
@@ -80,15 +89,16 @@ def test_a_field_given_under_two_spellings_raises(rag, model_class):
 
 
 @pytest.mark.parametrize("name, value, reason", [
-    ("top_p", 0.9, "decoding is greedy"),
-    ("top_k", 40, "decoding is greedy"),
-    ("n", 2, "decoding is greedy"),
-    ("n", True, "decoding is greedy"),
-    ("presence_penalty", 0.5, "decoding is greedy"),
-    ("frequency_penalty", 1.0, "decoding is greedy"),
-    ("repeat_penalty", 1.1, "decoding is greedy"),
-    ("do_sample", True, "decoding is greedy"),
-    ("logprobs", True, "decoding is greedy"),
+    ("n", 2, "one answer per call"),
+    ("n", True, "one answer per call"),
+    ("best_of", 3, "no beam search or best-of ranking"),
+    ("num_beams", 4, "no beam search or best-of ranking"),
+    ("typical_p", 0.9, "not a sampling setting here"),
+    ("tfs_z", 0.5, "not a sampling setting here"),
+    ("mirostat", 2, "not a sampling setting here"),
+    ("logprobs", True, "answers carry no log-probabilities"),
+    ("top_logprobs", 5, "answers carry no log-probabilities"),
+    ("logit_bias", {"42": 5}, "no per-token logit bias"),
     ("num_ctx", 4096, "context window is fixed by the model"),
     ("max_length", 512, "context window is fixed by the model"),
     ("model_kwargs", {"top_p": 0.5}, "options are named arguments here"),
@@ -107,8 +117,8 @@ def test_an_unsupported_setting_raises_with_the_reason(rag, model_class, name, v
 
 
 @pytest.mark.parametrize("name, value", [
-    ("top_p", 1.0), ("top_p", None), ("top_k", 1), ("n", 1), ("best_of", 1), ("presence_penalty", 0),
-    ("frequency_penalty", 0.0), ("do_sample", False), ("logprobs", False), ("model_kwargs", {}), ("num_ctx", None),
+    ("typical_p", 1.0), ("typical_p", None), ("mirostat", 0), ("n", 1), ("best_of", 1), ("num_beams", 1),
+    ("logprobs", False), ("logit_bias", {}), ("model_kwargs", {}), ("num_ctx", None),
 ])  # fmt: skip
 def test_an_unsupported_setting_at_its_neutral_value_is_accepted(rag, model_class, name, value):
     model = model_class(rag=rag, **{name: value})
@@ -116,8 +126,14 @@ def test_an_unsupported_setting_at_its_neutral_value_is_accepted(rag, model_clas
 
 
 def test_settings_the_engine_refuses_raise_at_construction(rag, model_class):
-    with pytest.raises(ValueError, match="temperature must be 0 or None"):
-        model_class(rag=rag, temperature=0.7)
+    with pytest.raises(ValueError, match=r"temperature must be a number >= 0 \(0 decodes greedily\), got -0.7"):
+        model_class(rag=rag, temperature=-0.7)
+    with pytest.raises(ValueError, match=r"top_p must be a number in \(0, 1\], got 0"):
+        model_class(rag=rag, top_p=0)
+    with pytest.raises(ValueError, match="do_sample=True needs a temperature > 0"):
+        model_class(rag=rag, do_sample=True)
+    with pytest.raises(ValueError, match="valid number"):  # True is no temperature
+        model_class(rag=rag, temperature=True)
     with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1"):
         model_class(rag=rag, num_predict=-1)  # Ollama's "until the context is full"
     with pytest.raises(ValueError, match="selector"):
@@ -139,7 +155,10 @@ def test_an_api_key_is_taken_with_a_warning(rag, model_class):
 def test_seed_and_overrides_reach_the_engine_call(rag, model_class):
     options = model_class(rag=rag, seed=3, selector="random", num_predict=4)._options({})
     assert (options["seed"], options["selector"], options["max_new_tokens"]) == (3, "random", 4)
-    assert "seed" not in model_class(rag=rag)._options({})  # the engine's own default
+    assert options["sampling"].seed == 3  # one seed: the random selector's and the draws'
+    defaults = model_class(rag=rag)._options({})
+    assert "seed" not in defaults and defaults["sampling"].seed is None  # the engine's own defaults
+    assert defaults["sampling"].greedy
 
 
 def test_num_predict_bounds_a_real_answer(rag):
@@ -155,7 +174,7 @@ def test_tool_calling_and_structured_output_raise_saying_what_works_instead(rag,
     model = model_class(rag=rag)
     with pytest.raises(UnsupportedFeatureError, match=r"Structured output .* not supported.*JsonOutputParser"):
         model.with_structured_output(Answer)
-    with pytest.raises(NotImplementedError, match="plain text greedily"):
+    with pytest.raises(NotImplementedError, match="generate plain text, with no tool-call format"):
         model.with_structured_output(Answer, method="json_mode", include_raw=True)
     if model_class is ChatFusionRAG:
         with pytest.raises(UnsupportedFeatureError, match=r"Tool calling \(bind_tools\) is not supported.*JSON"):

@@ -18,6 +18,10 @@ SYSTEM = "You answer in one word."
     [
         ({"temperature": 0.0}, {"temperature": 0.0}),
         ({"temperature": None}, {"temperature": None}),
+        ({"temperature": 0.7}, {"temperature": 0.7}),
+        ({"additional_kwargs": {"top_p": 0.9, "repeat_penalty": 1.1, "seed": 1}},
+         {"additional_kwargs": {"top_p": 0.9, "repeat_penalty": 1.1, "seed": 1}}),  # fmt: skip
+        ({"generate_kwargs": {"temperature": 0.5, "top_k": 40, "do_sample": True}}, {"temperature": 0.0}),
         ({"max_tokens": 7}, {"max_new_tokens": 7, "num_output": 7}),
         ({"max_new_tokens": 9}, {"max_new_tokens": 9, "num_output": 9}),
         ({"context_window": 1024}, {"context_window": 1024}),
@@ -41,15 +45,15 @@ def test_accepted_arguments_keep_their_meaning(rag, arguments, expected):
 @pytest.mark.parametrize(
     "arguments, message",
     [
-        ({"temperature": 0.7}, "greedily; temperature must be 0 or None"),
-        ({"temperature": True}, "temperature must be 0 or None"),
+        ({"temperature": -0.7}, r"temperature must be a number >= 0 \(0 decodes greedily\)"),
+        ({"temperature": True}, "temperature\n.*valid number"),
         ({"max_tokens": 0}, "max_new_tokens must be an int >= 1"),
         ({"max_tokens": 4, "max_new_tokens": 5}, "given twice, as 'max_tokens' and as 'max_new_tokens'"),
         ({"context_window": 10**6}, "exceeds the model's window"),
         ({"context_window": 0}, "context_window must be an int >= 1"),
-        ({"generate_kwargs": {"top_p": 0.9, "top_k": 5}}, r"unsupported key\(s\) \['top_k', 'top_p'\]"),
-        ({"generate_kwargs": {"temperature": 0.5}}, "temperature must be 0 or None"),
-        ({"generate_kwargs": {"do_sample": True}}, "do_sample must be False"),
+        ({"generate_kwargs": {"typical_p": 0.9, "num_beams": 2}}, r"unsupported key\(s\) \['num_beams', 'typical_p'\]"),
+        ({"generate_kwargs": {"temperature": -0.5}}, "temperature must be a number >= 0"),
+        ({"generate_kwargs": {"do_sample": True}}, "do_sample=True needs a temperature > 0"),
         ({"generate_kwargs": {"method": "nope"}}, "nope"),
         ({"generate_kwargs": {"stop": 3}}, "stop must be a string or a list of strings"),
         ({"generate_kwargs": {"max_new_tokens": 4}, "max_tokens": 8}, "given both as argument"),
@@ -113,8 +117,8 @@ def test_stop_ends_decoding_in_the_engine(rag):
     assert asyncio.run(llm.acomplete(PROMPT, stop=[stop])).text == stopped.text
     by_default = FusionRAGLLM(rag=rag, max_new_tokens=16, generate_kwargs={"method": "full_attention", "stop": [stop]})
     assert by_default.complete(PROMPT).text == stopped.text
-    with pytest.raises(ValueError, match=r"unknown option\(s\) \['top_p'\]"):
-        llm.complete(PROMPT, stop=[stop], top_p=0.5)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['typical_p'\]"):
+        llm.complete(PROMPT, stop=[stop], typical_p=0.5)
 
 
 def test_system_prompt_is_the_chats_system_message(rag):
