@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from fusionrag_llm.cli.options import device_option, dtype_option, model_option
+from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER, FUSED_ORDERS
 
 DEFAULT_METHODS = "full_attention,full_reuse,cacheblend,fusionrag,fused+kv_deviation,plain+query_guided"
 
@@ -123,8 +124,11 @@ def bench() -> None:
 @host_option
 @disk_option
 @progress_option
+@click.option("--fused-order", default=DEFAULT_FUSED_ORDER, show_default=True, type=click.Choice(FUSED_ORDERS),
+              help="Layout of the fused entries ingested and read: neighbours most similar first (the paper's), "
+                   "most similar last, or in registration order.")  # fmt: skip
 def quality(dataset, methods, ratios, passages, limit, skip, words_per_passage, model, device, dtype, neighbors,
-            max_new_tokens, seed, out, fresh, store, host_gib, disk_gib, progress) -> None:  # fmt: skip
+            max_new_tokens, seed, out, fresh, store, host_gib, disk_gib, progress, fused_order) -> None:  # fmt: skip
     """F1/EM vs gold answers and fidelity to Full Attention (KL, first token, greedy EM) per method and ratio."""
     from fusionrag_llm.eval.bench_data import load_examples
     from fusionrag_llm.eval.bench_quality import QualityConfig, records_of_run, run_quality
@@ -133,7 +137,7 @@ def quality(dataset, methods, ratios, passages, limit, skip, words_per_passage, 
     from fusionrag_llm.eval.results import machine_info
 
     config = QualityConfig(dataset, model, methods, ratios, passages, limit, neighbors, max_new_tokens, seed,
-                           words_per_passage, device, dtype, skip)  # fmt: skip
+                           words_per_passage, device, dtype, skip, fused_order)  # fmt: skip
     try:
         examples = load_examples(dataset, limit, passages, seed, words_per_passage, skip)
         log = PartialLog(Path(out) / "quality.partial.jsonl", config.identity(), fresh=fresh)

@@ -15,6 +15,7 @@ from fusionrag_llm.engine.sampling import SamplingParams
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion.catalog import CATALOG_FILE, ChunkCatalog
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
+from fusionrag_llm.fusion.fused_order import check_fused_order
 from fusionrag_llm.fusion.offline import IngestReport, add_chunks
 from fusionrag_llm.ingest.embeddings import Embedder
 from fusionrag_llm.models.default_model import DEFAULT_MODEL
@@ -121,22 +122,31 @@ class FusionRAG:
         return self._entries.fingerprint
 
     def add_chunks(self, texts: Sequence[str], fuse: bool = True, neighbors: int = 10,
-                   embeddings=None, progress: bool = False, variant_notes: bool = False) -> list[str]:  # fmt: skip
+                   embeddings=None, progress: bool = False, variant_notes: bool = False,
+                   fused_order: str | None = None) -> list[str]:  # fmt: skip
         """Offline stage: store plain (and fused) entries of ``texts``; returns their chunk ids.
 
         ``embeddings`` ([len(texts), dim]) skip the embedding model (e.g. a vector store's own).
         ``variant_notes``: fused entries also carry the notes the ``cache_craft`` method reads (about
-        70% more time per fused entry). Calling it again with the same texts computes nothing.
+        70% more time per fused entry). ``fused_order``: how a fused entry's neighbours are laid out
+        before its chunk: ``"similar_first"`` (the paper's, the default), ``"similar_last"`` or
+        ``"corpus"`` (``fusion/fused_order.py``); this engine reads fused entries of that layout
+        from then on (None: the layout it reads now). Calling it again with the same texts computes nothing.
         """
         return self.ingest(texts, fuse=fuse, neighbors=neighbors, embeddings=embeddings, progress=progress,
-                           variant_notes=variant_notes).chunk_ids  # fmt: skip
+                           variant_notes=variant_notes, fused_order=fused_order).chunk_ids  # fmt: skip
 
     def ingest(self, texts: Sequence[str], fuse: bool = True, neighbors: int = 10,
-               embeddings=None, progress: bool = False, variant_notes: bool = False) -> IngestReport:  # fmt: skip
+               embeddings=None, progress: bool = False, variant_notes: bool = False,
+               fused_order: str | None = None) -> IngestReport:  # fmt: skip
         """``add_chunks`` that also says how many entries it computed."""
         if not isinstance(variant_notes, bool):
             raise FusionRAGError(f"variant_notes must be True or False, got {variant_notes!r}")
+        if fused_order is not None:
+            check_fused_order(fused_order)
         with self.engine.lock:  # not between two steps of requests other threads are running
+            if fused_order is not None:
+                self._entries.use_fused_order(fused_order)
             return add_chunks(self._entries, self._catalog, self.tokenizer.encode, texts, fuse=fuse,
                               neighbors=neighbors, embeddings=embeddings, embedder=self.embedder, progress=progress,
                               variant_notes=variant_notes)  # fmt: skip

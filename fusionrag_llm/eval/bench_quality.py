@@ -24,6 +24,7 @@ from fusionrag_llm.eval.datasets import QAExample
 from fusionrag_llm.eval.metrics import exact_match, f1_score, first_token_agreement, greedy_exact_match, mean_kl
 from fusionrag_llm.eval.partial_log import PartialLog
 from fusionrag_llm.eval.quality_diagnostics import neighbour_overlap
+from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER, check_fused_order
 from fusionrag_llm.request import RAGRequest
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class QualityConfig:
     device: str | None = None
     dtype: str | None = None
     skip: int = 0  # questions dropped before the first ``limit``
+    fused_order: str = DEFAULT_FUSED_ORDER  # layout of the fused entries ingested and read (``fusion/fused_order.py``)
 
     def __post_init__(self) -> None:
         checks = (("passages", self.passages, 1), ("neighbors", self.neighbors, 0),
@@ -61,6 +63,7 @@ class QualityConfig:
             raise ValueError(f"limit must be >= 1 (or None for all questions), got {self.limit!r}")
         if not self.methods or not self.ratios:
             raise ValueError("at least one method and one ratio are needed")
+        check_fused_order(self.fused_order)
 
     def identity(self) -> dict:
         """Everything but methods and ratios: records stay valid when those are extended."""
@@ -68,6 +71,8 @@ class QualityConfig:
         del data["methods"], data["ratios"]
         if not data["skip"]:
             del data["skip"]  # logs written before skip existed stay resumable
+        if data["fused_order"] == DEFAULT_FUSED_ORDER:
+            del data["fused_order"]  # likewise for logs written before layouts existed
         return data
 
     def to_dict(self) -> dict:
@@ -100,7 +105,8 @@ def run_quality(rag, examples: list[QAExample], config: QualityConfig, log: Part
     for ex in tqdm(pending, desc="questions", unit="q", disable=not progress):
         # Entries evicted from a bounded store since the offline stage are recomputed here (same
         # neighbours: the catalog holds the whole pool), so no method silently falls back to plain.
-        again = rag.ingest(chunk_texts(ex), neighbors=config.neighbors, variant_notes=needs_variant_notes(config.methods))
+        again = rag.ingest(chunk_texts(ex), neighbors=config.neighbors, variant_notes=needs_variant_notes(config.methods),
+                           fused_order=config.fused_order)  # fmt: skip
         run.reingested += again.plain_computed + again.fused_computed
         run.computed += _run_question(rag, ex, todo[ex.id], config, log)
     return run
@@ -109,8 +115,9 @@ def run_quality(rag, examples: list[QAExample], config: QualityConfig, log: Part
 def _offline_stage(rag, examples: list[QAExample], config: QualityConfig, progress: bool) -> dict:
     """Plain and fused entries of every passage of the run; neighbours come from that whole pool."""
     start = time.perf_counter()
+    # the engine reads fused entries of the layout it last ingested: this run's from here on
     report = rag.ingest(passage_pool(examples), neighbors=config.neighbors, progress=progress,
-                        variant_notes=needs_variant_notes(config.methods))  # fmt: skip
+                        variant_notes=needs_variant_notes(config.methods), fused_order=config.fused_order)  # fmt: skip
     return {"chunks": len(report.chunk_ids), "plain_computed": report.plain_computed,
             "fused_computed": report.fused_computed, "seconds": time.perf_counter() - start}  # fmt: skip
 

@@ -10,7 +10,9 @@ object, shared by every engine on it:
   numbers the chunks alike and finds the same neighbours.
 * ``{"fused", "chunk", "count", "requested", "neighbours", "view", "floor"}`` says which neighbours
   the fused entry stored under key ``fused`` was computed after, so ingestion can tell stale fused
-  entries (their chunk has closer chunks now) without reading the entries (megabytes each).
+  entries (their chunk has closer chunks now) without reading the entries (megabytes each). Its
+  ``fused_order`` names the neighbours' layout (``fusion/fused_order.py``; records written before
+  layouts existed have none and read as the default, whose keys they carry).
 
 ``refresh`` reads only the bytes appended since the last read, under a shared lock. A line that is
 not UTF-8, not JSON or not a valid record is skipped with a warning naming its line number: one bad
@@ -35,6 +37,7 @@ import numpy as np
 
 from fusionrag_llm.fusion.chunk_finder import ChunkFinder
 from fusionrag_llm.errors import FusionRAGError
+from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER
 from fusionrag_llm.ingest.jsonl import parse_line, whole_lines, why_unreadable, write_problem
 from fusionrag_llm.ingest.neighbours import NeighbourIndex
 from fusionrag_llm.storage import AppendSession, FileRecordLog, MemoryRecordLog, RecordLog
@@ -88,11 +91,13 @@ class FusedRecord:
     view: int
     floor: float | None
     notes: bool = False  # the entry carries Cache-Craft's notes (``fusion/craft.py``)
+    fused_order: str = DEFAULT_FUSED_ORDER  # the neighbours' layout (also in ``key``)
 
     def to_json(self) -> str:
         return json.dumps({"fused": self.key, "chunk": self.chunk_id, "count": self.count,
                            "requested": list(self.requested), "neighbours": list(self.neighbours),
-                           "view": self.view, "floor": self.floor, "notes": self.notes})  # fmt: skip
+                           "view": self.view, "floor": self.floor, "notes": self.notes,
+                           "fused_order": self.fused_order})  # fmt: skip
 
     @classmethod
     def from_json(cls, record: dict) -> FusedRecord:
@@ -108,7 +113,10 @@ class FusedRecord:
         notes = record.get("notes", False)  # records written before notes existed have none
         if not isinstance(notes, bool):
             raise ValueError("notes must be true or false")
-        return cls(record["fused"], record["chunk"], count, tuple(ids[0]), tuple(ids[1]), view, floor, notes)
+        layout = record.get("fused_order", DEFAULT_FUSED_ORDER)  # records older than layouts: the default
+        if not isinstance(layout, str):
+            raise ValueError("fused_order must be a string")
+        return cls(record["fused"], record["chunk"], count, tuple(ids[0]), tuple(ids[1]), view, floor, notes, layout)
 
 
 class ChunkCatalog:

@@ -4,7 +4,9 @@ Plain Python over ints and strings, so the resolve plan and the offline stage ca
 a request or an ingestion touches without a model or a tensor. What an entry claims to be is
 checked on every read, not only its bytes: the store binds each entry to its key, and the entry's
 meta names its variant and the model fingerprint, so an entry filed under the wrong variant or
-written by another model is a miss.
+written by another model is a miss. A fused entry's key and meta also name its neighbours' layout
+(``fused_order``, ``fusion/fused_order.py``); the default layout's keys are those of entries written
+before layouts existed, whose meta names none, so an existing store stays valid.
 
 A store that keeps entries in a lossy dtype (``store_dtype="float16"`` under float32 compute) gets
 a fingerprint, and so keys, of its own, and never holds exact path blocks: such KV is approximate.
@@ -15,17 +17,20 @@ Example:
     False
     >>> keys.path_block_key(None, (1, 2)) == keys.path_key((1, 2))
     True
+    >>> keys.key((7, 8), "fused") == keys.with_fused_order("similar_last").key((7, 8), "fused")
+    False
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
 
+from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER, check_fused_order
 from fusionrag_llm.storage import KVEntry, chunk_key
 from fusionrag_llm.storage.keys import path_block_key, path_key
 
@@ -51,23 +56,40 @@ class EntryKeys:
     """Keys and meta of the entries one model writes to one store, after the canonical prefix S0.
 
     ``fingerprint`` is the storage fingerprint (see ``for_store``); ``lossless``: the store keeps
-    the compute dtype, so its path blocks can be exact.
+    the compute dtype, so its path blocks can be exact; ``fused_order``: the layout of the fused
+    entries written and read (``fusion/fused_order.py``).
     """
 
     fingerprint: str
     s0_ids: TokenIds
     lossless: bool
+    fused_order: str = DEFAULT_FUSED_ORDER
+
+    def __post_init__(self) -> None:
+        check_fused_order(self.fused_order)
+
+    def with_fused_order(self, fused_order: str) -> "EntryKeys":
+        """The same scheme for fused entries of another layout."""
+        return replace(self, fused_order=fused_order)
 
     @classmethod
     def for_store(cls, fingerprint: str, s0_ids: Sequence[int], model_dtype: torch.dtype,
-                  storage_dtype: torch.dtype | None, codec_id: str = RAW_CODEC) -> "EntryKeys":  # fmt: skip
+                  storage_dtype: torch.dtype | None, codec_id: str = RAW_CODEC,
+                  fused_order: str = DEFAULT_FUSED_ORDER) -> "EntryKeys":  # fmt: skip
         """A codec other than the raw one may be lossy, so its entries never serve as exact path blocks."""
         lossless = storage_dtype in (None, model_dtype) and codec_id == RAW_CODEC
-        return cls(storage_fingerprint(fingerprint, model_dtype, storage_dtype, codec_id), tuple(s0_ids), lossless)
+        fingerprint = storage_fingerprint(fingerprint, model_dtype, storage_dtype, codec_id)
+        return cls(fingerprint, tuple(s0_ids), lossless, fused_order)
 
     def key(self, token_ids: Sequence[int], variant: str) -> str:
         """Key of the chunk's ``variant`` entry (computed after S0)."""
-        return chunk_key(self.fingerprint, self.s0_ids, token_ids, variant)
+        return chunk_key(self.fingerprint, self.s0_ids, token_ids, variant, self._fusion(variant))
+
+    def _fusion(self, variant: str) -> dict | None:
+        # the default layout adds nothing, so entries stored before layouts existed keep their keys
+        if variant != "fused" or self.fused_order == DEFAULT_FUSED_ORDER:
+            return None
+        return {"fused_order": self.fused_order}
 
     def path_block_key(self, previous: str | None, token_ids: Sequence[int]) -> str:
         """Key of the path block ``token_ids`` right after the block keyed ``previous`` (None: position 0)."""
@@ -78,14 +100,21 @@ class EntryKeys:
         return path_key(self.fingerprint, *blocks)
 
     def meta(self, variant: str, **extra) -> dict:
-        """Meta of an entry this engine writes: what it is and which model computed it."""
-        return {"variant": variant, "model": self.fingerprint, **extra}
+        """Meta of an entry this engine writes: what it is and which model computed it (and, for a
+        fused entry, the layout of its neighbours)."""
+        layout = {"fused_order": self.fused_order} if variant == "fused" else {}
+        return {"variant": variant, "model": self.fingerprint, **layout, **extra}
 
     def accepts(self, entry: KVEntry, key: str, variant: str) -> bool:
         """Whether a stored entry is what ``key`` asked for: its variant and model, not only its bytes."""
         claimed = (entry.meta.get("variant"), entry.meta.get("model"))
-        if claimed == (variant, self.fingerprint):
-            return True
-        logger.warning("store entry %s claims variant %r of model %.12s, expected %r of %.12s; treated as a miss",
-                       key, claimed[0], claimed[1], variant, self.fingerprint)  # fmt: skip
-        return False
+        if claimed != (variant, self.fingerprint):
+            logger.warning("store entry %s claims variant %r of model %.12s, expected %r of %.12s; treated as a miss",
+                           key, claimed[0], claimed[1], variant, self.fingerprint)  # fmt: skip
+            return False
+        layout = entry.meta.get("fused_order", DEFAULT_FUSED_ORDER)  # entries older than layouts: the default
+        if variant == "fused" and layout != self.fused_order:
+            logger.warning("store entry %s is a fused entry of layout %r, expected %r; treated as a miss",
+                           key, layout, self.fused_order)  # fmt: skip
+            return False
+        return True

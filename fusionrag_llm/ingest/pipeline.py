@@ -49,8 +49,12 @@ def _embedding_dim() -> int:
 
 
 def ingest_paths(rag: FusionRAG, paths: Sequence[str | Path], max_words: int = 200, neighbors: int = 10,
-                 fuse: bool = True, progress: bool = True, variant_notes: bool = False) -> IngestSummary:  # fmt: skip
-    """Ingest text/markdown files and folders; every file is read and checked before anything is stored."""
+                 fuse: bool = True, progress: bool = True, variant_notes: bool = False,
+                 fused_order: str | None = None) -> IngestSummary:  # fmt: skip
+    """Ingest text/markdown files and folders; every file is read and checked before anything is stored.
+
+    Chunks are registered in reading order (files in the order given, folders sorted), the order the
+    ``corpus`` layout of fused entries (``fused_order``, see ``FusionRAG.ingest``) places neighbours in."""
     chunks = load_chunks(paths, max_words)
     index = document_index(rag)
     new = [c for c in dict.fromkeys(chunks) if c.text not in index]
@@ -67,7 +71,7 @@ def ingest_paths(rag: FusionRAG, paths: Sequence[str | Path], max_words: int = 2
         texts = list(dict.fromkeys(c.text for c in chunks))
         vectors = np.stack([index.vector_of(t) for t in texts])
         fused = rag.ingest(texts, fuse=True, neighbors=neighbors, embeddings=vectors, progress=progress,
-                           variant_notes=variant_notes).fused_computed  # fmt: skip
+                           variant_notes=variant_notes, fused_order=fused_order).fused_computed  # fmt: skip
     files = len({c.source for c in chunks})
     return IngestSummary(files, len(chunks), len(new), plain, fused)
 

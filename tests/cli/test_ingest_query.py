@@ -45,6 +45,15 @@ def test_ingest_then_query_then_resume(corpus, tmp_path):
     assert verify.exit_code == 0 and "0 corrupt" in verify.output
 
 
+def test_ingest_with_another_fused_order_fuses_again_beside_the_first(corpus, tmp_path):
+    store = str(tmp_path / "store")
+    assert run("ingest", str(corpus), "--model", "tiny", "--store", store, "--neighbors", "2").exit_code == 0
+    other = run("ingest", str(corpus), "--model", "tiny", "--store", store, "--neighbors", "2", "--fused-order", "similar_last")
+    assert "(0 new): 0 plain and 3 fused entries computed" in other.output  # its own entries; plain ones shared
+    bad = run("ingest", str(corpus), "--model", "tiny", "--store", store, "--fused-order", "sideways")
+    assert bad.exit_code != 0 and "'similar_first', 'similar_last', 'corpus'" in bad.output
+
+
 def test_bad_inputs_fail_cleanly_and_lose_nothing(corpus, tmp_path):
     store = str(tmp_path / "store")
     assert run("ingest", str(corpus), "--model", "tiny", "--store", store).exit_code == 0
