@@ -322,7 +322,6 @@ def _concurrency(ctx, param, value):
 def serve(dataset, requests, tokens, max_new_tokens, concurrency, method, ratio, model, device, dtype, neighbors, seed,
           out, store, host_gib, disk_gib, progress) -> None:  # fmt: skip
     """The OpenAI-compatible server under concurrent streaming clients: throughput, TTFT p50/p95."""
-    from fusionrag_llm.engine.scheduler import SchedulerConfig
     from fusionrag_llm.eval.bench_batch import BatchConfig, build_requests
     from fusionrag_llm.eval.bench_serve import ServeConfig, run_serve, write_serve
     from fusionrag_llm.eval.results import machine_info
@@ -330,7 +329,6 @@ def serve(dataset, requests, tokens, max_new_tokens, concurrency, method, ratio,
     rag = _load(model, device, dtype, store, host_gib, disk_gib)
     try:
         config = ServeConfig(dataset, model, requests, tokens, max_new_tokens, concurrency, method, ratio, neighbors, seed)
-        rag.engine.scheduler.config = SchedulerConfig(max_num_seqs=max(16, max(concurrency)))
         prompts = build_requests(rag, BatchConfig(dataset, model, requests, tokens, max_new_tokens, method, ratio,
                                                   neighbors, seed))  # fmt: skip
         start = time.perf_counter()

@@ -18,20 +18,21 @@ from fusionrag_llm.cli.options import device_option, dtype_option, load_rag, mod
 @click.option("--max-num-seqs", default=16, show_default=True, type=click.IntRange(1, 1024), help="Answers decoding together in one batch.")
 @click.option("--max-waiting", default=256, show_default=True, type=click.IntRange(1, 100000),
               help="Requests that may wait for admission; more are refused with HTTP 429.")
+@click.option("--turn-cache-gib", default=2.0, show_default=True, type=click.FloatRange(0, 1023),
+              help="Host memory for multi-turn reuse: a chat's next turn reads the last turn's KV (0: off).")
 @click.option("--request-timeout", default=600.0, show_default=True, type=click.FloatRange(0.1),
               help="Seconds a request may take before it is aborted (HTTP 408).")
-def serve(model, store, device, dtype, host, port, served_model_name, max_num_seqs, max_waiting, request_timeout) -> None:
+def serve(model, store, device, dtype, host, port, served_model_name, max_num_seqs, max_waiting, request_timeout,
+          turn_cache_gib) -> None:  # fmt: skip
     """Serve /v1/chat/completions, /v1/completions, /v1/models and /v1/chunks (OpenAI-compatible).
 
     Extra body fields choose the reuse method per request: method, recompute_ratio, kv_variant,
     selector, variant_policy. Register chunks with POST /v1/chunks {"texts": [...]} or with
     `fusionrag ingest --store` on the same store before starting.
     """
-    from fusionrag_llm.engine.scheduler import SchedulerConfig
     from fusionrag_llm.server import serve as run_server
 
-    rag = load_rag(model, device, dtype, store)
-    rag.engine.scheduler.config = SchedulerConfig(max_num_seqs=max_num_seqs)
+    rag = load_rag(model, device, dtype, store, turn_cache_gib=turn_cache_gib)
     click.echo(f"serving {served_model_name or rag.model_name!r} on http://{host}:{port}/v1", err=True)
     run_server(rag, host=host, port=port, served_model_name=served_model_name, max_waiting=max_waiting,
-               request_timeout=request_timeout)
+               request_timeout=request_timeout, max_num_seqs=max_num_seqs)

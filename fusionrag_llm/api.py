@@ -12,6 +12,7 @@ from fusionrag_llm.engine.llm_engine import Generation, LLMEngine
 from fusionrag_llm.engine.streaming import GenerationStream
 from fusionrag_llm.engine.methods import METHODS, plan_run
 from fusionrag_llm.engine.sampling import SamplingParams
+from fusionrag_llm.engine.turn_cache import TurnCache
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion.catalog import CATALOG_FILE, ChunkCatalog
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
@@ -50,7 +51,7 @@ class FusionRAG:
 
     def __init__(self, loaded: LoadedModel, store: StoreSpec = None, embedder: Embedder | None = None,
                  prefix_cache: bool = True, store_dtype: str | torch.dtype | None = None,
-                 auxiliary: int | None = None):  # fmt: skip
+                 auxiliary: int | None = None, turn_cache_gib: float = 0.0):  # fmt: skip
         self._loaded = loaded
         self.store = open_store(store, loaded.model.device, store_dtype)
         self.embedder = embedder
@@ -58,7 +59,8 @@ class FusionRAG:
         s0_ids = self.segments(RAGRequest(chunks=["-"], question="-"))[0].token_ids
         self._entries = ChunkEntries(loaded.model, self.store, fingerprint, s0_ids)
         self._catalog = ChunkCatalog(self.store.record_log(CATALOG_FILE), self.tokenizer.encode)
-        self.engine = LLMEngine(loaded, self._entries, prefix_cache=prefix_cache, auxiliary=auxiliary)
+        self.engine = LLMEngine(loaded, self._entries, prefix_cache=prefix_cache, auxiliary=auxiliary,
+                                turns=turn_cache(turn_cache_gib))  # fmt: skip
 
     @classmethod
     def from_pretrained(
@@ -74,6 +76,7 @@ class FusionRAG:
         auxiliary: int | None = None,
         decode_weights: str | None = None,
         decode_kv: str | None = None,
+        turn_cache_gib: float = 0.0,
     ) -> "FusionRAG":
         """Load a model and open its KV store.
 
@@ -90,12 +93,15 @@ class FusionRAG:
         numbers (the default model, converted from its GGUF file), so answers do not change.
         ``decode_kv``: what decode steps read the request's KV as on CPU: ``"model"`` (the float32
         cache) or ``"float16"`` / ``"bfloat16"`` (a copy at half the bytes; faster decoding after long
-        prompts); default ``$FUSIONRAG_DECODE_KV`` or ``"model"``.
+        prompts); default ``$FUSIONRAG_DECODE_KV`` or ``"model"``. ``turn_cache_gib``: host memory for
+        multi-turn reuse (0: off): every finished request's KV is kept by token blocks, so a request
+        whose prompt starts with an earlier prompt and answer (a chat's next turn) computes only
+        the rest (``stats.turn_tokens``; ``engine/turn_cache.py``).
         """
         loaded = load_model(name_or_path, device=device, dtype=dtype, kernels=kernels, decode_weights=decode_weights,
                             decode_kv=decode_kv)  # fmt: skip
         return cls(loaded, store=store, embedder=embedder, prefix_cache=prefix_cache, store_dtype=store_dtype,
-                   auxiliary=auxiliary)  # fmt: skip
+                   auxiliary=auxiliary, turn_cache_gib=turn_cache_gib)  # fmt: skip
 
     @property
     def parts(self) -> EngineParts:
@@ -291,3 +297,10 @@ class FusionRAG:
         """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy)
         return self.engine.logits(self._locked_segments(request), continuation_ids, plan)  # checks the ids first
+
+
+def turn_cache(gib: float) -> TurnCache | None:
+    """The multi-turn KV cache for a budget in GiB (0: none)."""
+    if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not 0 <= gib < 1024:
+        raise FusionRAGError(f"turn_cache_gib must be a number of GiB in [0, 1024), got {gib!r}")
+    return TurnCache(int(gib * 2**30)) if gib > 0 else None

@@ -124,6 +124,28 @@ def _merge_adjacent_text(pieces: Sequence[Segment]) -> list[Segment]:
     return merged
 
 
+def split_segments(segments: Sequence[Segment], length: int) -> list[Segment]:
+    """``segments`` with their first ``length`` tokens as one prefix segment (KV read from elsewhere,
+    e.g. an earlier turn): a segment cut in two keeps its later part as text, or as the suffix if
+    it was the suffix, so a chunk's ids are never taken for the chunk when only part of it is left."""
+    head: list[int] = []
+    rest: list[Segment] = []
+    start = 0
+    for segment in segments:
+        end = start + len(segment.token_ids)
+        if end <= length:
+            head += segment.token_ids
+        elif start >= length:
+            rest.append(segment)
+        else:
+            cut = length - start
+            head += segment.token_ids[:cut]
+            kind = "suffix" if segment.kind == "suffix" else "text"
+            rest.append(Segment(kind, "", tuple(segment.token_ids[cut:])))
+        start = end
+    return [Segment("prefix", "", tuple(head)), *rest]
+
+
 def prompt_ids(segments: Sequence[Segment]) -> list[int]:
     return [token for segment in segments for token in segment.token_ids]
 

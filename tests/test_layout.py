@@ -14,7 +14,8 @@ rank  units
 2     ``fusion`` (chunk entries, catalog, selectors, scorers)
 3     ``engine`` (resolve, select, sparse prefill, decode, methods registry)
 4     ``api`` (the ``FusionRAG`` facade)
-5     the package root ``fusionrag_llm`` (its public names, loaded lazily from ``_EXPORTS``)
+5     the package root ``fusionrag_llm`` (its public names, loaded lazily from ``_EXPORTS``) and
+      ``server`` (the OpenAI-compatible HTTP server, which drives the engine's step API itself)
 6     ``eval`` (benchmarks: an application of the facade)
 7     ``cli`` and ``integrations`` (the application layer)
 ====  =========================================================================================
@@ -38,7 +39,7 @@ PACKAGE = "fusionrag_llm"
 BASE = ("errors", "paths", "request")
 LEAVES = ("kernels", "storage", "data")
 RANKS = {**dict.fromkeys(("errors", "paths", "request", "kernels", "storage", "data"), 0), "models": 1, "ingest": 1,
-         "fusion": 2, "engine": 3, "api": 4, PACKAGE: 5, "eval": 6, "cli": 7, "integrations": 7}  # fmt: skip
+         "fusion": 2, "engine": 3, "api": 4, PACKAGE: 5, "server": 5, "eval": 6, "cli": 7, "integrations": 7}  # fmt: skip
 INTERNALS = ("models", "fusion", "engine", "api")  # the CLI and adapters use the root's names instead
 # (importing unit, imported unit) edges that break the order in files owned elsewhere; each names its file.
 ALLOWED: set[tuple[str, str]] = set()

@@ -32,6 +32,7 @@ from fusionrag_llm.engine.scheduler import ScheduledStep, Scheduler, SchedulerCo
 from fusionrag_llm.engine.sequence import Sequence, Status
 from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.engine.streaming import GenerationStream
+from fusionrag_llm.engine.turn_cache import EXACT, TurnCache, namespace_of
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.craft import FocusTracker
@@ -39,7 +40,8 @@ from fusionrag_llm.fusion.scorers.auxiliary_attention import check_layers
 from fusionrag_llm.fusion.selectors import Selection, select_many
 from fusionrag_llm.models.llama import ForwardOutput, ForwardPass
 from fusionrag_llm.models.loader import LoadedModel
-from fusionrag_llm.request import Segment, prompt_ids
+from fusionrag_llm.storage import KVEntry
+from fusionrag_llm.request import Segment, prompt_ids, split_segments
 
 __all__ = ["METHODS", "Generation", "LLMEngine", "SchedulerConfig"]
 
@@ -73,7 +75,8 @@ class PrefillWork:
 
 class LLMEngine:
     def __init__(self, loaded: LoadedModel, entries: ChunkEntries, prefix_cache: bool = True,
-                 config: SchedulerConfig = SchedulerConfig(), auxiliary: int | None = None):  # fmt: skip
+                 config: SchedulerConfig = SchedulerConfig(), auxiliary: int | None = None,
+                 turns: TurnCache | None = None):  # fmt: skip
         self.loaded = loaded
         # CacheClip's auxiliary model: the first ``auxiliary_layers`` layers of this one
         self.auxiliary_layers = check_layers(auxiliary, loaded.model.cfg.num_layers)
@@ -84,6 +87,7 @@ class LLMEngine:
         self.runner = ModelRunner(loaded.model)
         self.scheduler = Scheduler(config)
         self.prefetcher = Prefetcher(entries.store)
+        self.turns = turns  # multi-turn reuse: finished requests' KV by token blocks (None: off)
         self._lock = threading.RLock()  # one step at a time; callers on other threads join its batches
         self._request_ids = itertools.count()
 
@@ -131,6 +135,8 @@ class LLMEngine:
         seq.sampling, seq.n = sampling, n
         seq.generator = sampling.generator(self.model.device)
         seq.stop_ids = frozenset(extra_stops) | (frozenset() if ignore_eos else seq.stop_ids)
+        if self.turns is not None:
+            self._read_earlier_turn(seq)
         seq.context_plan = self.resolver().plan(seq.segments, plan)  # keys once, for prefetch and assembly
         with self._lock:
             self.scheduler.add(seq)
@@ -149,6 +155,36 @@ class LLMEngine:
             self.scheduler.update(scheduled)
             self.prefetcher.release_if_idle(self.scheduler.waiting)
             return [seq for seq in [*scheduled.prefills, *scheduled.decodes] if seq.finished]
+
+    def _read_earlier_turn(self, seq: Sequence) -> None:
+        """Start ``seq`` from the longest prefix of its prompt that an earlier request's KV holds (a
+        chat's last turn): that prefix becomes segment 0, read as an exact path block."""
+        plan, keys = seq.plan, self.entries.keys
+        if plan.parallel_positions or plan.attention_scaling is not None or not keys.lossless:
+            return  # chunks share positions or see rescaled attention: no prefix of it is a plain path
+        namespaces = [EXACT] if _exact_plan(plan) else [EXACT, namespace_of(plan)]
+        hit = self.turns.lookup(seq.prompt_ids, namespaces, limit=seq.num_prompt_tokens - 1)
+        if hit is None:
+            return
+        seq.segments = split_segments(seq.segments, hit.length)
+        ids = tuple(seq.prompt_ids[: hit.length])
+        entry = KVEntry(ids, hit.keys.to(self.model.device), hit.values.to(self.model.device), keys.meta("path"))
+        seq.preloaded = {**(seq.preloaded or {}), keys.path_block_key(None, ids): (entry, "host")}
+        seq.stats.turn_tokens = hit.length
+        if hit.namespace != EXACT:  # an approximated prefix: the whole context is approximated
+            seq.kv_namespace = hit.namespace
+
+    def _remember_turn(self, seq: Sequence) -> None:
+        """Keep a finished request's KV (prompt and answer) for a later turn to start from."""
+        plan = seq.plan
+        if seq.finish_reason not in ("stop", "length") or seq.cache is None or seq.kv_namespace is None:
+            return
+        if plan.parallel_positions or plan.attention_scaling is not None:
+            return  # no later prompt can start with this context (see _read_earlier_turn)
+        fed = self.runner.fed_kv(seq.cache)
+        if fed is not None:
+            ids = (seq.prompt_ids + seq.token_ids)[: seq.cache.length]
+            self.turns.remember(ids, fed[0], fed[1], seq.kv_namespace)
 
     def abort(self, request_id: int) -> bool:
         """Stop a waiting or running request (and its forks); it finishes with reason ``"abort"``."""
@@ -188,6 +224,8 @@ class LLMEngine:
             seq.accept(token)
             if seq.stop_strings and seq.token_ids:
                 seq.find_stop_string(self.tokenizer.decode(seq.token_ids))
+            if seq.finished and self.turns is not None:
+                self._remember_turn(seq)
 
     # ------------------------------------------------------------------ one sequence's prefill
     def _sequence(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int) -> Sequence:
@@ -249,7 +287,9 @@ class LLMEngine:
         if not len(work.recompute):  # a prompt served whole from exact KV (a raw prompt ending in its
             # cached prefix): its last token runs again, rewriting its own KV, for the next token's logits
             work.recompute = torch.tensor([len(layout.token_ids) - 1], device=selected.device)
-        work.exact = len(selected) == len(layout.reused_slots)
+        # exact: every context token's KV is exact after this pass (not when its prefix came approximated
+        # from an earlier turn: then its path blocks are not stored either)
+        work.exact = len(selected) == len(layout.reused_slots) and work.seq.kv_namespace is None
         _count_tokens(stats, layout, selected)
         stats.computed_tokens += len(work.recompute)
         work.forward = self.runner.recompute_pass(layout, work.recompute, capture_raw_kv=work.exact)
@@ -260,6 +300,9 @@ class LLMEngine:
 
     def _finish_prefill(self, work: PrefillWork, out: ForwardOutput) -> None:
         seq = work.seq
+        # whose KV its context now holds: exact (any later request may read it) or this plan's own
+        exact = work.exact and seq.plan.attention_scaling is None
+        seq.kv_namespace = EXACT if exact else namespace_of(seq.plan)
         if work.exact:
             work.resolver.store_exact_blocks(work.resolved, work.recompute, out.raw_keys, out.raw_values, seq.prompt_ids)
         done = time.perf_counter()
@@ -337,6 +380,11 @@ class LLMEngine:
                 raise seq.error
             self._finish_prefill(work[0], self.runner.run([work[0].forward], [seq.cache])[0])
         return self.runner.teacher_forced(seq.cache, seq.prompt_logits, seq.prompt_end, continuation)
+
+
+def _exact_plan(plan: RunPlan) -> bool:
+    """Whether a run under ``plan`` computes exact KV for every token (it reads exact KV only)."""
+    return not plan.reuses_chunks or (plan.recompute_ratio >= 1.0 and plan.selector != "none")
 
 
 def _count_tokens(stats: GenerationStats, layout, selected: torch.Tensor) -> None:

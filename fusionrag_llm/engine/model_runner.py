@@ -45,6 +45,16 @@ class ModelRunner:
             return [self.model(passes[0], caches[0])]
         return self.model.forward_batch(passes, caches)
 
+    def fed_kv(self, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Raw (position-free) K and V of every token fed into ``cache`` so far, ``[layers, kv_heads,
+        n, head_dim]``; None unless its slots hold positions 0..n-1 in order (then they are a prefix
+        another request can read)."""
+        n = cache.length
+        positions = torch.arange(n, device=cache.keys.device)
+        if not n or not bool((cache.positions[:n] == positions).all() and cache.valid[:n].all()):
+            return None
+        return self.model.rotate(cache.keys[:, :, :n], -positions), cache.values[:, :, :n]
+
     @staticmethod
     def next_tokens(logits: Seq[torch.Tensor], seqs: Seq[Sequence]) -> list[int]:
         """Each sequence's next token from its [vocab] logits row, by its sampling settings (greedy:

@@ -48,7 +48,8 @@ class Prefetcher:
         loaded = self._loader.wait(seq.request_id)
         seq.stats.wait_s = time.perf_counter() - waited
         seq.stats.prefetch_s, seq.stats.prefetched_entries = loaded.load_s, len(loaded.entries)
-        return {key: (entry, loaded.tiers[key]) for key, entry in loaded.entries.items()}, loaded.pinned
+        found = {key: (entry, loaded.tiers[key]) for key, entry in loaded.entries.items()}
+        return {**(seq.preloaded or {}), **found}, loaded.pinned
 
     def discard(self, seq: Sequence) -> None:
         if seq.request_id in self._submitted:

@@ -55,6 +55,9 @@ class Sequence:
     cache: Any = None  # the request's KVCache, owned by the model runner's allocations
     prompt_logits: Any = None  # [vocab] logits after the last prompt token
     prompt_end: int | None = None  # the position after the prompt's last one (set once assembled)
+    # whose KV its context holds (engine/turn_cache.py): before its prefill None, or the namespace of an
+    # approximated earlier turn it starts from; after it "exact" or its own plan's namespace
+    kv_namespace: str | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

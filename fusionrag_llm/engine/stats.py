@@ -23,6 +23,7 @@ class GenerationStats:
     missed_tokens: int = 0  # chunk tokens whose entry was computed for this request (a miss), not recomputed
     fresh_tokens: int = 0  # text between chunks and the suffix, computed in the prefill
     computed_tokens: int = 0  # every token run through the model for this request (misses included)
+    turn_tokens: int = 0  # prompt tokens read from an earlier request's KV (multi-turn reuse; part of exact_tokens)
     generated_tokens: int = 0
     prefetch_s: float = 0.0  # time the loader spent fetching this request's entries in the background
     wait_s: float = 0.0  # time the scheduler blocked until they were ready (load time not hidden)

@@ -112,6 +112,10 @@ def run_serve(rag, requests: list[RAGRequest], config: ServeConfig) -> dict:
     bodies = [{"model": "bench", "messages": chat_messages(request), "max_tokens": config.max_new_tokens,
                "stream": True, "stream_options": {"include_usage": True}, "method": config.method,
                "recompute_ratio": config.ratio} for request in requests]  # fmt: skip
+    from fusionrag_llm.engine.scheduler import SchedulerConfig
+
+    # every client of the busiest level decodes in the same batch
+    rag.engine.scheduler.config = SchedulerConfig(max(16, *config.concurrency), rag.engine.scheduler.config.max_prefill_tokens)
     levels = []
     with LoopbackServer(rag) as url, httpx.Client(timeout=None) as http:
         stream_one(http, url, bodies[0])  # warm-up

@@ -12,9 +12,16 @@ logger = logging.getLogger(__name__)
 
 
 def serve(rag, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
-          max_waiting: int = 256, request_timeout: float = 600.0, log_level: str = "warning") -> None:  # fmt: skip
-    """Run the server until interrupted (blocking). Binds 127.0.0.1 unless told otherwise."""
+          max_waiting: int = 256, request_timeout: float = 600.0, max_num_seqs: int | None = None,
+          log_level: str = "warning") -> None:  # fmt: skip
+    """Run the server until interrupted (blocking). Binds 127.0.0.1 unless told otherwise.
+    ``max_num_seqs``: answers decoding together (default: the engine's setting)."""
+    from fusionrag_llm.engine.scheduler import SchedulerConfig
     from fusionrag_llm.errors import require
+
+    if max_num_seqs is not None:
+        config = rag.engine.scheduler.config
+        rag.engine.scheduler.config = SchedulerConfig(max_num_seqs, config.max_prefill_tokens)
 
     uvicorn = require("uvicorn", "serve", "fusionrag serve")
     from fusionrag_llm.server.app import create_app

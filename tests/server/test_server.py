@@ -191,3 +191,19 @@ def test_a_full_queue_answers_429_and_a_slow_request_408():
         assert any(r.json()["error"]["type"] == "timeout" for r in statuses if r.status_code == 408)
         again = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=30)
         assert again.status_code == 200  # the timed-out requests were aborted; the server serves on
+
+
+def test_a_chats_second_turn_over_http_computes_only_its_new_tokens():
+    from fusionrag_llm import FusionRAG
+
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", turn_cache_gib=0.1)
+    with RunningServer(create_app(rag, "tiny")) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        messages = chat(QUESTIONS[0])
+        first = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0)
+        messages += [{"role": "assistant", "content": "Tomas Vell."}, {"role": "user", "content": "When?"}]
+        second = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6)
+    stats = second.model_extra["fusionrag"]["stats"][0]
+    assert stats["turn_tokens"] >= first.usage.prompt_tokens  # the whole first prompt was read back
+    assert stats["computed_tokens"] == stats["prompt_tokens"] - stats["turn_tokens"]
+    assert second.usage.prompt_tokens_details.cached_tokens >= stats["turn_tokens"]
