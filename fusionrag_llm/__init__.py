@@ -28,6 +28,7 @@ _EXPORTS = {
     "IngestReport": "fusionrag_llm.fusion.offline",
     "PromptFormat": "fusionrag_llm.request",
     "RAGRequest": "fusionrag_llm.request",
+    "RAGSession": "fusionrag_llm.session",
     "TextPrompt": "fusionrag_llm.request",
     "KV_VARIANTS": "fusionrag_llm.engine.methods",
     "METHODS": "fusionrag_llm.engine.methods",
@@ -69,3 +70,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from fusionrag_llm.fusion.selectors import SELECTORS, SelectorSpec
     from fusionrag_llm.models.default_model import DEFAULT_MODEL
     from fusionrag_llm.request import PromptFormat, RAGRequest, TextPrompt
+    from fusionrag_llm.session import RAGSession

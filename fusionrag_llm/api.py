@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -11,10 +11,11 @@ import torch
 from fusionrag_llm.engine.llm_engine import Generation, LLMEngine
 from fusionrag_llm.engine.streaming import GenerationStream
 from fusionrag_llm.engine.methods import METHODS, plan_run
+from fusionrag_llm.engine.context_index import ContextIndex, order_hint
 from fusionrag_llm.engine.sampling import SamplingParams
 from fusionrag_llm.engine.turn_cache import TurnCache
 from fusionrag_llm.errors import FusionRAGError
-from fusionrag_llm.fusion.catalog import CATALOG_FILE, ChunkCatalog
+from fusionrag_llm.fusion.catalog import CATALOG_FILE, ChunkCatalog, chunk_id_of
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.fused_order import check_fused_order
 from fusionrag_llm.fusion.offline import IngestReport, add_chunks
@@ -27,6 +28,7 @@ from fusionrag_llm.request import RAGRequest, Segment, TextPrompt, build_segment
 from fusionrag_llm.engine.store import StoreSpec, open_store
 
 Request = RAGRequest | str | Sequence[dict] | TextPrompt
+DOC_LABEL = "[Doc_{n}] "  # how reorder=True labels documents, so its order hint can name them
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class FusionRAG:
         s0_ids = self.segments(RAGRequest(chunks=["-"], question="-"))[0].token_ids
         self._entries = ChunkEntries(loaded.model, self.store, fingerprint, s0_ids)
         self._catalog = ChunkCatalog(self.store.record_log(CATALOG_FILE), self.tokenizer.encode)
+        self.context_index = ContextIndex()  # reorder=True: the orders earlier requests were given
         self.engine = LLMEngine(loaded, self._entries, prefix_cache=prefix_cache, auxiliary=auxiliary,
                                 turns=turn_cache(turn_cache_gib))  # fmt: skip
 
@@ -228,7 +231,8 @@ class FusionRAG:
     def stream(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
                max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
                seed: int = 0, variant_policy: str | None = None, stop: str | Sequence[str] | None = None,
-               ignore_eos: bool = False, sampling: SamplingParams | dict | None = None) -> GenerationStream:  # fmt: skip
+               ignore_eos: bool = False, sampling: SamplingParams | dict | None = None,
+               reorder: bool = False) -> GenerationStream:  # fmt: skip
         """Like ``generate``, but iterate the result for text deltas as they are decoded.
 
         >>> rag = FusionRAG.from_pretrained("tiny")
@@ -237,13 +241,15 @@ class FusionRAG:
         True
         """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy)
+        request = self.ordered(request) if _check_reorder(reorder) else request
         return self.engine.stream(self._locked_segments(request), plan, max_new_tokens, stop=() if stop is None else stop,
                                   ignore_eos=ignore_eos, sampling=sampling)
 
     def generate(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
                  max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
                  seed: int = 0, variant_policy: str | None = None, stop: str | Sequence[str] | None = None,
-                 ignore_eos: bool = False, sampling: SamplingParams | dict | None = None, n: int = 1) -> Generation:  # fmt: skip
+                 ignore_eos: bool = False, sampling: SamplingParams | dict | None = None, n: int = 1,
+                 reorder: bool = False) -> Generation:  # fmt: skip
         """Answer ``request``; ``out.stats`` holds TTFT, its parts and token counts.
 
         ``method``: one of ``FusionRAG.methods``; ``kv_variant`` (plain|fused) and ``selector``
@@ -258,6 +264,8 @@ class FusionRAG:
         (``temperature``, ``top_p``, ``top_k``, ``min_p``, the repetition / frequency / presence
         penalties, ``seed``, ``stop_token_ids``); default greedy. ``n``: answers to draw from one
         prefill (``out.others`` holds answers 2..n). ``seed`` (above) seeds the ``random`` selector only.
+        ``reorder`` (a ``RAGRequest``): RAGBoost's context ordering (``ordered``), so requests that share
+        chunks share a prompt prefix whose KV is cached.
 
         >>> rag = FusionRAG.from_pretrained("tiny")
         >>> a = rag.generate("Say hi", method="full_attention", max_new_tokens=4, sampling={"temperature": 0.8, "seed": 7})
@@ -266,6 +274,7 @@ class FusionRAG:
         True
         """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy)
+        request = self.ordered(request) if _check_reorder(reorder) else request
         return self.engine.generate(self._locked_segments(request), plan, max_new_tokens, stop=() if stop is None else stop,
                                     ignore_eos=ignore_eos, sampling=sampling, n=n)
 
@@ -273,7 +282,7 @@ class FusionRAG:
                       max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
                       seed: int = 0, variant_policy: str | None = None, lookahead: int = 4,
                       stop: str | Sequence[str] | None = None, ignore_eos: bool = False,
-                      sampling: SamplingParams | dict | None = None) -> list[Generation]:  # fmt: skip
+                      sampling: SamplingParams | dict | None = None, reorder: bool = False) -> list[Generation]:  # fmt: skip
         """Answer several requests as one batch: their prefills are admitted together and every
         decode step runs all unfinished answers in one forward. Results come in request order and
         equal answering each alone (greedy decoding; with a seeded ``sampling``, each request draws
@@ -284,9 +293,29 @@ class FusionRAG:
         ``stats.wait_s`` the part of it the engine still had to wait for.
         """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy)
+        if _check_reorder(reorder):
+            requests = [self.ordered(request) for request in requests]
         batch = [(self._locked_segments(request), plan, max_new_tokens) for request in requests]
         return self.engine.generate_many(batch, lookahead=lookahead, stop=() if stop is None else stop,
                                          ignore_eos=ignore_eos, sampling=sampling)
+
+    def ordered(self, request: RAGRequest) -> RAGRequest:
+        """``request`` as RAGBoost orders it (``engine/context_index.py``): the chunks that earlier ordered
+        requests started with first, the rest in retrieval order; documents labelled ``[Doc_n]`` and,
+        when the order changed, a note giving the retriever's original ranking. The order is recorded.
+
+        >>> rag = FusionRAG.from_pretrained("tiny")
+        >>> first = rag.ordered(RAGRequest(chunks=["A is 1.", "B is 2."], question="A?"))
+        >>> second = rag.ordered(RAGRequest(chunks=["C is 3.", "B is 2.", "A is 1."], question="C?"))
+        >>> second.chunks, second.note
+        (('A is 1.', 'B is 2.', 'C is 3.'), 'Please read the context in the following priority order: [Doc_3] >> [Doc_2] >> [Doc_1] and answer the question.')
+        """
+        if not isinstance(request, RAGRequest):
+            raise FusionRAGError(f"reorder=True needs a RAGRequest (its chunks are what is reordered), got {type(request).__name__}")
+        order = self.context_index.order([chunk_id_of(chunk) for chunk in request.chunks])
+        fmt = request.format if request.format.doc_label else replace(request.format, doc_label=DOC_LABEL)
+        note = "\n".join(filter(None, [request.note, order_hint(order, fmt.doc_label)])) or None
+        return replace(request, chunks=[request.chunks[index] for index in order], format=fmt, note=note)
 
     def logits(self, request: Request, continuation_ids: Sequence[int], method: str = "fusionrag",
                recompute_ratio: float = 0.15, *, kv_variant: str | None = None, selector: str | None = None,
@@ -304,3 +333,9 @@ def turn_cache(gib: float) -> TurnCache | None:
     if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not 0 <= gib < 1024:
         raise FusionRAGError(f"turn_cache_gib must be a number of GiB in [0, 1024), got {gib!r}")
     return TurnCache(int(gib * 2**30)) if gib > 0 else None
+
+
+def _check_reorder(value: bool) -> bool:
+    if not isinstance(value, bool):
+        raise FusionRAGError(f"reorder must be True or False, got {value!r}")
+    return value

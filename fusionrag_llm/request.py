@@ -29,6 +29,7 @@ class PromptFormat:
     instruction: str = "Answer the question using the documents below. Reply with a short answer.\n\n"
     separator: str = "\n\n"
     question_prefix: str = "\n\nQuestion: "
+    doc_label: str | None = None  # e.g. "[Doc_{n}] ": put before the n-th document (from 1), so a note can name it
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class RAGRequest:
     question: str
     system: str | None = None
     format: PromptFormat = field(default_factory=PromptFormat)
+    note: str | None = None  # text between the documents and the question (e.g. an order hint)
 
     def __post_init__(self) -> None:
         if isinstance(self.chunks, str):
@@ -55,6 +57,8 @@ class RAGRequest:
             raise FusionRAGError("RAGRequest.question must be a non-empty string")
         if self.system is not None and not isinstance(self.system, str):
             raise FusionRAGError("RAGRequest.system must be a string or None")
+        if self.note is not None and not isinstance(self.note, str):
+            raise FusionRAGError("RAGRequest.note must be a string or None")
 
     def pieces(self) -> list[tuple[str, str]]:
         """The user message as (kind, text) pieces, kind 'chunk' or 'text'."""
@@ -63,8 +67,11 @@ class RAGRequest:
         for index, chunk in enumerate(self.chunks):
             if index:
                 pieces.append(("text", fmt.separator))
+            if fmt.doc_label:
+                pieces.append(("text", fmt.doc_label.format(n=index + 1)))
             pieces.append(("chunk", chunk))
-        pieces.append(("text", fmt.question_prefix + self.question))
+        note = fmt.separator + self.note if self.note else ""
+        pieces.append(("text", note + fmt.question_prefix + self.question))
         return pieces
 
 

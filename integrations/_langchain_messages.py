@@ -22,10 +22,14 @@ def warn_tools(tools: Optional[Sequence[Any]]) -> None:
         warnings.warn("FusionRAG models take no tools; their schemas are not counted", stacklevel=3)
 
 
-def usage(info: dict) -> dict[str, int]:
+def usage(info: dict) -> dict:
+    """LangChain's usage: ``input_token_details.cache_read`` counts the prompt tokens whose KV was
+    read rather than computed or recomputed (the exact prefix and turn caches, reused chunk KV)."""
     stats = info["fusionrag_stats"]
     prompt, generated = stats["prompt_tokens"], stats["generated_tokens"]
-    return {"input_tokens": prompt, "output_tokens": generated, "total_tokens": prompt + generated}
+    cached = stats["exact_tokens"] + stats["reused_tokens"]
+    return {"input_tokens": prompt, "output_tokens": generated, "total_tokens": prompt + generated,
+            "input_token_details": {"cache_read": cached}}  # fmt: skip
 
 
 def chat_dicts(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:

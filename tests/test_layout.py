@@ -13,7 +13,7 @@ rank  units
 1     ``models`` (model runtime) and ``ingest`` (chunking, embeddings, FAISS: offline helpers)
 2     ``fusion`` (chunk entries, catalog, selectors, scorers)
 3     ``engine`` (resolve, select, sparse prefill, decode, methods registry)
-4     ``api`` (the ``FusionRAG`` facade)
+4     ``api`` (the ``FusionRAG`` facade) and ``session`` (multi-turn conversations over it)
 5     the package root ``fusionrag_llm`` (its public names, loaded lazily from ``_EXPORTS``) and
       ``server`` (the OpenAI-compatible HTTP server, which drives the engine's step API itself)
 6     ``eval`` (benchmarks: an application of the facade)
@@ -39,7 +39,7 @@ PACKAGE = "fusionrag_llm"
 BASE = ("errors", "paths", "request")
 LEAVES = ("kernels", "storage", "data")
 RANKS = {**dict.fromkeys(("errors", "paths", "request", "kernels", "storage", "data"), 0), "models": 1, "ingest": 1,
-         "fusion": 2, "engine": 3, "api": 4, PACKAGE: 5, "server": 5, "eval": 6, "cli": 7, "integrations": 7}  # fmt: skip
+         "fusion": 2, "engine": 3, "api": 4, "session": 4, PACKAGE: 5, "server": 5, "eval": 6, "cli": 7, "integrations": 7}  # fmt: skip
 INTERNALS = ("models", "fusion", "engine", "api")  # the CLI and adapters use the root's names instead
 # (importing unit, imported unit) edges that break the order in files owned elsewhere; each names its file.
 ALLOWED: set[tuple[str, str]] = set()

@@ -86,7 +86,9 @@ def test_chat_chain_reuses_fused_chunks_and_matches_full_attention_at_ratio_one(
     stats = reply.response_metadata["fusionrag_stats"]
     assert stats["path_hits"]["chunk"] == 3 and stats["recomputed_tokens"] > 0
     assert reply.usage_metadata == {"input_tokens": stats["prompt_tokens"], "output_tokens": stats["generated_tokens"],
-                                    "total_tokens": stats["prompt_tokens"] + stats["generated_tokens"]}  # fmt: skip
+                                    "total_tokens": stats["prompt_tokens"] + stats["generated_tokens"],
+                                    "input_token_details": {"cache_read": stats["exact_tokens"] + stats["reused_tokens"]}}  # fmt: skip
+    assert 0 < reply.usage_metadata["input_token_details"]["cache_read"] < stats["prompt_tokens"]
     exact = _chain(store, ChatFusionRAG(rag=rag, max_tokens=8, recompute_ratio=1.0), CHAT_PROMPT).invoke(question)
     full = _chain(store, ChatFusionRAG(rag=rag, max_tokens=8, method="full_attention"), CHAT_PROMPT).invoke(question)
     assert exact.response_metadata["fusionrag_stats"]["path_hits"]["chunk"] == 3

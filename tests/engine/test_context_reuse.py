@@ -1,0 +1,84 @@
+"""RAGBoost on the engine: context ordering with order hints, multi-turn de-duplication with
+location hints; each rule checked by hand, and the reuse it buys shown in the stats."""
+
+import pytest
+
+from fusionrag_llm import FusionRAG, RAGRequest, RAGSession
+from fusionrag_llm.engine.context_index import ContextIndex, order_hint
+from fusionrag_llm.errors import FusionRAGError
+
+CHUNKS = [f"Fact {n}: the station at post {n} was built in {1800 + 7 * n} by crew {n % 3}." for n in range(10)]
+
+
+def _ordered(index: ContextIndex, ids: list[int]) -> list[int]:
+    return [ids[position] for position in index.order([str(i) for i in ids])]
+
+
+def test_the_papers_example_orders_as_the_paper_says():
+    index = ContextIndex()
+    for context in ([1, 2, 3], [1, 2, 6], [1, 4, 0]):  # earlier contexts, already ordered
+        assert _ordered(index, context) == context
+    assert _ordered(index, [2, 1, 4]) == [1, 2, 4]  # follows the path 1 -> 2 taken twice
+    assert _ordered(index, [5, 7, 8]) == [5, 7, 8]  # nothing shared: retrieval order kept
+    assert _ordered(index, [1, 2, 9]) == [1, 2, 9]
+    assert _ordered(index, [9, 4, 1]) == [1, 4, 9]  # 1 -> 4 is on a recorded path, 1 -> 9 is not
+    assert _ordered(index, [4, 3, 2, 1]) == [1, 2, 4, 3]  # 1 -> 2 -> 4 was recorded above
+
+
+def test_the_order_hint_names_documents_in_their_original_ranking():
+    assert order_hint([0, 1, 2], "[Doc_{n}] ") is None  # unchanged order: no hint
+    # retrieved (C, B, A), placed (A, B, C): A is Doc_1, B Doc_2, C Doc_3; the retriever ranked C first
+    assert order_hint([2, 1, 0], "[Doc_{n}] ") == (
+        "Please read the context in the following priority order: [Doc_3] >> [Doc_2] >> [Doc_1] and answer the question.")
+
+
+@pytest.fixture(scope="module")
+def rag():
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", turn_cache_gib=0.1)
+    rag.add_chunks(CHUNKS, embeddings=[[1, n / 10] for n in range(10)], neighbors=2, fuse=False)
+    return rag
+
+
+def test_reordering_makes_requests_that_share_chunks_share_a_cached_prefix(rag):
+    first = RAGRequest(chunks=[CHUNKS[1], CHUNKS[2], CHUNKS[3]], question="When was post 1 built?")
+    second = RAGRequest(chunks=[CHUNKS[2], CHUNKS[1], CHUNKS[5]], question="When was post 5 built?")
+    plain = FusionRAG.from_pretrained("tiny", store=":memory:")
+    plain.add_chunks(CHUNKS, embeddings=[[1, n / 10] for n in range(10)], neighbors=2, fuse=False)
+    plain.generate(first, method="full_attention", max_new_tokens=2, reorder=False)
+    as_retrieved = plain.generate(second, method="full_attention", max_new_tokens=2, reorder=False)
+    rag.generate(first, method="full_attention", max_new_tokens=2, reorder=True)
+    reordered = rag.generate(second, method="full_attention", max_new_tokens=2, reorder=True)
+    assert reordered.stats.exact_tokens > as_retrieved.stats.exact_tokens + 2 * 20  # two chunks' worth more
+    text = rag.tokenizer.decode(reordered.prompt_ids)
+    assert text.index(CHUNKS[1]) < text.index(CHUNKS[2]) < text.index(CHUNKS[5])
+    assert "[Doc_2] >> [Doc_1] >> [Doc_3]" in text  # the retriever ranked post 2's fact first
+
+
+def test_reorder_is_checked_and_needs_a_rag_request(rag):
+    with pytest.raises(FusionRAGError, match="reorder must be True or False"):
+        rag.generate("hi", reorder="yes")
+    with pytest.raises(FusionRAGError, match="reorder=True needs a RAGRequest"):
+        rag.generate("hi", reorder=True)
+
+
+def test_a_chunk_given_again_is_a_location_hint_and_the_turn_computes_only_new_tokens(rag):
+    session = RAGSession(rag)
+    session.ask([CHUNKS[6], CHUNKS[7]], "Which crew built post 6?", method="full_attention", max_new_tokens=3,
+                ignore_eos=True)  # fmt: skip
+    second = session.ask([CHUNKS[7], CHUNKS[8]], "And post 8?", method="full_attention", max_new_tokens=3)
+    turn = session.messages[-2]["content"]
+    assert "Please refer to [Doc_2] in the previous conversation." in turn and CHUNKS[7] not in turn
+    assert "[Doc_3] " + CHUNKS[8] in turn and session.deduplicated == 1
+    assert second.stats.turn_tokens > 0
+    assert second.stats.computed_tokens == second.stats.prompt_tokens - second.stats.turn_tokens
+    repeated = RAGSession(rag, dedupe=False)
+    repeated.ask([CHUNKS[6]], "Post 6?", max_new_tokens=2)
+    repeated.ask([CHUNKS[6]], "Again?", max_new_tokens=2)
+    assert repeated.messages[-2]["content"].count(CHUNKS[6]) == 1 and repeated.deduplicated == 0
+
+
+def test_a_session_checks_its_input(rag):
+    with pytest.raises(FusionRAGError, match="dedupe must be True or False"):
+        RAGSession(rag, dedupe=1)
+    with pytest.raises(FusionRAGError, match="question must be a non-empty string"):
+        RAGSession(rag).ask([CHUNKS[0]], "  ")
