@@ -340,6 +340,51 @@ def serve(dataset, requests, tokens, max_new_tokens, concurrency, method, ratio,
     _echo_outputs(write_serve(Path(out), config.to_dict(), machine_info(rag), offline, result))
 
 
+@bench.command()
+@dataset_option
+@click.option("--turns", default=5, show_default=True, type=click.IntRange(1, 6), help="Turns of the chat.")
+@click.option("--window", default=3, show_default=True, type=click.IntRange(1), help="Passages per turn (one new per turn).")
+@click.option("--requests", default=12, show_default=True, type=click.IntRange(1), help="Requests of the reordering run.")
+@click.option("--pool", default=8, show_default=True, type=click.IntRange(1), help="Passages they share.")
+@click.option("--per-request", default=4, show_default=True, type=click.IntRange(1), help="Passages per request.")
+@click.option("--max-new-tokens", default=16, show_default=True, type=click.IntRange(1, 512), help="Most tokens per answer.")
+@click.option("--method", default="fusionrag", show_default=True, help="Method every request runs.")
+@click.option("--ratio", default=0.15, show_default=True, type=click.FloatRange(0, 1), help="Recompute ratio.")
+@model_option
+@device_option
+@dtype_option
+@click.option("--neighbors", default=3, show_default=True, type=click.IntRange(0), help="Fusion neighbours per chunk.")
+@seed_option
+@out_option("bench_results")
+def reuse(dataset, turns, window, requests, pool, per_request, max_new_tokens, method, ratio, model, device, dtype,
+          neighbors, seed, out) -> None:  # fmt: skip
+    """Multi-turn reuse and de-duplication on a chat, and reordering on requests sharing passages."""
+    from fusionrag_llm import FusionRAG
+    from fusionrag_llm.eval.bench_data import load_examples
+    from fusionrag_llm.eval.bench_reuse import ReuseConfig, run_reorder, run_turns, shared_chunk_requests, write_reuse
+    from fusionrag_llm.eval.results import machine_info
+
+    try:
+        rag = FusionRAG.from_pretrained(model, device=device, dtype=dtype, store=":memory:")  # the prefix cache on
+        config = ReuseConfig(dataset, model, turns, window, requests, pool, per_request, max_new_tokens, method, ratio,
+                             neighbors, seed)  # fmt: skip
+        examples = load_examples(dataset, max(requests, 1), passages=max(pool, turns + window - 1), seed=seed)
+        passages = [p.text for p in examples[0].passages]
+        rag.ingest(passages, neighbors=neighbors)
+        chat = run_turns(rag, passages, examples[0].question, config)
+        shared = shared_chunk_requests(passages, [ex.question for ex in examples], config)
+
+        def fresh():
+            engine = FusionRAG(rag.parts.loaded, store=":memory:", embedder=rag.embedder, turn_cache_gib=2.0)
+            engine.ingest(passages[:pool], neighbors=neighbors)
+            return engine
+
+        result = {"turns": chat, "reorder": run_reorder(fresh, shared, config)}
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    _echo_outputs(write_reuse(Path(out), config.to_dict(), machine_info(rag), result))
+
+
 def _formats(ctx, param, value):
     from fusionrag_llm.eval.bench_decode import parse_formats
 

@@ -28,7 +28,6 @@ from fusionrag_llm.request import RAGRequest, Segment, TextPrompt, build_segment
 from fusionrag_llm.engine.store import StoreSpec, open_store
 
 Request = RAGRequest | str | Sequence[dict] | TextPrompt
-DOC_LABEL = "[Doc_{n}] "  # how reorder=True labels documents, so its order hint can name them
 
 
 @dataclass(frozen=True)
@@ -301,21 +300,22 @@ class FusionRAG:
 
     def ordered(self, request: RAGRequest) -> RAGRequest:
         """``request`` as RAGBoost orders it (``engine/context_index.py``): the chunks that earlier ordered
-        requests started with first, the rest in retrieval order; documents labelled ``[Doc_n]`` and,
-        when the order changed, a note giving the retriever's original ranking. The order is recorded.
+        requests started with first, the rest in retrieval order, and, when the order changed, a note
+        giving the retriever's original ranking (documents named by their place in the prompt, or by
+        ``format.doc_label`` when set; the prompt is otherwise unchanged, so its first chunk can still
+        be the exact one after the canonical prefix). The order is recorded.
 
         >>> rag = FusionRAG.from_pretrained("tiny")
         >>> first = rag.ordered(RAGRequest(chunks=["A is 1.", "B is 2."], question="A?"))
         >>> second = rag.ordered(RAGRequest(chunks=["C is 3.", "B is 2.", "A is 1."], question="C?"))
         >>> second.chunks, second.note
-        (('A is 1.', 'B is 2.', 'C is 3.'), 'Please read the context in the following priority order: [Doc_3] >> [Doc_2] >> [Doc_1] and answer the question.')
+        (('A is 1.', 'B is 2.', 'C is 3.'), 'Please read the context in the following priority order: document 3 >> document 2 >> document 1 and answer the question.')
         """
         if not isinstance(request, RAGRequest):
             raise FusionRAGError(f"reorder=True needs a RAGRequest (its chunks are what is reordered), got {type(request).__name__}")
         order = self.context_index.order([chunk_id_of(chunk) for chunk in request.chunks])
-        fmt = request.format if request.format.doc_label else replace(request.format, doc_label=DOC_LABEL)
-        note = "\n".join(filter(None, [request.note, order_hint(order, fmt.doc_label)])) or None
-        return replace(request, chunks=[request.chunks[index] for index in order], format=fmt, note=note)
+        note = "\n".join(filter(None, [request.note, order_hint(order, request.format.doc_label)])) or None
+        return replace(request, chunks=[request.chunks[index] for index in order], note=note)
 
     def logits(self, request: Request, continuation_ids: Sequence[int], method: str = "fusionrag",
                recompute_ratio: float = 0.15, *, kv_variant: str | None = None, selector: str | None = None,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 ORDER_HINT = "Please read the context in the following priority order: {order} and answer the question."
+POSITION_NAME = "document {n}"  # documents named by where they appear, when they carry no label
 
 
 @dataclass
@@ -65,11 +66,11 @@ class ContextIndex:
             node = child
 
 
-def order_hint(ordered: Sequence[int], label: str) -> str | None:
-    """The hint naming documents (by ``label``, numbered in prompt order) in their original ranking;
-    None when the order did not change."""
+def order_hint(ordered: Sequence[int], label: str | None = None) -> str | None:
+    """The hint naming documents in their original ranking, by ``label`` (numbered in prompt order)
+    or else as "document n" (the n-th in the prompt); None when the order did not change."""
     if list(ordered) == sorted(ordered):
         return None
     place = {original: position + 1 for position, original in enumerate(ordered)}
-    names = [label.format(n=place[original]).strip() for original in range(len(ordered))]
+    names = [(label or POSITION_NAME).format(n=place[original]).strip() for original in range(len(ordered))]
     return ORDER_HINT.format(order=" >> ".join(names))

@@ -164,13 +164,15 @@ class LLMEngine:
             return  # chunks share positions or see rescaled attention: no prefix of it is a plain path
         namespaces = [EXACT] if _exact_plan(plan) else [EXACT, namespace_of(plan)]
         hit = self.turns.lookup(seq.prompt_ids, namespaces, limit=seq.num_prompt_tokens - 1)
-        if hit is None:
+        length = 0 if hit is None else _chunk_aligned(seq.segments, hit.length)
+        if not length:
             return
-        seq.segments = split_segments(seq.segments, hit.length)
-        ids = tuple(seq.prompt_ids[: hit.length])
-        entry = KVEntry(ids, hit.keys.to(self.model.device), hit.values.to(self.model.device), keys.meta("path"))
+        seq.segments = split_segments(seq.segments, length)
+        ids = tuple(seq.prompt_ids[:length])
+        to_device = self.model.device
+        entry = KVEntry(ids, hit.keys[:, :, :length].to(to_device), hit.values[:, :, :length].to(to_device), keys.meta("path"))
         seq.preloaded = {**(seq.preloaded or {}), keys.path_block_key(None, ids): (entry, "host")}
-        seq.stats.turn_tokens = hit.length
+        seq.stats.turn_tokens = length
         if hit.namespace != EXACT:  # an approximated prefix: the whole context is approximated
             seq.kv_namespace = hit.namespace
 
@@ -380,6 +382,18 @@ class LLMEngine:
                 raise seq.error
             self._finish_prefill(work[0], self.runner.run([work[0].forward], [seq.cache])[0])
         return self.runner.teacher_forced(seq.cache, seq.prompt_logits, seq.prompt_end, continuation)
+
+
+def _chunk_aligned(segments: Seq[Segment], length: int) -> int:
+    """``length`` moved back to the start of the chunk it ends inside, if any: the rest of a chunk
+    would be computed as text, while the whole chunk is served from its entry."""
+    start = 0
+    for segment in segments:
+        end = start + len(segment.token_ids)
+        if start < length < end and segment.kind == "chunk":
+            return start
+        start = end
+    return length
 
 
 def _exact_plan(plan: RunPlan) -> bool:

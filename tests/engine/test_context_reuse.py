@@ -26,7 +26,9 @@ def test_the_papers_example_orders_as_the_paper_says():
 
 
 def test_the_order_hint_names_documents_in_their_original_ranking():
-    assert order_hint([0, 1, 2], "[Doc_{n}] ") is None  # unchanged order: no hint
+    assert order_hint([0, 1, 2], "[Doc_{n}] ") is None and order_hint([0, 1]) is None  # unchanged order: no hint
+    assert order_hint([1, 0]) == ("Please read the context in the following priority order: document 2 >> document 1 "
+                                  "and answer the question.")  # fmt: skip
     # retrieved (C, B, A), placed (A, B, C): A is Doc_1, B Doc_2, C Doc_3; the retriever ranked C first
     assert order_hint([2, 1, 0], "[Doc_{n}] ") == (
         "Please read the context in the following priority order: [Doc_3] >> [Doc_2] >> [Doc_1] and answer the question.")
@@ -51,7 +53,7 @@ def test_reordering_makes_requests_that_share_chunks_share_a_cached_prefix(rag):
     assert reordered.stats.exact_tokens > as_retrieved.stats.exact_tokens + 2 * 20  # two chunks' worth more
     text = rag.tokenizer.decode(reordered.prompt_ids)
     assert text.index(CHUNKS[1]) < text.index(CHUNKS[2]) < text.index(CHUNKS[5])
-    assert "[Doc_2] >> [Doc_1] >> [Doc_3]" in text  # the retriever ranked post 2's fact first
+    assert "document 2 >> document 1 >> document 3" in text  # the retriever ranked post 2's fact first
 
 
 def test_reorder_is_checked_and_needs_a_rag_request(rag):
@@ -82,3 +84,12 @@ def test_a_session_checks_its_input(rag):
         RAGSession(rag, dedupe=1)
     with pytest.raises(FusionRAGError, match="question must be a non-empty string"):
         RAGSession(rag).ask([CHUNKS[0]], "  ")
+
+
+def test_a_turn_hit_ending_inside_a_chunk_stops_at_the_chunk_so_its_entry_serves_it():
+    from fusionrag_llm.engine.llm_engine import _chunk_aligned
+    from fusionrag_llm.request import Segment
+
+    segments = [Segment("prefix", "", (1, 2, 3)), Segment("chunk", "", (4, 5, 6, 7)), Segment("text", "", (8, 9)),
+                Segment("suffix", "", (10,))]  # fmt: skip
+    assert [_chunk_aligned(segments, n) for n in (2, 3, 4, 6, 7, 8, 9)] == [2, 3, 3, 3, 7, 8, 9]
