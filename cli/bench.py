@@ -255,23 +255,30 @@ def store(dataset, passages, requests, ratio, model, neighbors, seed, out, store
     _echo_outputs([folder / "store.json", folder / "store.md"])
 
 
+def workload_options(requests: int, requests_help: str, extra=()):
+    """The options of benchmarks that send many requests of one method: dataset, sizes, method, engine, output."""
+    options = [dataset_option,
+               click.option("--requests", default=requests, show_default=True, type=click.IntRange(1), help=requests_help),
+               click.option("--tokens", default=1024, show_default=True, type=click.IntRange(1), help="Target prompt length in tokens."),
+               click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1, 512),
+                            help="Most tokens to generate per answer."),
+               *extra,
+               click.option("--method", default="fusionrag", show_default=True, help="Method every request runs."),
+               click.option("--ratio", default=0.15, show_default=True, type=click.FloatRange(0, 1), help="Recompute ratio."),
+               model_option, device_option, dtype_option,
+               click.option("--neighbors", default=3, show_default=True, type=click.IntRange(0), help="Fusion neighbours per chunk."),
+               seed_option, out_option("bench_results"), store_option, host_option, disk_option, progress_option]  # fmt: skip
+
+    def apply(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return apply
+
+
 @bench.command()
-@dataset_option
-@click.option("--requests", default=8, show_default=True, type=click.IntRange(1), help="Requests (one question each).")
-@click.option("--tokens", default=1024, show_default=True, type=click.IntRange(1), help="Target prompt length in tokens.")
-@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1, 512), help="Most tokens to generate per answer.")
-@click.option("--method", default="fusionrag", show_default=True, help="Method every request runs.")
-@click.option("--ratio", default=0.15, show_default=True, type=click.FloatRange(0, 1), help="Recompute ratio.")
-@model_option
-@device_option
-@dtype_option
-@click.option("--neighbors", default=3, show_default=True, type=click.IntRange(0), help="Fusion neighbours per chunk.")
-@seed_option
-@out_option("bench_results")
-@store_option
-@host_option
-@disk_option
-@progress_option
+@workload_options(8, "Requests (one question each).")
 def batch(dataset, requests, tokens, max_new_tokens, method, ratio, model, device, dtype, neighbors, seed, out,
           store, host_gib, disk_gib, progress) -> None:  # fmt: skip
     """Throughput of generate_many (one batch) against the same requests one by one; same answers."""
@@ -302,23 +309,8 @@ def _concurrency(ctx, param, value):
 
 
 @bench.command()
-@dataset_option
-@click.option("--requests", default=16, show_default=True, type=click.IntRange(1), help="Requests per level (one question each).")
-@click.option("--tokens", default=1024, show_default=True, type=click.IntRange(1), help="Target prompt length in tokens.")
-@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1, 512), help="Most tokens to generate per answer.")
-@click.option("--concurrency", default="1,4,16", show_default=True, callback=_concurrency, help="Concurrent clients per level.")
-@click.option("--method", default="fusionrag", show_default=True, help="Method every request runs.")
-@click.option("--ratio", default=0.15, show_default=True, type=click.FloatRange(0, 1), help="Recompute ratio.")
-@model_option
-@device_option
-@dtype_option
-@click.option("--neighbors", default=3, show_default=True, type=click.IntRange(0), help="Fusion neighbours per chunk.")
-@seed_option
-@out_option("bench_results")
-@store_option
-@host_option
-@disk_option
-@progress_option
+@workload_options(16, "Requests per level (one question each).", extra=(
+    click.option("--concurrency", default="1,4,16", show_default=True, callback=_concurrency, help="Concurrent clients per level."),))
 def serve(dataset, requests, tokens, max_new_tokens, concurrency, method, ratio, model, device, dtype, neighbors, seed,
           out, store, host_gib, disk_gib, progress) -> None:  # fmt: skip
     """The OpenAI-compatible server under concurrent streaming clients: throughput, TTFT p50/p95."""

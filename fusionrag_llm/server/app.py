@@ -188,16 +188,22 @@ class _Reply:
         self.created = created()
         self.object = "chat.completion" if kind == "chat" else "text_completion"
 
-    async def whole(self, first: Update, request: Request, updates: asyncio.Queue, deadline: float) -> dict:
-        texts, finals = [""] * self.body.n, {}
+    async def _updates(self, first: Update, request: Request, updates: asyncio.Queue, deadline: float,
+                       finals: dict[int, Update]) -> AsyncIterator[Update]:  # fmt: skip
+        """Every update until each of the n answers has finished (its last update is in ``finals``)."""
         update = first
         while True:
-            texts[update.index] += update.delta
+            yield update
             if update.finish_reason is not None:
                 finals[update.index] = update
             if len(finals) == self.body.n:
-                break
+                return
             update = await _next(request, updates, deadline)
+
+    async def whole(self, first: Update, request: Request, updates: asyncio.Queue, deadline: float) -> dict:
+        texts, finals = [""] * self.body.n, {}
+        async for update in self._updates(first, request, updates, deadline, finals):
+            texts[update.index] += update.delta
         stats = [finals[index].stats for index in range(self.body.n)]
         choices = [self._choice(index, texts[index], finals[index].finish_reason) for index in range(self.body.n)]
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
@@ -216,15 +222,9 @@ class _Reply:
             if self.kind == "chat":  # OpenAI opens every chat choice with its role
                 for index in range(self.body.n):
                     yield self._event([self._delta(index, {"role": "assistant", "content": ""}, None)])
-            update = first
-            while True:
+            async for update in self._updates(first, request, updates, deadline, finals):
                 if update.delta or update.finish_reason is not None:
                     yield self._event([self._delta(update.index, self._content(update.delta), update.finish_reason)])
-                if update.finish_reason is not None:
-                    finals[update.index] = update
-                if len(finals) == self.body.n:
-                    break
-                update = await _next(request, updates, deadline)
             stats = [finals[index].stats for index in range(self.body.n)]
             tail: dict[str, Any] = {"fusionrag": fusionrag_extra(self.body, stats)}
             if self.body.include_usage:
