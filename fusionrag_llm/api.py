@@ -52,7 +52,8 @@ class FusionRAG:
 
     def __init__(self, loaded: LoadedModel, store: StoreSpec = None, embedder: Embedder | None = None,
                  prefix_cache: bool = True, store_dtype: str | torch.dtype | None = None,
-                 auxiliary: int | None = None, turn_cache_gib: float = 0.0):  # fmt: skip
+                 auxiliary: "int | str | Path | LoadedModel | FusionRAG | None" = None,
+                 turn_cache_gib: float = 0.0):  # fmt: skip
         self._loaded = loaded
         self.store = open_store(store, loaded.model.device, store_dtype)
         self.embedder = embedder
@@ -61,7 +62,7 @@ class FusionRAG:
         self._entries = ChunkEntries(loaded.model, self.store, fingerprint, s0_ids)
         self._catalog = ChunkCatalog(self.store.record_log(CATALOG_FILE), self.tokenizer.encode)
         self.context_index = ContextIndex()  # reorder=True: the orders earlier requests were given
-        self.engine = LLMEngine(loaded, self._entries, prefix_cache=prefix_cache, auxiliary=auxiliary,
+        self.engine = LLMEngine(loaded, self._entries, prefix_cache=prefix_cache, auxiliary=_auxiliary(auxiliary, loaded),
                                 turns=turn_cache(turn_cache_gib))  # fmt: skip
 
     @classmethod
@@ -75,7 +76,7 @@ class FusionRAG:
         prefix_cache: bool = True,
         store_dtype: str | torch.dtype | None = None,
         kernels: str | None = None,
-        auxiliary: int | None = None,
+        auxiliary: "int | str | Path | LoadedModel | FusionRAG | None" = None,
         decode_weights: str | None = None,
         decode_kv: str | None = None,
         turn_cache_gib: float = 0.0,
@@ -87,8 +88,10 @@ class FusionRAG:
         ``":memory:"``, or a ``TieredStore``. ``prefix_cache``: also store and reuse exact KV of
         whole chunk paths (the alternative path). ``store_dtype``: keep entries in another dtype
         (e.g. ``"float16"`` while computing in float32). ``kernels``: ``"auto"`` (Triton on CUDA),
-        ``"torch"`` or ``"triton"``; default ``$FUSIONRAG_KERNELS`` or auto. ``auxiliary``: how many
-        layers of the model CacheClip's auxiliary model keeps (default: a quarter of them).
+        ``"torch"`` or ``"triton"``; default ``$FUSIONRAG_KERNELS`` or auto. ``auxiliary``: CacheClip's
+        auxiliary model: a separate model of the same tokenizer (a name, path, ``FusionRAG`` or loaded
+        model, put on this model's device and dtype), or an int: how many layers of this model it keeps
+        (default: a quarter of them).
         ``decode_weights``: what decode steps read on CPU: ``"float"``, or 8-bit / 4-bit GGUF-style
         blocks ``"q8"`` / ``"q4"`` (faster; prefills and stored entries stay float); default
         ``$FUSIONRAG_DECODE_WEIGHTS`` or ``"auto"``: the blocks only where they hold the weights' own
@@ -338,4 +341,13 @@ def turn_cache(gib: float) -> TurnCache | None:
 def _check_reorder(value: bool) -> bool:
     if not isinstance(value, bool):
         raise FusionRAGError(f"reorder must be True or False, got {value!r}")
+    return value
+
+
+def _auxiliary(value, loaded: LoadedModel):
+    """CacheClip's auxiliary model as the engine takes it: a number of layers, or a loaded model."""
+    if isinstance(value, FusionRAG):
+        return value.parts.loaded
+    if isinstance(value, (str, Path)):
+        return load_model(value, device=loaded.model.device, dtype=loaded.model.dtype)
     return value

@@ -37,6 +37,7 @@ from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.craft import FocusTracker
 from fusionrag_llm.fusion.scorers.auxiliary_attention import check_layers
+from fusionrag_llm.models.loader import check_auxiliary_model
 from fusionrag_llm.fusion.selectors import Selection, select_many
 from fusionrag_llm.models.llama import ForwardOutput, ForwardPass
 from fusionrag_llm.models.loader import LoadedModel
@@ -75,11 +76,13 @@ class PrefillWork:
 
 class LLMEngine:
     def __init__(self, loaded: LoadedModel, entries: ChunkEntries, prefix_cache: bool = True,
-                 config: SchedulerConfig = SchedulerConfig(), auxiliary: int | None = None,
+                 config: SchedulerConfig = SchedulerConfig(), auxiliary: int | LoadedModel | None = None,
                  turns: TurnCache | None = None):  # fmt: skip
         self.loaded = loaded
-        # CacheClip's auxiliary model: the first ``auxiliary_layers`` layers of this one
-        self.auxiliary_layers = check_layers(auxiliary, loaded.model.cfg.num_layers)
+        # CacheClip's auxiliary model: a separate one of the same tokenizer, or the first
+        # ``auxiliary_layers`` layers of this one
+        self.auxiliary_model = check_auxiliary_model(auxiliary, loaded) if isinstance(auxiliary, LoadedModel) else None
+        self.auxiliary_layers = None if self.auxiliary_model is not None else check_layers(auxiliary, loaded.model.cfg.num_layers)
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.entries = entries
@@ -244,7 +247,8 @@ class LLMEngine:
         if not work:
             return []
         started = time.perf_counter()
-        jobs = [Selection(w.seq.plan.selector, w.k, w.seq.cache, w.resolved.layout, w.seq.plan.seed, self.auxiliary_layers)
+        jobs = [Selection(w.seq.plan.selector, w.k, w.seq.cache, w.resolved.layout, w.seq.plan.seed, self.auxiliary_layers,
+                          self.auxiliary_model)
                 for w in work]  # fmt: skip
         picks = select_many(jobs, self.model)
         chosen = time.perf_counter()

@@ -42,3 +42,4 @@ class ScoringInput:
     seed: int = 0
     auxiliary_layers: int | None = None  # CacheClip's auxiliary model: this many layers of the main one
     k: int | None = None  # how many tokens the run will recompute (a scorer that works in stages reads it)
+    auxiliary_model: DecoderLM | None = None  # CacheClip's auxiliary model when it is a separate one

@@ -103,13 +103,14 @@ def selector_spec(name: str) -> SelectorSpec:
 
 
 def select_tokens(selector: str, k: int, model: DecoderLM, cache: KVCache, layout: RequestLayout, seed: int = 0,
-                  auxiliary_layers: int | None = None) -> torch.Tensor:  # fmt: skip
+                  auxiliary_layers: int | None = None, auxiliary_model: DecoderLM | None = None) -> torch.Tensor:  # fmt: skip
     """Slots of the ``k`` reused tokens to recompute (at most ``k``: a ``pick`` may drop some), ascending."""
     spec = selector_spec(selector)
     trivial = _trivial(spec, k, layout)
     if trivial is not None:
         return trivial
-    return _pick(spec, layout, spec.scorer(ScoringInput(model, cache, layout, seed, auxiliary_layers, k)), k)
+    inp = ScoringInput(model, cache, layout, seed, auxiliary_layers, k, auxiliary_model)
+    return _pick(spec, layout, spec.scorer(inp), k)
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ class Selection:
     layout: RequestLayout
     seed: int = 0
     auxiliary_layers: int | None = None
+    auxiliary_model: DecoderLM | None = None
 
 
 def select_many(jobs: Sequence[Selection], model: DecoderLM) -> list[torch.Tensor | Exception]:
@@ -134,7 +136,7 @@ def select_many(jobs: Sequence[Selection], model: DecoderLM) -> list[torch.Tenso
         try:
             spec = selector_spec(job.selector)
             trivial = _trivial(spec, job.k, job.layout)
-            inp = ScoringInput(model, job.cache, job.layout, job.seed, job.auxiliary_layers, job.k)
+            inp = ScoringInput(model, job.cache, job.layout, job.seed, job.auxiliary_layers, job.k, job.auxiliary_model)
             if trivial is not None:
                 results[i] = trivial
             elif spec.scoring_pass is None:

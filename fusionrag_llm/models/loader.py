@@ -244,3 +244,17 @@ def _load_tiny(name: str, device: torch.device, dtype: torch.dtype) -> LoadedMod
     model = _instantiate(cfg, tiny_state_dict(skeleton), device, dtype)
     tokenizer = ChatTokenizer(byte_tokenizer(), cfg.eos_token_ids)
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, hf_config=hf_config, source="built-in")
+
+
+def check_auxiliary_model(auxiliary: LoadedModel, main: LoadedModel) -> DecoderLM:
+    """``auxiliary``'s model, when it can stand in for ``main`` in CacheClip's selection: the same
+    tokenizer (it reads the very token ids of the prompt) on the same device; else ``FusionRAGError``."""
+    if auxiliary.tokenizer.hf.get_vocab() != main.tokenizer.hf.get_vocab():
+        raise FusionRAGError(
+            f"the auxiliary model {auxiliary.name!r} does not share the tokenizer of {main.name!r}: CacheClip's "
+            "auxiliary model reads the prompt's own token ids, so it needs the same vocabulary"
+        )
+    if auxiliary.model.device != main.model.device:
+        raise FusionRAGError(f"the auxiliary model is on {auxiliary.model.device}, the model on {main.model.device}; "
+                             "load both on one device")  # fmt: skip
+    return auxiliary.model

@@ -1,9 +1,11 @@
 """CacheClip: a smaller model's last-layer attention from the question to each chunk, chunk by chunk.
 
-The auxiliary model is the first ``k`` layers of the main model (the embedded default has no
-smaller sibling with its tokenizer). Its KV of every chunk is then already in the request cache:
-a plain entry was computed after the shared prefix S0, and its first ``k`` layers are exactly what
-the auxiliary model would have stored, so only the question runs, once per chunk.
+The auxiliary model is a separate model of the same tokenizer (``auxiliary=`` a name, path or
+engine), or by default the first ``k`` layers of the main model (the embedded default has no
+smaller sibling with its tokenizer). A separate model computes S0 and the chunk itself, then the
+question. The first ``k`` layers need no such pass: their KV of every chunk is already in the
+request cache (a plain entry was computed after the shared prefix S0, and its first ``k`` layers
+are exactly what the auxiliary model would have stored), so only the question runs, once per chunk.
 
 Per chunk, as in the paper's batch of ``S0 + chunk_i + question``: a small cache holds S0 and the
 chunk (S0's keys turned to sit right before the chunk), the question tokens run through layers
@@ -46,7 +48,8 @@ def check_layers(value: int | None, num_layers: int) -> int:
 
 def scores(inp: ScoringInput) -> torch.Tensor:
     layout, cache = inp.layout, inp.cache
-    layers = check_layers(inp.auxiliary_layers, inp.model.cfg.num_layers)
+    separate = inp.auxiliary_model is not None
+    layers = inp.auxiliary_model.cfg.num_layers if separate else check_layers(inp.auxiliary_layers, inp.model.cfg.num_layers)
     reused = layout.reused_slots
     out = torch.zeros(reused.numel(), dtype=torch.float32, device=reused.device)
     if reused.numel() == 0 or layout.suffix_slots.numel() == 0:
@@ -56,7 +59,8 @@ def scores(inp: ScoringInput) -> torch.Tensor:
     for index, (start, end) in enumerate(layout.chunk_spans):
         members = owner == index
         if bool(members.any()):
-            chunk = _chunk_scores(inp, layers, prefix, start, end)
+            score = _separate_model_scores if separate else _chunk_scores
+            chunk = score(inp, layers, prefix, start, end)
             out[members] = chunk[reused[members] - start]
     return out
 
@@ -71,6 +75,27 @@ def pick(layout: RequestLayout, scores: torch.Tensor, k: int) -> torch.Tensor:
     count.index_add_(0, windows, chosen.long())
     keep = chosen & (count[windows] > GROUP_THRESHOLD)
     return layout.reused_slots[keep].sort().values
+
+
+def _separate_model_scores(inp: ScoringInput, layers: int, prefix: int, start: int, end: int) -> torch.Tensor:
+    """``_chunk_scores`` by a separate auxiliary model: it runs S0 and the chunk (at the positions S0
+    takes right before the chunk), then the question, and its last layer's attention scores."""
+    aux, layout = inp.auxiliary_model, inp.layout
+    device, ids = layout.token_ids.device, layout.token_ids
+    question = layout.suffix_slots
+    length, asked = prefix + end - start, question.numel()
+    small = aux.new_cache(length + asked)
+    context = torch.cat([ids[:prefix], ids[start:end]])
+    context_positions = torch.arange(start - prefix, end, device=device)
+    aux(ForwardPass(context, context_positions, small.reserve(length), logit_rows=context[:0]), small)
+    positions = torch.arange(end, end + asked, device=device)
+    step = ForwardPass(ids[question], positions, small.reserve(asked))
+    queries, keys, _ = aux.project_layer(step, small, layer=layers - 1)
+    every = torch.cat([small.keys[layers - 1, :, :length], keys], dim=1)
+    where = torch.cat([context_positions, positions])
+    valid = torch.ones(length + asked, dtype=torch.bool, device=device)
+    attention = critical_scores(queries, positions, every, where, valid, backend=aux.kernels)
+    return attention[prefix:length].float()
 
 
 def _chunk_scores(inp: ScoringInput, layers: int, prefix: int, start: int, end: int) -> torch.Tensor:
