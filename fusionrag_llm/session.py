@@ -1,7 +1,8 @@
 """A multi-turn conversation over retrieved chunks, with RAGBoost's de-duplication.
 
 Each turn sends the whole chat so far plus a new user message holding the turn's retrieved chunks,
-labelled ``[Doc_n]`` (numbered once per conversation) and its question. A chunk that an earlier
+each on the line after its label ``[Doc_n]`` (numbered once per conversation, and on a line of its
+own so the chunk's tokens stay its own and its entry serves it), and the question. A chunk that an earlier
 turn already gave is not repeated: a short location hint points the model back to it (RAGBoost's
 multi-turn de-duplication). With the engine's turn cache on (``turn_cache_gib``), every turn
 reads the KV of the turns before it and computes only its own new tokens.
@@ -56,5 +57,5 @@ class RAGSession:
                 parts.append(LOCATION_HINT.format(label=label))
                 self.deduplicated += 1
             else:
-                parts.append(f"{label} {chunk}")
+                parts.append(f"{label}\n{chunk}")  # a line of its own: the chunk's first token stays its own
         return fmt.instruction + fmt.separator.join(parts) + fmt.question_prefix + question

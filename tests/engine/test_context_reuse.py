@@ -70,7 +70,7 @@ def test_a_chunk_given_again_is_a_location_hint_and_the_turn_computes_only_new_t
     second = session.ask([CHUNKS[7], CHUNKS[8]], "And post 8?", method="full_attention", max_new_tokens=3)
     turn = session.messages[-2]["content"]
     assert "Please refer to [Doc_2] in the previous conversation." in turn and CHUNKS[7] not in turn
-    assert "[Doc_3] " + CHUNKS[8] in turn and session.deduplicated == 1
+    assert "[Doc_3]\n" + CHUNKS[8] in turn and session.deduplicated == 1
     assert second.stats.turn_tokens > 0
     assert second.stats.computed_tokens == second.stats.prompt_tokens - second.stats.turn_tokens
     repeated = RAGSession(rag, dedupe=False)
