@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from fusionrag_llm.cli.options import device_option, dtype_option, model_option
-from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER, FUSED_ORDERS
+from fusionrag_llm import DEFAULT_FUSED_ORDER, FUSED_ORDERS
 
 DEFAULT_METHODS = "full_attention,full_reuse,cacheblend,fusionrag,fused+kv_deviation,plain+query_guided"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from fusionrag_llm.cli.options import device_option, dtype_option, load_rag, model_option, store_option, user_errors
-from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER, FUSED_ORDERS
+from fusionrag_llm import DEFAULT_FUSED_ORDER, FUSED_ORDERS
 
 
 @click.command()

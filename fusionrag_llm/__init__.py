@@ -31,6 +31,8 @@ _EXPORTS = {
     "RAGSession": "fusionrag_llm.session",
     "TextPrompt": "fusionrag_llm.request",
     "KV_VARIANTS": "fusionrag_llm.engine.methods",
+    "FUSED_ORDERS": "fusionrag_llm.fusion.fused_order",
+    "DEFAULT_FUSED_ORDER": "fusionrag_llm.fusion.fused_order",
     "METHODS": "fusionrag_llm.engine.methods",
     "MethodSpec": "fusionrag_llm.engine.methods",
     "RunPlan": "fusionrag_llm.engine.methods",
@@ -66,6 +68,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from fusionrag_llm.engine.stats import GenerationStats
     from fusionrag_llm.errors import FusionRAGError, MissingDependencyError
     from fusionrag_llm.fusion.catalog import CATALOG_FILE, CatalogWriteError, registered_chunk_count
+    from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER, FUSED_ORDERS
     from fusionrag_llm.fusion.offline import IngestionWriteError, IngestReport
     from fusionrag_llm.fusion.selectors import SELECTORS, SelectorSpec
     from fusionrag_llm.models.default_model import DEFAULT_MODEL
