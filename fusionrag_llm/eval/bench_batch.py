@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fusionrag_llm.eval.bench_data import SYNTHETIC, load_examples
-from fusionrag_llm.eval.results import fmt, markdown_table, ms, write_json
+from fusionrag_llm.eval.results import fmt, markdown_table, ms, write_report
 from fusionrag_llm.request import RAGRequest
 
 
@@ -123,12 +123,9 @@ def batch_markdown(result: dict, config: dict, machine: dict) -> str:
 
 def write_batch(out_dir: Path, config: dict, machine: dict, offline: dict, result: dict) -> list[Path]:
     """batch.json, batch.md and batch.png in ``out_dir``."""
-    out_dir = Path(out_dir)
-    paths = [write_json(out_dir / "batch.json", {"config": config, "machine": machine, "offline": offline, **result})]
-    (out_dir / "batch.md").write_text(batch_markdown(result, config, machine))
-    paths.append(out_dir / "batch.md")
-    paths.append(plot_batch(result, out_dir / "batch.png", f"Batching, {config['model']}"))
-    return paths
+    data = {"config": config, "machine": machine, "offline": offline, **result}
+    return write_report(out_dir, "batch", data, batch_markdown(result, config, machine),
+                        lambda path: plot_batch(result, path, f"Batching, {config['model']}"))
 
 
 def plot_batch(result: dict, path: Path, title: str) -> Path:

@@ -22,7 +22,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fusionrag_llm.eval.results import fmt, markdown_table, ms, write_json
+from fusionrag_llm.eval.results import fmt, markdown_table, ms, write_report
 
 REPHRASINGS = ("{q}", "Once more: {q}", "Check again: {q}", "To be sure, {q}", "Finally, {q}", "Last time: {q}")
 
@@ -143,12 +143,10 @@ def reuse_markdown(result: dict, config: dict, machine: dict) -> str:
 
 
 def write_reuse(out_dir: Path, config: dict, machine: dict, result: dict) -> list[Path]:
-    out_dir = Path(out_dir)
-    paths = [write_json(out_dir / "reuse.json", {"config": config, "machine": machine, **result})]
-    (out_dir / "reuse.md").write_text(reuse_markdown(result, config, machine))
-    paths.append(out_dir / "reuse.md")
-    paths.append(plot_turns(result["turns"], out_dir / "reuse.png", f"Per-turn TTFT, {config['model']}"))
-    return paths
+    """reuse.json, reuse.md and reuse.png (per-turn TTFT) in ``out_dir``."""
+    return write_report(out_dir, "reuse", {"config": config, "machine": machine, **result},
+                        reuse_markdown(result, config, machine),
+                        lambda path: plot_turns(result["turns"], path, f"Per-turn TTFT, {config['model']}"))
 
 
 def plot_turns(turns: dict, path: Path, title: str) -> Path:

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fusionrag_llm.eval.results import fmt, markdown_table, ms, write_json
+from fusionrag_llm.eval.results import fmt, markdown_table, ms, write_report
 from fusionrag_llm.request import RAGRequest
 
 
@@ -167,12 +167,9 @@ def serve_markdown(result: dict, config: dict, machine: dict) -> str:
 
 def write_serve(out_dir: Path, config: dict, machine: dict, offline: dict, result: dict) -> list[Path]:
     """serve.json, serve.md and serve.png in ``out_dir``."""
-    out_dir = Path(out_dir)
-    paths = [write_json(out_dir / "serve.json", {"config": config, "machine": machine, "offline": offline, **result})]
-    (out_dir / "serve.md").write_text(serve_markdown(result, config, machine))
-    paths.append(out_dir / "serve.md")
-    paths.append(plot_serve(result, out_dir / "serve.png", f"Serving, {config['model']}"))
-    return paths
+    data = {"config": config, "machine": machine, "offline": offline, **result}
+    return write_report(out_dir, "serve", data, serve_markdown(result, config, machine),
+                        lambda path: plot_serve(result, path, f"Serving, {config['model']}"))
 
 
 def plot_serve(result: dict, path: Path, title: str) -> Path:

@@ -15,7 +15,7 @@ import os
 import platform
 import statistics
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -57,6 +57,15 @@ def write_json(path: Path, data: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n")
     return path
+
+
+def write_report(out_dir: Path, stem: str, data: Any, markdown: str, plot: Callable[[Path], Path]) -> list[Path]:
+    """``stem``.json (``data``), ``stem``.md (``markdown``) and ``stem``.png (``plot(path)`` draws it) in
+    ``out_dir``; returns the three paths."""
+    out_dir = Path(out_dir)
+    paths = [write_json(out_dir / f"{stem}.json", data), out_dir / f"{stem}.md"]
+    paths[1].write_text(markdown)
+    return [*paths, plot(out_dir / f"{stem}.png")]
 
 
 def fmt(value: Any, digits: int = 3) -> str:
