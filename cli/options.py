@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from fusionrag_llm import DEFAULT_MODEL, METHODS
+from fusionrag_llm import DEFAULT_MODEL, FUSED_ORDERS, METHODS
 
 model_option = click.option(
     "--model", default=DEFAULT_MODEL, show_default=True,
@@ -12,6 +12,10 @@ model_option = click.option(
 )  # fmt: skip
 store_option = click.option("--store", default=None, help="KV store folder (default: $FUSIONRAG_STORE or the user cache).")
 device_option = click.option("--device", default=None, help="'cpu' or 'cuda' (default: cuda when available).")
+fused_order_option = click.option(
+    "--fused-order", default=None, type=click.Choice(list(FUSED_ORDERS)),
+    help="Layout of the fused entries to read, as ingested with `fusionrag ingest --fused-order` (default: the paper's).",
+)  # fmt: skip
 dtype_option = click.option("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU).")
 
 

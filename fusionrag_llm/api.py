@@ -53,7 +53,7 @@ class FusionRAG:
     def __init__(self, loaded: LoadedModel, store: StoreSpec = None, embedder: Embedder | None = None,
                  prefix_cache: bool = True, store_dtype: str | torch.dtype | None = None,
                  auxiliary: "int | str | Path | LoadedModel | FusionRAG | None" = None,
-                 turn_cache_gib: float = 0.0):  # fmt: skip
+                 turn_cache_gib: float = 0.0, fused_order: str | None = None):  # fmt: skip
         self._loaded = loaded
         self.store = open_store(store, loaded.model.device, store_dtype)
         self.embedder = embedder
@@ -61,6 +61,8 @@ class FusionRAG:
         s0_ids = self.segments(RAGRequest(chunks=["-"], question="-"))[0].token_ids
         self._entries = ChunkEntries(loaded.model, self.store, fingerprint, s0_ids)
         self._catalog = ChunkCatalog(self.store.record_log(CATALOG_FILE), self.tokenizer.encode)
+        if fused_order is not None:  # the layout the store's fused entries were ingested with
+            self._entries.use_fused_order(fused_order)
         self.context_index = ContextIndex()  # reorder=True: the orders earlier requests were given
         self.engine = LLMEngine(loaded, self._entries, prefix_cache=prefix_cache, auxiliary=_auxiliary(auxiliary, loaded),
                                 turns=turn_cache(turn_cache_gib))  # fmt: skip
@@ -80,6 +82,7 @@ class FusionRAG:
         decode_weights: str | None = None,
         decode_kv: str | None = None,
         turn_cache_gib: float = 0.0,
+        fused_order: str | None = None,
     ) -> "FusionRAG":
         """Load a model and open its KV store.
 
@@ -101,12 +104,14 @@ class FusionRAG:
         prompts); default ``$FUSIONRAG_DECODE_KV`` or ``"model"``. ``turn_cache_gib``: host memory for
         multi-turn reuse (0: off): every finished request's KV is kept by token blocks, so a request
         whose prompt starts with an earlier prompt and answer (a chat's next turn) computes only
-        the rest (``stats.turn_tokens``; ``engine/turn_cache.py``).
+        the rest (``stats.turn_tokens``; ``engine/turn_cache.py``). ``fused_order``: the layout of the
+        fused entries to read (and write), as ingested with ``add_chunks(fused_order=)``; default the
+        paper's ``"similar_first"``.
         """
         loaded = load_model(name_or_path, device=device, dtype=dtype, kernels=kernels, decode_weights=decode_weights,
                             decode_kv=decode_kv)  # fmt: skip
         return cls(loaded, store=store, embedder=embedder, prefix_cache=prefix_cache, store_dtype=store_dtype,
-                   auxiliary=auxiliary, turn_cache_gib=turn_cache_gib)  # fmt: skip
+                   auxiliary=auxiliary, turn_cache_gib=turn_cache_gib, fused_order=fused_order)  # fmt: skip
 
     @property
     def parts(self) -> EngineParts:
