@@ -37,12 +37,11 @@ from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.craft import FocusTracker
 from fusionrag_llm.fusion.scorers.auxiliary_attention import check_layers
-from fusionrag_llm.models.loader import check_auxiliary_model
 from fusionrag_llm.fusion.selectors import Selection, select_many
 from fusionrag_llm.models.llama import ForwardOutput, ForwardPass
-from fusionrag_llm.models.loader import LoadedModel
-from fusionrag_llm.storage import KVEntry
+from fusionrag_llm.models.loader import LoadedModel, check_auxiliary_model
 from fusionrag_llm.request import Segment, prompt_ids, split_segments
+from fusionrag_llm.storage import KVEntry
 
 __all__ = ["METHODS", "Generation", "LLMEngine", "SchedulerConfig"]
 
@@ -163,8 +162,8 @@ class LLMEngine:
         """Start ``seq`` from the longest prefix of its prompt that an earlier request's KV holds (a
         chat's last turn): that prefix becomes segment 0, read as an exact path block."""
         plan, keys = seq.plan, self.entries.keys
-        if plan.parallel_positions or plan.attention_scaling is not None or not keys.lossless:
-            return  # chunks share positions or see rescaled attention: no prefix of it is a plain path
+        if not self._turns_apply(plan):
+            return
         namespaces = [EXACT] if _exact_plan(plan) else [EXACT, namespace_of(plan)]
         hit = self.turns.lookup(seq.prompt_ids, namespaces, limit=seq.num_prompt_tokens - 1)
         length = 0 if hit is None else _chunk_aligned(seq.segments, hit.length)
@@ -181,15 +180,19 @@ class LLMEngine:
 
     def _remember_turn(self, seq: Sequence) -> None:
         """Keep a finished request's KV (prompt and answer) for a later turn to start from."""
-        plan = seq.plan
-        if seq.finish_reason not in ("stop", "length") or seq.cache is None or seq.kv_namespace is None:
+        if seq.finish_reason not in ("stop", "length") or seq.cache is None or not self._turns_apply(seq.plan):
             return
-        if plan.parallel_positions or plan.attention_scaling is not None:
-            return  # no later prompt can start with this context (see _read_earlier_turn)
-        fed = self.runner.fed_kv(seq.cache)
+        ids = (seq.prompt_ids + seq.token_ids)[: seq.cache.length]
+        start = self.turns.kept(ids, seq.kv_namespace)  # an earlier turn's blocks: not read back again
+        fed = self.runner.fed_kv(seq.cache, start)
         if fed is not None:
-            ids = (seq.prompt_ids + seq.token_ids)[: seq.cache.length]
-            self.turns.remember(ids, fed[0], fed[1], seq.kv_namespace)
+            self.turns.remember(ids, fed[0], fed[1], seq.kv_namespace, start)
+
+    def _turns_apply(self, plan: RunPlan) -> bool:
+        """Whether runs under ``plan`` read and keep turn KV: not when chunks share positions or see
+        rescaled attention (no prefix of such a context is a plain path), nor in a lossy store (no
+        exact path blocks there)."""
+        return not plan.parallel_positions and plan.attention_scaling is None and self.entries.keys.lossless
 
     def abort(self, request_id: int) -> bool:
         """Stop a waiting or running request (and its forks); it finishes with reason ``"abort"``."""
@@ -325,7 +328,8 @@ class LLMEngine:
         twin = Sequence(next(self._request_ids), seq.segments, seq.plan, seq.max_new_tokens, seq.prompt_ids,
                         seq.stop_ids, sampling=seq.sampling, stop_strings=seq.stop_strings, status=Status.RUNNING,
                         stats=copy.deepcopy(seq.stats), arrival=seq.arrival, first_token_at=seq.first_token_at,
-                        cache=seq.cache.fork(), prompt_logits=seq.prompt_logits, prompt_end=seq.prompt_end)  # fmt: skip
+                        cache=seq.cache.fork(), prompt_logits=seq.prompt_logits, prompt_end=seq.prompt_end,
+                        kv_namespace=seq.kv_namespace)  # fmt: skip
         twin.generator = seq.sampling.generator(self.model.device, offset=index)
         return twin
 

@@ -45,15 +45,15 @@ class ModelRunner:
             return [self.model(passes[0], caches[0])]
         return self.model.forward_batch(passes, caches)
 
-    def fed_kv(self, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Raw (position-free) K and V of every token fed into ``cache`` so far, ``[layers, kv_heads,
-        n, head_dim]``; None unless its slots hold positions 0..n-1 in order (then they are a prefix
-        another request can read)."""
+    def fed_kv(self, cache: KVCache, start: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Raw (position-free) K and V of the tokens fed into ``cache`` from ``start`` on, ``[layers,
+        kv_heads, n - start, head_dim]``; None unless its slots hold positions 0..n-1 in order (then
+        they are a prefix another request can read)."""
         n = cache.length
         positions = torch.arange(n, device=cache.keys.device)
         if not n or not bool((cache.positions[:n] == positions).all() and cache.valid[:n].all()):
             return None
-        return self.model.rotate(cache.keys[:, :, :n], -positions), cache.values[:, :, :n]
+        return self.model.rotate(cache.keys[:, :, start:n], -positions[start:]), cache.values[:, :, start:n]
 
     @staticmethod
     def next_tokens(logits: Seq[torch.Tensor], seqs: Seq[Sequence]) -> list[int]:

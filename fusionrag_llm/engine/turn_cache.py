@@ -83,6 +83,13 @@ class TurnCache:
     def __len__(self) -> int:
         return len(self._blocks)
 
+    def clear(self) -> None:
+        """Forget every kept block."""
+        with self._lock:
+            self._blocks.clear()
+            self._children.clear()
+            self._bytes = 0
+
     @property
     def nbytes(self) -> int:
         return self._bytes
@@ -121,18 +128,34 @@ class TurnCache:
             node = best.key
         return length, path
 
-    def remember(self, token_ids: Sequence[int], keys: torch.Tensor, values: torch.Tensor, namespace: str) -> int:
-        """Keep the blocks of ``token_ids`` (raw KV ``[layers, kv_heads, len, head_dim]``) not kept yet;
-        returns how many were added."""
+    def kept(self, token_ids: Sequence[int], namespace: str) -> int:
+        """How many leading tokens of ``token_ids`` whole kept blocks already hold (a multiple of the
+        block size): ``remember`` needs their KV no more."""
+        parent, length = _root(namespace), 0
+        with self._lock:
+            while length + self.block <= len(token_ids):
+                key = block_key(namespace, parent, tuple(token_ids[length : length + self.block]))
+                if key not in self._blocks:
+                    break
+                parent, length = key, length + self.block
+        return length
+
+    def remember(self, token_ids: Sequence[int], keys: torch.Tensor, values: torch.Tensor, namespace: str,
+                 start: int = 0) -> int:  # fmt: skip
+        """Keep the blocks of ``token_ids`` not kept yet; ``keys``/``values`` are the raw KV of tokens
+        ``start..`` (``[layers, kv_heads, len - start, head_dim]``; ``start`` from ``kept``, the blocks
+        before it are kept already). Returns how many blocks were added."""
         added, parent, path = 0, _root(namespace), []
         with self._lock:
-            for start in range(0, len(token_ids), self.block):
-                tokens = tuple(token_ids[start : start + self.block])
+            for first in range(0, len(token_ids), self.block):
+                tokens = tuple(token_ids[first : first + self.block])
                 key = block_key(namespace, parent, tokens)
                 if key not in self._blocks:
-                    end = start + len(tokens)
-                    block = _Block(key, parent, tokens, keys[:, :, start:end].to("cpu", copy=True),
-                                   values[:, :, start:end].to("cpu", copy=True))  # fmt: skip
+                    if first < start:
+                        break  # evicted since ``kept`` looked: the blocks after it would hang under nothing
+                    rows = slice(first - start, first - start + len(tokens))
+                    block = _Block(key, parent, tokens, keys[:, :, rows].to("cpu", copy=True),
+                                   values[:, :, rows].to("cpu", copy=True))  # fmt: skip
                     if block.nbytes > self.budget_bytes:
                         break
                     self._blocks[key] = block

@@ -22,7 +22,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fusionrag_llm.eval.results import fmt, markdown_table, ms, write_report
+from fusionrag_llm.eval.results import check_positive_ints, fmt, markdown_table, ms, write_report
 
 REPHRASINGS = ("{q}", "Once more: {q}", "Check again: {q}", "To be sure, {q}", "Finally, {q}", "Last time: {q}")
 
@@ -43,10 +43,7 @@ class ReuseConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("turns", "window", "requests", "pool", "per_request", "max_new_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_positive_ints(self, ("turns", "window", "requests", "pool", "per_request", "max_new_tokens"))
         if self.per_request > self.pool:
             raise ValueError(f"per_request ({self.per_request}) cannot exceed pool ({self.pool})")
 
@@ -91,7 +88,7 @@ def shared_chunk_requests(passages: list[str], questions: list[str], config: Reu
 
 
 def run_reorder(make_rag, requests, config: ReuseConfig) -> dict:
-    """``make_rag()`` gives a fresh engine (empty prefix and turn caches) with the requests' chunks
+    """``make_rag()`` gives a fresh engine (empty prefix cache, a turn cache) with the requests' chunks
     ingested; one warm-up request runs first, whose turn KV is then dropped."""
     from fusionrag_llm.request import RAGRequest
 
@@ -100,7 +97,7 @@ def run_reorder(make_rag, requests, config: ReuseConfig) -> dict:
     for reorder in (False, True):
         rag = make_rag()
         rag.generate(RAGRequest(chunks=requests[0].chunks[:1], question="A warm-up question?"), **knobs)
-        rag.engine.turns = type(rag.engine.turns)(rag.engine.turns.budget_bytes) if rag.engine.turns else None
+        rag.engine.turns.clear()  # the warm-up's KV: the run starts with an empty turn cache
         outs = [rag.generate(request, reorder=reorder, **knobs) for request in requests]
         prompt = sum(o.stats.prompt_tokens for o in outs)
         exact = sum(o.stats.exact_tokens for o in outs)

@@ -110,3 +110,23 @@ def test_least_recently_used_blocks_go_first_beyond_the_budget_deepest_first():
     assert len(cache) == 3 and cache.nbytes == 3 * block_bytes
     assert cache.lookup(list(range(100, 108)), [EXACT], limit=8).length == 8  # the recent path is whole
     assert cache.lookup(list(range(8)), [EXACT], limit=8).length == 4  # the older one lost its deepest block
+
+
+def test_a_later_turn_hands_over_only_the_kv_after_the_blocks_already_kept():
+    cache = TurnCache(budget_bytes=10**6, block=4)
+    cache.remember(list(range(10)), *_kv(10), EXACT)  # blocks [0..4) [4..8) and the partial [8..10)
+    longer = list(range(14))
+    start = cache.kept(longer, EXACT)
+    assert start == 8 and cache.kept(longer, "plan:other") == 0  # the partial block is not whole
+    keys, values = _kv(14)
+    assert cache.remember(longer, keys[:, :, start:], values[:, :, start:], EXACT, start=start) == 2  # [8..12) [12..14)
+    hit = cache.lookup(longer, [EXACT], limit=14)
+    assert hit.length == 14 and hit.keys[0, 0, :, 0].tolist() == list(range(14))
+    torch.testing.assert_close(hit.values, values)
+
+
+def test_clear_forgets_every_block():
+    cache = TurnCache(budget_bytes=10**6, block=4)
+    cache.remember(list(range(10)), *_kv(10), EXACT)
+    cache.clear()
+    assert len(cache) == 0 and cache.nbytes == 0 and cache.lookup(list(range(10)), [EXACT], limit=9) is None
