@@ -282,20 +282,29 @@ def workload_options(requests: int, requests_help: str, extra=()):
 def batch(dataset, requests, tokens, max_new_tokens, method, ratio, model, device, dtype, neighbors, seed, out,
           store, host_gib, disk_gib, progress) -> None:  # fmt: skip
     """Throughput of generate_many (one batch) against the same requests one by one; same answers."""
-    from fusionrag_llm.eval.bench_batch import BatchConfig, build_requests, run_batch, write_batch
+    from fusionrag_llm.eval.bench_batch import BatchConfig, run_batch, write_batch
     from fusionrag_llm.eval.results import machine_info
 
     rag = _load(model, device, dtype, store, host_gib, disk_gib)
     try:
         config = BatchConfig(dataset, model, requests, tokens, max_new_tokens, method, ratio, neighbors, seed)
-        prompts = build_requests(rag, config)
-        start = time.perf_counter()
-        report = rag.ingest(list(dict.fromkeys(c for p in prompts for c in p.chunks)), neighbors=neighbors, progress=progress)
-        offline = {"chunks": len(report.chunk_ids), "seconds": time.perf_counter() - start}
+        prompts, offline = _ingested_requests(rag, config, progress)
         result = run_batch(rag, prompts, config)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     _echo_outputs(write_batch(Path(out), config.to_dict(), machine_info(rag), offline, result))
+
+
+def _ingested_requests(rag, config, progress: bool):
+    """The workload's requests (``bench_batch.build_requests``) with their passages ingested first;
+    and what that offline stage took."""
+    from fusionrag_llm.eval.bench_batch import build_requests
+
+    prompts = build_requests(rag, config)
+    start = time.perf_counter()
+    report = rag.ingest(list(dict.fromkeys(c for p in prompts for c in p.chunks)), neighbors=config.neighbors,
+                        progress=progress)  # fmt: skip
+    return prompts, {"chunks": len(report.chunk_ids), "seconds": time.perf_counter() - start}
 
 
 def _concurrency(ctx, param, value):
@@ -314,18 +323,13 @@ def _concurrency(ctx, param, value):
 def serve(dataset, requests, tokens, max_new_tokens, concurrency, method, ratio, model, device, dtype, neighbors, seed,
           out, store, host_gib, disk_gib, progress) -> None:  # fmt: skip
     """The OpenAI-compatible server under concurrent streaming clients: throughput, TTFT p50/p95."""
-    from fusionrag_llm.eval.bench_batch import BatchConfig, build_requests
     from fusionrag_llm.eval.bench_serve import ServeConfig, run_serve, write_serve
     from fusionrag_llm.eval.results import machine_info
 
     rag = _load(model, device, dtype, store, host_gib, disk_gib)
     try:
         config = ServeConfig(dataset, model, requests, tokens, max_new_tokens, concurrency, method, ratio, neighbors, seed)
-        prompts = build_requests(rag, BatchConfig(dataset, model, requests, tokens, max_new_tokens, method, ratio,
-                                                  neighbors, seed))  # fmt: skip
-        start = time.perf_counter()
-        report = rag.ingest(list(dict.fromkeys(c for p in prompts for c in p.chunks)), neighbors=neighbors, progress=progress)
-        offline = {"chunks": len(report.chunk_ids), "seconds": time.perf_counter() - start}
+        prompts, offline = _ingested_requests(rag, config, progress)
         result = run_serve(rag, prompts, config)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fusionrag_llm.eval.bench_data import SYNTHETIC, load_examples
-from fusionrag_llm.eval.results import fmt, markdown_table, ms, write_report
+from fusionrag_llm.eval.results import check_positive_ints, fmt, markdown_table, ms, write_report
 from fusionrag_llm.request import RAGRequest
 
 
@@ -32,17 +32,15 @@ class BatchConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("requests", "target_tokens", "max_new_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_positive_ints(self, ("requests", "target_tokens", "max_new_tokens"))
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def build_requests(rag, config: BatchConfig) -> list[RAGRequest]:
-    """One request per question: the prefix of its passages whose prompt is closest to the target."""
+    """One request per question: the prefix of its passages whose prompt is closest to the target
+    (``config``: any workload settings with ``dataset``, ``requests``, ``target_tokens`` and ``seed``)."""
     passages = 10 if config.dataset == SYNTHETIC else None  # MuSiQue: all of each question's passages
     examples = load_examples(config.dataset, config.requests, passages=passages, seed=config.seed)
     if len(examples) < config.requests:

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fusionrag_llm.eval.results import fmt, markdown_table, ms, write_report
+from fusionrag_llm.eval.results import check_positive_ints, fmt, markdown_table, ms, write_report
 from fusionrag_llm.request import RAGRequest
 
 
@@ -39,10 +39,7 @@ class ServeConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("requests", "target_tokens", "max_new_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_positive_ints(self, ("requests", "target_tokens", "max_new_tokens"))
         if not self.concurrency or any(not isinstance(c, int) or c < 1 for c in self.concurrency):
             raise ValueError(f"concurrency must be ints >= 1, got {self.concurrency!r}")
 

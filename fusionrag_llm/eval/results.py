@@ -59,6 +59,14 @@ def write_json(path: Path, data: Any) -> Path:
     return path
 
 
+def check_positive_ints(config: Any, names: Sequence[str]) -> None:
+    """``ValueError`` naming the first of ``config``'s fields ``names`` that is not an int >= 1."""
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
 def write_report(out_dir: Path, stem: str, data: Any, markdown: str, plot: Callable[[Path], Path]) -> list[Path]:
     """``stem``.json (``data``), ``stem``.md (``markdown``) and ``stem``.png (``plot(path)`` draws it) in
     ``out_dir``; returns the three paths."""

@@ -88,7 +88,7 @@ class EngineLoop:
         loop = asyncio.get_running_loop()
         updates: asyncio.Queue = asyncio.Queue()
         with self._count_lock:
-            if self._pending + len(self.engine.scheduler.waiting) >= self.max_waiting:
+            if self.waiting >= self.max_waiting:
                 raise Overloaded(f"{self.max_waiting} requests are already waiting; retry later")
             self._pending += 1
         ticket = {"request_id": None, "aborted": False}

@@ -19,14 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fusionrag_llm.engine.llm_engine import MAX_N, check_stop
 from fusionrag_llm.engine.methods import check_run_options
-from fusionrag_llm.engine.sampling import SamplingParams
+from fusionrag_llm.engine.sampling import SAMPLING_FIELDS, SamplingParams
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.request import TextPrompt
 from fusionrag_llm.server.engine_loop import Prepared
 
 RUN_FIELDS = ("method", "recompute_ratio", "kv_variant", "selector", "variant_policy")
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
-                   "presence_penalty", "seed", "stop_token_ids")  # fmt: skip
 
 
 class Unsupported(FusionRAGError):
