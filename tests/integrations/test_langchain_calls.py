@@ -1,6 +1,8 @@
 """LangChain calls: sync ``batch`` runs as engine batches, and per-call options take other ecosystems'
 spellings of ``max_tokens`` with the constructor's checks."""
 
+import time
+
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import HumanMessage
@@ -55,9 +57,27 @@ def test_llm_batch_is_one_engine_batch_with_the_answers_of_one_by_one(engine, st
     assert stopped[0] == alone[0][: alone[0].find(stop)]
 
 
-def test_chat_batch_answers_like_one_by_one(engine, steps):
+def _all_queued(rag, count: int, monkeypatch) -> None:
+    """Hold the engine's first step until ``count`` requests are in it (at most 10 s). A chat model's
+    ``batch`` sends its inputs from worker threads, which the engine batches only if they arrive
+    before the first of them has finished; on a fast engine the threads could otherwise run one
+    after another, and the test would show the operating system's scheduling instead."""
+    engine, step = rag.engine, rag.engine.step
+
+    def held():
+        deadline = time.monotonic() + 10
+        while len(engine.scheduler.waiting) + len(engine.scheduler.running) < count and time.monotonic() < deadline:
+            time.sleep(0.005)
+        monkeypatch.setattr(engine, "step", step)  # once: the rest of the run steps freely
+        return step()
+
+    monkeypatch.setattr(engine, "step", held)
+
+
+def test_chat_batch_answers_like_one_by_one(engine, steps, monkeypatch):
     chat = ChatFusionRAG(rag=engine, max_tokens=8)
     alone, one_by_one = _steps_of(steps, lambda: [chat.invoke([HumanMessage(p)]).content for p in PROMPTS])
+    _all_queued(engine, len(PROMPTS), monkeypatch)
     batched, together = _steps_of(steps, lambda: [m.content for m in chat.batch([[HumanMessage(p)] for p in PROMPTS])])
     assert batched == alone
     assert together < one_by_one, f"batch took {together} engine steps, one by one {one_by_one}"
