@@ -263,7 +263,8 @@ class FusionRAG:
         (query_guided|kv_deviation|random|oracle|none) override the method's own for ablations.
         ``variant_policy`` (fused entries): ``"always"`` (default, the paper) serves each chunk from its
         fused entry whenever one is stored; ``"overlap"`` only when at least half of the chunks it was
-        fused after are in this request, else from its plain entry (``stats.fused_declined`` counts those).
+        fused after are in this request, else from its plain entry (``stats.fused_declined`` counts those);
+        ``"check"``, ``"probe"`` and ``"cfo"`` choose per chunk from this prompt (README, "variant_policy").
         ``stop``: a string or up to 16 strings that end the answer where one first appears (the
         answer is cut before it; ``out.finish_reason`` is then ``"stop"``). ``ignore_eos=True`` decodes
         all ``max_new_tokens`` past the model's end-of-turn tokens (for timing a fixed answer length).

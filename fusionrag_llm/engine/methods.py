@@ -35,11 +35,16 @@ KV_VARIANTS = ("plain", "fused")
 # least VARIANT_MIN_OVERLAP of the chunks it was fused after are in this request, else its plain one;
 # "check": whichever of the two has KV closer to this prompt's exact KV at layer VARIANT_CHECK_LAYER
 # (layers below it are run once over the context to know it: about 1/num_layers of a full prefill);
+# "probe": every VARIANT_PROBE_STRIDE-th chunk token runs through all layers over the fused context; a
+# chunk switches to plain when, at the upper half of the layers, that probe is closer to the plain entry
+# than VARIANT_PROBE_MARGIN times its distance to the fused one (``engine/variant_choice.py``);
 # "cfo": Cache-Craft's choice, the variant with the lower Cache Fix Overhead given the chunks in front
 # of it in this request (``fusion/craft.py``).
-VARIANT_POLICIES = ("always", "overlap", "check", "cfo")
+VARIANT_POLICIES = ("always", "overlap", "check", "probe", "cfo")
 VARIANT_MIN_OVERLAP = 0.5
 VARIANT_CHECK_LAYER = 1
+VARIANT_PROBE_STRIDE = 16
+VARIANT_PROBE_MARGIN = 1.5
 # Stages beyond resolve -> select -> sparse prefill -> decode that this engine runs today.
 # Chunk boundaries: every selector gets each chunk's span in the request layout. Auxiliary model:
 # the first layers of the main model (``FusionRAG(auxiliary=...)``), run by the selector. Parallel
@@ -225,4 +230,4 @@ def _check_stages(spec: MethodSpec) -> None:
         raise FusionRAGError(f"method {spec.name!r} needs stage(s) {', '.join(missing)}, which this engine does not run yet")
 
 
-__all__ = ["APE_SCALE", "APE_TEMPERATURE", "ENGINE_STAGES", "KV_VARIANTS", "VARIANT_CHECK_LAYER", "VARIANT_MIN_OVERLAP", "VARIANT_POLICIES", "METHODS", "MethodSpec", "RunPlan", "SELECTORS", "check_run_options", "plan_run"]
+__all__ = ["APE_SCALE", "APE_TEMPERATURE", "ENGINE_STAGES", "KV_VARIANTS", "VARIANT_CHECK_LAYER", "VARIANT_MIN_OVERLAP", "VARIANT_PROBE_MARGIN", "VARIANT_PROBE_STRIDE", "VARIANT_POLICIES", "METHODS", "MethodSpec", "RunPlan", "SELECTORS", "check_run_options", "plan_run"]

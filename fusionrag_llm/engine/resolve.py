@@ -19,12 +19,12 @@ from typing import Sequence
 
 import torch
 
-from fusionrag_llm.engine.methods import VARIANT_CHECK_LAYER, VARIANT_MIN_OVERLAP, RunPlan
+from fusionrag_llm.engine.methods import VARIANT_MIN_OVERLAP, RunPlan
+from fusionrag_llm.engine.variant_choice import Alternative, check_variants, probe_variants
 from fusionrag_llm.engine.plan import Boundary, ContextPlan, PlannedSegment, ResolveCounts, plan_context
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.craft import VariantNotes, fix_overhead, plain_notes
 from fusionrag_llm.fusion.placement import place_entry
-from fusionrag_llm.fusion.scorers.kv_deviation import squared_distance
 from fusionrag_llm.fusion.selectors import RequestLayout
 from fusionrag_llm.models.kv_cache import AttentionScaling, KVCache
 from fusionrag_llm.request import Segment
@@ -51,18 +51,10 @@ class _Placed:
     fresh: list[torch.Tensor]  # tokens computed in the prefill
     suffix: list[torch.Tensor]
     missed: list[torch.Tensor] = field(default_factory=list)  # reused chunk tokens whose entry was computed now
-    # variant_policy="check": chunks placed fused whose plain entry is the alternative
-    alternatives: list[_Alternative] = field(default_factory=list)
+    # variant_policy="check"/"probe": chunks placed fused whose plain entry is the alternative
+    alternatives: list[Alternative] = field(default_factory=list)
     # variant_policy="cfo": chunk start -> (Cache Fix Overhead of the variant serving it, its token order)
     craft: dict[int, tuple[float, tuple[int, ...]]] = field(default_factory=dict)
-
-
-@dataclass
-class _Alternative:
-    start: int
-    slots: torch.Tensor
-    fused: KVEntry
-    plain: KVEntry
 
 
 class ContextResolver:
@@ -100,7 +92,7 @@ class ContextResolver:
                 slots = place_entry(self.model, cache, entry, segment.first_position)
                 plain = self._plain_alternative(segment, entry, context_plan)
                 if plain is not None:
-                    placed.alternatives.append(_Alternative(segment.first_position, slots, entry, plain))
+                    placed.alternatives.append(Alternative(segment.first_position, slots, entry, plain))
                 if segment.exact_plain:  # exact KV: nothing to recompute, and its path block is known
                     matched += 1 if segment.path_key is not None else 0
                 else:
@@ -113,37 +105,17 @@ class ContextResolver:
         if context_plan.attention_scaling is not None:
             cache.scaling = _chunk_scaling(context_plan, cache)
         if placed.alternatives:
-            self._check_variants(placed.alternatives, layout, cache, counts)
+            choose = probe_variants if context_plan.variant_policy == "probe" else check_variants
+            choose(self.model, placed.alternatives, layout, cache, counts)
         return ResolvedContext(layout, list(context_plan.boundaries), matched), counts
 
     def _plain_alternative(self, segment: PlannedSegment, entry: KVEntry, context_plan: ContextPlan) -> KVEntry | None:
-        """Under variant_policy="check", the stored plain entry of a chunk served by its fused one."""
-        if context_plan.variant_policy != "check" or entry.meta.get("variant") != "fused":
+        """Under variant_policy="check" or "probe", the stored plain entry of a chunk served by its fused one."""
+        if context_plan.variant_policy not in ("check", "probe") or entry.meta.get("variant") != "fused":
             return None
         plain = segment.candidates[-1]  # the last candidate is always plain
         found = self._fetch(plain.key, segment.token_ids, plain.variant) if plain.variant == "plain" else None
         return None if found is None else found[0]
-
-    def _check_variants(self, alternatives: list[_Alternative], layout: RequestLayout, cache: KVCache,
-                        counts: ResolveCounts) -> None:  # fmt: skip
-        """Keep, per chunk, the variant whose KV at layer ``VARIANT_CHECK_LAYER`` is closer to this
-        prompt's exact KV there. The layers below it run once over every non-exact token; what they
-        write in the cache is put back, so only the choice of variants changes."""
-        layer = min(VARIANT_CHECK_LAYER, self.model.cfg.num_layers - 1)
-        computed = torch.cat([layout.reused_slots, layout.fresh_slots]).sort().values
-        saved = cache.keys[:layer, :, computed].clone(), cache.values[:layer, :, computed].clone(), cache.valid[computed].clone()
-        exact_k, exact_v = self.model.project_layer_kv(layout.step(computed), cache, layer=layer)
-        rows = [torch.searchsorted(computed, alt.slots) for alt in alternatives]
-        fused = [_deviation(cache, layer, alt.slots, exact_k[:, r], exact_v[:, r]) for alt, r in zip(alternatives, rows)]
-        cache.keys[:layer, :, computed], cache.values[:layer, :, computed], cache.valid[computed] = saved
-        for alt, index, fused_deviation in zip(alternatives, rows, fused):
-            place_entry(self.model, cache, alt.plain, alt.start, alt.slots)
-            if _deviation(cache, layer, alt.slots, exact_k[:, index], exact_v[:, index]) < fused_deviation:
-                counts.fused_declined += 1
-                counts.variant_hits["fused"] -= 1
-                counts.variant_hits["plain"] += 1
-            else:
-                place_entry(self.model, cache, alt.fused, alt.start, alt.slots)
 
     def _fetch(self, key: str, token_ids: Sequence[int], variant: str) -> tuple[KVEntry, str] | None:
         found = self.preloaded.get(key)
@@ -293,11 +265,6 @@ def _chunks_ahead(context_plan: ContextPlan) -> dict[int, list[str]]:
         if segment.chunk_id is not None:
             seen.append(segment.chunk_id)
     return ahead
-
-
-def _deviation(cache: KVCache, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> float:
-    """Mean squared distance per token of the cache's K and V at ``layer`` in ``slots`` from ``keys``/``values``."""
-    return float((squared_distance(cache.keys[layer, :, slots], keys) + squared_distance(cache.values[layer, :, slots], values)).mean())
 
 
 def _count_tier(counts: ResolveCounts, tier: str) -> None:

@@ -119,3 +119,53 @@ def test_check_declines_fused_entries_far_from_the_exact_kv():
                        rag.logits(request, [5, 6], method="fusionrag", recompute_ratio=0.2, kv_variant="plain"))
     many = rag.generate_many([request, request], method="fusionrag", recompute_ratio=0.2, max_new_tokens=3, variant_policy="check")
     assert [m.token_ids for m in many] == [plain.token_ids] * 2
+
+
+def _spoil(rag, variant, layers):
+    """Add 50 to the keys of every stored entry of ``variant`` at ``layers``."""
+    for key in rag.store.keys():
+        entry = rag.store.get(key)[0]
+        if entry.meta.get("variant") == variant:
+            keys = entry.keys.clone()
+            keys[layers] += 50.0
+            rag.store.put(key, KVEntry(entry.token_ids, keys, entry.values, entry.meta))
+
+
+def test_probe_declines_fused_entries_whose_upper_layers_are_far_off():
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag.add_chunks(TEXTS, embeddings=[[1, 0], [0.9, 0.1], [0, 1], [0.1, 0.9]], neighbors=1)
+    layers = rag.engine.model.cfg.num_layers
+    _spoil(rag, "fused", slice(layers // 2, layers))  # only what the probe compares: the upper half
+    request = RAGRequest(chunks=TEXTS, question="Who runs the ferry?")
+    probed = rag.generate(request, method="fusionrag", recompute_ratio=0.2, max_new_tokens=3, variant_policy="probe")
+    plain = rag.generate(request, method="fusionrag", recompute_ratio=0.2, max_new_tokens=3, kv_variant="plain")
+    assert probed.stats.variant_hits == {"fused": 0, "plain": 3} and probed.stats.fused_declined == 3
+    assert probed.token_ids == plain.token_ids
+    assert torch.equal(rag.logits(request, [5, 6], method="fusionrag", recompute_ratio=0.2, variant_policy="probe"),
+                       rag.logits(request, [5, 6], method="fusionrag", recompute_ratio=0.2, kv_variant="plain"))
+    many = rag.generate_many([request, request], method="fusionrag", recompute_ratio=0.2, max_new_tokens=3,
+                             variant_policy="probe")  # fmt: skip
+    assert [m.token_ids for m in many] == [plain.token_ids] * 2
+
+
+def test_probe_keeps_a_fused_entry_that_holds_this_prompts_exact_kv():
+    """Chunk 1's fused entry is replaced by the exact KV it has in this very prompt: the probe, run over
+    that context, reproduces it, so the fused entry stays; the run then equals Full Attention."""
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag.add_chunks(TEXTS, embeddings=[[1, 0], [0.9, 0.1], [0, 1], [0.1, 0.9]], neighbors=1)
+    request = RAGRequest(chunks=TEXTS[:2], question="Who keeps the lighthouse?")
+    segments = rag.segments(request)
+    ids = [token for segment in segments for token in segment.token_ids]
+    second = [s for s in segments if s.kind == "chunk"][1]
+    start = sum(len(s.token_ids) for s in segments[: segments.index(second)])
+    exact = rag.parts.entries.computer.compute_exact(tuple(ids))
+    span = slice(start, start + len(second.token_ids))
+    for key in rag.store.keys():
+        entry = rag.store.get(key)[0]
+        if entry.token_ids == tuple(second.token_ids) and entry.meta.get("variant") == "fused":
+            rag.store.put(key, KVEntry(entry.token_ids, exact.keys[:, :, span].clone(), exact.values[:, :, span].clone(), entry.meta))
+    probed = rag.generate(request, method="fusionrag", recompute_ratio=0.0, max_new_tokens=2, variant_policy="probe")
+    assert probed.stats.variant_hits == {"fused": 1, "plain": 0} and probed.stats.fused_declined == 0
+    targets = [5, 6]
+    full = rag.logits(request, targets, method="full_attention")
+    assert (rag.logits(request, targets, method="fusionrag", recompute_ratio=0.0, variant_policy="probe") - full).abs().max() < 1e-4
