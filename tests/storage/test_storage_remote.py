@@ -129,3 +129,14 @@ def test_remote_settings_are_checked():
             StoreOptions(**bad)
     with pytest.raises(ValueError, match="remote_bytes"):
         StoreBudgets(remote_bytes=-1)
+
+
+def test_a_value_the_server_dropped_by_itself_is_a_miss_and_its_bookkeeping_goes(redis_server):
+    from fusionrag_llm.storage.redis_bytes import RedisBytes
+
+    tier = RedisBytes(redis_server.url, budget_bytes=10_000)
+    assert tier.put(key_for(1), b"a" * 100) and tier.put(key_for(2), b"b" * 50)
+    redis_server.client().delete(PREFIX + "e:" + key_for(1))  # as the server's own maxmemory eviction would
+    assert tier.get(key_for(1)) is None
+    assert tier.keys() == [key_for(2)] and tier.used_bytes == 50 and key_for(1) not in tier
+    tier.close()
