@@ -41,6 +41,8 @@ _ROW = "rowid, key, mode, filename, value, store_time"
 _TOUCH_TRIES = 4  # compare-and-set rounds against concurrent readers of one row
 # Every diskcache setting is passed explicitly: diskcache would otherwise take them from cache.db's
 # Settings table, runs `sqlite_*` ones as PRAGMAs and sets any other as an attribute of the Cache.
+# The "least-recently-used" policy only makes diskcache index `access_time` (culling is off): that
+# column holds the heat time our eviction orders by.
 _SETTINGS = {**diskcache.DEFAULT_SETTINGS, "statistics": 0, "eviction_policy": "least-recently-used", "cull_limit": 0}
 _KNOWN_SETTINGS = set(diskcache.DEFAULT_SETTINGS) | set(METADATA)
 _INSERT = (
