@@ -235,9 +235,11 @@ def ingest(chunks, dataset, model, device, dtype, neighbors, seed, out, store, h
 @seed_option
 @out_option("bench_results")
 @click.option("--store", default=None, type=click.Path(file_okay=False), help="Store folder to fill (default: a new temporary one).")
-def store(dataset, passages, requests, ratio, model, neighbors, seed, out, store) -> None:
+@click.option("--remote", default=None, metavar="URL",
+              help="A Redis server (redis://127.0.0.1:6379/0): also time loading one entry from the remote tier.")
+def store(dataset, passages, requests, ratio, model, neighbors, seed, out, store, remote) -> None:
     """Loading a context from each tier vs computing it; TTFT with entries on disk vs in memory;
-    loading hidden by the asynchronous scheduler."""
+    loading hidden by the asynchronous scheduler; with --remote, load time per entry per tier."""
     import json
 
     from fusionrag_llm.eval.bench_data import load_examples
@@ -245,7 +247,8 @@ def store(dataset, passages, requests, ratio, model, neighbors, seed, out, store
 
     try:
         examples = load_examples(dataset, requests + 1, passages, seed)
-        result = run_store_benchmark(examples, StoreBenchConfig(model, ratio, neighbors, requests), store)
+        config = StoreBenchConfig(model, ratio, neighbors, requests, remote=remote)
+        result = run_store_benchmark(examples, config, store)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     folder = Path(out)

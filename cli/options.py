@@ -11,6 +11,11 @@ model_option = click.option(
     help="Model name ('smollm2-135m', 'tiny'), a model folder, a .gguf file or a hub id.",
 )  # fmt: skip
 store_option = click.option("--store", default=None, help="KV store folder (default: $FUSIONRAG_STORE or the user cache).")
+remote_option = click.option(
+    "--remote", default=None, metavar="URL",
+    help="Redis/Valkey server of a KV tier shared by several engines, e.g. redis://127.0.0.1:6379/0 "
+         "(default: $FUSIONRAG_REMOTE; unreachable: logged, local tiers only).",
+)  # fmt: skip
 device_option = click.option("--device", default=None, help="'cpu' or 'cuda' (default: cuda when available).")
 fused_order_option = click.option(
     "--fused-order", default=None, type=click.Choice(list(FUSED_ORDERS)),
@@ -38,6 +43,7 @@ def load_rag(model: str, device: str | None, dtype: str | None, store=None, **op
     """Load the engine, turning the library's input errors into clean CLI errors."""
     from fusionrag_llm import FusionRAG
 
+    options = {k: v for k, v in options.items() if k != "remote" or v is not None}
     try:
         return FusionRAG.from_pretrained(model, device=device, dtype=dtype, store=store, **options)
     except user_errors() as exc:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from fusionrag_llm.cli.options import (
-    device_option, dtype_option, fused_order_option, load_rag, method_options, model_option, store_option, user_errors,
+    device_option, dtype_option, fused_order_option, load_rag, method_options, model_option, remote_option, store_option,
+    user_errors,
 )
 
 
@@ -14,18 +15,19 @@ from fusionrag_llm.cli.options import (
 @click.argument("question")
 @model_option
 @store_option
+@remote_option
 @device_option
 @dtype_option
 @method_options
 @click.option("--top-k", default=5, show_default=True, type=click.IntRange(1, 64), help="Chunks to retrieve.")
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1, 2048), help="Most tokens to generate per answer.")
 @click.option("--show-chunks", is_flag=True, help="Print the retrieved chunks.")
-def query(question, model, store, device, dtype, method, ratio, top_k, max_new_tokens, show_chunks, fused_order) -> None:
+def query(question, model, store, remote, device, dtype, method, ratio, top_k, max_new_tokens, show_chunks, fused_order) -> None:
     """Answer QUESTION over the chunks ingested into the store."""
     from fusionrag_llm.ingest.pipeline import answer
 
     _require_store(store)
-    rag = load_rag(model, device, dtype, store, fused_order=fused_order)
+    rag = load_rag(model, device, dtype, store, fused_order=fused_order, remote=remote)
     try:
         out, hits = answer(rag, question, top_k=top_k, method=method, recompute_ratio=ratio, max_new_tokens=max_new_tokens)
     except user_errors() as exc:

@@ -19,3 +19,8 @@ def store_dir() -> Path:
     """The default KV store folder: ``$FUSIONRAG_STORE``, else ``<cache_dir()>/store``."""
     explicit = os.environ.get("FUSIONRAG_STORE")
     return Path(explicit).expanduser() if explicit else cache_dir() / "store"
+
+
+def remote_url() -> str | None:
+    """The shared remote KV tier's server: ``$FUSIONRAG_REMOTE`` (e.g. ``redis://127.0.0.1:6379/0``), else None."""
+    return os.environ.get("FUSIONRAG_REMOTE") or None

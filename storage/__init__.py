@@ -5,7 +5,7 @@ its folder whatever `cache.db` holds, binds every entry to its key, survives a f
 read-only folder, and reports a damaged index with the fix (`StoreDamagedError`).
 
 Pluggable parts: a codec (`EntryCodec`; `RawCodec` by default, others registered in `CODECS` by id),
-byte tiers (`ByteTier`: the disk's `DiskBytes`, or a remote cache) behind a codec (`CodedTier`), a
+byte tiers (`ByteTier`: the disk's `DiskBytes`, a Redis server's `RedisBytes`) behind a codec (`CodedTier`), a
 tier list fastest first (`TieredStore.from_tiers`), and pins (`TieredStore.pin`/`pinned`) that keep
 entries handed out without a copy from being evicted.
 """
@@ -15,6 +15,7 @@ from .codec import CorruptEntryError, EntryCodec, RawCodec, StaleEntryError, dec
 from .codec_registry import CODECS, CodecRegistry
 from .coded_tier import CodedTier
 from .disk_bytes import DiskBytes
+from .redis_bytes import RedisBytes  # imports the redis client only when one is opened
 from .disk_tier import DiskTier
 from .entry import KVEntry
 from .errors import StoreDamagedError, StoreWriteError
@@ -39,6 +40,7 @@ __all__ = [
     "CodedTier",
     "CorruptEntryError",
     "DiskBytes",
+    "RedisBytes",
     "EntryCodec",
     "DeviceTier",
     "DiskTier",

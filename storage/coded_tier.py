@@ -41,7 +41,7 @@ class CodedTier:
             raise ValueError(f"byte_tier must have the ByteTier shape (get/put/delete/discard/...), got {byte_tier!r}")
         self.bytes = byte_tier
         self.codec = check_codec(codec)
-        self._where = str(getattr(byte_tier, "directory", byte_tier.name))  # for log lines
+        self._where = str(getattr(byte_tier, "directory", None) or getattr(byte_tier, "where", byte_tier.name))  # for logs
         self.stale_count = self.key_mismatches = self._corrupt = 0
         self._counter_lock = threading.Lock()
 
@@ -52,6 +52,11 @@ class CodedTier:
     @property
     def name(self) -> str:
         return self.bytes.name
+
+    @property
+    def shared(self) -> bool:
+        """Whether the byte tier is shared by processes (a remote cache): every put writes through."""
+        return bool(getattr(self.bytes, "shared", False))
 
     @property
     def codec_id(self) -> str:

@@ -15,9 +15,10 @@ Safety properties, and where they come from:
   removes the partial file, logs, and returns False, or raises `StoreWriteError` with `persist=True`.
 * A read-only folder (or `read_only=True`) opens and serves hits; writes are skipped, said once.
 * A damaged or missing index raises `StoreDamagedError` naming the fix instead of a SQLite traceback.
-* The tier never stays above its budget: after each write the least recently used entries (by
-  diskcache's shared `access_time`, so across processes) are deleted one at a time until the volume
-  (entry bytes plus the SQLite db) is within `budget_bytes`. diskcache's own culling removes ten at
+* The tier never stays above its budget: after each write the coldest entries are deleted one at a
+  time until the volume (entry bytes plus the SQLite db) is within `budget_bytes`. Cold means low
+  heat: the access count with exponential decay (half-life `heat_half_life_s` of wall time), kept
+  in the index so every process sharing the folder counts and sees the same (`DiskIndex.touch`). diskcache's own culling removes ten at
   a time, so it is switched off (`cull_limit=0`) and `DiskIndex` reads diskcache's `Cache` table to
   find the coldest entry (schema stable since diskcache 4; a test covers it).
 """
@@ -59,13 +60,15 @@ class DiskBytes:
         min_file_bytes: int = 32 * 1024,
         timeout_s: float = 60.0,
         read_only: bool = False,
+        heat_half_life_s: float = 3600.0,
     ):
         self.directory = Path(directory)
         self.budget_bytes = budget_bytes
         self.corrupt_count = self.evictions = self.write_failures = 0
         self._counter_lock = threading.Lock()
         self._prepare_folder(read_only)
-        self._index = DiskIndex(self.directory, read_only=read_only, min_file_bytes=min_file_bytes, timeout_s=timeout_s)
+        self._index = DiskIndex(self.directory, read_only=read_only, min_file_bytes=min_file_bytes, timeout_s=timeout_s,
+                               heat_half_life_s=heat_half_life_s)  # fmt: skip
         try:
             self._index.count()  # reads every row: a damaged index fails here, at open, not mid-query
         except BaseException:
@@ -172,7 +175,7 @@ class DiskBytes:
         return False
 
     def _make_room(self, protect: str) -> None:
-        """Delete least recently used entries (never `protect`) until the volume fits the budget."""
+        """Delete the coldest entries (never `protect`) until the volume fits the budget."""
         while self._index.volume() > self.budget_bytes:
             row = self._index.coldest(protect)
             if row is None:
@@ -189,7 +192,7 @@ class DiskBytes:
     # ----------------------------------------------------------------------------- reads
     def get(self, key: str) -> bytes | None:
         """The bytes stored under `key`, or None when absent or unreadable (rows in a form this
-        store never writes are deleted, I/O errors logged). A read marks the entry recently used."""
+        store never writes are deleted, I/O errors logged). A read adds to the entry's shared heat."""
         check_key(key)
         row = self._index.row(key)
         if row is None:

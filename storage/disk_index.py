@@ -11,12 +11,16 @@
 * Only rows in our form count: `raw = 1` and a key of 64 lowercase hex chars (`OURS`). Any other row
   (a pickled key, say) is invisible to `keys`, `count`, `get` and eviction; `verify` reports it.
 * SQLite's damage errors become `StoreDamagedError` wherever they surface.
+* Heat: a row's `access_time` column holds its heat time (see `heat.bump_heat_time`), so every
+  process sharing the folder reads and bumps the same heat, and the index diskcache keeps on that
+  column orders eviction. diskcache writes the time of a write there: heat 1 then.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import sqlite3
 import threading
@@ -28,13 +32,17 @@ import diskcache
 from diskcache.core import METADATA
 
 from .errors import DB_NAME, StoreDamagedError, damage_guard
+from .heat import bump_heat_time
 from .safe_disk import SafeDisk
 
 logger = logging.getLogger(__name__)
 OURS = "(raw IS 1 AND typeof(key) = 'text' AND length(key) = 64 AND key NOT GLOB '*[^0-9a-f]*')"
 _ROW = "rowid, key, mode, filename, value, store_time"
+_TOUCH_TRIES = 4  # compare-and-set rounds against concurrent readers of one row
 # Every diskcache setting is passed explicitly: diskcache would otherwise take them from cache.db's
 # Settings table, runs `sqlite_*` ones as PRAGMAs and sets any other as an attribute of the Cache.
+# The "least-recently-used" policy only makes diskcache index `access_time` (culling is off): that
+# column holds the heat time our eviction orders by.
 _SETTINGS = {**diskcache.DEFAULT_SETTINGS, "statistics": 0, "eviction_policy": "least-recently-used", "cull_limit": 0}
 _KNOWN_SETTINGS = set(diskcache.DEFAULT_SETTINGS) | set(METADATA)
 _INSERT = (
@@ -79,8 +87,10 @@ def is_read_only_error(exc: BaseException) -> bool:
 class DiskIndex:
     """Rows of one store folder. Thread-safe: every thread gets its own SQLite connection."""
 
-    def __init__(self, directory: Path, *, read_only: bool, min_file_bytes: int, timeout_s: float):
+    def __init__(self, directory: Path, *, read_only: bool, min_file_bytes: int, timeout_s: float,
+                 heat_half_life_s: float = 3600.0):  # fmt: skip
         self.directory = Path(directory)
+        self.heat_half_life_s = heat_half_life_s
         self.read_only_reason = "opened with read_only=True" if read_only else None
         self._timeout_s = timeout_s
         self._cache: diskcache.Cache | None = None
@@ -193,7 +203,7 @@ class DiskIndex:
         return pages[0][0] * page_size + files
 
     def coldest(self, protect: str) -> Row | None:
-        """Our least recently used row other than `protect`'s (diskcache's shared `access_time`)."""
+        """Our coldest row other than `protect`'s (lowest heat time, kept in `access_time`)."""
         rows = self.execute(
             f"SELECT {_ROW} FROM Cache WHERE {OURS} AND key != ? ORDER BY access_time LIMIT 1", (protect,)
         )
@@ -214,11 +224,24 @@ class DiskIndex:
 
     # ----------------------------------------------------------------------------- writes
     def touch(self, row: Row) -> None:
-        """Mark `row` used now, for least-recently-used eviction (best effort: a hit is still a hit)."""
+        """Count one access of `row` in its shared heat (best effort: a hit is still a hit).
+
+        Read, bump, then write only if no other process bumped it meanwhile (else retry), so
+        concurrent readers do not lose each other's accesses."""
         if self._cache is None:
             return
         try:
-            self._changes("UPDATE Cache SET access_time = ? WHERE rowid = ?", (time.time(), row.rowid))
+            for _ in range(_TOUCH_TRIES):
+                found = self.execute("SELECT access_time FROM Cache WHERE rowid = ? AND store_time IS ?",
+                                     (row.rowid, row.store_time))  # fmt: skip
+                if not found:
+                    return  # deleted or rewritten meanwhile
+                old = found[0][0]
+                valid = type(old) in (int, float) and math.isfinite(old)  # the index is untrusted data
+                heat_time = bump_heat_time(old if valid else None, time.time(), self.heat_half_life_s)
+                if self._changes("UPDATE Cache SET access_time = ? WHERE rowid = ? AND access_time IS ?",
+                                 (heat_time, row.rowid, old)):  # fmt: skip
+                    return
         except (sqlite3.OperationalError, OSError) as exc:
             logger.debug("could not record an access in %s: %s", self.directory, exc)
 

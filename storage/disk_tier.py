@@ -43,11 +43,12 @@ class DiskTier(CodedTier):
         min_file_bytes: int = 32 * 1024,
         timeout_s: float = 60.0,
         read_only: bool = False,
+        heat_half_life_s: float = 3600.0,
     ):
         if codec is not None and storage_dtype is not None:
             raise ValueError("give DiskTier a codec or a storage_dtype (for the raw codec), not both")
         folder = DiskBytes(directory, budget_bytes, min_file_bytes=min_file_bytes, timeout_s=timeout_s,
-                           read_only=read_only)  # fmt: skip
+                           read_only=read_only, heat_half_life_s=heat_half_life_s)  # fmt: skip
         try:
             super().__init__(folder, codec if codec is not None else RawCodec(storage_dtype))
         except BaseException:

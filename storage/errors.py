@@ -48,7 +48,7 @@ class StoreWriteError(OSError):
     def __init__(self, directory: str | Path, key: str | None, cause: BaseException):
         self.directory, self.key, self.cause = Path(directory), key, cause
         what = f"entry {key}" if key is not None else "the store"
-        super().__init__(f"could not write {what} to the KV store at {self.directory}: {_describe(cause)}")
+        super().__init__(f"could not write {what} to the KV store at {directory}: {_describe(cause)}")
         self.errno = getattr(cause, "errno", None)
 
     def __reduce__(self):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .coded_tier import CodedTier
 from .memory_tier import MemoryTier
 from .stats import StoreCounters, StoreStats, TierStats
+from .tier_list import home_tier
 from .verify import VerifyReport
 
 
@@ -27,7 +28,8 @@ def add_byte_tier_stats(stats: StoreStats, byte_tiers: list[CodedTier]) -> Store
         stats.key_mismatches += tier.key_mismatches
         stats.disk_evictions += tier.evictions
         stats.disk_write_failures += tier.write_failures
-    stats.read_only = bool(byte_tiers) and byte_tiers[-1].read_only
+    home = home_tier(byte_tiers)
+    stats.read_only = home is not None and home.read_only
     return stats
 
 

@@ -4,6 +4,10 @@ A store's tiers are one list, fastest first: memory tiers (`MemoryTier`, decoded
 device or in host memory), then byte tiers (`CodedTier`: encoded entries, e.g. the disk). The last
 byte tier is the home of every entry. All byte tiers share one codec, so bytes move between them
 as they are and the store has one `codec_id`.
+
+A shared byte tier (a remote cache several processes use, `RedisBytes`) is the exception to "the
+last byte tier is the home": the home is then the last local one, and every put writes through to
+the shared tiers too, so what one process computes, the others load.
 """
 
 from __future__ import annotations
@@ -42,9 +46,28 @@ def default_tiers(
             min_file_bytes=options.disk_min_file_bytes,
             timeout_s=options.disk_timeout_s,
             read_only=options.read_only,
+            heat_half_life_s=options.shared_heat_half_life_s,
         )
         tiers.append(disk)
+    if options.remote_url is not None and budgets.remote_bytes > 0:
+        tiers.append(remote_tier(options, budgets.remote_bytes, codec))
     return tiers
+
+
+def remote_tier(options: StoreOptions, budget_bytes: int, codec) -> CodedTier:
+    """The shared remote tier `options.remote_url` names (the redis client is imported here only)."""
+    from .redis_bytes import RedisBytes
+
+    remote = RedisBytes(options.remote_url, budget_bytes, prefix=options.remote_prefix, timeout_s=options.remote_timeout_s,
+                        retry_s=options.remote_retry_s, read_only=options.read_only,
+                        heat_half_life_s=options.shared_heat_half_life_s)  # fmt: skip
+    return CodedTier(remote, codec)
+
+
+def home_tier(byte_tiers: Sequence[CodedTier]) -> CodedTier | None:
+    """The byte tier every put writes to: the last local one, else the last one (None: memory only)."""
+    local = [t for t in byte_tiers if not t.shared]
+    return (local or list(byte_tiers) or [None])[-1]
 
 
 def split_tiers(tiers: Sequence[Tier]) -> tuple[list[MemoryTier], list[CodedTier]]:

@@ -1,8 +1,9 @@
 """`TieredStore`: device -> host -> byte tiers (disk) store of KV entries with heat-based placement.
 
 The tiers are one list, fastest first (see `tier_list.py`): memory tiers hold decoded entries, byte
-tiers (a codec over a `ByteTier`: the disk, or a remote cache) hold encoded ones. The last byte
-tier is the persistent home: every `put` writes through to it; the tiers above cache entries,
+tiers (a codec over a `ByteTier`: the disk, or a remote cache) hold encoded ones. The last local
+byte tier is the persistent home: every `put` writes through to it, and to the shared ones (a
+remote cache other processes read; best effort); the other tiers cache entries,
 promoted on access and demoted under pressure by heat (access count with exponential decay). See
 `placement.py` for the rules.
 
@@ -39,7 +40,7 @@ from .placement import TierStack
 from .settings import StoreBudgets, StoreOptions
 from .stats import StoreCounters, StoreStats
 from .store_report import add_byte_tier_stats, memory_stats, verify_tiers
-from .tier_list import Tier, default_tiers, split_tiers
+from .tier_list import Tier, default_tiers, home_tier, split_tiers
 from .verify import VerifyReport
 
 logger = logging.getLogger(__name__)
@@ -136,7 +137,8 @@ class TieredStore(PinningMixin):
     @property
     def read_only(self) -> bool:
         """True when the home tier (the disk) takes no writes (read-only folder or `StoreOptions.read_only`)."""
-        return bool(self._bytes) and self._bytes[-1].read_only
+        home = home_tier(self._bytes)
+        return home is not None and home.read_only
 
     @property
     def tier_names(self) -> list[str]:
@@ -158,15 +160,34 @@ class TieredStore(PinningMixin):
         if not isinstance(entry, KVEntry):
             raise ValueError(f"put expects a KVEntry, got {type(entry).__name__}")
         stored = entry.copy_to("cpu", self._storage_dtype)
-        on_home = self._bytes[-1].put(key, stored, persist=persist) if self._bytes else False
+        on_home, on_shared = self._write_through(key, stored, persist)
         self._forget_above_home(key)
         with self._lock:
             self._heat.touch(key)
-            return self._stack.insert(key, stored, force=not on_home) or on_home
+            return self._stack.insert(key, stored, force=not on_home) or on_home or on_shared
+
+    def _write_through(self, key: str, stored: KVEntry, persist: bool) -> tuple[bool, bool]:
+        """Write `stored` to the home and to the writable shared tiers, encoded once: (on home, on one
+        shared tier). Only the home's failure raises with `persist`; a shared tier's is logged."""
+        home = home_tier(self._bytes)
+        targets = [t for t in self._bytes if t is home or (t.shared and not t.read_only)]
+        if not targets:
+            return False, False
+        data = b"" if all(t.read_only for t in targets) else targets[0].encode(key, stored)
+        on_home = on_shared = False
+        for tier in targets:
+            if tier is home:
+                on_home = tier.put_bytes(key, data, persist=persist)
+            else:
+                on_shared = tier.put_bytes(key, data) or on_shared
+        return on_home, on_shared
 
     def _forget_above_home(self, key: str) -> None:
-        """Drop an older value of `key` from the byte tiers that cache the home (best effort)."""
-        for tier in self._bytes[:-1]:
+        """Drop an older value of `key` from the local byte tiers that cache the home (best effort)."""
+        home = home_tier(self._bytes)
+        for tier in self._bytes:
+            if tier is home or tier.shared:
+                continue
             try:
                 tier.delete(key)
             except StoreWriteError as exc:

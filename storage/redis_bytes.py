@@ -1,0 +1,198 @@
+"""`RedisBytes`: a `ByteTier` on a Redis (or Valkey) server, shared by every process that opens it.
+
+* Values are the framed bytes the disk holds (the store has one codec), so `CodedTier` checks every
+  value read (checksum, key binding) and discards a corrupt one; the server is trusted with bytes
+  only: nothing read from it is unpickled or run.
+* Keys live under a prefix (`fusionrag:kv:` by default), so a Redis database can hold other data;
+  the budget's used bytes and each entry's heat live in Redis too (see `redis_scripts.py`), and
+  every write is one Lua script (atomic), so processes agree on what is held and what is cold.
+* Budget eviction is by heat (access count with exponential decay over wall time, as on disk).
+* The server going away is never fatal: a failed call is logged (once per back-off interval) and
+  counted in `write_failures` when it was a write; then the tier stops calling the server for
+  `retry_s` seconds. Meanwhile reads are misses and writes return False, so the store falls back
+  to its local tiers. The `redis` client is imported only when a tier is opened.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+from . import redis_scripts
+from .byte_tier import Classify, verify_values
+from .errors import StoreWriteError
+from .keys import check_key, is_store_key
+from .stats import TierStats
+from .verify import VerifyReport
+
+logger = logging.getLogger(__name__)
+SCHEMES = ("redis", "rediss", "unix")
+DEFAULT_PREFIX = "fusionrag:kv:"
+
+
+def check_remote_url(url: object) -> str:
+    """`url` when it names a Redis server, else `ValueError` saying what is allowed.
+
+    Example:
+        >>> check_remote_url("redis://127.0.0.1:6379/0")
+        'redis://127.0.0.1:6379/0'
+        >>> check_remote_url("http://x")
+        Traceback (most recent call last):
+        ...
+        ValueError: remote_url must start with redis://, rediss:// or unix://, got 'http://x'
+    """
+    if not isinstance(url, str) or urlsplit(url).scheme not in SCHEMES or not url.split("://", 1)[1]:
+        raise ValueError(f"remote_url must start with redis://, rediss:// or unix://, got {url!r}")
+    return url
+
+
+def redacted(url: str) -> str:
+    """`url` without its password, for log lines."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class RedisBytes:
+    """Values (bytes) by store key on a Redis server, within `budget_bytes`; a `ByteTier`."""
+
+    name = "remote"
+    shared = True  # every put writes through to it (see `TieredStore.put`)
+
+    def __init__(self, url: str, budget_bytes: int, *, prefix: str = DEFAULT_PREFIX, timeout_s: float = 0.5,
+                 retry_s: float = 30.0, read_only: bool = False, heat_half_life_s: float = 3600.0):  # fmt: skip
+        try:
+            import redis
+        except ImportError as exc:
+            raise ImportError("a remote KV tier needs the redis client: pip install 'fusionrag-llm[remote]'") from exc
+        self.url, self.where = check_remote_url(url), redacted(url)
+        self.prefix, self.budget_bytes = prefix, budget_bytes
+        self.retry_s, self.heat_half_life_s = retry_s, heat_half_life_s
+        self._read_only = read_only
+        self.corrupt_count = self.evictions = self.write_failures = 0
+        self._lock = threading.Lock()
+        self._down_until = 0.0  # monotonic time before which the server is not called
+        self._errors = (redis.RedisError, OSError)
+        self._client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self._keys = [prefix + "size", prefix + "heat", prefix + "used"]
+        self._scripts = {name: self._client.register_script(getattr(redis_scripts, name.upper()))
+                         for name in ("put", "get", "delete", "clear")}  # fmt: skip
+        if self._call("connect", self._client.ping) is not None:
+            logger.info("remote KV tier at %s (prefix %r): %d entries", self.where, prefix, len(self))
+
+    def __repr__(self) -> str:
+        return f"RedisBytes({self.where!r}, prefix={self.prefix!r}, budget={self.budget_bytes} B)"
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
+
+    @property
+    def available(self) -> bool:
+        """False while the tier waits out the back-off after a failed call."""
+        return time.monotonic() >= self._down_until
+
+    # ----------------------------------------------------------------------------- server calls
+    def _call(self, what: str, fn, *args, write: bool = False, **kwargs):
+        """`fn(*args, **kwargs)`, or None when the server is down or waiting out its back-off."""
+        if not self.available:
+            if write:
+                self._count("write_failures")
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except self._errors as exc:
+            self._failed(what, exc, write)
+            return None
+
+    def _failed(self, what: str, exc: BaseException, write: bool) -> None:
+        with self._lock:
+            self.write_failures += int(write)
+            first = time.monotonic() >= self._down_until
+            self._down_until = time.monotonic() + self.retry_s
+        if first:  # once per back-off interval
+            logger.warning("remote KV tier at %s unreachable (%s failed: %s); using local tiers only, retrying in "
+                           "%g s (%d failed writes so far)", self.where, what, exc, self.retry_s, self.write_failures)  # fmt: skip
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + 1)
+
+    def _run(self, script: str, args: list, write: bool = False):
+        return self._call(script, self._scripts[script], keys=self._keys, args=[self.prefix, *args], write=write)
+
+    # ----------------------------------------------------------------------------- ByteTier
+    def __contains__(self, key: object) -> bool:
+        return is_store_key(key) and bool(self._call("hexists", self._client.hexists, self._keys[0], key))
+
+    def __len__(self) -> int:
+        return int(self._call("hlen", self._client.hlen, self._keys[0]) or 0)
+
+    def keys(self) -> list[str]:
+        found = self._call("hkeys", self._client.hkeys, self._keys[0]) or []
+        return [k.decode() for k in found if is_store_key(k.decode(errors="replace"))]
+
+    @property
+    def used_bytes(self) -> int:
+        used = self._call("get", self._client.get, self._keys[2])
+        return max(0, int(used)) if used is not None else 0
+
+    def stats(self) -> TierStats:
+        return TierStats(self.name, len(self), self.used_bytes, self.budget_bytes)
+
+    def get(self, key: str) -> bytes | None:
+        """The bytes under `key` (counting an access in its shared heat), or None: absent or down."""
+        check_key(key)
+        bump = "0" if self.read_only else "1"
+        return self._run("get", [key, time.time(), self.heat_half_life_s, bump])
+
+    def put(self, key: str, data: bytes, *, persist: bool = False) -> bool:
+        """Store `data` under `key`, evicting the coldest entries to stay within the budget."""
+        check_key(key)
+        if self.read_only:
+            return self._refuse(key, persist, OSError(errno.EROFS, "the remote tier is read-only"))
+        if len(data) > self.budget_bytes:
+            logger.warning("remote tier: entry %s of %d bytes exceeds its budget of %d bytes; not stored",
+                           key, len(data), self.budget_bytes)  # fmt: skip
+            return self._refuse(key, persist, ValueError(f"{len(data)} bytes exceed the budget of {self.budget_bytes}"))
+        evicted = self._run("put", [key, data, time.time(), self.budget_bytes], write=True)
+        if evicted is None:
+            return self._refuse(key, persist, ConnectionError(f"the Redis server at {self.where} is unreachable"))
+        if evicted < 0:
+            return self._refuse(key, persist, ValueError(f"no room within the budget of {self.budget_bytes} bytes"))
+        with self._lock:
+            self.evictions += evicted
+        return True
+
+    def _refuse(self, key: str, persist: bool, cause: BaseException) -> bool:
+        if persist:
+            raise StoreWriteError(self.where, key, cause)
+        return False
+
+    def delete(self, key: str) -> bool:
+        check_key(key)
+        if self.read_only:
+            return False
+        return bool(self._run("delete", [key, b""], write=True))
+
+    def discard(self, key: str, data: bytes) -> bool:
+        """Remove `key` only while it still holds `data` (another process may have rewritten it)."""
+        if self.read_only:
+            return False
+        return bool(self._run("delete", [key, data], write=True))
+
+    def verify(self, classify: Classify, repair: bool = False) -> VerifyReport:
+        return verify_values(self, classify, repair)
+
+    def clear(self) -> None:
+        if self.read_only:
+            raise StoreWriteError(self.where, None, OSError(errno.EROFS, "the remote tier is read-only; cannot clear it"))
+        self._run("clear", [], write=True)
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,29 @@
+"""``--remote`` / ``$FUSIONRAG_REMOTE``: two ingests on separate folders share one redis-server."""
+
+from click.testing import CliRunner
+
+from fusionrag_llm.cli.main import cli
+
+
+def run(*args, env=None):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False, env=env)
+
+
+def test_a_second_ingest_on_another_folder_loads_what_the_first_computed(tmp_path, redis_server):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("The Zorblat river flows through the city of Quennel.")
+    (docs / "b.txt").write_text("Quennel is the capital of Marovia, a small kingdom in the hills.")
+    first = run("ingest", str(docs), "--model", "tiny", "--store", str(tmp_path / "one"), "--neighbors", "1",
+                "--remote", redis_server.url)  # fmt: skip
+    assert "2 plain and 2 fused entries computed" in first.output, first.output
+    second = run("ingest", str(docs), "--model", "tiny", "--store", str(tmp_path / "two"), "--neighbors", "1",
+                 env={"FUSIONRAG_REMOTE": redis_server.url})  # fmt: skip
+    assert "0 plain and 0 fused entries computed" in second.output, second.output
+
+
+def test_a_url_of_another_scheme_is_a_clean_error(tmp_path):
+    (tmp_path / "a.txt").write_text("text")
+    result = run("ingest", str(tmp_path / "a.txt"), "--model", "tiny", "--store", str(tmp_path / "s"),
+                 "--remote", "http://127.0.0.1:6379")  # fmt: skip
+    assert result.exit_code != 0 and "redis://, rediss:// or unix://" in result.output

@@ -1,0 +1,88 @@
+"""Engines sharing a remote KV tier on a real redis-server: what one process computed, the others load.
+
+Each worker process has its own store folder and reaches the shared tier through $FUSIONRAG_REMOTE
+(the worker is test_concurrent_ingest's, unchanged).
+"""
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from fusionrag_llm import FusionRAG, RAGRequest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from concurrent_ingest_worker import NEIGHBOURS, VECTORS, text_of  # noqa: E402
+
+WORKER = str(HERE / "concurrent_ingest_worker.py")
+CHUNKS = list(range(8))
+PREFIX = "fusionrag:kv:"
+
+
+def ingest_in_a_process(folder: Path, url: str) -> dict:
+    import json
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FUSIONRAG_REMOTE": url}
+    command = [sys.executable, WORKER, str(folder), "-", folder.name, ",".join(map(str, CHUNKS))]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_computes_nothing_and_a_corrupt_shared_entry_is_recomputed(tmp_path, redis_server):
+    first = ingest_in_a_process(tmp_path / "first", redis_server.url)
+    assert first == {"plain": len(CHUNKS), "fused": len(CHUNKS)}
+    server = redis_server.client()
+    assert server.hlen(PREFIX + "size") >= 2 * len(CHUNKS)  # plain and fused entries (and the prefix's)
+
+    assert ingest_in_a_process(tmp_path / "second", redis_server.url) == {"plain": 0, "fused": 0}
+
+    local = FusionRAG.from_pretrained("tiny", store=tmp_path / "first", prefix_cache=False)
+    token_ids = local.parts.catalog.get(text_of(CHUNKS[2])).token_ids
+    victim = local.parts.entries.key(token_ids, "plain")
+    data = bytearray(server.get(PREFIX + "e:" + victim))
+    data[len(data) // 2] ^= 0x01
+    server.set(PREFIX + "e:" + victim, bytes(data))
+    third = FusionRAG.from_pretrained("tiny", store=tmp_path / "third", prefix_cache=False, remote=redis_server.url)
+    assert third.parts.entries.lookup(token_ids, "plain") is None  # detected: a miss, never served
+    assert third.store.stats().corrupt == 1 and not server.exists(PREFIX + "e:" + victim)  # and dropped
+    report = third.ingest([text_of(n) for n in CHUNKS], neighbors=NEIGHBOURS, embeddings=VECTORS[CHUNKS])
+    assert (report.plain_computed, report.fused_computed) == (1, 0)  # recomputed, that entry only
+    recomputed, tier = FusionRAG.from_pretrained("tiny", store=tmp_path / "fifth", prefix_cache=False,
+                                                 remote=redis_server.url).parts.entries.lookup(token_ids, "plain")  # fmt: skip
+    assert tier == "remote" and recomputed.bitwise_equal(local.parts.entries.lookup(token_ids, "plain")[0])
+    assert ingest_in_a_process(tmp_path / "fourth", redis_server.url) == {"plain": 0, "fused": 0}
+
+
+def ask(rag: FusionRAG) -> str:
+    request = RAGRequest(chunks=[text_of(n) for n in CHUNKS[:3]], question="How many boats?")
+    return rag.generate(request, method="fusionrag", max_new_tokens=4).text
+
+
+def test_killing_the_server_mid_run_keeps_answering_from_local_tiers(tmp_path, redis_server, caplog):
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path / "s", prefix_cache=False, remote=redis_server.url)
+    assert rag.store.tier_names[-2:] == ["disk", "remote"]
+    rag.ingest([text_of(n) for n in CHUNKS[:4]], neighbors=NEIGHBOURS, embeddings=VECTORS[CHUNKS[:4]])
+    before = ask(rag)
+    redis_server.kill()
+    with caplog.at_level(logging.WARNING):
+        report = rag.ingest([text_of(n) for n in CHUNKS], neighbors=NEIGHBOURS, embeddings=VECTORS[CHUNKS])
+        assert ask(rag) == before
+    assert report.plain_computed == len(CHUNKS) - 4  # the first four are still on the local disk
+    assert "unreachable" in caplog.text
+    assert rag.store.stats().tiers["disk"].entries >= 2 * len(CHUNKS)  # plain, fused (and the prefix)
+
+
+def test_an_unreachable_url_at_start_is_logged_and_queries_answer(tmp_path, caplog):
+    from redis_server import free_port
+
+    with caplog.at_level(logging.WARNING):
+        rag = FusionRAG.from_pretrained("tiny", store=tmp_path / "s", prefix_cache=False,
+                                        remote=f"redis://127.0.0.1:{free_port()}/0")  # fmt: skip
+    assert "unreachable" in caplog.text
+    rag.ingest([text_of(n) for n in CHUNKS[:3]], neighbors=2, embeddings=VECTORS[CHUNKS[:3]])
+    assert ask(rag)
+    local = FusionRAG.from_pretrained("tiny", store=tmp_path / "s", prefix_cache=False)
+    assert local.ingest([text_of(n) for n in CHUNKS[:3]], neighbors=2, embeddings=VECTORS[CHUNKS[:3]]).plain_computed == 0
