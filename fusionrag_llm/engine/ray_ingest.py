@@ -43,6 +43,7 @@ from fusionrag_llm.storage import StoreWriteError
 
 logger = logging.getLogger(__name__)
 MAX_WORKERS = 1024
+STOP_TIMEOUT_S = 30.0
 MAX_BATCH = 32  # chunks per batch at most; smaller batches balance the workers' load better
 
 
@@ -210,8 +211,19 @@ def _actors(ray, spec: EngineSpec, workers: int) -> Iterator[list]:
     try:
         yield actors
     finally:
-        for actor in actors:
-            ray.kill(actor)
+        _stop(ray, actors)
+
+
+def _stop(ray, actors: list) -> None:
+    """Kill the actors and wait until Ray reports them gone, so that none still writes after the call
+    returns (an interrupted call is re-run; a batch cut short leaves whole entries only)."""
+    for actor in actors:
+        ray.kill(actor)
+    for actor in actors:
+        try:
+            ray.get(actor.ready.remote(), timeout=STOP_TIMEOUT_S)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass  # the expected answer: the actor is gone
 
 
 def _check_capacity(resources: dict, workers: int, threads: int, gpus: int) -> None:
