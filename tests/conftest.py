@@ -36,3 +36,15 @@ def smollm2_rag():
     from fusionrag_llm import FusionRAG
 
     return FusionRAG.from_pretrained("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real local Ray cluster of 2 CPUs for the tests of ingestion with workers, started once."""
+    import logging
+
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    yield ray
+    ray.shutdown()
