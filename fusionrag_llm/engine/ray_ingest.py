@@ -121,21 +121,24 @@ def ingest_with_workers(loaded: LoadedModel, entries: ChunkEntries, catalog: Chu
     spec = EngineSpec.of(loaded, entries)  # refuses a store in memory before anything starts
     ray = require("ray", "distributed", "ingestion with workers=")
     report = IngestReport(chunk_ids=[chunk_id_of(text) for text in texts])
-    with _cluster(ray), _actors(ray, spec, workers) as actors:
-        clock = _Clock(report)
-        try:
-            chunks = register_chunks(entries, catalog, loaded.tokenizer.encode, texts, embeddings, embedder)
-        except (StoreWriteError, CatalogWriteError) as exc:
-            raise wrap_write_errors(entries, exc, report) from exc
-        clock.lap("register")
-        ray.get([actor.ready.remote() for actor in actors])  # model loads overlapped the registration
-        clock.lap("workers_ready")
-        ids = [chunk.chunk_id for chunk in missing_plain(entries, chunks)]
-        _run_stage(ray, actors, "plain", _batches(ids, workers), (), report, progress)
-        clock.lap("plain")
-        if fuse:
-            _fuse_stage(ray, actors, entries, catalog, chunks, neighbors, variant_notes, report, progress)
-            clock.lap("fused")
+    clock = _Clock(report)
+    with _cluster(ray):
+        clock.lap("cluster")
+        with _actors(ray, spec, workers) as actors:
+            try:
+                chunks = register_chunks(entries, catalog, loaded.tokenizer.encode, texts, embeddings, embedder)
+            except (StoreWriteError, CatalogWriteError) as exc:
+                raise wrap_write_errors(entries, exc, report) from exc
+            clock.lap("register")
+            ray.get([actor.ready.remote() for actor in actors])  # model loads overlapped the registration
+            clock.lap("workers_ready")
+            ids = [chunk.chunk_id for chunk in missing_plain(entries, chunks)]
+            _run_stage(ray, actors, "plain", _batches(ids, workers), (), report, progress)
+            clock.lap("plain")
+            if fuse:
+                _fuse_stage(ray, actors, entries, catalog, chunks, neighbors, variant_notes, report, progress)
+                clock.lap("fused")
+        clock.lap("stop")
     return report
 
 

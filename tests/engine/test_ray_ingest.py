@@ -54,7 +54,7 @@ def test_ray_workers_store_the_entries_one_process_stores(ray_cluster, reference
     rag = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False)
     report = rag.ingest(TEXTS, neighbors=NEIGHBOURS, embeddings=VECTORS, workers=2)
     assert (report.plain_computed, report.fused_computed) == (COUNT, COUNT)
-    assert set(report.seconds) == {"register", "workers_ready", "plain", "fused"}
+    assert set(report.seconds) == {"cluster", "register", "workers_ready", "plain", "fused", "stop"}
     assert len(reference) == 2 * COUNT
     assert_same_entries(entries_of(rag), reference)
     assert all(len(entry.meta["neighbours"]) == NEIGHBOURS for (_, variant), entry in reference.items() if variant == "fused")
