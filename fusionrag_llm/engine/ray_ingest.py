@@ -44,6 +44,7 @@ from fusionrag_llm.storage import StoreWriteError
 logger = logging.getLogger(__name__)
 MAX_WORKERS = 1024
 STOP_TIMEOUT_S = 30.0
+WAIT_S = 0.5  # a wait for the next finished batch returns this often, so that Ctrl-C interrupts it
 MAX_BATCH = 32  # chunks per batch at most; smaller batches balance the workers' load better
 
 
@@ -179,7 +180,10 @@ def _completed(ray, actors: list, method: str, batches: list[list], args: tuple)
     for actor in actors:
         submit(actor)
     while pending:
-        (ref,), _ = ray.wait(list(pending), num_returns=1)
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=WAIT_S)  # not for ever: Ctrl-C is seen here
+        if not done:
+            continue
+        ref = done[0]
         actor, size = pending.pop(ref)
         yield size, tuple(ray.get(ref))  # a worker's error is raised here, as its own type
         submit(actor)

@@ -73,6 +73,9 @@ class IngestionWriteError(FusionRAGError):
             "again to resume where it stopped."
         )
 
+    def __reduce__(self):  # pickled whole: a worker process (``engine/ray_ingest.py``) raises it to the caller
+        return type(self), (self.directory, self.cause, self.report)
+
 
 def validate_neighbors(neighbors: int) -> int:
     if isinstance(neighbors, bool) or not isinstance(neighbors, int) or neighbors < 0:

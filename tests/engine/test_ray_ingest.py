@@ -119,6 +119,17 @@ def test_without_ray_the_error_names_the_extra(tmp_path, monkeypatch):
         rag.ingest(TEXTS, embeddings=VECTORS, workers=2)
 
 
+def test_a_write_error_in_a_worker_reaches_the_caller_whole():
+    import pickle
+    from pathlib import Path
+
+    from fusionrag_llm.fusion.offline import IngestionWriteError, IngestReport
+
+    error = IngestionWriteError(Path("/kv"), OSError(28, "No space left on device"), IngestReport(["a"], 1, 2))
+    copy = pickle.loads(pickle.dumps(error))  # how Ray carries a worker's exception to the driver
+    assert (copy.directory, str(copy), copy.report) == (error.directory, str(error), error.report)
+
+
 def test_ray_is_imported_only_when_workers_are_asked_for():
     code = ("import sys, fusionrag_llm.api, fusionrag_llm.engine.ray_ingest, fusionrag_llm.cli.main; "
             "print('ray' in sys.modules)")  # fmt: skip
