@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from fusionrag_llm.cli.options import device_option, dtype_option, model_option
+from fusionrag_llm.cli.options import device_option, dtype_option, model_option, workers_option
 from fusionrag_llm import DEFAULT_FUSED_ORDER, FUSED_ORDERS
 
 DEFAULT_METHODS = "full_attention,full_reuse,cacheblend,fusionrag,fused+kv_deviation,plain+query_guided"
@@ -210,16 +210,18 @@ def ttft(lengths, methods, ratios, dataset, model, device, dtype, neighbors, rep
 @host_option
 @disk_option
 @progress_option
-def ingest(chunks, dataset, model, device, dtype, neighbors, seed, out, store, host_gib, disk_gib, progress) -> None:
-    """Offline-stage throughput (plain and fused chunks/min) and KV store size."""
+@workers_option
+def ingest(chunks, dataset, model, device, dtype, neighbors, seed, out, store, host_gib, disk_gib, progress,
+           workers) -> None:  # fmt: skip
+    """Offline-stage throughput (plain and fused chunks/min) and KV store size; --workers needs --store."""
     from fusionrag_llm.eval.bench_ingest import IngestConfig, ingest_texts, run_ingest, write_ingest
     from fusionrag_llm.eval.results import machine_info
 
-    config = IngestConfig(dataset, model, chunks, neighbors, seed, store, device, dtype)
+    config = IngestConfig(dataset, model, chunks, neighbors, seed, store, device, dtype, workers)
     rag = _load(model, device, dtype, store, host_gib, disk_gib)
     try:
         texts = ingest_texts(dataset, chunks, seed)
-        result = run_ingest(rag, texts, neighbors, progress=progress)
+        result = run_ingest(rag, texts, neighbors, progress=progress, workers=workers)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     _echo_outputs(write_ingest(Path(out), config.to_dict(), machine_info(rag), result))

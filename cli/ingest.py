@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from fusionrag_llm.cli.options import device_option, dtype_option, load_rag, model_option, remote_option, store_option, user_errors
+from fusionrag_llm.cli.options import (device_option, dtype_option, load_rag, model_option, remote_option, store_option,
+                                       user_errors, workers_option)  # fmt: skip
 from fusionrag_llm import DEFAULT_FUSED_ORDER, FUSED_ORDERS
 
 
@@ -23,14 +24,15 @@ from fusionrag_llm import DEFAULT_FUSED_ORDER, FUSED_ORDERS
 @click.option("--fused-order", default=DEFAULT_FUSED_ORDER, show_default=True, type=click.Choice(FUSED_ORDERS),
               help="How a fused entry's neighbours are laid out before its chunk: most similar first (the paper's), "
                    "most similar last (right before the chunk), or in the order the chunks were read.")
-def ingest(paths, model, store, remote, device, dtype, neighbors, max_words, no_fuse, variant_notes, fused_order) -> None:
+@workers_option
+def ingest(paths, model, store, remote, device, dtype, neighbors, max_words, no_fuse, variant_notes, fused_order, workers) -> None:
     """Ingest text and markdown files (folders are searched for *.txt, *.md, *.rst). Resumable."""
     from fusionrag_llm.ingest.pipeline import ingest_paths
 
     rag = load_rag(model, device, dtype, store, remote=remote)
     try:
         summary = ingest_paths(rag, paths, max_words=max_words, neighbors=neighbors, fuse=not no_fuse,
-                               variant_notes=variant_notes, fused_order=fused_order)  # fmt: skip
+                               variant_notes=variant_notes, fused_order=fused_order, workers=workers)  # fmt: skip
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{summary.files} files, {summary.chunks} chunks ({summary.new_chunks} new): "

@@ -21,6 +21,11 @@ fused_order_option = click.option(
     "--fused-order", default=None, type=click.Choice(list(FUSED_ORDERS)),
     help="Layout of the fused entries to read, as ingested with `fusionrag ingest --fused-order` (default: the paper's).",
 )  # fmt: skip
+workers_option = click.option(
+    "--workers", default=None, type=click.IntRange(1, 1024),
+    help="Compute the entries in N Ray worker processes writing into the store folder (needs the "
+         "'distributed' extra; uses the running Ray cluster, else starts a local one). Default: this process.",
+)  # fmt: skip
 dtype_option = click.option("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU).")
 
 

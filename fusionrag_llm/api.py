@@ -141,7 +141,7 @@ class FusionRAG:
 
     def add_chunks(self, texts: Sequence[str], fuse: bool = True, neighbors: int = 10,
                    embeddings=None, progress: bool = False, variant_notes: bool = False,
-                   fused_order: str | None = None) -> list[str]:  # fmt: skip
+                   fused_order: str | None = None, workers: int | None = None) -> list[str]:  # fmt: skip
         """Offline stage: store plain (and fused) entries of ``texts``; returns their chunk ids.
 
         ``embeddings`` ([len(texts), dim]) skip the embedding model (e.g. a vector store's own).
@@ -150,13 +150,15 @@ class FusionRAG:
         before its chunk: ``"similar_first"`` (the paper's, the default), ``"similar_last"`` or
         ``"corpus"`` (``fusion/fused_order.py``); this engine reads fused entries of that layout
         from then on (None: the layout it reads now). Calling it again with the same texts computes nothing.
+        ``workers``: compute the entries in that many Ray worker processes writing into this engine's
+        store folder (the ``distributed`` extra; ``engine/ray_ingest.py``); None: in this process.
         """
         return self.ingest(texts, fuse=fuse, neighbors=neighbors, embeddings=embeddings, progress=progress,
-                           variant_notes=variant_notes, fused_order=fused_order).chunk_ids  # fmt: skip
+                           variant_notes=variant_notes, fused_order=fused_order, workers=workers).chunk_ids  # fmt: skip
 
     def ingest(self, texts: Sequence[str], fuse: bool = True, neighbors: int = 10,
                embeddings=None, progress: bool = False, variant_notes: bool = False,
-               fused_order: str | None = None) -> IngestReport:  # fmt: skip
+               fused_order: str | None = None, workers: int | None = None) -> IngestReport:  # fmt: skip
         """``add_chunks`` that also says how many entries it computed."""
         if not isinstance(variant_notes, bool):
             raise FusionRAGError(f"variant_notes must be True or False, got {variant_notes!r}")
@@ -165,6 +167,12 @@ class FusionRAG:
         with self.engine.lock:  # not between two steps of requests other threads are running
             if fused_order is not None:
                 self._entries.use_fused_order(fused_order)
+            if workers is not None:
+                from fusionrag_llm.engine.ray_ingest import ingest_with_workers  # Ray only when asked for
+
+                return ingest_with_workers(self._loaded, self._entries, self._catalog, texts, workers, fuse=fuse,
+                                           neighbors=neighbors, embeddings=embeddings, embedder=self.embedder,
+                                           progress=progress, variant_notes=variant_notes)  # fmt: skip
             return add_chunks(self._entries, self._catalog, self.tokenizer.encode, texts, fuse=fuse,
                               neighbors=neighbors, embeddings=embeddings, embedder=self.embedder, progress=progress,
                               variant_notes=variant_notes)  # fmt: skip

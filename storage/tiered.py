@@ -124,6 +124,11 @@ class TieredStore(PinningMixin):
             return self._record_logs[name]
 
     @property
+    def options(self) -> StoreOptions:
+        """The settings this store was opened with (plain data: another process can open it alike)."""
+        return self._options
+
+    @property
     def storage_dtype(self) -> torch.dtype | None:
         """The dtype entries are cast to when stored (None: kept in the dtype they come in)."""
         return self._storage_dtype

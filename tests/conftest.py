@@ -52,3 +52,15 @@ def redis_server(tmp_path_factory):
     server = RedisServer(binary, tmp_path_factory.mktemp("redis"))
     yield server
     server.kill()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real local Ray cluster of 2 CPUs for the tests of ingestion with workers, started once."""
+    import logging
+
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -3,6 +3,10 @@
 Embeddings are computed first and timed on their own, then passed to ``rag.ingest``, so the plain
 stage measures tokenising, registering and the plain prefill, and the fused stage the neighbour
 search plus the fused prefill. A third call checks that ingesting again computes nothing.
+
+With ``workers`` (Ray worker processes) both stages run in one call, so the workers load the model
+once; its per-stage seconds come from the call's own clock (``IngestReport.seconds``), and the
+start-up (registering the chunks, starting the workers and loading their models) is its own row.
 """
 
 from __future__ import annotations
@@ -26,11 +30,15 @@ class IngestConfig:
     store: str | None = None  # a folder: the disk tier is part of the measurement
     device: str | None = None
     dtype: str | None = None
+    workers: int | None = None  # Ray worker processes; None: ingest in the benchmark's process
 
     def __post_init__(self) -> None:
         for name, value, minimum in (("chunks", self.chunks, 1), ("neighbors", self.neighbors, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int)
+                                         or self.workers < 1):  # fmt: skip
+            raise ValueError(f"workers must be None or an int >= 1, got {self.workers!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -54,19 +62,20 @@ def _timed(fn):
     return result, time.perf_counter() - start
 
 
-def run_ingest(rag, texts: list[str], neighbors: int, progress: bool = True) -> dict:
+def run_ingest(rag, texts: list[str], neighbors: int, progress: bool = True, workers: int | None = None) -> dict:
     """Time embedding, plain and fused stages, and an idempotent re-run; measure entry sizes."""
     from fusionrag_llm.ingest.embeddings import default_embedder
 
     embed = rag.embedder or default_embedder()
     embed(texts[:1])  # loads the embedding model, which is not part of the throughput
     vectors, embed_s = _timed(lambda: embed(texts))
-    plain, plain_s = _timed(lambda: rag.ingest(texts, fuse=False, embeddings=vectors, progress=progress))
-    fused, fused_s = _timed(lambda: rag.ingest(texts, neighbors=neighbors, embeddings=vectors, progress=progress))
-    again, again_s = _timed(lambda: rag.ingest(texts, neighbors=neighbors, embeddings=vectors))
+    stages = _worker_stages if workers is not None else _stages
+    plain, plain_s, fused, fused_s, extra = stages(rag, texts, vectors, neighbors, progress, workers)
+    again, again_s = _timed(lambda: rag.ingest(texts, neighbors=neighbors, embeddings=vectors, workers=workers))
     sizes = entry_sizes(rag, texts)
     tokens = sum(len(rag.parts.catalog.get(t).token_ids) for t in texts)
     return {
+        **extra,
         "chunks": len(texts),
         "tokens": tokens,
         "tokens_per_chunk": tokens / len(texts),
@@ -79,8 +88,27 @@ def run_ingest(rag, texts: list[str], neighbors: int, progress: bool = True) -> 
     }
 
 
+def _stages(rag, texts: list[str], vectors, neighbors: int, progress: bool, workers: None) -> tuple:
+    """In this process: a plain call, then a fused one."""
+    plain, plain_s = _timed(lambda: rag.ingest(texts, fuse=False, embeddings=vectors, progress=progress))
+    fused, fused_s = _timed(lambda: rag.ingest(texts, neighbors=neighbors, embeddings=vectors, progress=progress))
+    return plain, plain_s, fused, fused_s, {"total_s": plain_s + fused_s, "chunks_per_s": len(texts) / (plain_s + fused_s)}
+
+
+def _worker_stages(rag, texts: list[str], vectors, neighbors: int, progress: bool, workers: int) -> tuple:
+    """One call to ``workers`` Ray workers; its own clock splits it into start-up, plain and fused."""
+    report, total_s = _timed(lambda: rag.ingest(texts, neighbors=neighbors, embeddings=vectors, progress=progress,
+                                                workers=workers))  # fmt: skip
+    seconds = report.seconds
+    startup_s = seconds["cluster"] + seconds["register"] + seconds["workers_ready"]
+    extra = {"workers": workers, "startup_s": startup_s, "stop_s": total_s - startup_s - seconds["plain"] - seconds["fused"],
+             "total_s": total_s,
+             "chunks_per_s": len(texts) / total_s}  # fmt: skip
+    return report, seconds["plain"], report, seconds["fused"], extra
+
+
 def _stage(computed: int, seconds: float, size: dict) -> dict:
-    return {"computed": computed, "seconds": seconds,
+    return {"computed": computed, "seconds": seconds, "chunks_per_s": computed / seconds if seconds > 0 else math.nan,
             "chunks_per_min": computed / seconds * 60 if seconds > 0 else math.nan, **size}  # fmt: skip
 
 
@@ -95,10 +123,16 @@ def entry_sizes(rag, texts: list[str]) -> dict[str, dict]:
 
 
 def ingest_markdown(result: dict, config: dict, machine: dict) -> str:
-    headers = ["stage", "chunks computed", "seconds", "chunks/min", "entry MiB", "missing", "bytes/token"]
-    table = [[stage, result[stage]["computed"], fmt(result[stage]["seconds"], 2), fmt(result[stage]["chunks_per_min"], 1),
-              fmt(result[stage]["bytes"] / 2**20, 1), result[stage]["missing"], fmt(result["bytes_per_token"][stage], 0)]
-             for stage in ("plain", "fused")]  # fmt: skip
+    headers = ["stage", "chunks computed", "seconds", "chunks/s", "chunks/min", "entry MiB", "missing", "bytes/token"]
+    table = [[stage, result[stage]["computed"], fmt(result[stage]["seconds"], 2), fmt(result[stage]["chunks_per_s"], 3),
+              fmt(result[stage]["chunks_per_min"], 1), fmt(result[stage]["bytes"] / 2**20, 1), result[stage]["missing"],
+              fmt(result["bytes_per_token"][stage], 0)] for stage in ("plain", "fused")]  # fmt: skip
+    if "workers" in result:
+        table.insert(0, ["start-up (Ray, registering, workers loading the model)", "", fmt(result["startup_s"], 2), "", "", "", "", ""])
+        table.append(["stopping the workers (and the Ray it started)", "", fmt(result["stop_s"], 2), "", "", "", "", ""])
+    where = f"{result['workers']} Ray worker(s)" if "workers" in result else "this process"
+    table.append([f"all, {where}, end to end", result["chunks"], fmt(result["total_s"], 2), fmt(result["chunks_per_s"], 3),
+                  fmt(result["chunks_per_s"] * 60, 1), "", "", ""])  # fmt: skip
     again = result["again"]
     head = (f"# Ingest: {config['model']}, {result['chunks']} chunks ({result['tokens_per_chunk']:.0f} tokens each on average), "
             f"neighbors={config['neighbors']}\n\n{machine['platform']}, {machine['cpu_count']} CPUs, torch {machine['torch']}, "

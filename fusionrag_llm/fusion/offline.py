@@ -31,7 +31,7 @@ store) stops ingestion with one ``IngestionWriteError`` saying what was kept; a 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -55,6 +55,7 @@ class IngestReport:
     chunk_ids: list[str]
     plain_computed: int = 0
     fused_computed: int = 0  # includes stale fused entries of other chunks refreshed by this call
+    seconds: dict[str, float] = field(default_factory=dict)  # per stage, where the caller timed them
 
 
 class IngestionWriteError(FusionRAGError):
@@ -71,6 +72,15 @@ class IngestionWriteError(FusionRAGError):
             "stored and are kept; free space (or use a writable store folder) and run the same call "
             "again to resume where it stopped."
         )
+
+    def __reduce__(self):  # pickled whole: a worker process (``engine/ray_ingest.py``) raises it to the caller
+        return type(self), (self.directory, self.cause, self.report)
+
+
+def validate_neighbors(neighbors: int) -> int:
+    if isinstance(neighbors, bool) or not isinstance(neighbors, int) or neighbors < 0:
+        raise FusionRAGError(f"neighbors must be an int >= 0, got {neighbors!r}")
+    return neighbors
 
 
 def validate_texts(texts: Sequence[str]) -> list[str]:
@@ -100,24 +110,22 @@ def add_chunks(
     ``variant_notes``: fused entries carry Cache-Craft's notes (what ``cache_craft`` reads); a stored
     fused entry without them is computed again with them."""
     texts = validate_texts(texts)
-    if isinstance(neighbors, bool) or not isinstance(neighbors, int) or neighbors < 0:
-        raise FusionRAGError(f"neighbors must be an int >= 0, got {neighbors!r}")
-    vectors = normalized(embeddings, len(texts)) if embeddings is not None else None
-    chunks = _register(entries, catalog, encode, texts, vectors, embedder)
+    validate_neighbors(neighbors)
+    chunks = register_chunks(entries, catalog, encode, texts, embeddings, embedder)
     report = IngestReport(chunk_ids=[chunk_id_of(text) for text in texts])
     try:
         _ensure_plain(entries, chunks, report, progress)
         if fuse:
             _ensure_fused(entries, catalog, chunks, neighbors, report, progress, variant_notes)
     except (StoreWriteError, CatalogWriteError) as exc:
-        directory = getattr(exc, "directory", None) or entries.store.directory
-        cause = getattr(exc, "cause", None) or exc.__cause__ or exc
-        raise IngestionWriteError(directory, cause, report) from exc
+        raise wrap_write_errors(entries, exc, report) from exc
     return report
 
 
-def _register(entries: ChunkEntries, catalog: ChunkCatalog, encode, texts: list[str],
-              vectors: np.ndarray | None, embedder: Embedder | None) -> list[RegisteredChunk]:  # fmt: skip
+def register_chunks(entries: ChunkEntries, catalog: ChunkCatalog, encode, texts: list[str], embeddings=None,
+                    embedder: Embedder | None = None) -> list[RegisteredChunk]:  # fmt: skip
+    """Register ``texts`` (validated) in the catalog, embedding the new ones; their chunks, each text once."""
+    vectors = normalized(embeddings, len(texts)) if embeddings is not None else None
     unique = list(dict.fromkeys(texts))
     catalog.refresh()  # texts other processes registered are neither embedded nor registered again
     new_texts = [text for text in unique if catalog.get(text) is None]
@@ -143,19 +151,30 @@ def _check_window(entries: ChunkEntries, token_ids: list[tuple[int, ...]]) -> No
             )
 
 
+def wrap_write_errors(entries: ChunkEntries, exc: StoreWriteError | CatalogWriteError,
+                      report: IngestReport) -> IngestionWriteError:  # fmt: skip
+    directory = getattr(exc, "directory", None) or entries.store.directory
+    return IngestionWriteError(directory, getattr(exc, "cause", None) or exc.__cause__ or exc, report)
+
+
 def _put(entries: ChunkEntries, entry: KVEntry, variant: str) -> bool:
     # with a folder, a write that did not reach the disk must stop ingestion, not pass as stored
     return entries.entry_store.put(entry, variant, persist=entries.store.directory is not None)
 
 
 # ---------------------------------------------------------------------- plain entries
+def missing_plain(entries: ChunkEntries, chunks: list[RegisteredChunk]) -> list[RegisteredChunk]:
+    """The chunks whose plain entry is not stored (what a resumed ingestion still computes)."""
+    return [c for c in chunks if not entries.entry_store.contains(c.token_ids, "plain")]
+
+
 def _ensure_plain(entries: ChunkEntries, chunks: list[RegisteredChunk], report: IngestReport, progress: bool) -> None:
-    missing = [c for c in chunks if not entries.entry_store.contains(c.token_ids, "plain")]
+    missing = missing_plain(entries, chunks)
     for chunk in tqdm(missing, desc="plain entries", unit="chunk", disable=not progress or not missing):
-        _store_plain(entries, chunk, report)
+        store_plain(entries, chunk, report)
 
 
-def _store_plain(entries: ChunkEntries, chunk: RegisteredChunk, report: IngestReport) -> KVEntry:
+def store_plain(entries: ChunkEntries, chunk: RegisteredChunk, report: IngestReport) -> KVEntry:
     entry = entries.computer.compute_plain([chunk.token_ids])[0]  # one chunk per pass: see the module docstring
     _put(entries, entry, "plain")
     report.plain_computed += 1
@@ -165,7 +184,7 @@ def _store_plain(entries: ChunkEntries, chunk: RegisteredChunk, report: IngestRe
 def _plain_entry(entries: ChunkEntries, chunk: RegisteredChunk, report: IngestReport) -> KVEntry:
     found = entries.entry_store.lookup(chunk.token_ids, "plain")
     # absent: registered by another process that has not stored it yet, or evicted from a bounded store
-    return found[0] if found is not None else _store_plain(entries, chunk, report)
+    return found[0] if found is not None else store_plain(entries, chunk, report)
 
 
 # ---------------------------------------------------------------------- fused entries
@@ -173,12 +192,12 @@ def _ensure_fused(entries: ChunkEntries, catalog: ChunkCatalog, chunks: list[Reg
                   neighbors: int, report: IngestReport, progress: bool, notes: bool = False) -> None:  # fmt: skip
     catalog.refresh()
     for chunk in tqdm(chunks, desc="fused entries", unit="chunk", disable=not progress):
-        _fuse(entries, catalog, chunk, neighbors, report, notes)
+        fuse_chunk(entries, catalog, chunk, neighbors, report, notes)
     _refresh_stale(entries, catalog, report, notes)
 
 
-def _fuse(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, count: int,
-          report: IngestReport, notes: bool = False) -> None:  # fmt: skip
+def fuse_chunk(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, count: int,
+               report: IngestReport, notes: bool = False) -> None:  # fmt: skip
     """Make ``chunk``'s fused entry the one its current ``count`` neighbours give (with notes if asked)."""
     near = catalog.neighbourhood(chunk, count)
     if _is_current(entries, catalog, chunk, near) and (not notes or _has_notes(entries, catalog, chunk)):
@@ -255,7 +274,15 @@ def _record_if_writable(catalog: ChunkCatalog, record: FusedRecord) -> None:
 
 def _refresh_stale(entries: ChunkEntries, catalog: ChunkCatalog, report: IngestReport, notes: bool = False) -> None:
     """Fuse again this model's chunks whose recorded neighbours are no longer their nearest."""
+    for chunk, count in stale_chunks(entries, catalog):
+        fuse_chunk(entries, catalog, chunk, count, report, notes)
+
+
+def stale_chunks(entries: ChunkEntries, catalog: ChunkCatalog) -> list[tuple[RegisteredChunk, int]]:
+    """This model's chunks whose fused entry's recorded neighbours are no longer their nearest, each
+    with the neighbour count it was fused with (a cheap check first, a search only where it may be)."""
     catalog.refresh()
+    stale = []
     for record in catalog.fused_records():
         chunk = catalog.by_id(record.chunk_id)
         if chunk is None or not catalog.may_have_changed(record):
@@ -263,4 +290,5 @@ def _refresh_stale(entries: ChunkEntries, catalog: ChunkCatalog, report: IngestR
         if entries.keys.key(chunk.token_ids, "fused") != record.key:
             continue  # another model's (or prefix's) entry of this chunk
         if catalog.neighbourhood(chunk, record.count).ids != record.requested:
-            _fuse(entries, catalog, chunk, record.count, report, notes)
+            stale.append((chunk, record.count))
+    return stale

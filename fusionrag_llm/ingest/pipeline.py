@@ -1,7 +1,9 @@
 """Files -> chunks -> embeddings -> the store's retrieval index (``doc_index``) -> plain and fused KV entries.
 
 Resumable: chunks are committed in batches (KV entries first, then their index lines), so an
-interrupted run loses at most the batch in flight, and a re-run skips what is there.
+interrupted run loses at most the batch in flight, and a re-run skips what is there. With
+``workers`` (Ray worker processes) all new chunks go to the workers in one call and their index
+lines follow it; an interrupted run re-sends them and the workers skip the entries already stored.
 """
 
 from __future__ import annotations
@@ -50,15 +52,19 @@ def _embedding_dim() -> int:
 
 def ingest_paths(rag: FusionRAG, paths: Sequence[str | Path], max_words: int = 200, neighbors: int = 10,
                  fuse: bool = True, progress: bool = True, variant_notes: bool = False,
-                 fused_order: str | None = None) -> IngestSummary:  # fmt: skip
+                 fused_order: str | None = None, workers: int | None = None) -> IngestSummary:  # fmt: skip
     """Ingest text/markdown files and folders; every file is read and checked before anything is stored.
 
     Chunks are registered in reading order (files in the order given, folders sorted), the order the
-    ``corpus`` layout of fused entries (``fused_order``, see ``FusionRAG.ingest``) places neighbours in."""
+    ``corpus`` layout of fused entries (``fused_order``, see ``FusionRAG.ingest``) places neighbours in.
+    ``workers``: compute the entries in that many Ray worker processes (``FusionRAG.ingest``)."""
     chunks = load_chunks(paths, max_words)
     index = document_index(rag)
     new = [c for c in dict.fromkeys(chunks) if c.text not in index]
     new = list({c.text: c for c in new}.values())  # the same text in two files is one chunk
+    if workers is not None:
+        return _ingest_with_workers(rag, chunks, new, index, neighbors, fuse, progress, variant_notes, fused_order,
+                                    workers)  # fmt: skip
     embed = default_embedder()
     plain = 0
     for start in tqdm(range(0, len(new), BATCH), desc="chunks", unit="batch", disable=not progress):
@@ -74,6 +80,21 @@ def ingest_paths(rag: FusionRAG, paths: Sequence[str | Path], max_words: int = 2
                            variant_notes=variant_notes, fused_order=fused_order).fused_computed  # fmt: skip
     files = len({c.source for c in chunks})
     return IngestSummary(files, len(chunks), len(new), plain, fused)
+
+
+def _ingest_with_workers(rag: FusionRAG, chunks: list, new: list, index: DocumentIndex, neighbors: int, fuse: bool,
+                         progress: bool, notes: bool, fused_order: str | None, workers: int) -> IngestSummary:  # fmt: skip
+    """All chunks in one call to the workers (their models load once), then the new ones' index lines."""
+    texts = list(dict.fromkeys(c.text for c in chunks))
+    new_vectors = normalized(default_embedder()([c.text for c in new]), len(new)) if new else None
+    embedded = dict(zip((c.text for c in new), new_vectors)) if new else {}
+    vectors = np.stack([embedded[t] if t in embedded else index.vector_of(t) for t in texts])
+    report = rag.ingest(texts, fuse=fuse, neighbors=neighbors, embeddings=vectors, progress=progress,
+                        variant_notes=notes, fused_order=fused_order, workers=workers)  # fmt: skip
+    if new:
+        index.add([c.text for c in new], [c.source for c in new], new_vectors)
+    return IngestSummary(len({c.source for c in chunks}), len(chunks), len(new), report.plain_computed,
+                         report.fused_computed)  # fmt: skip
 
 
 def answer(rag: FusionRAG, question: str, top_k: int = 5, **generate_options) -> tuple[Generation, list]:

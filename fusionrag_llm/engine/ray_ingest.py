@@ -1,0 +1,254 @@
+"""Ingestion fanned out over Ray worker processes that write into one shared store folder.
+
+The driver (the calling process) embeds and registers the chunks in the store's catalog, exactly
+as one process would, so every process numbers them alike. Then two stages go to the workers in
+batches of chunk ids, each worker an actor that loaded the model once from an ``EngineSpec``
+(plain data: model name, dtype, fused layout, store folder and settings) and writes entries
+straight into the store:
+
+1. plain entries of the chunks that have none;
+2. after *all* plain entries are stored (a fused entry is computed after its neighbours' plain
+   entries): for each chunk, its neighbour search (FAISS, in the worker, over the catalog it reads
+   from the store) and its fused entry, unless the catalog records one computed after the same
+   neighbours. Stale fused entries of chunks registered earlier (their nearest chunks changed)
+   are sent along.
+
+Entries already stored are skipped at both stages, so a re-run after an interruption computes only
+what is missing. Entries are the same bits as one process computes when the computation is
+(plain entries are computed one chunk per forward pass, see ``fusion/offline.py``); on CPU that
+needs the same torch thread count in the workers (``EngineSpec.threads``, one per worker by
+default) as in the process they are compared with.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from fusionrag_llm.errors import FusionRAGError, require
+from fusionrag_llm.engine.worker_spec import EngineSpec
+from fusionrag_llm.fusion.catalog import CatalogWriteError, ChunkCatalog, RegisteredChunk, chunk_id_of
+from fusionrag_llm.fusion.chunk_entries import ChunkEntries
+from fusionrag_llm.fusion.offline import (IngestReport, fuse_chunk, missing_plain, register_chunks, stale_chunks,
+                                          store_plain, validate_neighbors, validate_texts, wrap_write_errors)  # fmt: skip
+from fusionrag_llm.ingest.embeddings import Embedder
+from fusionrag_llm.models.loader import LoadedModel
+from fusionrag_llm.storage import StoreWriteError
+
+logger = logging.getLogger(__name__)
+MAX_WORKERS = 1024
+STOP_TIMEOUT_S = 30.0
+WAIT_S = 0.5  # a wait for the next finished batch returns this often, so that Ctrl-C interrupts it
+MAX_BATCH = 32  # chunks per batch at most; smaller batches balance the workers' load better
+
+
+def check_workers(workers: object) -> int | None:
+    """``None`` (ingest in this process) or a number of Ray worker processes.
+
+    >>> check_workers(2), check_workers(None)
+    (2, None)
+    >>> check_workers(0)
+    Traceback (most recent call last):
+    ...
+    fusionrag_llm.errors.FusionRAGError: workers must be None (ingest in this process) or an int from 1 to 1024 (Ray worker processes), got 0
+    """
+    if workers is None:
+        return None
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+        raise FusionRAGError(f"workers must be None (ingest in this process) or an int from 1 to {MAX_WORKERS} "
+                             f"(Ray worker processes), got {workers!r}")  # fmt: skip
+    return workers
+
+
+class IngestWorker:
+    """One worker process's engine parts, loaded once; computes batches of chunks (a Ray actor)."""
+
+    def __init__(self, spec: EngineSpec):
+        torch.set_num_threads(spec.threads)  # the CPUs Ray gave this actor, and the same sums every run
+        self.entries, self.catalog = spec.build()
+
+    def ready(self) -> bool:
+        return True
+
+    def plain(self, chunk_ids: list[str]) -> tuple[int, int]:
+        """Store the plain entries of these chunks that are missing; ``(plain, fused)`` computed."""
+        report = IngestReport([])
+        with self._writing(report):
+            for chunk in missing_plain(self.entries, self._chunks(chunk_ids)):  # another process may have stored some
+                store_plain(self.entries, chunk, report)
+        return report.plain_computed, report.fused_computed
+
+    def fused(self, tasks: list[tuple[str, int]], notes: bool) -> tuple[int, int]:
+        """Make each ``(chunk id, neighbour count)``'s fused entry current; ``(plain, fused)`` computed."""
+        report = IngestReport([])
+        chunks = self._chunks([chunk_id for chunk_id, _ in tasks])
+        with self._writing(report):
+            for chunk, (_, count) in zip(chunks, tasks):
+                fuse_chunk(self.entries, self.catalog, chunk, count, report, notes)
+        return report.plain_computed, report.fused_computed
+
+    def _chunks(self, chunk_ids: list[str]) -> list[RegisteredChunk]:
+        self.catalog.refresh()  # the driver registered them before sending their ids
+        chunks = [self.catalog.by_id(chunk_id) for chunk_id in chunk_ids]
+        if any(chunk is None for chunk in chunks):
+            raise FusionRAGError(f"the catalog at {self.entries.store.directory} lacks chunks the driver registered")
+        return chunks
+
+    @contextmanager
+    def _writing(self, report: IngestReport) -> Iterator[None]:
+        try:
+            yield
+        except (StoreWriteError, CatalogWriteError) as exc:
+            raise wrap_write_errors(self.entries, exc, report) from exc
+
+
+def ingest_with_workers(loaded: LoadedModel, entries: ChunkEntries, catalog: ChunkCatalog, texts: Sequence[str],
+                        workers: int, fuse: bool = True, neighbors: int = 10, embeddings=None,
+                        embedder: Embedder | None = None, progress: bool = False,
+                        variant_notes: bool = False) -> IngestReport:  # fmt: skip
+    """``add_chunks`` with the entries computed by ``workers`` Ray actors (see the module docstring).
+
+    Uses the running Ray cluster (``ray.init`` by the caller), else starts a local one for the call.
+    """
+    check_workers(workers)
+    texts = validate_texts(texts)
+    validate_neighbors(neighbors)
+    spec = EngineSpec.of(loaded, entries)  # refuses a store in memory before anything starts
+    ray = require("ray", "distributed", "ingestion with workers=")
+    report = IngestReport(chunk_ids=[chunk_id_of(text) for text in texts])
+    clock = _Clock(report)
+    with _cluster(ray):
+        clock.lap("cluster")
+        with _actors(ray, spec, workers) as actors:
+            try:
+                chunks = register_chunks(entries, catalog, loaded.tokenizer.encode, texts, embeddings, embedder)
+            except (StoreWriteError, CatalogWriteError) as exc:
+                raise wrap_write_errors(entries, exc, report) from exc
+            clock.lap("register")
+            ray.get([actor.ready.remote() for actor in actors])  # model loads overlapped the registration
+            clock.lap("workers_ready")
+            ids = [chunk.chunk_id for chunk in missing_plain(entries, chunks)]
+            _run_stage(ray, actors, "plain", _batches(ids, workers), (), report, progress)
+            clock.lap("plain")
+            if fuse:
+                _fuse_stage(ray, actors, entries, catalog, chunks, neighbors, variant_notes, report, progress)
+                clock.lap("fused")
+        clock.lap("stop")
+    return report
+
+
+def _fuse_stage(ray, actors: list, entries: ChunkEntries, catalog: ChunkCatalog, chunks: list[RegisteredChunk],
+                neighbors: int, notes: bool, report: IngestReport, progress: bool) -> None:  # fmt: skip
+    given = {chunk.chunk_id for chunk in chunks}
+    tasks = [(chunk.chunk_id, neighbors) for chunk in chunks]
+    tasks += [(chunk.chunk_id, count) for chunk, count in stale_chunks(entries, catalog) if chunk.chunk_id not in given]
+    _run_stage(ray, actors, "fused", _batches(tasks, len(actors)), (notes,), report, progress)
+    # another process may have registered closer chunks meanwhile: what is stale now is refreshed here
+    try:
+        for chunk, count in stale_chunks(entries, catalog):
+            fuse_chunk(entries, catalog, chunk, count, report, notes)
+    except (StoreWriteError, CatalogWriteError) as exc:
+        raise wrap_write_errors(entries, exc, report) from exc
+
+
+def _run_stage(ray, actors: list, method: str, batches: list[list], args: tuple, report: IngestReport,
+               progress: bool) -> None:  # fmt: skip
+    bar = tqdm(total=sum(map(len, batches)), desc=f"{method} entries", unit="chunk", disable=not progress or not batches)
+    with bar:
+        for size, (plain, fused) in _completed(ray, actors, method, batches, args):
+            report.plain_computed += plain
+            report.fused_computed += fused
+            bar.update(size)
+
+
+def _completed(ray, actors: list, method: str, batches: list[list], args: tuple) -> Iterator[tuple[int, tuple[int, int]]]:
+    """``(batch size, what the worker computed)`` for each batch as it completes; a worker that finishes
+    a batch gets the next one, so faster workers take more."""
+    queue, pending = list(reversed(batches)), {}
+
+    def submit(actor) -> None:
+        if queue:
+            batch = queue.pop()
+            pending[getattr(actor, method).remote(batch, *args)] = (actor, len(batch))
+
+    for actor in actors:
+        submit(actor)
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=WAIT_S)  # not for ever: Ctrl-C is seen here
+        if not done:
+            continue
+        ref = done[0]
+        actor, size = pending.pop(ref)
+        yield size, tuple(ray.get(ref))  # a worker's error is raised here, as its own type
+        submit(actor)
+
+
+def _batches(items: list, workers: int) -> list[list]:
+    """Items in batches of up to ``MAX_BATCH``, at least about four per worker."""
+    size = max(1, min(MAX_BATCH, math.ceil(len(items) / (4 * workers))))
+    return [items[start : start + size] for start in range(0, len(items), size)]
+
+
+@contextmanager
+def _cluster(ray) -> Iterator[None]:
+    """The running Ray cluster, or a local one started (and shut down) for this call."""
+    started = not ray.is_initialized()
+    if started:
+        ray.init(include_dashboard=False, logging_level=logging.WARNING)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+
+
+@contextmanager
+def _actors(ray, spec: EngineSpec, workers: int) -> Iterator[list]:
+    """``workers`` actors built from ``spec``, stopped on the way out (an interrupted call stops them)."""
+    gpus = 1 if spec.device.startswith("cuda") else 0
+    _check_capacity(ray.cluster_resources(), workers, spec.threads, gpus)
+    actor_class = ray.remote(num_cpus=spec.threads, num_gpus=gpus)(IngestWorker)
+    actors = [actor_class.remote(spec) for _ in range(workers)]
+    try:
+        yield actors
+    finally:
+        _stop(ray, actors)
+
+
+def _stop(ray, actors: list) -> None:
+    """Kill the actors and wait until Ray reports them gone, so that none still writes after the call
+    returns (an interrupted call is re-run; a batch cut short leaves whole entries only)."""
+    for actor in actors:
+        ray.kill(actor)
+    for actor in actors:
+        try:
+            ray.get(actor.ready.remote(), timeout=STOP_TIMEOUT_S)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass  # the expected answer: the actor is gone
+
+
+def _check_capacity(resources: dict, workers: int, threads: int, gpus: int) -> None:
+    """Refuse what the cluster cannot run at once: the call would wait for ever for the missing actors."""
+    for name, each in (("CPU", threads), ("GPU", gpus)):
+        have = int(resources.get(name, 0))
+        if each and workers * each > have:
+            raise FusionRAGError(f"workers={workers} needs {workers * each} {name}s in the Ray cluster, which has {have}; "
+                                 f"use workers <= {have // each}, or add machines to the cluster")  # fmt: skip
+
+
+class _Clock:
+    """Seconds of each stage, into ``report.seconds``."""
+
+    def __init__(self, report: IngestReport):
+        self.report, self.start = report, time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.report.seconds[stage] = now - self.start
+        self.start = now
