@@ -85,7 +85,7 @@ class KVCache:
         >>> slots = cache.reserve(4); cache.positions[:4] = slots; cache.valid[:4] = True
         >>> cache.keys[0, :, :4] = torch.arange(4.0)[:, None]
         >>> small = cache.compact(torch.tensor([[[0, 2], [1, 3]]]))
-        >>> small.keys[0, :, :, 0].tolist(), small.positions[:2].tolist(), small.capacity, small.evicted
+        >>> small.keys[0, :, :2, 0].tolist(), small.positions[:2].tolist(), small.capacity, small.evicted
         ([[0.0, 2.0], [1.0, 3.0]], [1, 3], 4, 2)
         """
         layers, heads, kept = index.shape
