@@ -256,3 +256,31 @@ def test_the_cli_query_takes_a_decode_kv_budget(tmp_path):
     assert "decode KV" in result.output and "evicted" in result.output
     bad = runner.invoke(cli, [*base, "--decode-kv-budget", "0"])
     assert bad.exit_code != 0 and "decode-kv-budget" in bad.output
+
+
+def test_the_evicted_kv_is_freed_and_the_batch_decodes_on(rag):
+    """After the step that prefilled and evicted, the prefill's full cache is gone (nothing holds it)
+    and the sequence decodes on from its smaller cache."""
+    import gc
+    import weakref
+
+    engine, made = rag.engine, []
+    new_cache = engine.runner.new_cache
+
+    def recording(capacity):
+        cache = new_cache(capacity)
+        made.append(weakref.ref(cache.keys))
+        return cache
+
+    engine.runner.new_cache = recording
+    try:
+        seq = engine.add_request(rag.segments(REQUEST), plan_run("a3", 0.15, decode_kv_budget=BUDGET), 3)
+        engine.step()
+    finally:
+        del engine.runner.new_cache
+    gc.collect()
+    assert len(made) == 1 and made[0]() is None  # the prompt's full KV was freed
+    assert seq.cache.capacity == seq.cache.length + 3  # room for the answer only, no evicted slot
+    assert seq.stats.evicted_kv_tokens > 0
+    engine.run_until_finished([seq])
+    assert len(seq.token_ids) == 3
