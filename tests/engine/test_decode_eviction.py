@@ -165,6 +165,9 @@ def test_every_entry_point_runs_with_eviction(rag, method):
     assert streamed == alone.text
     logits = rag.logits(REQUEST, alone.token_ids, **knobs)
     assert logits[:-1].argmax(dim=-1).tolist() == alone.token_ids
+    stream = rag.stream(REQUEST, max_new_tokens=4, **knobs)
+    list(stream)
+    torch.testing.assert_close(stream.score([*alone.token_ids, 0]), logits, rtol=1e-4, atol=1e-4)  # same evicted context
     two = rag.generate(REQUEST, max_new_tokens=4, n=2, **knobs)
     assert two.token_ids == two.others[0].token_ids == alone.token_ids  # greedy forks of one evicted cache
 
