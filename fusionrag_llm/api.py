@@ -10,7 +10,7 @@ import torch
 
 from fusionrag_llm.engine.llm_engine import Generation, LLMEngine
 from fusionrag_llm.engine.streaming import GenerationStream
-from fusionrag_llm.engine.methods import METHODS, plan_run
+from fusionrag_llm.engine.methods import METHODS, DecodeEviction, plan_run
 from fusionrag_llm.engine.context_index import ContextIndex, order_hint
 from fusionrag_llm.engine.sampling import SamplingParams
 from fusionrag_llm.engine.turn_cache import TurnCache
@@ -237,7 +237,8 @@ class FusionRAG:
 
     def stream(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
                max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
-               seed: int = 0, variant_policy: str | None = None, decode_kv_budget=None, stop: str | Sequence[str] | None = None,
+               seed: int = 0, variant_policy: str | None = None, decode_kv_budget: int | DecodeEviction | None = None,
+               stop: str | Sequence[str] | None = None,
                ignore_eos: bool = False, sampling: SamplingParams | dict | None = None,
                reorder: bool = False) -> GenerationStream:  # fmt: skip
         """Like ``generate``, but iterate the result for text deltas as they are decoded.
@@ -254,7 +255,8 @@ class FusionRAG:
 
     def generate(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
                  max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
-                 seed: int = 0, variant_policy: str | None = None, decode_kv_budget=None, stop: str | Sequence[str] | None = None,
+                 seed: int = 0, variant_policy: str | None = None, decode_kv_budget: int | DecodeEviction | None = None,
+               stop: str | Sequence[str] | None = None,
                  ignore_eos: bool = False, sampling: SamplingParams | dict | None = None, n: int = 1,
                  reorder: bool = False) -> Generation:  # fmt: skip
         """Answer ``request``; ``out.stats`` holds TTFT, its parts and token counts.
@@ -292,7 +294,8 @@ class FusionRAG:
 
     def generate_many(self, requests: Sequence[Request], method: str = "fusionrag", recompute_ratio: float = 0.15,
                       max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
-                      seed: int = 0, variant_policy: str | None = None, decode_kv_budget=None, lookahead: int = 4,
+                      seed: int = 0, variant_policy: str | None = None,
+                      decode_kv_budget: int | DecodeEviction | None = None, lookahead: int = 4,
                       stop: str | Sequence[str] | None = None, ignore_eos: bool = False,
                       sampling: SamplingParams | dict | None = None, reorder: bool = False) -> list[Generation]:  # fmt: skip
         """Answer several requests as one batch: their prefills are admitted together and every
@@ -332,7 +335,8 @@ class FusionRAG:
 
     def logits(self, request: Request, continuation_ids: Sequence[int], method: str = "fusionrag",
                recompute_ratio: float = 0.15, *, kv_variant: str | None = None, selector: str | None = None,
-               seed: int = 0, variant_policy: str | None = None, decode_kv_budget=None) -> torch.Tensor:  # fmt: skip
+               seed: int = 0, variant_policy: str | None = None,
+               decode_kv_budget: int | DecodeEviction | None = None) -> torch.Tensor:  # fmt: skip
         """Teacher-forced logits ``[len(continuation_ids) + 1, vocab]`` (float32) for fidelity measurements.
 
         ``continuation_ids`` must be ints in ``[0, vocab)``; anything else is refused before any compute.
