@@ -287,3 +287,13 @@ def test_the_evicted_kv_is_freed_and_the_batch_decodes_on(rag):
     assert seq.stats.evicted_kv_tokens > 0
     engine.run_until_finished([seq])
     assert len(seq.token_ids) == 3
+
+
+def test_eviction_reads_every_layer_when_cache_craft_stops_rows_part_way():
+    """Cache-Craft drops rows part way through the prefill; the window's scores must still come from
+    every layer (the hook is kept on the narrowed step)."""
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag.add_chunks(CHUNKS, embeddings=[[1, 0.2], [0.9, 0.4], [0.7, 0.7]], neighbors=2, variant_notes=True)
+    stats = rag.generate(REQUEST, method="cache_craft", recompute_ratio=0.3, max_new_tokens=3, decode_kv_budget=BUDGET).stats
+    assert stats.stop_layer is not None and stats.stopped_tokens > 0  # rows were dropped part way
+    assert stats.evicted_kv_tokens > 0
