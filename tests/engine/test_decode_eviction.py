@@ -289,11 +289,20 @@ def test_the_evicted_kv_is_freed_and_the_batch_decodes_on(rag):
     assert len(seq.token_ids) == 3
 
 
-def test_eviction_reads_every_layer_when_cache_craft_stops_rows_part_way():
-    """Cache-Craft drops rows part way through the prefill; the window's scores must still come from
-    every layer (the hook is kept on the narrowed step)."""
+def test_eviction_reads_every_layer_when_cache_craft_stops_rows_part_way(monkeypatch):
+    """Cache-Craft drops rows part way through the prefill (here after layer 0: a focus window of one
+    layer); the window's scores must still come from every later layer (the hook stays on the
+    narrowed step), and the kept tokens are those scores' choice."""
+    from fusionrag_llm.fusion import craft
+
+    monkeypatch.setattr(craft, "FOCUS_WINDOW", 1)
     rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
     rag.add_chunks(CHUNKS, embeddings=[[1, 0.2], [0.9, 0.4], [0.7, 0.7]], neighbors=2, variant_notes=True)
-    stats = rag.generate(REQUEST, method="cache_craft", recompute_ratio=0.3, max_new_tokens=3, decode_kv_budget=BUDGET).stats
-    assert stats.stop_layer is not None and stats.stopped_tokens > 0  # rows were dropped part way
-    assert stats.evicted_kv_tokens > 0
+    seq, work, before = prefilled(rag, BUDGET, method="cache_craft", ratio=0.5)
+    assert seq.stats.stop_layer == 0 and seq.stats.stopped_tokens > 0  # rows were dropped after layer 0
+    scores = work.forward.score_window.scores
+    assert all(layer is not None for layer in scores) and seq.stats.evicted_kv_tokens > 0
+    n = len(work.resolved.layout.token_ids)
+    index = keep_index(torch.stack(scores), _candidates(work, n), before.valid[:n], seq.plan.decode_eviction)
+    gathered = torch.gather(before.keys[:, :, :n], 2, index[..., None].expand(-1, -1, -1, before.keys.shape[3]))
+    torch.testing.assert_close(seq.cache.keys[:, :, : seq.cache.length], gathered, rtol=0, atol=0)
