@@ -22,14 +22,19 @@ from fusionrag_llm.cli.options import (
 @click.option("--top-k", default=5, show_default=True, type=click.IntRange(1, 64), help="Chunks to retrieve.")
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1, 2048), help="Most tokens to generate per answer.")
 @click.option("--show-chunks", is_flag=True, help="Print the retrieved chunks.")
-def query(question, model, store, remote, device, dtype, method, ratio, top_k, max_new_tokens, show_chunks, fused_order) -> None:
+@click.option("--decode-kv-budget", default=None, type=click.IntRange(1), metavar="N",
+              help="A3's decode KV eviction: after the prefill every layer and kv-head keeps only N chunk tokens "
+                   "(plus the text outside chunks and the last 32 prompt tokens). Default: off.")  # fmt: skip
+def query(question, model, store, remote, device, dtype, method, ratio, top_k, max_new_tokens, show_chunks, fused_order,
+          decode_kv_budget) -> None:  # fmt: skip
     """Answer QUESTION over the chunks ingested into the store."""
     from fusionrag_llm.ingest.pipeline import answer
 
     _require_store(store)
     rag = load_rag(model, device, dtype, store, fused_order=fused_order, remote=remote)
     try:
-        out, hits = answer(rag, question, top_k=top_k, method=method, recompute_ratio=ratio, max_new_tokens=max_new_tokens)
+        out, hits = answer(rag, question, top_k=top_k, method=method, recompute_ratio=ratio, max_new_tokens=max_new_tokens,
+                           decode_kv_budget=decode_kv_budget)  # fmt: skip
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
     if show_chunks:
@@ -46,6 +51,8 @@ def query(question, model, store, remote, device, dtype, method, ratio, top_k, m
         ("chunks", ", ".join(f"{k} {v}" for k, v in s.path_hits.items())),
         ("decode", f"{s.generated_tokens} tokens in {s.decode_s:.2f} s"),
     ]
+    if s.decode_kv_tokens is not None:
+        rows.append(("decode KV", f"{s.decode_kv_tokens} prompt tokens per head kept, {s.evicted_kv_tokens} evicted"))
     click.echo("")
     for name, value in rows:
         click.echo(f"{name:>14}  {value}")

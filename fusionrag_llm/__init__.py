@@ -37,6 +37,7 @@ _EXPORTS = {
     "MethodSpec": "fusionrag_llm.engine.methods",
     "RunPlan": "fusionrag_llm.engine.methods",
     "check_run_options": "fusionrag_llm.engine.methods",
+    "DecodeEviction": "fusionrag_llm.models.kv_eviction",
     "SELECTORS": "fusionrag_llm.fusion.selectors",
     "SelectorSpec": "fusionrag_llm.fusion.selectors",
     "DEFAULT_MODEL": "fusionrag_llm.models.default_model",
@@ -72,5 +73,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from fusionrag_llm.fusion.offline import IngestionWriteError, IngestReport
     from fusionrag_llm.fusion.selectors import SELECTORS, SelectorSpec
     from fusionrag_llm.models.default_model import DEFAULT_MODEL
+    from fusionrag_llm.models.kv_eviction import DecodeEviction
     from fusionrag_llm.request import PromptFormat, RAGRequest, TextPrompt
     from fusionrag_llm.session import RAGSession

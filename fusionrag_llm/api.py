@@ -10,7 +10,7 @@ import torch
 
 from fusionrag_llm.engine.llm_engine import Generation, LLMEngine
 from fusionrag_llm.engine.streaming import GenerationStream
-from fusionrag_llm.engine.methods import METHODS, plan_run
+from fusionrag_llm.engine.methods import METHODS, DecodeEviction, plan_run
 from fusionrag_llm.engine.context_index import ContextIndex, order_hint
 from fusionrag_llm.engine.sampling import SamplingParams
 from fusionrag_llm.engine.turn_cache import TurnCache
@@ -247,7 +247,8 @@ class FusionRAG:
 
     def stream(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
                max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
-               seed: int = 0, variant_policy: str | None = None, stop: str | Sequence[str] | None = None,
+               seed: int = 0, variant_policy: str | None = None, decode_kv_budget: int | DecodeEviction | None = None,
+               stop: str | Sequence[str] | None = None,
                ignore_eos: bool = False, sampling: SamplingParams | dict | None = None,
                reorder: bool = False) -> GenerationStream:  # fmt: skip
         """Like ``generate``, but iterate the result for text deltas as they are decoded.
@@ -257,14 +258,15 @@ class FusionRAG:
         >>> "".join(stream) == stream.text and len(stream.token_ids) <= 3
         True
         """
-        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy)
+        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy, decode_kv_budget)
         request = self.ordered(request) if _check_reorder(reorder) else request
         return self.engine.stream(self._locked_segments(request), plan, max_new_tokens, stop=() if stop is None else stop,
                                   ignore_eos=ignore_eos, sampling=sampling)
 
     def generate(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
                  max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
-                 seed: int = 0, variant_policy: str | None = None, stop: str | Sequence[str] | None = None,
+                 seed: int = 0, variant_policy: str | None = None, decode_kv_budget: int | DecodeEviction | None = None,
+               stop: str | Sequence[str] | None = None,
                  ignore_eos: bool = False, sampling: SamplingParams | dict | None = None, n: int = 1,
                  reorder: bool = False) -> Generation:  # fmt: skip
         """Answer ``request``; ``out.stats`` holds TTFT, its parts and token counts.
@@ -275,6 +277,11 @@ class FusionRAG:
         fused entry whenever one is stored; ``"overlap"`` only when at least half of the chunks it was
         fused after are in this request, else from its plain entry (``stats.fused_declined`` counts those);
         ``"check"``, ``"probe"`` and ``"cfo"`` choose per chunk from this prompt (README, "variant_policy").
+        ``decode_kv_budget`` (default None: off; any method but ape): A3's decode KV eviction after the
+        prefill: every layer and kv-head keeps the prompt text outside the chunks, the last 32 prompt
+        tokens, and the ``decode_kv_budget`` chunk tokens those last tokens attend to most (SnapKV's rule;
+        a ``DecodeEviction`` sets window, kernel and pooling too). ``stats.decode_kv_tokens`` and
+        ``stats.evicted_kv_tokens`` give what each head kept and dropped.
         ``stop``: a string or up to 16 strings that end the answer where one first appears (the
         answer is cut before it; ``out.finish_reason`` is then ``"stop"``). ``ignore_eos=True`` decodes
         all ``max_new_tokens`` past the model's end-of-turn tokens (for timing a fixed answer length).
@@ -291,14 +298,15 @@ class FusionRAG:
         >>> a.token_ids == b.token_ids
         True
         """
-        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy)
+        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy, decode_kv_budget)
         request = self.ordered(request) if _check_reorder(reorder) else request
         return self.engine.generate(self._locked_segments(request), plan, max_new_tokens, stop=() if stop is None else stop,
                                     ignore_eos=ignore_eos, sampling=sampling, n=n)
 
     def generate_many(self, requests: Sequence[Request], method: str = "fusionrag", recompute_ratio: float = 0.15,
                       max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
-                      seed: int = 0, variant_policy: str | None = None, lookahead: int = 4,
+                      seed: int = 0, variant_policy: str | None = None,
+                      decode_kv_budget: int | DecodeEviction | None = None, lookahead: int = 4,
                       stop: str | Sequence[str] | None = None, ignore_eos: bool = False,
                       sampling: SamplingParams | dict | None = None, reorder: bool = False) -> list[Generation]:  # fmt: skip
         """Answer several requests as one batch: their prefills are admitted together and every
@@ -310,7 +318,7 @@ class FusionRAG:
         thread while the engine computes: each result's ``stats.prefetch_s`` is that loading and
         ``stats.wait_s`` the part of it the engine still had to wait for.
         """
-        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy)
+        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy, decode_kv_budget)
         if _check_reorder(reorder):
             requests = [self.ordered(request) for request in requests]
         batch = [(self._locked_segments(request), plan, max_new_tokens) for request in requests]
@@ -338,12 +346,13 @@ class FusionRAG:
 
     def logits(self, request: Request, continuation_ids: Sequence[int], method: str = "fusionrag",
                recompute_ratio: float = 0.15, *, kv_variant: str | None = None, selector: str | None = None,
-               seed: int = 0, variant_policy: str | None = None) -> torch.Tensor:  # fmt: skip
+               seed: int = 0, variant_policy: str | None = None,
+               decode_kv_budget: int | DecodeEviction | None = None) -> torch.Tensor:  # fmt: skip
         """Teacher-forced logits ``[len(continuation_ids) + 1, vocab]`` (float32) for fidelity measurements.
 
         ``continuation_ids`` must be ints in ``[0, vocab)``; anything else is refused before any compute.
         """
-        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy)
+        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy, decode_kv_budget)
         return self.engine.logits(self._locked_segments(request), continuation_ids, plan)  # checks the ids first
 
 

@@ -306,6 +306,8 @@ class LLMEngine:
             droppable = torch.isin(work.recompute, selected)
             work.forward.observe = FocusTracker(work.recompute, layout.suffix_slots, layout.chunk_spans, droppable,
                                                 self.model.kernels)  # fmt: skip
+        if work.seq.plan.decode_eviction is not None:  # A3's decode KV eviction reads the prefill's attention
+            work.forward.score_window = self.runner.window_scores(layout, work.recompute, work.seq.plan.decode_eviction)
 
     def _finish_prefill(self, work: PrefillWork, out: ForwardOutput) -> None:
         seq = work.seq
@@ -321,6 +323,10 @@ class LLMEngine:
         if isinstance(tracker, FocusTracker):
             seq.stats.stop_layer, seq.stats.stopped_tokens = tracker.cutoff, tracker.dropped
             seq.stats.focused_chunks = None if tracker.focused is None else len(tracker.focused)
+        if work.forward.score_window is not None:  # after the first token's logits, as A3 evicts
+            kept = self.runner.evict(seq.cache, work.resolved.layout, work.forward.score_window, seq.plan.decode_eviction)
+            seq.cache = seq.cache if kept is None else kept
+            seq.stats.decode_kv_tokens, seq.stats.evicted_kv_tokens = seq.cache.length, seq.cache.evicted
         seq.forks = [self._fork(seq, index) for index in range(1, seq.n)]
 
     def _fork(self, seq: Sequence, index: int) -> Sequence:

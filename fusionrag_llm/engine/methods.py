@@ -28,6 +28,7 @@ from dataclasses import dataclass, fields
 
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion.selectors import SELECTORS, selector_spec
+from fusionrag_llm.models.kv_eviction import DecodeEviction, decode_eviction
 
 KV_VARIANTS = ("plain", "fused")
 # Which of a chunk's stored variants serves it in a given request (see ``engine/resolve.py``):
@@ -139,6 +140,8 @@ class RunPlan:
     recompute_ratio: float
     seed: int = 0
     variant_policy: str = "always"
+    # A3's decode KV eviction (``models/kv_eviction.py``) after the prefill; None: the cache is kept whole
+    decode_eviction: DecodeEviction | None = None
 
     @property
     def reuses_chunks(self) -> bool:
@@ -166,9 +169,15 @@ class RunPlan:
 
 
 def check_run_options(*, method: str, recompute_ratio: float, kv_variant: str | None = None,
-                      selector: str | None = None, seed: int = 0, variant_policy: str | None = None) -> RunPlan:  # fmt: skip
+                      selector: str | None = None, seed: int = 0, variant_policy: str | None = None,
+                      decode_kv_budget: int | DecodeEviction | None = None) -> RunPlan:  # fmt: skip
     """Validate a run's knobs; ``kv_variant``/``selector`` override the method's own (ablations);
-    ``variant_policy`` (fused entries only) is one of ``VARIANT_POLICIES``, default ``"always"``.
+    ``variant_policy`` (fused entries only) is one of ``VARIANT_POLICIES``, default ``"always"``;
+    ``decode_kv_budget`` (default None: off) turns on A3's decode KV eviction: an int is the chunk
+    tokens every layer and kv-head keeps after the prefill, a ``DecodeEviction`` sets all its knobs.
+
+    >>> check_run_options(method="a3", recompute_ratio=0.15, decode_kv_budget=128).decode_eviction.budget
+    128
 
     Raises ``FusionRAGError`` (a ``ValueError``) naming the bad knob and what is allowed.
     """
@@ -180,10 +189,15 @@ def check_run_options(*, method: str, recompute_ratio: float, kv_variant: str | 
     _check_ratio(recompute_ratio)
     _check_seed(seed)
     _check_stages(spec)
+    eviction = decode_eviction(decode_kv_budget)
+    if eviction is not None and spec.attention_scaling:
+        allowed = ", ".join(name for name, row in METHODS.items() if not row.attention_scaling)
+        raise FusionRAGError(f"decode_kv_budget does not apply to {method} (its attention scaling marks slots shared "
+                             f"by every head); methods that take it: {allowed}")  # fmt: skip
     if spec.kv_variant is None:
         if kv_variant is not None or selector not in (None, "none"):
             raise FusionRAGError(f"{method} reuses no chunk KV; kv_variant and selector do not apply to it")
-        return RunPlan(method, None, "none", 1.0, seed)
+        return RunPlan(method, None, "none", 1.0, seed, decode_eviction=eviction)
     if spec.parallel_positions and selector not in (None, spec.selector):
         raise FusionRAGError(f"{method} recomputes no chunk token (its chunks share positions); selector does not apply to it")
     chosen, variant = selector or spec.selector, kv_variant or spec.kv_variant
@@ -192,14 +206,16 @@ def check_run_options(*, method: str, recompute_ratio: float, kv_variant: str | 
                              f"it needs kv_variant 'fused', and this run reuses {variant!r} entries")  # fmt: skip
     ratio = float(recompute_ratio) if SELECTORS[chosen].selects else 0.0
     policy = variant_policy or (spec.variant_policy if variant == "fused" else "always")
-    return RunPlan(method, variant, chosen, ratio, seed, policy)
+    return RunPlan(method, variant, chosen, ratio, seed, policy, eviction)
 
 
 def plan_run(method: str, recompute_ratio: float, kv_variant: str | None = None,
-             selector: str | None = None, seed: int = 0, variant_policy: str | None = None) -> RunPlan:  # fmt: skip
+             selector: str | None = None, seed: int = 0, variant_policy: str | None = None,
+             decode_kv_budget: int | DecodeEviction | None = None) -> RunPlan:  # fmt: skip
     """Positional form of :func:`check_run_options` (the facade's call sites)."""
     return check_run_options(method=method, recompute_ratio=recompute_ratio, kv_variant=kv_variant,
-                             selector=selector, seed=seed, variant_policy=variant_policy)  # fmt: skip
+                             selector=selector, seed=seed, variant_policy=variant_policy,
+                             decode_kv_budget=decode_kv_budget)  # fmt: skip
 
 
 def _method(name: str) -> MethodSpec:
@@ -230,4 +246,4 @@ def _check_stages(spec: MethodSpec) -> None:
         raise FusionRAGError(f"method {spec.name!r} needs stage(s) {', '.join(missing)}, which this engine does not run yet")
 
 
-__all__ = ["APE_SCALE", "APE_TEMPERATURE", "ENGINE_STAGES", "KV_VARIANTS", "VARIANT_CHECK_LAYER", "VARIANT_MIN_OVERLAP", "VARIANT_PROBE_MARGIN", "VARIANT_PROBE_STRIDE", "VARIANT_POLICIES", "METHODS", "MethodSpec", "RunPlan", "SELECTORS", "check_run_options", "plan_run"]
+__all__ = ["APE_SCALE", "DecodeEviction", "APE_TEMPERATURE", "ENGINE_STAGES", "KV_VARIANTS", "VARIANT_CHECK_LAYER", "VARIANT_MIN_OVERLAP", "VARIANT_PROBE_MARGIN", "VARIANT_PROBE_STRIDE", "VARIANT_POLICIES", "METHODS", "MethodSpec", "RunPlan", "SELECTORS", "check_run_options", "plan_run"]

@@ -15,6 +15,7 @@ from fusionrag_llm.engine.sampling import SamplingState, next_tokens
 from fusionrag_llm.engine.sequence import Sequence
 from fusionrag_llm.fusion.selectors import RequestLayout
 from fusionrag_llm.models.kv_cache import KVCache
+from fusionrag_llm.models.kv_eviction import DecodeEviction, WindowScores, keep_index
 from fusionrag_llm.models.llama import DecoderLM, ForwardOutput, ForwardPass
 
 
@@ -45,13 +46,33 @@ class ModelRunner:
             return [self.model(passes[0], caches[0])]
         return self.model.forward_batch(passes, caches)
 
+    def window_scores(self, layout: RequestLayout, recompute: torch.Tensor, settings: DecodeEviction) -> WindowScores:
+        """The prefill's observer for decode KV eviction: its window is the last ``settings.window``
+        prompt tokens, fewer when not all of them run in the prefill (their queries are needed)."""
+        n, tail = len(layout.token_ids), 0
+        while tail < min(settings.window, len(recompute)) and int(recompute[-1 - tail]) == n - 1 - tail:
+            tail += 1
+        return WindowScores(n - max(tail, 1), self.model.cfg.num_layers)
+
+    def evict(self, cache: KVCache, layout: RequestLayout, scores: WindowScores,
+              settings: DecodeEviction) -> KVCache | None:  # fmt: skip
+        """The request cache after decode KV eviction (a new, smaller one), or None when the budget
+        holds every chunk token. Chunk tokens before the window may go; every other prompt token stays."""
+        n = cache.length
+        candidates = torch.zeros(n, dtype=torch.bool, device=cache.keys.device)
+        for start, end in layout.chunk_spans:
+            candidates[start:end] = True
+        candidates[scores.window_start :] = False
+        index = keep_index(torch.stack(scores.scores), candidates, cache.valid[:n], settings)
+        return None if index is None else cache.compact(index)
+
     def fed_kv(self, cache: KVCache, start: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Raw (position-free) K and V of the tokens fed into ``cache`` from ``start`` on, ``[layers,
         kv_heads, n - start, head_dim]``; None unless its slots hold positions 0..n-1 in order (then
         they are a prefix another request can read)."""
         n = cache.length
         positions = torch.arange(n, device=cache.keys.device)
-        if not n or not bool((cache.positions[:n] == positions).all() and cache.valid[:n].all()):
+        if not n or cache.evicted or not bool((cache.positions[:n] == positions).all() and cache.valid[:n].all()):
             return None
         return self.model.rotate(cache.keys[:, :, start:n], -positions[start:]), cache.values[:, :, start:n]
 

@@ -40,6 +40,10 @@ class GenerationStats:
     # retrieved chunks (registered) that a framework adapter found the prompt not to hold as registered
     # text (e.g. rewritten by a template), so they were not reused; 0 where no adapter checked
     unmatched_chunks: int = 0
+    # decode KV eviction (``decode_kv_budget``): prompt KV slots each layer and kv-head kept for decoding
+    # and how many it dropped; None / 0 when the run did not evict
+    decode_kv_tokens: int | None = None
+    evicted_kv_tokens: int = 0
 
     @property
     def decode_tokens_per_s(self) -> float:

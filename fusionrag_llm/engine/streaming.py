@@ -158,7 +158,8 @@ class GenerationStream:
         seq = self._seq
         continuation = check_token_ids(continuation, self._engine.model.cfg.vocab_size, "continuation")
         self.close()
-        cache, prompt_len = seq.cache, seq.num_prompt_tokens
+        cache = seq.cache
+        prompt_len = seq.num_prompt_tokens - cache.evicted  # its slots: fewer after decode KV eviction
         if len(continuation) - 1 > cache.capacity - prompt_len:
             raise FusionRAGError(
                 f"cannot score {len(continuation)} tokens: this stream has room for "

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
 from typing import Sequence
 
 import torch
@@ -29,7 +29,9 @@ EXACT = "exact"
 
 def namespace_of(plan) -> str:
     """The namespace a run under ``plan`` reads besides ``"exact"`` (and writes when not exact)."""
-    return "plan:" + repr(astuple(plan))
+    # decode KV eviction changes no prompt KV (it runs after the prefill), so it is not part of the namespace
+    plain = replace(plan, decode_eviction=None) if getattr(plan, "decode_eviction", None) is not None else plan
+    return "plan:" + repr(astuple(plain))
 
 
 def block_key(namespace: str, previous: str | None, token_ids: Sequence[int]) -> str:

@@ -4,11 +4,14 @@ A benchmark method is an engine method (``full_attention``, ``full_reuse``, ``ca
 ``fusionrag``) or an ablation written ``<kv_variant>+<selector>`` (e.g. ``fused+kv_deviation``,
 ``plain+query_guided``): the ``fusionrag`` method with its KV variant and selector overridden.
 Either may end in ``:<variant_policy>`` (e.g. ``fusionrag:overlap``) to choose between a chunk's
-fused and plain entries per request (``VARIANT_POLICIES``).
+fused and plain entries per request (``VARIANT_POLICIES``), and in ``@<budget>`` (e.g. ``a3@64``) to
+evict decode KV down to that many chunk tokens per layer and kv-head (``decode_kv_budget``).
 
 Example:
     >>> [m.label for m in parse_methods("cacheblend,fused+kv_deviation")]
     ['full_attention', 'full_reuse', 'cacheblend', 'fused+kv_deviation']
+    >>> parse_method("a3@64").decode_kv_budget
+    64
     >>> parse_ratios("0.15,0,1")
     (0.0, 0.15, 1.0)
 """
@@ -31,6 +34,7 @@ class BenchMethod:
     kv_variant: str | None = None
     selector: str | None = None
     variant_policy: str | None = None
+    decode_kv_budget: int | None = None
 
     def __post_init__(self) -> None:
         self.plan(0.0)  # the engine's validator: a bad name fails here, before any run
@@ -51,7 +55,8 @@ class BenchMethod:
         return 0.0 if ratio is None else ratio
 
     def overrides(self) -> dict:
-        return {"kv_variant": self.kv_variant, "selector": self.selector, "variant_policy": self.variant_policy}
+        return {"kv_variant": self.kv_variant, "selector": self.selector, "variant_policy": self.variant_policy,
+                "decode_kv_budget": self.decode_kv_budget}  # fmt: skip
 
     @property
     def needs_variant_notes(self) -> bool:
@@ -70,9 +75,15 @@ def parse_method(spec: str) -> BenchMethod:
 
     Example:
         >>> parse_method("plain+query_guided")
-        BenchMethod(label='plain+query_guided', method='fusionrag', kv_variant='plain', selector='query_guided', variant_policy=None)
+        BenchMethod(label='plain+query_guided', method='fusionrag', kv_variant='plain', selector='query_guided', variant_policy=None, decode_kv_budget=None)
     """
     spec = spec.strip()
+    base, at, budget = spec.rpartition("@")
+    if at:
+        if not budget.isdigit() or int(budget) < 1:
+            raise ValueError(f"bad decode KV budget in {spec!r}: '@' must be followed by an int >= 1, e.g. 'a3@64'")
+        found = parse_method(base)
+        return BenchMethod(spec, found.method, found.kv_variant, found.selector, found.variant_policy, int(budget))
     base, colon, policy = spec.partition(":")
     if colon:
         if policy not in VARIANT_POLICIES:

@@ -33,6 +33,9 @@ class ForwardPass:
     # cache; once its ``keep`` attribute is a [n] bool mask, the later layers run only those rows (the
     # others keep the KV they have there). Rows with logits must be kept.
     observe: Any = None
+    # called like ``observe`` at every layer, and kept when rows are dropped: reads the layer's
+    # attention from the prompt's last tokens for decode KV eviction (``models/kv_eviction.WindowScores``)
+    score_window: Any = None
 
     def narrowed(self, keep: torch.Tensor) -> "ForwardPass":
         """The same step with only the ``keep`` rows (no observer: it has decided)."""
@@ -47,7 +50,7 @@ class ForwardPass:
             raise ValueError("a step that returns logits for every row cannot drop rows")
         groups = None if self.groups is None else self.groups[keep]
         return ForwardPass(self.token_ids[keep], self.positions[keep], self.slots[keep], logit_rows,
-                           groups=groups, decode=self.decode)  # fmt: skip
+                           groups=groups, decode=self.decode, score_window=self.score_window)  # fmt: skip
 
 
 @dataclass
@@ -98,6 +101,8 @@ class BatchContext:
                     cache.drop_mirror()
             if step.observe is not None:
                 step.observe(layer, q[:, start:end], cache, step)
+            if step.score_window is not None:
+                step.score_window(layer, q[:, start:end], cache, step)
             outputs.append(self.attention(q[:, start:end], cache, layer, step, meta))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
 

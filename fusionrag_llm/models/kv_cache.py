@@ -35,6 +35,9 @@ class KVCache:
     # only while it equals the full-precision cache rounded, and any other write drops it.
     decode_keys: torch.Tensor | None = None
     decode_values: torch.Tensor | None = None
+    # prompt tokens each (layer, kv-head) dropped by decode KV eviction (``compact``); 0: none. An
+    # evicted cache holds different tokens per head, so it is no prefix another request can read.
+    evicted: int = 0
 
     @classmethod
     def empty(
@@ -67,7 +70,37 @@ class KVCache:
         """An independent copy (its own buffers; the decode mirror is not copied), e.g. for a second
         answer to the same prompt."""
         return KVCache(self.keys.clone(), self.values.clone(), self.positions.clone(), self.valid.clone(),
-                       self.groups.clone(), self.length, self.scaling)  # fmt: skip
+                       self.groups.clone(), self.length, self.scaling, evicted=self.evicted)  # fmt: skip
+
+    def compact(self, index: torch.Tensor) -> "KVCache":
+        """A new, smaller cache holding only the slots ``index`` [layers, kv_heads, m] names for each
+        (layer, kv-head), in that order, with room for as many more slots as this one had free.
+
+        Decode KV eviction (``models/kv_eviction.py``): each head keeps its own tokens, the same number
+        per head, so the cache stays one rectangle. Slot j's position is the latest of the positions it
+        holds across heads: every later query (all past the prompt) sees every kept slot, as before.
+        This cache's buffers are not changed; dropping it frees the evicted KV.
+
+        >>> cache = KVCache.empty(1, 2, 4, 6, torch.float32, "cpu")
+        >>> slots = cache.reserve(4); cache.positions[:4] = slots; cache.valid[:4] = True
+        >>> cache.keys[0, :, :4] = torch.arange(4.0)[:, None]
+        >>> small = cache.compact(torch.tensor([[[0, 2], [1, 3]]]))
+        >>> small.keys[0, :, :2, 0].tolist(), small.positions[:2].tolist(), small.capacity, small.evicted
+        ([[0.0, 2.0], [1.0, 3.0]], [1, 3], 4, 2)
+        """
+        layers, heads, kept = index.shape
+        if layers != self.keys.shape[0] or heads != self.keys.shape[1] or kept > self.length:
+            raise ValueError(f"compact needs [layers={self.keys.shape[0]}, kv_heads={self.keys.shape[1]}, m <= "
+                             f"{self.length}] slot indices, got {tuple(index.shape)}")
+        spare = self.capacity - self.length
+        out = KVCache.empty(layers, heads, self.keys.shape[3], kept + spare, self.keys.dtype, self.keys.device)
+        gather = index[..., None].expand(-1, -1, -1, self.keys.shape[3])
+        out.keys[:, :, :kept] = torch.gather(self.keys[:, :, : self.length], 2, gather)
+        out.values[:, :, :kept] = torch.gather(self.values[:, :, : self.length], 2, gather)
+        out.positions[:kept] = self.positions[index].flatten(0, 1).max(dim=0).values
+        out.valid[:kept] = True
+        out.length, out.evicted = kept, self.evicted + self.length - kept
+        return out
 
     @property
     def capacity(self) -> int:

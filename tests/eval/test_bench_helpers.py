@@ -93,3 +93,15 @@ def test_aggregate_normalises_between_full_reuse_and_full_attention():
 def test_bench_method_rejects_unknown_parts():
     with pytest.raises(ValueError, match="selector"):
         BenchMethod("x", "fusionrag", "fused", "best")
+
+
+def test_a_budget_suffix_turns_on_decode_kv_eviction():
+    m = parse_method("a3@64")
+    assert (m.method, m.decode_kv_budget, m.label) == ("a3", 64, "a3@64")
+    assert m.plan(0.15).decode_eviction.budget == 64 and parse_method("a3").plan(0.15).decode_eviction is None
+    assert parse_method("fusionrag:overlap@8").overrides()["variant_policy"] == "overlap"
+    for bad in ("a3@0", "a3@x", "a3@"):
+        with pytest.raises(ValueError, match="'@' must be followed by an int >= 1"):
+            parse_method(bad)
+    with pytest.raises(ValueError, match="does not apply to ape"):
+        parse_method("ape@8")

@@ -1,0 +1,308 @@
+"""A3's decode KV eviction (``decode_kv_budget``): which tokens each (layer, kv-head) keeps, against
+the window's attention computed here by hand; no eviction when the budget holds every chunk token; the
+first decode step over the compacted cache against explicit attention over the kept tokens only;
+every entry point; bad values; shared store entries untouched."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from click.testing import CliRunner
+
+from fusionrag_llm import DecodeEviction, FusionRAG, FusionRAGError, RAGRequest
+from fusionrag_llm.cli.main import cli
+from fusionrag_llm.engine.methods import plan_run
+from fusionrag_llm.models.forward import ForwardPass
+from fusionrag_llm.models.kv_eviction import keep_index
+
+CHUNKS = [
+    "The lighthouse at Keldmouth was designed by the engineer Tamsin Orrery in 1872.",
+    "Tamsin Orrery was born in Brightwater, a city at the mouth of the river Sel.",
+    "Brightwater is the capital of Lowmarch, a flat province crossed by canals.",
+]
+REQUEST = RAGRequest(chunks=[CHUNKS[2], CHUNKS[0], CHUNKS[1]], question="Where was the lighthouse designer born?")
+BUDGET = 20
+
+
+@pytest.fixture(scope="module")
+def rag():
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag.add_chunks(CHUNKS, embeddings=[[1, 0.2], [0.9, 0.4], [0.7, 0.7]], neighbors=2)
+    return rag
+
+
+def prefilled(rag, budget, method="a3", ratio=0.3):
+    """One request admitted and prefilled by the engine, stopped before its first decode step; also
+    returns a copy of its cache as the prefill left it (before any eviction)."""
+    engine = rag.engine
+    seq = engine._sequence(rag.segments(REQUEST), plan_run(method, ratio, decode_kv_budget=budget), 4)
+    work = engine._admit([seq])[0]
+    out = engine.runner.run([work.forward], [seq.cache])[0]
+    before = seq.cache.fork()
+    engine._finish_prefill(work, out)
+    return seq, work, before
+
+
+def expected_keep(model, cache, layout, window, budget, kernel=7):
+    """Per layer and kv-head, the slots SnapKV keeps, from the window's attention computed here."""
+    n, cfg = len(layout.token_ids), model.cfg
+    group = cfg.num_heads // cfg.num_kv_heads
+    # the window's queries: the last `window` prompt tokens at every layer, from an exact run of the
+    # request's own cache (every prompt KV in place), capturing the rotated queries of the window
+    probe = cache.fork()
+    slots = torch.arange(n - window, n)
+    out = model(ForwardPass(layout.token_ids[slots], slots, slots, logit_rows=slots[:0],
+                            capture_query_layers=frozenset(range(cfg.num_layers))), probe)  # fmt: skip
+    chunk = torch.zeros(n, dtype=torch.bool)
+    for start, end in layout.chunk_spans:
+        chunk[start:end] = True
+    chunk[n - window :] = False
+    kept = []
+    for layer in range(cfg.num_layers):
+        q = out.queries[layer].float()  # [heads, window, d]
+        keys = probe.keys[layer, :, :n].float().repeat_interleave(group, dim=0)
+        logits = q @ keys.transpose(1, 2) / cfg.head_dim**0.5
+        causal = torch.arange(n)[None, :] <= slots[:, None]
+        attn = torch.softmax(logits.masked_fill(~causal, float("-inf")), dim=-1).sum(dim=1)  # [heads, n]
+        per_kv = attn.reshape(cfg.num_kv_heads, group, n).mean(dim=1)
+        heads = []
+        for h in range(cfg.num_kv_heads):
+            score = per_kv[h] * chunk
+            pooled = torch.tensor([score[max(0, i - kernel // 2) : i + kernel // 2 + 1].max() for i in range(n)])
+            pooled[~chunk] = -1
+            top = set(torch.topk(pooled, budget).indices.tolist())
+            heads.append(sorted(top | set(torch.nonzero(~chunk).flatten().tolist())))
+        kept.append(heads)
+    return kept, chunk
+
+
+def test_each_head_keeps_the_tokens_its_window_attends_to_most(rag):
+    model = rag.engine.model
+    seq, work, before = prefilled(rag, BUDGET)
+    layout = work.resolved.layout
+    n, window = len(layout.token_ids), 32
+    assert len(layout.suffix_slots) >= window  # the question is computed: the whole window is in the prefill
+    expected, chunk = expected_keep(model, before, layout, window, BUDGET)
+    protected = n - int(chunk.sum())
+    assert seq.cache.length == protected + BUDGET == seq.stats.decode_kv_tokens
+    assert seq.stats.evicted_kv_tokens == n - seq.cache.length > 0
+    # the kept KV is exactly the prefilled cache's KV at each head's expected slots
+    index = torch.tensor(expected)  # [layers, kv_heads, kept]
+    gathered = torch.gather(before.keys[:, :, :n], 2, index[..., None].expand(-1, -1, -1, before.keys.shape[3]))
+    torch.testing.assert_close(seq.cache.keys[:, :, : seq.cache.length], gathered, rtol=0, atol=0)
+    heads = [tuple(h) for layer in expected for h in layer]
+    assert len(set(heads)) > 1  # heads do keep different tokens
+    assert seq.cache.capacity == seq.cache.length + seq.max_new_tokens  # the evicted slots are gone
+
+
+def test_a_budget_holding_every_chunk_token_changes_nothing(rag):
+    seq, work, _ = prefilled(rag, 10_000)
+    assert seq.stats.evicted_kv_tokens == 0 and seq.stats.decode_kv_tokens == len(work.resolved.layout.token_ids)
+    kept = rag.logits(REQUEST, [65, 66, 67], method="a3", recompute_ratio=0.3, decode_kv_budget=10_000)
+    plain = rag.logits(REQUEST, [65, 66, 67], method="a3", recompute_ratio=0.3)
+    torch.testing.assert_close(kept, plain, rtol=0, atol=0)
+    assert rag.generate(REQUEST, method="a3", max_new_tokens=6, decode_kv_budget=10_000).token_ids == \
+        rag.generate(REQUEST, method="a3", max_new_tokens=6).token_ids  # fmt: skip
+
+
+def test_the_first_decode_step_attends_over_the_kept_tokens_only(rag):
+    """Run the engine's first decode step on the compacted cache, and the same token on the full
+    prefilled cache with every evicted (layer, head, token) masked out by hand: same logits."""
+    model = rag.engine.model
+    seq, work, before = prefilled(rag, BUDGET)
+    n, cfg = len(work.resolved.layout.token_ids), model.cfg
+    token = int(seq.prompt_logits.argmax())
+    seq.token_ids.append(token)
+    got = rag.engine.runner.run([rag.engine.runner.decode_pass(seq)], [seq.cache])[0].logits[-1]
+
+    # explicit: the full prefilled cache, each (layer, kv-head) seeing only the slots it keeps
+    kept = torch.zeros(cfg.num_layers, cfg.num_kv_heads, n, dtype=torch.bool)
+    index = keep_index(torch.stack(work.forward.score_window.scores), _candidates(work, n), before.valid[:n],
+                       seq.plan.decode_eviction)  # fmt: skip
+    kept.scatter_(2, index, True)
+    assert not bool(kept.all())
+    explicit = _decode_with_masks(model, before, kept, token, n)
+    torch.testing.assert_close(got, explicit, rtol=1e-4, atol=1e-4)
+    whole = torch.ones_like(kept)
+    assert not torch.allclose(_decode_with_masks(model, before, whole, token, n), got, atol=1e-4)  # eviction mattered
+
+
+def _candidates(work, n):
+    chunk = torch.zeros(n, dtype=torch.bool)
+    for start, end in work.resolved.layout.chunk_spans:
+        chunk[start:end] = True
+    chunk[work.forward.score_window.window_start :] = False
+    return chunk
+
+
+def _decode_with_masks(model, cache, kept, token, n):
+    """One decode step over ``cache`` where (layer, kv-head) sees only its ``kept`` [layers, kv_heads, n]
+    prompt slots: attention written out here, every other part of the layer as the model has it."""
+    cfg = model.cfg
+    group = cfg.num_heads // cfg.num_kv_heads
+    x = model.model.embed_tokens(torch.tensor([token]))
+    position = torch.tensor([n])
+    for layer, block in enumerate(model.model.layers):
+        attn = block.self_attn
+        q, k, v = attn.project(block.input_layernorm(x))
+        q, k = model.rotate(q, position), model.rotate(k, position)
+        keys = torch.cat([cache.keys[layer, :, :n], k], dim=1).float().repeat_interleave(group, 0)
+        values = torch.cat([cache.values[layer, :, :n], v], dim=1).float().repeat_interleave(group, 0)
+        visible = torch.cat([kept[layer], torch.ones(cfg.num_kv_heads, 1, dtype=torch.bool)], dim=1)
+        visible = visible.repeat_interleave(group, 0)[:, None, :]  # [heads, 1, n + 1]
+        logits = (q.float() @ keys.transpose(1, 2) / cfg.head_dim**0.5).masked_fill(~visible, float("-inf"))
+        out = (torch.softmax(logits, dim=-1) @ values).to(x.dtype)  # [heads, 1, d]
+        h = x + attn.o_proj(out.transpose(0, 1).reshape(1, -1))
+        x = h + block.mlp(block.post_attention_layernorm(h))
+    return model.lm_head(model.model.norm(x)).float()[0]
+
+
+@pytest.mark.parametrize("method", ["a3", "full_attention", "cacheblend", "cache_craft"])
+def test_every_entry_point_runs_with_eviction(rag, method):
+    knobs = dict(method=method, recompute_ratio=0.3, decode_kv_budget=BUDGET)
+    alone = rag.generate(REQUEST, max_new_tokens=4, **knobs)
+    assert alone.stats.evicted_kv_tokens > 0 and alone.stats.decode_kv_tokens is not None
+    streamed = "".join(rag.stream(REQUEST, max_new_tokens=4, **knobs))
+    assert streamed == alone.text
+    logits = rag.logits(REQUEST, alone.token_ids, **knobs)
+    assert logits[:-1].argmax(dim=-1).tolist() == alone.token_ids
+    stream = rag.stream(REQUEST, max_new_tokens=4, **knobs)
+    list(stream)
+    torch.testing.assert_close(stream.score([*alone.token_ids, 0]), logits, rtol=1e-4, atol=1e-4)  # same evicted context
+    two = rag.generate(REQUEST, max_new_tokens=4, n=2, **knobs)
+    assert two.token_ids == two.others[0].token_ids == alone.token_ids  # greedy forks of one evicted cache
+
+
+def test_a_batch_mixes_evicting_and_whole_caches(rag):
+    """generate_many batches decode steps of caches of different lengths: with and without eviction."""
+    evicting = rag.generate(REQUEST, method="a3", max_new_tokens=5, decode_kv_budget=BUDGET)
+    whole = rag.generate(REQUEST, method="a3", max_new_tokens=5)
+    engine, plans = rag.engine, [plan_run("a3", 0.15, decode_kv_budget=BUDGET), plan_run("a3", 0.15)]
+    segments = rag.segments(REQUEST)
+    seqs = [engine.add_request(segments, plan, 5) for plan in plans + plans]
+    engine.run_until_finished(seqs)
+    assert [s.token_ids for s in seqs] == [evicting.token_ids, whole.token_ids] * 2
+    assert [s.stats.evicted_kv_tokens > 0 for s in seqs] == [True, False, True, False]
+    many = rag.generate_many([REQUEST, REQUEST], method="a3", max_new_tokens=5, decode_kv_budget=BUDGET)
+    assert [o.token_ids for o in many] == [evicting.token_ids] * 2
+
+
+def test_shared_store_entries_are_never_modified(rag):
+    entries = rag.engine.entries
+    before = {key: (e.keys.clone(), e.values.clone()) for key, e in _stored(entries)}
+    assert before
+    rag.generate(REQUEST, method="a3", max_new_tokens=4, decode_kv_budget=5)
+    rag.generate_many([REQUEST], method="full_reuse", max_new_tokens=4, decode_kv_budget=5)
+    after = dict(_stored(entries))
+    for key, (keys, values) in before.items():
+        assert torch.equal(after[key].keys, keys) and torch.equal(after[key].values, values)
+
+
+def _stored(entries):
+    store = entries.store
+    return [(key, store.get(key, copy=False)[0]) for key in store.keys()]
+
+
+@pytest.mark.parametrize("value, message", [
+    (0, r"budget must be an int >= 1, got 0"),
+    (-3, r"budget must be an int >= 1"),
+    (2.5, r"decode_kv_budget must be None \(no eviction\), an int >= 1"),
+    (True, r"decode_kv_budget must be None"),
+    ("64", r"decode_kv_budget must be None"),
+])  # fmt: skip
+def test_bad_budgets_are_refused_naming_what_is_allowed(rag, value, message):
+    with pytest.raises(ValueError, match=message):
+        rag.generate(REQUEST, method="a3", max_new_tokens=2, decode_kv_budget=value)
+
+
+def test_bad_settings_and_methods_are_refused():
+    with pytest.raises(ValueError, match=r"kernel must be odd"):
+        DecodeEviction(8, kernel=4)
+    with pytest.raises(ValueError, match=r"pooling must be one of max, avg, got 'mean'"):
+        DecodeEviction(8, pooling="mean")
+    with pytest.raises(FusionRAGError, match=r"window must be an int >= 1"):
+        DecodeEviction(8, window=0)
+    with pytest.raises(ValueError, match=r"does not apply to ape .* methods that take it: full_attention, .*a3"):
+        plan_run("ape", 0.0, decode_kv_budget=8)
+
+
+def test_keep_index_pools_and_keeps_protected_slots():
+    """Slots 2..9 may go; 0, 1, 10, 11 are protected. A protected slot's score never lifts its
+    neighbours; max pooling keeps a strong token's neighbours with it; avg pooling weighs them."""
+    scores = torch.zeros(1, 2, 12)
+    scores[0, 0, 1], scores[0, 0, 5] = 5.0, 1.0  # head 0: 1 protected, 5 strong, 2 and 3 close behind
+    scores[0, 0, 2], scores[0, 0, 3] = 0.8, 0.9
+    scores[0, 1, 9], scores[0, 1, 3], scores[0, 1, 7] = 1.0, 0.6, 0.1  # head 1: 9 strong, 3 next
+    candidates = torch.zeros(12, dtype=torch.bool)
+    candidates[2:10] = True
+    valid = torch.ones(12, dtype=torch.bool)
+    index = keep_index(scores, candidates, valid, DecodeEviction(5, kernel=3))
+    assert index[0].tolist() == [[0, 1, 2, 3, 4, 5, 6, 10, 11], [0, 1, 2, 3, 4, 8, 9, 10, 11]]
+    avg = keep_index(scores, candidates, valid, DecodeEviction(1, kernel=3, pooling="avg"))
+    assert avg[0].tolist() == [[0, 1, 4, 10, 11], [0, 1, 8, 10, 11]]  # (0.9 + 0 + 1) / 3 and (0.1 + 0 + 1) / 3
+    unpooled = keep_index(scores, candidates, valid, DecodeEviction(1, kernel=1))
+    assert unpooled[0].tolist() == [[0, 1, 5, 10, 11], [0, 1, 9, 10, 11]]
+    assert keep_index(scores, candidates, valid, DecodeEviction(8)) is None  # the budget holds every candidate
+
+
+def test_the_cli_query_takes_a_decode_kv_budget(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i, text in enumerate(CHUNKS):
+        (docs / f"{i}.md").write_text(text)
+    store = str(tmp_path / "store")
+    runner = CliRunner()
+    assert runner.invoke(cli, ["ingest", str(docs), "--model", "tiny", "--store", store, "--neighbors", "1"]).exit_code == 0
+    base = ["query", "Where was the designer born?", "--model", "tiny", "--store", store, "--method", "a3",
+            "--ratio", "0.3", "--top-k", "3", "--max-new-tokens", "2"]  # fmt: skip
+    result = runner.invoke(cli, [*base, "--decode-kv-budget", "8"])
+    assert result.exit_code == 0, result.output
+    assert "decode KV" in result.output and "evicted" in result.output
+    bad = runner.invoke(cli, [*base, "--decode-kv-budget", "0"])
+    assert bad.exit_code != 0 and "decode-kv-budget" in bad.output
+
+
+def test_the_evicted_kv_is_freed_and_the_batch_decodes_on(rag):
+    """After the step that prefilled and evicted, the prefill's full cache is gone (nothing holds it)
+    and the sequence decodes on from its smaller cache."""
+    import gc
+    import weakref
+
+    engine, made = rag.engine, []
+    new_cache = engine.runner.new_cache
+
+    def recording(capacity):
+        cache = new_cache(capacity)
+        made.append(weakref.ref(cache.keys))
+        return cache
+
+    engine.runner.new_cache = recording
+    try:
+        seq = engine.add_request(rag.segments(REQUEST), plan_run("a3", 0.15, decode_kv_budget=BUDGET), 3)
+        engine.step()
+    finally:
+        del engine.runner.new_cache
+    gc.collect()
+    assert len(made) == 1 and made[0]() is None  # the prompt's full KV was freed
+    assert seq.cache.capacity == seq.cache.length + 3  # room for the answer only, no evicted slot
+    assert seq.stats.evicted_kv_tokens > 0
+    engine.run_until_finished([seq])
+    assert len(seq.token_ids) == 3
+
+
+def test_eviction_reads_every_layer_when_cache_craft_stops_rows_part_way(monkeypatch):
+    """Cache-Craft drops rows part way through the prefill (here after layer 0: a focus window of one
+    layer); the window's scores must still come from every later layer (the hook stays on the
+    narrowed step), and the kept tokens are those scores' choice."""
+    from fusionrag_llm.fusion import craft
+
+    monkeypatch.setattr(craft, "FOCUS_WINDOW", 1)
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag.add_chunks(CHUNKS, embeddings=[[1, 0.2], [0.9, 0.4], [0.7, 0.7]], neighbors=2, variant_notes=True)
+    seq, work, before = prefilled(rag, BUDGET, method="cache_craft", ratio=0.5)
+    assert seq.stats.stop_layer == 0 and seq.stats.stopped_tokens > 0  # rows were dropped after layer 0
+    scores = work.forward.score_window.scores
+    assert all(layer is not None for layer in scores) and seq.stats.evicted_kv_tokens > 0
+    n = len(work.resolved.layout.token_ids)
+    index = keep_index(torch.stack(scores), _candidates(work, n), before.valid[:n], seq.plan.decode_eviction)
+    gathered = torch.gather(before.keys[:, :, :n], 2, index[..., None].expand(-1, -1, -1, before.keys.shape[3]))
+    torch.testing.assert_close(seq.cache.keys[:, :, : seq.cache.length], gathered, rtol=0, atol=0)
