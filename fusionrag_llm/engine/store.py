@@ -14,7 +14,8 @@ import torch
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.models.loader import resolve_dtype
 from fusionrag_llm.paths import store_dir
-from fusionrag_llm.storage import StoreBudgets, StoreDamagedError, TieredStore
+from fusionrag_llm.engine.kv_codecs import resolve_kv_codec
+from fusionrag_llm.storage import StoreBudgets, StoreDamagedError, StoreOptions, TieredStore
 
 MEMORY = ":memory:"
 StoreSpec = TieredStore | str | Path | None
@@ -24,23 +25,40 @@ class DamagedStoreError(FusionRAGError, StoreDamagedError):
     """The store's index is damaged; the message names the file and the commands that fix it."""
 
 
-def open_store(store: StoreSpec, device: torch.device, store_dtype=None, budgets: StoreBudgets | None = None) -> TieredStore:
-    """A ``TieredStore`` from a folder (None: the default folder), ``":memory:"`` or a store itself."""
-    if isinstance(store, TieredStore):
-        return store
+def open_store(store: StoreSpec, device: torch.device, store_dtype=None, budgets: StoreBudgets | None = None,
+               kv_codec: str | None = None) -> TieredStore:  # fmt: skip
+    """A ``TieredStore`` from a folder (None: the default folder), ``":memory:"`` or a store itself.
+
+    ``kv_codec`` (``engine/kv_codecs.py``) and ``store_dtype`` both say how entries are kept; give one."""
+    codec_id = "raw"
+    if kv_codec is not None:
+        if store_dtype is not None:
+            raise FusionRAGError(f"give kv_codec ({kv_codec!r}) or store_dtype ({store_dtype!r}), not both")
+        store_dtype, codec_id = resolve_kv_codec(kv_codec)
     storage_dtype = None if store_dtype is None else resolve_dtype(store_dtype, device)
+    if isinstance(store, TieredStore):
+        _check_given_store(store, storage_dtype, codec_id, kv_codec)
+        return store
     budgets = budgets or StoreBudgets()
     tier_device = device if device.type == "cuda" else None
+    options = StoreOptions(codec=codec_id)
     if store == MEMORY:
-        return TieredStore(None, budgets, tier_device, storage_dtype=storage_dtype)
+        return TieredStore(None, budgets, tier_device, storage_dtype=storage_dtype, options=options)
     if store is not None and not isinstance(store, (str, Path)):
         raise FusionRAGError(f"store must be a folder, {MEMORY!r} or a TieredStore, got {type(store).__name__}")
     folder = Path(store).expanduser() if store is not None else store_dir()
     _make_folder(folder)
     try:
-        return TieredStore(folder, budgets, tier_device, storage_dtype=storage_dtype)
+        return TieredStore(folder, budgets, tier_device, storage_dtype=storage_dtype, options=options)
     except StoreDamagedError as exc:
         raise DamagedStoreError(exc.directory, exc.problem) from exc
+
+
+def _check_given_store(store: TieredStore, storage_dtype, codec_id: str, kv_codec: str | None) -> None:
+    """A store given as an object keeps its own settings: a ``kv_codec`` that disagrees is an error."""
+    if kv_codec is not None and (store.storage_dtype, store.codec_id) != (storage_dtype, codec_id):
+        raise FusionRAGError(f"kv_codec {kv_codec!r} does not match the given store (codec {store.codec_id!r}, "
+                             f"storage dtype {store.storage_dtype}); open the store with that codec or omit kv_codec")
 
 
 def _make_folder(folder: Path) -> None:
