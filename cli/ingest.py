@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from fusionrag_llm.cli.options import device_option, dtype_option, load_rag, model_option, store_option, user_errors
+from fusionrag_llm.cli.options import (
+    device_option, dtype_option, kv_codec_option, load_rag, model_option, store_option, user_errors,
+)
 from fusionrag_llm import DEFAULT_FUSED_ORDER, FUSED_ORDERS
 
 
@@ -22,11 +24,13 @@ from fusionrag_llm import DEFAULT_FUSED_ORDER, FUSED_ORDERS
 @click.option("--fused-order", default=DEFAULT_FUSED_ORDER, show_default=True, type=click.Choice(FUSED_ORDERS),
               help="How a fused entry's neighbours are laid out before its chunk: most similar first (the paper's), "
                    "most similar last (right before the chunk), or in the order the chunks were read.")
-def ingest(paths, model, store, device, dtype, neighbors, max_words, no_fuse, variant_notes, fused_order) -> None:
+@kv_codec_option()
+def ingest(paths, model, store, device, dtype, neighbors, max_words, no_fuse, variant_notes, fused_order,
+           kv_codec) -> None:  # fmt: skip
     """Ingest text and markdown files (folders are searched for *.txt, *.md, *.rst). Resumable."""
     from fusionrag_llm.ingest.pipeline import ingest_paths
 
-    rag = load_rag(model, device, dtype, store)
+    rag = load_rag(model, device, dtype, store, kv_codec=kv_codec)
     try:
         summary = ingest_paths(rag, paths, max_words=max_words, neighbors=neighbors, fuse=not no_fuse,
                                variant_notes=variant_notes, fused_order=fused_order)  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from fusionrag_llm.cli.options import (
-    device_option, dtype_option, fused_order_option, load_rag, method_options, model_option, store_option, user_errors,
+    device_option, dtype_option, fused_order_option, kv_codec_option, load_rag, method_options, model_option, store_option, user_errors,
 )
 
 
@@ -20,12 +20,14 @@ from fusionrag_llm.cli.options import (
 @click.option("--top-k", default=5, show_default=True, type=click.IntRange(1, 64), help="Chunks to retrieve.")
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1, 2048), help="Most tokens to generate per answer.")
 @click.option("--show-chunks", is_flag=True, help="Print the retrieved chunks.")
-def query(question, model, store, device, dtype, method, ratio, top_k, max_new_tokens, show_chunks, fused_order) -> None:
+@kv_codec_option()
+def query(question, model, store, device, dtype, method, ratio, top_k, max_new_tokens, show_chunks, fused_order,
+          kv_codec) -> None:  # fmt: skip
     """Answer QUESTION over the chunks ingested into the store."""
     from fusionrag_llm.ingest.pipeline import answer
 
     _require_store(store)
-    rag = load_rag(model, device, dtype, store, fused_order=fused_order)
+    rag = load_rag(model, device, dtype, store, fused_order=fused_order, kv_codec=kv_codec)
     try:
         out, hits = answer(rag, question, top_k=top_k, method=method, recompute_ratio=ratio, max_new_tokens=max_new_tokens)
     except user_errors() as exc:
