@@ -1,6 +1,7 @@
 """`TieredStore`: device -> host -> byte tiers (disk) store of KV entries with heat-based placement.
 
-The tiers are one list, fastest first (see `tier_list.py`): memory tiers hold decoded entries, byte
+The tiers are one list, fastest first (see `tier_list.py`): memory tiers hold decoded entries (in
+their `stored_form`: packed by a quantizing codec, see `quant_codec.py`), byte
 tiers (a codec over a `ByteTier`: the disk, or a remote cache) hold encoded ones. The last byte
 tier is the persistent home: every `put` writes through to it; the tiers above cache entries,
 promoted on access and demoted under pressure by heat (access count with exponential decay). See
