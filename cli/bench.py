@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from fusionrag_llm.cli.options import device_option, dtype_option, model_option, workers_option
+from fusionrag_llm.cli.options import device_option, dtype_option, kv_codec_option, model_option, workers_option
 from fusionrag_llm import DEFAULT_FUSED_ORDER, FUSED_ORDERS
 
 DEFAULT_METHODS = "full_attention,full_reuse,cacheblend,fusionrag,fused+kv_deviation,plain+query_guided"
@@ -83,11 +83,12 @@ def out_option(default: str):
                         help="Folder for the JSON, table and plots.")  # fmt: skip
 
 
-def _load(model: str, device: str | None, dtype: str | None, store: str | None, host_gib: float, disk_gib: float):
+def _load(model: str, device: str | None, dtype: str | None, store: str | None, host_gib: float, disk_gib: float,
+          kv_codec: str | None = None):  # fmt: skip
     from fusionrag_llm.eval.bench_data import open_bench_rag
 
     try:
-        return open_bench_rag(model, device, dtype, store, host_gib, disk_gib)
+        return open_bench_rag(model, device, dtype, store, host_gib, disk_gib, kv_codec)
     except ValueError as exc:  # FusionRAGError and bad budgets
         raise click.ClickException(str(exc)) from None
 
@@ -127,8 +128,9 @@ def bench() -> None:
 @click.option("--fused-order", default=DEFAULT_FUSED_ORDER, show_default=True, type=click.Choice(FUSED_ORDERS),
               help="Layout of the fused entries ingested and read: neighbours most similar first (the paper's), "
                    "most similar last, or in registration order.")  # fmt: skip
+@kv_codec_option(None, "; default 'model': the compute dtype, lossless, as every earlier recorded run")
 def quality(dataset, methods, ratios, passages, limit, skip, words_per_passage, model, device, dtype, neighbors,
-            max_new_tokens, seed, out, fresh, store, host_gib, disk_gib, progress, fused_order) -> None:  # fmt: skip
+            max_new_tokens, seed, out, fresh, store, host_gib, disk_gib, progress, fused_order, kv_codec) -> None:  # fmt: skip
     """F1/EM vs gold answers and fidelity to Full Attention (KL, first token, greedy EM) per method and ratio."""
     from fusionrag_llm.eval.bench_data import load_examples
     from fusionrag_llm.eval.bench_quality import QualityConfig, records_of_run, run_quality
@@ -137,11 +139,11 @@ def quality(dataset, methods, ratios, passages, limit, skip, words_per_passage, 
     from fusionrag_llm.eval.results import machine_info
 
     config = QualityConfig(dataset, model, methods, ratios, passages, limit, neighbors, max_new_tokens, seed,
-                           words_per_passage, device, dtype, skip, fused_order)  # fmt: skip
+                           words_per_passage, device, dtype, skip, fused_order, kv_codec or "model")  # fmt: skip
     try:
         examples = load_examples(dataset, limit, passages, seed, words_per_passage, skip)
         log = PartialLog(Path(out) / "quality.partial.jsonl", config.identity(), fresh=fresh)
-        rag = _load(model, device, dtype, store, host_gib, disk_gib)
+        rag = _load(model, device, dtype, store, host_gib, disk_gib, kv_codec)
         run = run_quality(rag, examples, config, log, progress=progress)
     except ValueError as exc:  # FusionRAGError and DatasetError are ValueErrors
         raise click.ClickException(str(exc)) from None

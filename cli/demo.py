@@ -15,7 +15,7 @@ import statistics
 
 import click
 
-from fusionrag_llm.cli.options import device_option, dtype_option, load_rag, model_option
+from fusionrag_llm.cli.options import device_option, dtype_option, kv_codec_option, load_rag, model_option
 from fusionrag_llm.data import demo_corpus
 
 METHODS = ("full_attention", "full_reuse", "cacheblend", "fusionrag")
@@ -43,8 +43,9 @@ def distractor_passages(count: int) -> list[str]:
               help="Also answer with llama.cpp on the model's GGUF file (when llama-cpp-python is installed).")  # fmt: skip
 @click.option("--store", default=":memory:", show_default=True, help="KV store folder (the demo keeps it in memory).")
 @click.option("-v", "--verbose", is_flag=True, help="Show ingestion progress and the engine's logs.")
+@kv_codec_option(None, "; default 'model': the compute dtype, as the demo's recorded results")
 def demo(model: str, device: str | None, dtype: str | None, ratio: float, max_new_tokens: int, distractors: int,
-         llama_cpp: bool, store: str, verbose: bool) -> None:  # fmt: skip
+         llama_cpp: bool, store: str, verbose: bool, kv_codec: str | None) -> None:  # fmt: skip
     """Every method, and llama.cpp when installed, on a small bundled corpus: TTFT, speed-up, answers."""
     logging.getLogger("fusionrag_llm").setLevel(logging.INFO if verbose else logging.WARNING)
     if not verbose:
@@ -52,7 +53,7 @@ def demo(model: str, device: str | None, dtype: str | None, ratio: float, max_ne
 
         hf_logging.disable_progress_bar()  # its weight-loading bar
     corpus, extra = demo_corpus(), distractor_passages(distractors)
-    rag = load_rag(model, device, dtype, store, prefix_cache=False)
+    rag = load_rag(model, device, dtype, store, prefix_cache=False, kv_codec=kv_codec)
     click.echo(f"model: {rag.model_name} ({rag.parts.loaded.model.device}, {rag.parts.loaded.model.dtype})")
     report = rag.ingest(corpus["passages"] + extra, neighbors=3, progress=verbose)
     click.echo(f"ingested {len(corpus['passages']) + len(extra)} passages: {report.plain_computed} plain and "

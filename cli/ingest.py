@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from fusionrag_llm.cli.options import (device_option, dtype_option, load_rag, model_option, remote_option, store_option,
-                                       user_errors, workers_option)  # fmt: skip
+from fusionrag_llm.cli.options import (device_option, dtype_option, kv_codec_option, load_rag, model_option, remote_option,
+                                       store_option, user_errors, workers_option)  # fmt: skip
 from fusionrag_llm import DEFAULT_FUSED_ORDER, FUSED_ORDERS
 
 
@@ -25,11 +25,13 @@ from fusionrag_llm import DEFAULT_FUSED_ORDER, FUSED_ORDERS
               help="How a fused entry's neighbours are laid out before its chunk: most similar first (the paper's), "
                    "most similar last (right before the chunk), or in the order the chunks were read.")
 @workers_option
-def ingest(paths, model, store, remote, device, dtype, neighbors, max_words, no_fuse, variant_notes, fused_order, workers) -> None:
+@kv_codec_option()
+def ingest(paths, model, store, remote, device, dtype, neighbors, max_words, no_fuse, variant_notes, fused_order, workers,
+           kv_codec) -> None:  # fmt: skip
     """Ingest text and markdown files (folders are searched for *.txt, *.md, *.rst). Resumable."""
     from fusionrag_llm.ingest.pipeline import ingest_paths
 
-    rag = load_rag(model, device, dtype, store, remote=remote)
+    rag = load_rag(model, device, dtype, store, remote=remote, kv_codec=kv_codec)
     try:
         summary = ingest_paths(rag, paths, max_words=max_words, neighbors=neighbors, fuse=not no_fuse,
                                variant_notes=variant_notes, fused_order=fused_order, workers=workers)  # fmt: skip

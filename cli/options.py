@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from fusionrag_llm import DEFAULT_MODEL, FUSED_ORDERS, METHODS
+from fusionrag_llm import CLI_DEFAULT_KV_CODEC, DEFAULT_MODEL, FUSED_ORDERS, KV_CODECS, METHODS
 
 model_option = click.option(
     "--model", default=DEFAULT_MODEL, show_default=True,
@@ -27,6 +27,17 @@ workers_option = click.option(
          "'distributed' extra; uses the running Ray cluster, else starts a local one). Default: this process.",
 )  # fmt: skip
 dtype_option = click.option("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU).")
+
+
+def kv_codec_option(default: str | None = CLI_DEFAULT_KV_CODEC, none_means: str = ""):
+    """``--kv-codec``: how the store keeps chunk KV; the same value must be given to every command on one store."""
+    choices = [*KV_CODECS, *(["model"] if default is None else [])]
+    return click.option(
+        "--kv-codec", default=default or "model", show_default=True, type=click.Choice(choices),
+        callback=lambda ctx, param, value: None if value == "model" else value,
+        help="How the store keeps chunk KV: float32, bf16, fp16, or quantized int8, fp8, int4 (smaller, approximate; "
+             f"part of the entry keys, so give every command on one store the same){none_means}.",
+    )  # fmt: skip
 
 
 def method_options(command):

@@ -53,9 +53,10 @@ class FusionRAG:
     def __init__(self, loaded: LoadedModel, store: StoreSpec = None, embedder: Embedder | None = None,
                  prefix_cache: bool = True, store_dtype: str | torch.dtype | None = None,
                  auxiliary: "int | str | Path | LoadedModel | FusionRAG | None" = None,
-                 turn_cache_gib: float = 0.0, fused_order: str | None = None, remote: str | None = None):  # fmt: skip
+                 turn_cache_gib: float = 0.0, fused_order: str | None = None, remote: str | None = None,
+                 kv_codec: str | None = None):  # fmt: skip
         self._loaded = loaded
-        self.store = open_store(store, loaded.model.device, store_dtype, remote=remote)
+        self.store = open_store(store, loaded.model.device, store_dtype, remote=remote, kv_codec=kv_codec)
         self.embedder = embedder
         fingerprint = fingerprint_of(loaded.name, loaded.source, loaded.hf_config, loaded.tokenizer.hf, loaded.model.dtype)
         s0_ids = self.segments(RAGRequest(chunks=["-"], question="-"))[0].token_ids
@@ -84,6 +85,7 @@ class FusionRAG:
         turn_cache_gib: float = 0.0,
         fused_order: str | None = None,
         remote: str | None = None,
+        kv_codec: str | None = None,
     ) -> "FusionRAG":
         """Load a model and open its KV store.
 
@@ -109,11 +111,16 @@ class FusionRAG:
         fused entries to read (and write), as ingested with ``add_chunks(fused_order=)``; default the
         paper's ``"similar_first"``. ``remote``: a Redis/Valkey URL (``redis://host:6379/0``) for a
         KV tier shared with other engines, after the disk; default ``$FUSIONRAG_REMOTE`` (none).
+        ``kv_codec``: how the store keeps chunk KV: ``"float32"``,
+        ``"bf16"``, ``"fp16"``, or quantized ``"int8"``, ``"fp8"``, ``"int4"`` (default: the compute
+        dtype, exact); part of every entry key (README, "Compressed KV entries"). Give it or
+        ``store_dtype``, not both.
         """
         loaded = load_model(name_or_path, device=device, dtype=dtype, kernels=kernels, decode_weights=decode_weights,
                             decode_kv=decode_kv)  # fmt: skip
         return cls(loaded, store=store, embedder=embedder, prefix_cache=prefix_cache, store_dtype=store_dtype,
-                   auxiliary=auxiliary, turn_cache_gib=turn_cache_gib, fused_order=fused_order, remote=remote)  # fmt: skip
+                   auxiliary=auxiliary, turn_cache_gib=turn_cache_gib, fused_order=fused_order, remote=remote,
+                   kv_codec=kv_codec)  # fmt: skip
 
     @property
     def parts(self) -> EngineParts:

@@ -4,7 +4,8 @@ The disk tier is safe to share and robust to faults: it never runs code or touch
 its folder whatever `cache.db` holds, binds every entry to its key, survives a full disk and a
 read-only folder, and reports a damaged index with the fix (`StoreDamagedError`).
 
-Pluggable parts: a codec (`EntryCodec`; `RawCodec` by default, others registered in `CODECS` by id),
+Pluggable parts: a codec (`EntryCodec`; `RawCodec` by default, `QuantCodec` for int8/fp8/int4 entries,
+others registered in `CODECS` by id; `kv_tensors` expands a packed entry on the compute device),
 byte tiers (`ByteTier`: the disk's `DiskBytes`, a Redis server's `RedisBytes`) behind a codec (`CodedTier`), a
 tier list fastest first (`TieredStore.from_tiers`), and pins (`TieredStore.pin`/`pinned`) that keep
 entries handed out without a copy from being evicted.
@@ -25,6 +26,8 @@ from .ledger import TierLedger
 from .loader import LoaderStats, LoadResult, PrefetchLoader
 from .memory_tier import DeviceTier, HostTier, MemoryTier
 from .pins import PinTable
+from .quant_codec import QuantCodec
+from .quantize import kv_tensors
 from .record_log import AppendSession, FileRecordLog, MemoryRecordLog, RecordLog
 from .recovery import RebuildReport, clear_damaged, quarantine_index, rebuild_index
 from .settings import StoreBudgets, StoreOptions
@@ -52,6 +55,7 @@ __all__ = [
     "MemoryTier",
     "PinTable",
     "PrefetchLoader",
+    "QuantCodec",
     "RawCodec",
     "RebuildReport",
     "StaleEntryError",
@@ -69,6 +73,7 @@ __all__ = [
     "decode",
     "decode_keyed",
     "encode",
+    "kv_tensors",
     "path_key",
     "quarantine_index",
     "rebuild_index",

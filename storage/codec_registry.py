@@ -7,7 +7,7 @@ Example:
     >>> CODECS.get("zstd-7")
     Traceback (most recent call last):
     ...
-    ValueError: unknown codec 'zstd-7'; registered: raw
+    ValueError: unknown codec 'zstd-7'; registered: fp8, int4, int8, raw
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import re
 import threading
 
 from .codec import EntryCodec, RawCodec
+from .quant_codec import QuantCodec
 
 _CODEC_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,31}\Z")
 
@@ -70,4 +71,4 @@ class CodecRegistry:
 
 
 RAW = RawCodec()
-CODECS = CodecRegistry(RAW)
+CODECS = CodecRegistry(RAW, *(QuantCodec(scheme) for scheme in ("int8", "fp8", "int4")))

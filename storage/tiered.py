@@ -1,6 +1,7 @@
 """`TieredStore`: device -> host -> byte tiers (disk) store of KV entries with heat-based placement.
 
-The tiers are one list, fastest first (see `tier_list.py`): memory tiers hold decoded entries, byte
+The tiers are one list, fastest first (see `tier_list.py`): memory tiers hold decoded entries (in
+their `stored_form`: packed by a quantizing codec, see `quant_codec.py`), byte
 tiers (a codec over a `ByteTier`: the disk, or a remote cache) hold encoded ones. The last local
 byte tier is the persistent home: every `put` writes through to it, and to the shared ones (a
 remote cache other processes read; best effort); the other tiers cache entries,
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from .codec_registry import CODECS
 from .disk_tier import DiskTier
 from .entry import KVEntry, normalise_token_ids
 from .errors import StoreWriteError
@@ -99,6 +101,7 @@ class TieredStore(PinningMixin):
         if storage_dtype is not None and not isinstance(storage_dtype, torch.dtype):
             raise ValueError(f"storage_dtype must be a torch.dtype or None, got {storage_dtype!r}")
         self._memory, self._bytes = memory, byte_tiers
+        self._codec = byte_tiers[0].codec if byte_tiers else CODECS.get(options.codec)
         self._storage_dtype, self._options = storage_dtype, options
         self._heat = HeatTracker(options.heat_half_life)
         self._counters = StoreCounters(hits={t.name: 0 for t in tiers})
@@ -152,7 +155,7 @@ class TieredStore(PinningMixin):
 
     # ----------------------------------------------------------------------------- mapping API
     def put(self, key: str, entry: KVEntry, *, persist: bool = False) -> bool:
-        """Store a copy of `entry` (cast to `storage_dtype`); True when some tier holds it.
+        """Store a copy of `entry` in its `stored_form`; True when some tier holds it.
 
         It goes to the home tier (the disk) and the lowest memory tier. When the home does not take
         it (full disk or lock timeout: logged; over budget: logged; read-only store: said once at
@@ -164,7 +167,7 @@ class TieredStore(PinningMixin):
         self._check_open()
         if not isinstance(entry, KVEntry):
             raise ValueError(f"put expects a KVEntry, got {type(entry).__name__}")
-        stored = entry.copy_to("cpu", self._storage_dtype)
+        stored = self.stored_form(entry)
         on_home, on_shared = self._write_through(key, stored, persist)
         self._forget_above_home(key)
         with self._lock:
@@ -186,6 +189,18 @@ class TieredStore(PinningMixin):
             else:
                 on_shared = tier.put_bytes(key, data) or on_shared
         return on_home, on_shared
+
+    def stored_form(self, entry: KVEntry) -> KVEntry:
+        """A copy of `entry` on the host as this store keeps it: cast to `storage_dtype`, then packed
+        by the codec when it quantizes (`compress`). Callers that use an entry they just computed
+        use this form, so a key gives the same numbers whether the entry is fresh or read back."""
+        compress = getattr(self._codec, "compress", None)
+        if compress is None:
+            return entry.copy_to("cpu", self._storage_dtype)
+        if self._storage_dtype is not None and not entry.extras:
+            entry = entry.copy_to(dtype=self._storage_dtype)
+        packed = compress(entry)
+        return packed.copy_to("cpu") if packed is entry else packed.to("cpu")
 
     def _forget_above_home(self, key: str) -> None:
         """Drop an older value of `key` from the local byte tiers that cache the home (best effort)."""

@@ -199,7 +199,7 @@ class ContextResolver:
         return found[0]
 
     def _computed_plain(self, segment: PlannedSegment, counts: ResolveCounts) -> KVEntry:
-        entry = self.computer.compute_plain([segment.token_ids])[0]
+        entry = self.entry_store.as_stored(self.computer.compute_plain([segment.token_ids])[0])
         self.entry_store.put_keyed(segment.candidates[-1].key, entry)  # the last candidate is always plain
         counts.path_hits["miss"] += 1
         counts.computed_tokens += len(segment.token_ids)

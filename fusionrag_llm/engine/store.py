@@ -15,6 +15,7 @@ import torch
 
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.models.loader import resolve_dtype
+from fusionrag_llm.engine.kv_codecs import resolve_kv_codec
 from fusionrag_llm.paths import remote_url, store_dir
 from fusionrag_llm.storage import StoreBudgets, StoreDamagedError, StoreOptions, TieredStore
 
@@ -27,15 +28,23 @@ class DamagedStoreError(FusionRAGError, StoreDamagedError):
 
 
 def open_store(store: StoreSpec, device: torch.device, store_dtype=None, budgets: StoreBudgets | None = None,
-               remote: str | None = None) -> TieredStore:  # fmt: skip
+               remote: str | None = None, kv_codec: str | None = None) -> TieredStore:  # fmt: skip
     """A ``TieredStore`` from a folder (None: the default folder), ``":memory:"`` or a store itself;
-    ``remote``: a Redis URL for the shared tier (default ``$FUSIONRAG_REMOTE``; not for a store given)."""
-    if isinstance(store, TieredStore):
-        return store
+    ``remote``: a Redis URL for the shared tier (default ``$FUSIONRAG_REMOTE``; not for a store given).
+
+    ``kv_codec`` (``engine/kv_codecs.py``) and ``store_dtype`` both say how entries are kept; give one."""
+    codec_id = "raw"
+    if kv_codec is not None:
+        if store_dtype is not None:
+            raise FusionRAGError(f"give kv_codec ({kv_codec!r}) or store_dtype ({store_dtype!r}), not both")
+        store_dtype, codec_id = resolve_kv_codec(kv_codec)
     storage_dtype = None if store_dtype is None else resolve_dtype(store_dtype, device)
+    if isinstance(store, TieredStore):
+        _check_given_store(store, storage_dtype, codec_id, kv_codec)
+        return store
     budgets = budgets or StoreBudgets()
     tier_device = device if device.type == "cuda" else None
-    options = _options(remote if remote is not None else remote_url())
+    options = _options(remote if remote is not None else remote_url(), codec_id)
     if store == MEMORY:
         return _opened(None, budgets, tier_device, storage_dtype, options)
     if store is not None and not isinstance(store, (str, Path)):
@@ -48,9 +57,9 @@ def open_store(store: StoreSpec, device: torch.device, store_dtype=None, budgets
         raise DamagedStoreError(exc.directory, exc.problem) from exc
 
 
-def _options(remote: str | None) -> StoreOptions:
+def _options(remote: str | None, codec_id: str) -> StoreOptions:
     try:
-        return StoreOptions(remote_url=remote or None)
+        return StoreOptions(remote_url=remote or None, codec=codec_id)
     except ValueError as exc:
         raise FusionRAGError(f"remote store: {exc}") from None
 
@@ -60,6 +69,13 @@ def _opened(folder: Path | None, budgets: StoreBudgets, device, storage_dtype, o
         return TieredStore(folder, budgets, device, storage_dtype=storage_dtype, options=options)
     except ImportError as exc:  # a remote URL without the redis client installed
         raise FusionRAGError(str(exc)) from None
+
+
+def _check_given_store(store: TieredStore, storage_dtype, codec_id: str, kv_codec: str | None) -> None:
+    """A store given as an object keeps its own settings: a ``kv_codec`` that disagrees is an error."""
+    if kv_codec is not None and (store.storage_dtype, store.codec_id) != (storage_dtype, codec_id):
+        raise FusionRAGError(f"kv_codec {kv_codec!r} does not match the given store (codec {store.codec_id!r}, "
+                             f"storage dtype {store.storage_dtype}); open the store with that codec or omit kv_codec")
 
 
 def _make_folder(folder: Path) -> None:

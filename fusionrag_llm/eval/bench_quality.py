@@ -21,9 +21,11 @@ from tqdm.auto import tqdm
 from fusionrag_llm.eval.bench_data import chunk_texts, passage_pool
 from fusionrag_llm.eval.bench_methods import BenchMethod, jobs, needs_variant_notes
 from fusionrag_llm.eval.datasets import QAExample
+from fusionrag_llm.eval.kv_footprint import footprint
 from fusionrag_llm.eval.metrics import exact_match, f1_score, first_token_agreement, greedy_exact_match, mean_kl
 from fusionrag_llm.eval.partial_log import PartialLog
 from fusionrag_llm.eval.quality_diagnostics import neighbour_overlap
+from fusionrag_llm.engine.kv_codecs import check_kv_codec
 from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER, check_fused_order
 from fusionrag_llm.request import RAGRequest
 
@@ -52,6 +54,7 @@ class QualityConfig:
     dtype: str | None = None
     skip: int = 0  # questions dropped before the first ``limit``
     fused_order: str = DEFAULT_FUSED_ORDER  # layout of the fused entries ingested and read (``fusion/fused_order.py``)
+    kv_codec: str = "model"  # how the store keeps chunk KV (``engine/kv_codecs.py``); "model": the compute dtype
 
     def __post_init__(self) -> None:
         checks = (("passages", self.passages, 1), ("neighbors", self.neighbors, 0),
@@ -64,6 +67,8 @@ class QualityConfig:
         if not self.methods or not self.ratios:
             raise ValueError("at least one method and one ratio are needed")
         check_fused_order(self.fused_order)
+        if self.kv_codec != "model":
+            check_kv_codec(self.kv_codec)
 
     def identity(self) -> dict:
         """Everything but methods and ratios: records stay valid when those are extended."""
@@ -73,6 +78,8 @@ class QualityConfig:
             del data["skip"]  # logs written before skip existed stay resumable
         if data["fused_order"] == DEFAULT_FUSED_ORDER:
             del data["fused_order"]  # likewise for logs written before layouts existed
+        if data["kv_codec"] == "model":
+            del data["kv_codec"]  # and before codecs existed
         return data
 
     def to_dict(self) -> dict:
@@ -90,6 +97,7 @@ class QualityRun:
     computed: int = 0
     skipped: int = 0
     reingested: int = 0
+    store: dict = field(default_factory=dict)  # bytes per token of the store's chunk entries (``eval/kv_footprint.py``)
 
 
 def run_quality(rag, examples: list[QAExample], config: QualityConfig, log: PartialLog,
@@ -109,6 +117,7 @@ def run_quality(rag, examples: list[QAExample], config: QualityConfig, log: Part
                            fused_order=config.fused_order)  # fmt: skip
         run.reingested += again.plain_computed + again.fused_computed
         run.computed += _run_question(rag, ex, todo[ex.id], config, log)
+    run.store = footprint(rag.store)
     return run
 
 

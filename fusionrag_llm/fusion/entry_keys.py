@@ -8,8 +8,9 @@ written by another model is a miss. A fused entry's key and meta also name its n
 (``fused_order``, ``fusion/fused_order.py``); the default layout's keys are those of entries written
 before layouts existed, whose meta names none, so an existing store stays valid.
 
-A store that keeps entries in a lossy dtype (``store_dtype="float16"`` under float32 compute) gets
-a fingerprint, and so keys, of its own, and never holds exact path blocks: such KV is approximate.
+A store that keeps entries in a lossy dtype (``kv_codec="bf16"`` under float32 compute) or through
+a quantizing codec (``kv_codec="int8"``, ...; the codec id fixes its settings) gets a fingerprint,
+and so keys, of its own, and never holds exact path blocks: such KV is approximate.
 
 Example:
     >>> keys = EntryKeys("ab" * 32, s0_ids=(1, 2), lossless=True)

@@ -41,6 +41,11 @@ class EntryStore:
         """Store ``entry`` as the chunk's ``variant``; ``persist``: a failed disk write raises."""
         return self.store.put(self.keys.key(entry.token_ids, variant), entry, persist=persist)
 
+    def as_stored(self, entry: KVEntry) -> KVEntry:
+        """``entry`` as the store keeps it (itself in a lossless store; cast or packed in a lossy
+        one), so KV used right after computing it equals what later reads of its key give."""
+        return entry if self.keys.lossless else self.store.stored_form(entry)
+
     def put_keyed(self, key: str, entry: KVEntry, persist: bool = False) -> bool:
         """Store ``entry`` under a key already computed (a plan's path-block or chunk key)."""
         return self.store.put(key, entry, persist=persist)

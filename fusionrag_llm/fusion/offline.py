@@ -176,6 +176,7 @@ def _ensure_plain(entries: ChunkEntries, chunks: list[RegisteredChunk], report: 
 
 def store_plain(entries: ChunkEntries, chunk: RegisteredChunk, report: IngestReport) -> KVEntry:
     entry = entries.computer.compute_plain([chunk.token_ids])[0]  # one chunk per pass: see the module docstring
+    entry = entries.entry_store.as_stored(entry)  # fused neighbours read what the store holds
     _put(entries, entry, "plain")
     report.plain_computed += 1
     return entry

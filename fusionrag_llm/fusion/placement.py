@@ -1,6 +1,7 @@
 """Placing a stored entry into a request's cache: rotary at the positions it takes there.
 
 Stored keys are position-free (before rotary), so one entry serves any position of any prompt.
+A quantized entry is moved packed and expanded on the cache's device (``storage/quantize.py``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import torch
 
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.models.llama import DecoderLM
-from fusionrag_llm.storage import KVEntry
+from fusionrag_llm.storage import KVEntry, kv_tensors
 
 
 def place_entry(model: DecoderLM, cache: KVCache, entry: KVEntry, start_position: int,
@@ -18,9 +19,9 @@ def place_entry(model: DecoderLM, cache: KVCache, entry: KVEntry, start_position
     positions from ``start_position``; returns the slots."""
     slots = cache.reserve(len(entry.token_ids)) if slots is None else slots
     positions = torch.arange(start_position, start_position + len(slots), device=slots.device)
-    keys = entry.keys.to(device=cache.keys.device, dtype=cache.keys.dtype)
+    keys, values = kv_tensors(entry, cache.keys.device, cache.keys.dtype)  # a packed entry expands on the device
     cache.keys[:, :, slots] = model.rotate(keys.contiguous(), positions)
-    cache.values[:, :, slots] = entry.values.to(device=cache.keys.device, dtype=cache.keys.dtype)
+    cache.values[:, :, slots] = values
     cache.positions[slots] = positions
     cache.valid[slots] = True
     return slots

@@ -106,6 +106,11 @@ class DocumentIndex:
                 self._catch_up(session)
                 if self.meta is None:
                     self._append(session, [json.dumps({"meta": asdict(meta)})])
+        if self.meta.model_fingerprint != meta.model_fingerprint and self.meta.model == meta.model:
+            raise FusionRAGError(  # the storage fingerprint also names the compute dtype and the KV codec
+                f"the document index {self.where} was built with model {meta.model!r} under another --dtype or "
+                "--kv-codec; give the ones it was ingested with or use another --store"
+            )
         if self.meta.model_fingerprint != meta.model_fingerprint:
             raise FusionRAGError(
                 f"the document index {self.where} was built with model {self.meta.model!r}, not {meta.model!r}; "

@@ -29,13 +29,14 @@ def corpus(tmp_path):
 
 def test_ingest_then_query_then_resume(corpus, tmp_path):
     store = str(tmp_path / "store")
-    first = run("ingest", str(corpus), "--model", "tiny", "--store", store, "--neighbors", "2")
+    exact = ("--kv-codec", "float32")  # the compute dtype: path blocks are exact, so chunk 1 is served exactly
+    first = run("ingest", str(corpus), "--model", "tiny", "--store", store, "--neighbors", "2", *exact)
     assert first.exit_code == 0, first.output
     assert "3 files, 3 chunks (3 new): 3 plain and 3 fused entries computed" in first.output
-    again = run("ingest", str(corpus), "--model", "tiny", "--store", store, "--neighbors", "2")
+    again = run("ingest", str(corpus), "--model", "tiny", "--store", store, "--neighbors", "2", *exact)
     assert "(0 new): 0 plain and 0 fused entries computed" in again.output
     answer = run("query", "Which river flows through Quennel?", "--model", "tiny", "--store", store,
-                 "--top-k", "2", "--max-new-tokens", "3", "--show-chunks")  # fmt: skip
+                 "--top-k", "2", "--max-new-tokens", "3", "--show-chunks", *exact)  # fmt: skip
     assert answer.exit_code == 0, answer.output
     assert "river.md" in answer.output.splitlines()[0]  # the best hit is the river document
     assert "exact 1, chunk 1, miss 0" in answer.output and "recomputed" in answer.output  # chunk 1 follows S0
@@ -119,3 +120,17 @@ def test_every_option_of_every_command_has_help():
     missing = [f"{name} {param.name}" for name, command in commands(cli) for param in command.params
                if isinstance(param, click.Option) and not param.help]  # fmt: skip
     assert not missing, missing
+
+
+def test_commands_keep_bf16_entries_by_default_and_each_codec_has_its_own(corpus, tmp_path):
+    store = str(tmp_path / "store")
+    assert run("ingest", str(corpus), "--model", "tiny", "--store", store, "--no-fuse").exit_code == 0
+    question = ("query", "Which river flows through Quennel?", "--model", "tiny", "--store", store, "--top-k", "2",
+                "--max-new-tokens", "2", "--method", "full_reuse")  # fmt: skip
+    default = run(*question)
+    assert default.exit_code == 0, default.output
+    assert "exact 0, chunk 2, miss 0" in default.output  # bf16 entries: served as chunks, never as exact blocks
+    other = run(*question, "--kv-codec", "int8")  # int8 entries have keys of their own: not this store's
+    assert other.exit_code != 0 and "--kv-codec" in other.output
+    bad = run(*question, "--kv-codec", "int3")
+    assert bad.exit_code != 0 and "int4" in bad.output

@@ -90,7 +90,7 @@ def test_raw_bytes_are_those_of_format_version_2():
 def test_registry_is_keyed_by_id_and_refuses_what_is_not_a_codec(int8_codec):
     assert isinstance(int8_codec, EntryCodec) and CODECS.get("int8-row-test") is int8_codec
     assert "raw" in CODECS.ids() and "int8-row-test" in CODECS.ids()
-    with pytest.raises(ValueError, match="unknown codec 'nope'; registered: int8-row-test, raw"):
+    with pytest.raises(ValueError, match="unknown codec 'nope'; registered: fp8, int4, int8, int8-row-test, raw"):
         CODECS.get("nope")
     with pytest.raises(ValueError, match="taken"):
         CODECS.register(Int8RowCodec())
