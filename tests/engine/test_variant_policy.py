@@ -101,26 +101,6 @@ def test_check_keeps_the_variant_closer_to_the_exact_kv_and_changes_nothing_else
                        rag.logits(request, targets, method="fusionrag", recompute_ratio=0.0, kv_variant=expected))
 
 
-def test_check_declines_fused_entries_far_from_the_exact_kv():
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
-    rag.add_chunks(TEXTS, embeddings=[[1, 0], [0.9, 0.1], [0, 1], [0.1, 0.9]], neighbors=1)
-    for key in rag.store.keys():  # spoil every fused entry's KV at the checked layer
-        entry = rag.store.get(key)[0]
-        if entry.meta.get("variant") == "fused":
-            keys = entry.keys.clone()
-            keys[VARIANT_CHECK_LAYER] += 50.0
-            rag.store.put(key, KVEntry(entry.token_ids, keys, entry.values, entry.meta))
-    request = RAGRequest(chunks=TEXTS, question="Who runs the ferry?")
-    checked = rag.generate(request, method="fusionrag", recompute_ratio=0.2, max_new_tokens=3, variant_policy="check")
-    plain = rag.generate(request, method="fusionrag", recompute_ratio=0.2, max_new_tokens=3, kv_variant="plain")
-    assert checked.stats.variant_hits == {"fused": 0, "plain": 3} and checked.stats.fused_declined == 3
-    assert checked.token_ids == plain.token_ids
-    assert torch.equal(rag.logits(request, [5, 6], method="fusionrag", recompute_ratio=0.2, variant_policy="check"),
-                       rag.logits(request, [5, 6], method="fusionrag", recompute_ratio=0.2, kv_variant="plain"))
-    many = rag.generate_many([request, request], method="fusionrag", recompute_ratio=0.2, max_new_tokens=3, variant_policy="check")
-    assert [m.token_ids for m in many] == [plain.token_ids] * 2
-
-
 def _spoil(rag, variant, layers):
     """Add 50 to the keys of every stored entry of ``variant`` at ``layers``."""
     for key in rag.store.keys():
@@ -131,21 +111,33 @@ def _spoil(rag, variant, layers):
             rag.store.put(key, KVEntry(entry.token_ids, keys, entry.values, entry.meta))
 
 
-def test_probe_declines_fused_entries_whose_upper_layers_are_far_off():
+def _spoiled_rag(layers):
+    """A fresh engine over TEXTS whose fused entries' keys are 50 off at ``layers``."""
     rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
     rag.add_chunks(TEXTS, embeddings=[[1, 0], [0.9, 0.1], [0, 1], [0.1, 0.9]], neighbors=1)
-    layers = rag.engine.model.cfg.num_layers
-    _spoil(rag, "fused", slice(layers // 2, layers))  # only what the probe compares: the upper half
+    _spoil(rag, "fused", layers)
+    return rag
+
+
+def _assert_every_chunk_is_served_plain(rag, policy):
     request = RAGRequest(chunks=TEXTS, question="Who runs the ferry?")
-    probed = rag.generate(request, method="fusionrag", recompute_ratio=0.2, max_new_tokens=3, variant_policy="probe")
+    chosen = rag.generate(request, method="fusionrag", recompute_ratio=0.2, max_new_tokens=3, variant_policy=policy)
     plain = rag.generate(request, method="fusionrag", recompute_ratio=0.2, max_new_tokens=3, kv_variant="plain")
-    assert probed.stats.variant_hits == {"fused": 0, "plain": 3} and probed.stats.fused_declined == 3
-    assert probed.token_ids == plain.token_ids
-    assert torch.equal(rag.logits(request, [5, 6], method="fusionrag", recompute_ratio=0.2, variant_policy="probe"),
+    assert chosen.stats.variant_hits == {"fused": 0, "plain": 3} and chosen.stats.fused_declined == 3
+    assert chosen.token_ids == plain.token_ids
+    assert torch.equal(rag.logits(request, [5, 6], method="fusionrag", recompute_ratio=0.2, variant_policy=policy),
                        rag.logits(request, [5, 6], method="fusionrag", recompute_ratio=0.2, kv_variant="plain"))
-    many = rag.generate_many([request, request], method="fusionrag", recompute_ratio=0.2, max_new_tokens=3,
-                             variant_policy="probe")  # fmt: skip
+    many = rag.generate_many([request, request], method="fusionrag", recompute_ratio=0.2, max_new_tokens=3, variant_policy=policy)
     assert [m.token_ids for m in many] == [plain.token_ids] * 2
+
+
+def test_check_declines_fused_entries_far_from_the_exact_kv():
+    _assert_every_chunk_is_served_plain(_spoiled_rag(VARIANT_CHECK_LAYER), "check")
+
+
+def test_probe_declines_fused_entries_whose_upper_layers_are_far_off():
+    layers = FusionRAG.from_pretrained("tiny", store=":memory:").engine.model.cfg.num_layers
+    _assert_every_chunk_is_served_plain(_spoiled_rag(slice(layers // 2, layers)), "probe")  # only what the probe compares
 
 
 def test_probe_keeps_a_fused_entry_that_holds_this_prompts_exact_kv():
