@@ -29,7 +29,7 @@ workers_option = click.option(
 dtype_option = click.option("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU).")
 
 
-def kv_codec_option(default: str | None = CLI_DEFAULT_KV_CODEC, none_means: str = ""):
+def kv_codec_option(default: str | None = CLI_DEFAULT_KV_CODEC, none_means: str = "; 'model': the compute dtype, exact"):
     """``--kv-codec``: how the store keeps chunk KV; the same value must be given to every command on one store."""
     choices = [*KV_CODECS, *(["model"] if default is None else [])]
     return click.option(

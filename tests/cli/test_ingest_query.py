@@ -122,15 +122,16 @@ def test_every_option_of_every_command_has_help():
     assert not missing, missing
 
 
-def test_commands_keep_bf16_entries_by_default_and_each_codec_has_its_own(corpus, tmp_path):
+def test_a_bf16_store_is_read_with_bf16_and_each_codec_has_its_own_keys(corpus, tmp_path):
     store = str(tmp_path / "store")
-    assert run("ingest", str(corpus), "--model", "tiny", "--store", store, "--no-fuse").exit_code == 0
+    assert run("ingest", str(corpus), "--model", "tiny", "--store", store, "--no-fuse", "--kv-codec", "bf16").exit_code == 0
     question = ("query", "Which river flows through Quennel?", "--model", "tiny", "--store", store, "--top-k", "2",
                 "--max-new-tokens", "2", "--method", "full_reuse")  # fmt: skip
-    default = run(*question)
-    assert default.exit_code == 0, default.output
-    assert "exact 0, chunk 2, miss 0" in default.output  # bf16 entries: served as chunks, never as exact blocks
-    other = run(*question, "--kv-codec", "int8")  # int8 entries have keys of their own: not this store's
-    assert other.exit_code != 0 and "--kv-codec" in other.output
+    same = run(*question, "--kv-codec", "bf16")
+    assert same.exit_code == 0, same.output
+    assert "exact 0, chunk 2, miss 0" in same.output  # bf16 entries: served as chunks, never as exact blocks
+    for other in ([], ["--kv-codec", "int8"]):  # the default (the compute dtype) and int8 have keys of their own
+        refused = run(*question, *other)
+        assert refused.exit_code != 0 and "--kv-codec" in refused.output
     bad = run(*question, "--kv-codec", "int3")
     assert bad.exit_code != 0 and "int4" in bad.output
