@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from fusionrag_llm import CLI_DEFAULT_KV_CODEC, DEFAULT_MODEL, FUSED_ORDERS, KV_CODECS, METHODS
+from fusionrag_llm import DEFAULT_MODEL, FUSED_ORDERS, KV_CODECS, METHODS
 
 model_option = click.option(
     "--model", default=DEFAULT_MODEL, show_default=True,
@@ -29,8 +29,11 @@ workers_option = click.option(
 dtype_option = click.option("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU).")
 
 
-def kv_codec_option(default: str | None = CLI_DEFAULT_KV_CODEC, none_means: str = "; 'model': the compute dtype, exact"):
-    """``--kv-codec``: how the store keeps chunk KV; the same value must be given to every command on one store."""
+def kv_codec_option(default: str | None = None, none_means: str = "; 'model': the compute dtype, exact"):
+    """``--kv-codec``: how the store keeps chunk KV; the same value must be given to every command on one store.
+
+    The default is the compute dtype, like the Python API's: a store does not record its codec, so another
+    default here would make a store ingested on the command line look empty to ``from_pretrained``."""
     choices = [*KV_CODECS, *(["model"] if default is None else [])]
     return click.option(
         "--kv-codec", default=default or "model", show_default=True, type=click.Choice(choices),

@@ -43,7 +43,6 @@ _EXPORTS = {
     "DEFAULT_MODEL": "fusionrag_llm.models.default_model",
     "MissingDependencyError": "fusionrag_llm.errors",
     "KV_CODECS": "fusionrag_llm.engine.kv_codecs",
-    "CLI_DEFAULT_KV_CODEC": "fusionrag_llm.engine.kv_codecs",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -65,7 +64,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from fusionrag_llm.api import FusionRAG
-    from fusionrag_llm.engine.kv_codecs import CLI_DEFAULT_KV_CODEC, KV_CODECS
+    from fusionrag_llm.engine.kv_codecs import KV_CODECS
     from fusionrag_llm.engine.llm_engine import Generation
     from fusionrag_llm.engine.methods import KV_VARIANTS, METHODS, MethodSpec, RunPlan, check_run_options
     from fusionrag_llm.engine.sampling import SamplingParams

@@ -31,10 +31,6 @@ KV_CODECS: dict[str, tuple[str | None, str]] = {
     "int4": (None, "int4"),
 }
 _ALIASES = {"fp32": "float32", "bfloat16": "bf16", "float16": "fp16"}
-# What `fusionrag ingest/query/serve` store with unless told: the compute dtype, like the Python API.
-# A store does not record its codec, so a CLI default other than the API's would make a store ingested
-# on the command line look empty to `FusionRAG.from_pretrained(store=...)` (every key differs).
-CLI_DEFAULT_KV_CODEC = None
 
 
 def check_kv_codec(kv_codec: str) -> str:

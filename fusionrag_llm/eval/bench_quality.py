@@ -107,6 +107,7 @@ def run_quality(rag, examples: list[QAExample], config: QualityConfig, log: Part
     run = QualityRun(skipped=sum(len(jobs(config.methods, config.ratios)) - len(t) for t in todo.values()))
     pending = [ex for ex in examples if todo[ex.id]]
     if not pending:
+        run.store = footprint(rag.store)
         return run  # everything was resumed: no offline stage needed
     run.offline = _offline_stage(rag, examples, config, progress)
     _warm_up(rag, pending[0], config)

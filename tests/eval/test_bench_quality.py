@@ -136,15 +136,16 @@ def test_musique_file(tmp_path):
     assert _rows(data)[("fusionrag", 0.15)]["questions"] == 2
 
 
-def test_kv_codec_is_recorded_with_the_stores_bytes_per_token(synthetic_run, tmp_path):
-    default = json.loads((synthetic_run[0] / "quality.json").read_text())
-    first_line = (synthetic_run[0] / "quality.partial.jsonl").read_text().splitlines()[0]
+def test_kv_codec_is_recorded_with_the_stores_bytes_per_token(tmp_path):
+    args = [*SYNTHETIC[: SYNTHETIC.index("--methods")], "--methods", "full_attention,full_reuse", "--ratios", "0",
+            *SYNTHETIC[SYNTHETIC.index("--model") :]]  # fmt: skip
+    _invoke([*args, "--out", str(tmp_path / "model")])
+    default = json.loads((tmp_path / "model" / "quality.json").read_text())
+    first_line = (tmp_path / "model" / "quality.partial.jsonl").read_text().splitlines()[0]
     assert "kv_codec" not in json.loads(first_line)["config"]  # logs of the lossless default stay resumable
     assert default["config"]["kv_codec"] == "model" and default["run"]["store"]["codec"] == "raw"
-    args = [*SYNTHETIC[: SYNTHETIC.index("--methods")], "--methods", "full_attention,full_reuse", "--ratios", "0",
-            *SYNTHETIC[SYNTHETIC.index("--model") :], "--kv-codec", "int4", "--out", str(tmp_path)]  # fmt: skip
-    _invoke(args)
-    packed = json.loads((tmp_path / "quality.json").read_text())
+    _invoke([*args, "--kv-codec", "int4", "--out", str(tmp_path / "int4")])
+    packed = json.loads((tmp_path / "int4" / "quality.json").read_text())
     assert packed["config"]["kv_codec"] == "int4" and packed["run"]["store"]["codec"] == "int4"
     ratio = packed["run"]["store"]["entry_bytes_per_token"] / default["run"]["store"]["entry_bytes_per_token"]
     assert 0.1 < ratio < 0.25  # 4 bits and scales against 32 bits
