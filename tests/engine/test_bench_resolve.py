@@ -16,7 +16,7 @@ def test_resolve_bench_reports_plan_and_assembly_cost_per_token(tmp_path):
     rows = result["rows"]
     assert [r["chunks"] for r in rows] == [4, 8] and all(r["within_window"] for r in rows)
     assert all(r["prompt_tokens"] > 64 * r["chunks"] for r in rows)  # chunks plus prefix, separators and suffix
-    assert all(0 < r["plan_s"] < r["plan_assemble_s"] for r in rows)
+    assert all(r["plan_s"] > 0 and r["plan_assemble_s"] > 0 for r in rows)  # one timed sample each: no order between them
     assert all(r["plan_us_per_token"] > 0 and r["plan_assemble_us_per_token"] > 0 for r in rows)
     written = json.loads((tmp_path / "resolve.json").read_text())
     assert written["rows"] == rows and written["config"]["out"] == str(tmp_path)
