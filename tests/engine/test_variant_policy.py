@@ -79,17 +79,22 @@ def _distance(entry, exact_keys, exact_values):
     return float(((entry.keys[layer] - exact_keys) ** 2).sum() + ((entry.values[layer] - exact_values) ** 2).sum())
 
 
-@pytest.mark.parametrize("chunks", [[0, 1], [0, 2], [3, 1], [1, 3]])
-def test_check_keeps_the_variant_closer_to_the_exact_kv_and_changes_nothing_else(rag, chunks):
-    """One chunk after the exact first one: the policy's choice is computed here independently (the
-    prompt's exact KV, rotary-free, against each stored variant) and the run equals that variant's."""
-    request = RAGRequest(chunks=[TEXTS[i] for i in chunks], question="Who is it about?")
+def _second_chunk_exact(rag, request):
+    """The request's second chunk segment, the prompt's exact (rotary-free) KV, and that chunk's span in it."""
     segments = rag.segments(request)
     ids = [token for segment in segments for token in segment.token_ids]
     second = [s for s in segments if s.kind == "chunk"][1]
     start = sum(len(s.token_ids) for s in segments[: segments.index(second)])
     exact = rag.parts.entries.computer.compute_exact(tuple(ids))
-    span = slice(start, start + len(second.token_ids))
+    return second, exact, slice(start, start + len(second.token_ids))
+
+
+@pytest.mark.parametrize("chunks", [[0, 1], [0, 2], [3, 1], [1, 3]])
+def test_check_keeps_the_variant_closer_to_the_exact_kv_and_changes_nothing_else(rag, chunks):
+    """One chunk after the exact first one: the policy's choice is computed here independently (the
+    prompt's exact KV, rotary-free, against each stored variant) and the run equals that variant's."""
+    request = RAGRequest(chunks=[TEXTS[i] for i in chunks], question="Who is it about?")
+    second, exact, span = _second_chunk_exact(rag, request)
     variants = _stored(rag, second.token_ids)
     near = {name: _distance(entry, exact.keys[VARIANT_CHECK_LAYER, :, span], exact.values[VARIANT_CHECK_LAYER, :, span])
             for name, entry in variants.items()}  # fmt: skip
@@ -146,12 +151,7 @@ def test_probe_keeps_a_fused_entry_that_holds_this_prompts_exact_kv():
     rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
     rag.add_chunks(TEXTS, embeddings=[[1, 0], [0.9, 0.1], [0, 1], [0.1, 0.9]], neighbors=1)
     request = RAGRequest(chunks=TEXTS[:2], question="Who keeps the lighthouse?")
-    segments = rag.segments(request)
-    ids = [token for segment in segments for token in segment.token_ids]
-    second = [s for s in segments if s.kind == "chunk"][1]
-    start = sum(len(s.token_ids) for s in segments[: segments.index(second)])
-    exact = rag.parts.entries.computer.compute_exact(tuple(ids))
-    span = slice(start, start + len(second.token_ids))
+    second, exact, span = _second_chunk_exact(rag, request)
     for key in rag.store.keys():
         entry = rag.store.get(key)[0]
         if entry.token_ids == tuple(second.token_ids) and entry.meta.get("variant") == "fused":
