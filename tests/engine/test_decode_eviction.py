@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
+from cli_store import cli_ingested_store
 
 from fusionrag_llm import DecodeEviction, FusionRAG, FusionRAGError, RAGRequest
 from fusionrag_llm.cli.main import cli
@@ -245,13 +246,8 @@ def test_keep_index_pools_and_keeps_protected_slots():
 
 
 def test_the_cli_query_takes_a_decode_kv_budget(tmp_path):
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    for i, text in enumerate(CHUNKS):
-        (docs / f"{i}.md").write_text(text)
-    store = str(tmp_path / "store")
+    store = cli_ingested_store(tmp_path, CHUNKS)
     runner = CliRunner()
-    assert runner.invoke(cli, ["ingest", str(docs), "--model", "tiny", "--store", store, "--neighbors", "1"]).exit_code == 0
     base = ["query", "Where was the designer born?", "--model", "tiny", "--store", store, "--method", "a3",
             "--ratio", "0.3", "--top-k", "3", "--max-new-tokens", "2"]  # fmt: skip
     result = runner.invoke(cli, [*base, "--decode-kv-budget", "8"])

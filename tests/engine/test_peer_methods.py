@@ -6,6 +6,7 @@ method of the registry through generate, stream, logits, generate_many and the C
 import pytest
 import torch
 from click.testing import CliRunner
+from cli_store import cli_ingested_store
 
 from fusionrag_llm import METHODS, FusionRAG, RAGRequest
 from fusionrag_llm.cli.main import cli
@@ -81,13 +82,8 @@ def test_every_method_runs_through_every_entry_point(rag, method):
 
 @pytest.mark.parametrize("method", ["a3", "epic", "cacheclip", "cache_craft", "ape"])
 def test_the_cli_offers_the_peer_methods(tmp_path, method):
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    for i, text in enumerate(CHUNKS):
-        (docs / f"{i}.md").write_text(text)
-    store = str(tmp_path / "store")
+    store = cli_ingested_store(tmp_path, CHUNKS)
     runner = CliRunner()
-    assert runner.invoke(cli, ["ingest", str(docs), "--model", "tiny", "--store", store, "--neighbors", "1"]).exit_code == 0
     result = runner.invoke(cli, ["query", "Where was the designer born?", "--model", "tiny", "--store", store,
                                  "--method", method, "--ratio", "0.3", "--top-k", "3", "--max-new-tokens", "2"])  # fmt: skip
     assert result.exit_code == 0, result.output
