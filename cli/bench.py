@@ -128,7 +128,7 @@ def bench() -> None:
 @click.option("--fused-order", default=DEFAULT_FUSED_ORDER, show_default=True, type=click.Choice(FUSED_ORDERS),
               help="Layout of the fused entries ingested and read: neighbours most similar first (the paper's), "
                    "most similar last, or in registration order.")  # fmt: skip
-@kv_codec_option(None, "; default 'model': the compute dtype, lossless, as every earlier recorded run")
+@kv_codec_option("model", ", lossless, as every earlier recorded run")
 def quality(dataset, methods, ratios, passages, limit, skip, words_per_passage, model, device, dtype, neighbors,
             max_new_tokens, seed, out, fresh, store, host_gib, disk_gib, progress, fused_order, kv_codec) -> None:  # fmt: skip
     """F1/EM vs gold answers and fidelity to Full Attention (KL, first token, greedy EM) per method and ratio."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from fusionrag_llm import CATALOG_FILE, registered_chunk_count
+from fusionrag_llm import CATALOG_FILE, FusionRAGError, recorded_kv_codec, registered_chunk_count
 from fusionrag_llm.ingest.doc_index import DOCUMENTS_LOG, LEGACY_FOLDER, DocumentIndex
 from fusionrag_llm.paths import store_dir
 from fusionrag_llm.storage import (
@@ -51,6 +51,7 @@ def stats(folder: str | None) -> None:
     """Entries and bytes on disk, and the registered chunks (exit 1 when the index is damaged)."""
     path = _folder(folder)
     click.echo(f"store: {path}")
+    click.echo(f"kv_codec: {_codec_line(path)}")
     damaged = None
     try:
         with TieredStore(path) as store:
@@ -71,6 +72,14 @@ def stats(folder: str | None) -> None:
         click.echo(f"  (plus the older index in {path / LEGACY_FOLDER}, moved into {DOCUMENTS_LOG} by the next ingest or query)")
     if damaged is not None:
         raise SystemExit(1)
+
+
+def _codec_line(path: Path) -> str:
+    try:
+        recorded = recorded_kv_codec(path)
+    except FusionRAGError as exc:
+        return f"unknown ({exc})"
+    return "not recorded (a store made before records: the compute dtype)" if recorded is None else recorded
 
 
 @cache.command()

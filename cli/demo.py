@@ -43,7 +43,7 @@ def distractor_passages(count: int) -> list[str]:
               help="Also answer with llama.cpp on the model's GGUF file (when llama-cpp-python is installed).")  # fmt: skip
 @click.option("--store", default=":memory:", show_default=True, help="KV store folder (the demo keeps it in memory).")
 @click.option("-v", "--verbose", is_flag=True, help="Show ingestion progress and the engine's logs.")
-@kv_codec_option(None, "; default 'model': the compute dtype, as the demo's recorded results")
+@kv_codec_option("model", ", as the demo's recorded results")
 def demo(model: str, device: str | None, dtype: str | None, ratio: float, max_new_tokens: int, distractors: int,
          llama_cpp: bool, store: str, verbose: bool, kv_codec: str | None) -> None:  # fmt: skip
     """Every method, and llama.cpp when installed, on a small bundled corpus: TTFT, speed-up, answers."""

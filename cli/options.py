@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from fusionrag_llm import DEFAULT_MODEL, FUSED_ORDERS, KV_CODECS, METHODS
+from fusionrag_llm import DEFAULT_KV_CODEC, DEFAULT_MODEL, FUSED_ORDERS, KV_CODECS, METHODS
 
 model_option = click.option(
     "--model", default=DEFAULT_MODEL, show_default=True,
@@ -29,17 +29,14 @@ workers_option = click.option(
 dtype_option = click.option("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU).")
 
 
-def kv_codec_option(default: str | None = None, none_means: str = "; 'model': the compute dtype, exact"):
-    """``--kv-codec``: how the store keeps chunk KV; the same value must be given to every command on one store.
-
-    The default is the compute dtype, like the Python API's: a store does not record its codec, so another
-    default here would make a store ingested on the command line look empty to ``from_pretrained``."""
-    choices = [*KV_CODECS, *(["model"] if default is None else [])]
+def kv_codec_option(default: str | None = None, why: str = ""):
+    """``--kv-codec``: how the store keeps chunk KV. Without a default, the codec the store folder
+    records (``engine/store_codec.py``), else ``DEFAULT_KV_CODEC`` for a new store, as in the Python API."""
+    shown = default or f"the store's recorded codec; a new store: {DEFAULT_KV_CODEC}"
     return click.option(
-        "--kv-codec", default=default or "model", show_default=True, type=click.Choice(choices),
-        callback=lambda ctx, param, value: None if value == "model" else value,
-        help="How the store keeps chunk KV: float32, bf16, fp16, or quantized int8, fp8, int4 (smaller, approximate; "
-             f"part of the entry keys, so give every command on one store the same){none_means}.",
+        "--kv-codec", default=default, type=click.Choice(list(KV_CODECS)),
+        help="How the store keeps chunk KV: 'model' (the compute dtype, exact), float32, bf16, fp16, or quantized "
+             f"int8, fp8, int4 (smaller, approximate; part of the entry keys). Default: {shown}{why}.",
     )  # fmt: skip
 
 

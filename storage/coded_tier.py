@@ -13,9 +13,9 @@ import threading
 
 from .byte_tier import ByteTier, Problem
 from .codec import EntryCodec
-from .codec_registry import RAW, check_codec
+from .codec_registry import CODECS, RAW, check_codec
 from .entry import KVEntry
-from .frame import CorruptEntryError, StaleEntryError
+from .frame import CorruptEntryError, StaleEntryError, unpack_frame
 from .keys import check_key
 from .stats import TierStats
 from .verify import VerifyReport
@@ -155,9 +155,13 @@ class CodedTier:
             self.bytes.discard(key, data)
 
     def classify(self, key: str, data: bytes) -> Problem | None:
-        """What is wrong with `data` stored under `key` (`verify`'s report field, detail), or None."""
+        """What is wrong with `data` stored under `key` (`verify`'s report field, detail), or None.
+
+        An entry another registered codec wrote (a store folder may hold entries of several codecs,
+        each under keys of its own) is checked with that codec, so `verify` never takes a valid
+        entry for a stale one; stale means a format or codec this reader does not know."""
         try:
-            stored_key, _ = self.codec.decode_keyed(data)
+            stored_key, _ = self._writer_of(data).decode_keyed(data)
         except StaleEntryError as exc:
             return "stale", str(exc)
         except CorruptEntryError as exc:
@@ -165,6 +169,14 @@ class CodedTier:
         if stored_key != key:
             return "mismatched", f"holds the entry of key {stored_key}"
         return None
+
+    def _writer_of(self, data: bytes) -> EntryCodec:
+        """The registered codec whose frame `data` is (this tier's when it names none known)."""
+        try:
+            codec_id = unpack_frame(data).codec_id
+        except (CorruptEntryError, StaleEntryError):
+            return self.codec  # its decode reports the problem
+        return CODECS.get(codec_id) if codec_id != self.codec.codec_id and codec_id in CODECS else self.codec
 
     # ----------------------------------------------------------------------------- whole tier
     def delete(self, key: str) -> bool:

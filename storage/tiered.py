@@ -154,8 +154,11 @@ class TieredStore(PinningMixin):
         return [tier.name for tier in [*self._memory, *self._bytes]]
 
     # ----------------------------------------------------------------------------- mapping API
-    def put(self, key: str, entry: KVEntry, *, persist: bool = False) -> bool:
+    def put(self, key: str, entry: KVEntry, *, persist: bool = False, exact: bool = False) -> bool:
         """Store a copy of `entry` in its `stored_form`; True when some tier holds it.
+
+        `exact=True` keeps the entry's own dtype (no cast to `storage_dtype`): an exact entry beside
+        approximate ones. A quantizing codec's tiers keep packed entries only: `ValueError` there.
 
         It goes to the home tier (the disk) and the lowest memory tier. When the home does not take
         it (full disk or lock timeout: logged; over budget: logged; read-only store: said once at
@@ -167,7 +170,7 @@ class TieredStore(PinningMixin):
         self._check_open()
         if not isinstance(entry, KVEntry):
             raise ValueError(f"put expects a KVEntry, got {type(entry).__name__}")
-        stored = self.stored_form(entry)
+        stored = self.stored_form(entry, exact=exact)
         on_home, on_shared = self._write_through(key, stored, persist)
         self._forget_above_home(key)
         with self._lock:
@@ -190,13 +193,16 @@ class TieredStore(PinningMixin):
                 on_shared = tier.put_bytes(key, data) or on_shared
         return on_home, on_shared
 
-    def stored_form(self, entry: KVEntry) -> KVEntry:
-        """A copy of `entry` on the host as this store keeps it: cast to `storage_dtype`, then packed
-        by the codec when it quantizes (`compress`). Callers that use an entry they just computed
-        use this form, so a key gives the same numbers whether the entry is fresh or read back."""
+    def stored_form(self, entry: KVEntry, exact: bool = False) -> KVEntry:
+        """A copy of `entry` on the host as this store keeps it: cast to `storage_dtype` (unless
+        `exact`), then packed by the codec when it quantizes (`compress`). Callers that use an entry
+        they just computed use this form, so a key gives the same numbers whether the entry is fresh
+        or read back."""
         compress = getattr(self._codec, "compress", None)
         if compress is None:
-            return entry.copy_to("cpu", self._storage_dtype)
+            return entry.copy_to("cpu", None if exact else self._storage_dtype)
+        if exact:
+            raise ValueError(f"codec {self.codec_id!r} keeps packed entries only; this store holds no exact entries")
         if self._storage_dtype is not None and not entry.extras:
             entry = entry.copy_to(dtype=self._storage_dtype)
         packed = compress(entry)

@@ -190,9 +190,9 @@ class LLMEngine:
 
     def _turns_apply(self, plan: RunPlan) -> bool:
         """Whether runs under ``plan`` read and keep turn KV: not when chunks share positions or see
-        rescaled attention (no prefix of such a context is a plain path), nor in a lossy store (no
-        exact path blocks there)."""
-        return not plan.parallel_positions and plan.attention_scaling is None and self.entries.keys.lossless
+        rescaled attention (no prefix of such a context is a plain path), nor in a store that keeps no
+        exact path blocks (a quantizing codec's)."""
+        return not plan.parallel_positions and plan.attention_scaling is None and self.entries.keys.exact_blocks
 
     def abort(self, request_id: int) -> bool:
         """Stop a waiting or running request (and its forks); it finishes with reason ``"abort"``."""

@@ -72,7 +72,7 @@ class ContextPlan:
     segments: tuple[PlannedSegment, ...]
     boundaries: tuple[Boundary, ...]
     prompt_ids: TokenIds
-    lossless: bool  # the store keeps the compute dtype; False: no path blocks, exact prefixes in memory
+    exact_blocks: bool  # the store keeps exact path blocks; False: none, exact prefixes in memory
     variant_policy: str = "always"  # RunPlan.variant_policy
     attention_scaling: tuple[float, float] | None = None  # RunPlan.attention_scaling
 
@@ -127,14 +127,15 @@ def plan_context(segments: Sequence[Segment], run_plan: RunPlan, keys: EntryKeys
     boundaries = _boundaries(segments, spans, ids, keys, prefix_cache and not parallel)
     positions = _parallel_positions(segments) if parallel else [None] * len(segments)
     ends = {boundary.segment: boundary.key for boundary in boundaries}
-    exact = _exact_plain_index(segments, run_plan, keys)
+    first = _first_chunk_index(segments, run_plan, keys)
+    exact = first if keys.lossless else None
     planned = []
     for index, (segment, (start, end)) in enumerate(zip(segments, spans)):
-        candidates = _candidates(segment, run_plan, keys, index == exact)
+        candidates = _candidates(segment, run_plan, keys, index == first)
         chunk_id = chunk_id_of(segment.text) if segment.kind == "chunk" else None
         planned.append(PlannedSegment(segment.kind, tuple(segment.token_ids), start, end, ends.get(index),
                                       candidates, index == exact, chunk_id, positions[index]))  # fmt: skip
-    return ContextPlan(tuple(planned), tuple(boundaries), ids, keys.lossless, run_plan.variant_policy,
+    return ContextPlan(tuple(planned), tuple(boundaries), ids, keys.exact_blocks, run_plan.variant_policy,
                        run_plan.attention_scaling)  # fmt: skip
 
 
@@ -170,9 +171,10 @@ def _spans(segments: Sequence[Segment]) -> list[tuple[int, int]]:
 
 def _boundaries(segments: Sequence[Segment], spans: list[tuple[int, int]], ids: TokenIds, keys: EntryKeys,
                 prefix_cache: bool) -> list[Boundary]:  # fmt: skip
-    """Segment 0 ends a block, and so does each chunk with the prefix cache on; none in a lossy store."""
-    if not keys.lossless:
-        return []  # KV read back from a lossy store is not exact
+    """Segment 0 ends a block, and so does each chunk with the prefix cache on; none in a store that
+    keeps no exact blocks (a quantizing codec's)."""
+    if not keys.exact_blocks:
+        return []
     found: list[Boundary] = []
     for index, (segment, (_, end)) in enumerate(zip(segments, spans)):
         if index == 0 or (segment.kind == "chunk" and prefix_cache):
@@ -182,17 +184,20 @@ def _boundaries(segments: Sequence[Segment], spans: list[tuple[int, int]], ids: 
     return found
 
 
-def _exact_plain_index(segments: Sequence[Segment], run_plan: RunPlan, keys: EntryKeys) -> int | None:
-    """Index of the chunk whose plain entry is exact: one right after a prefix equal to S0."""
-    if not run_plan.reuses_chunks or not keys.lossless or len(segments) < 2 or segments[1].kind != "chunk":
+def _first_chunk_index(segments: Sequence[Segment], run_plan: RunPlan, keys: EntryKeys) -> int | None:
+    """Index of the chunk whose plain entry is its exact KV (up to the store's codec): one right after
+    a prefix equal to S0. It is served from that entry, never a fused one; in a lossless store it is
+    exact (nothing to recompute), in a lossy one a reused chunk like the others."""
+    if not run_plan.reuses_chunks or len(segments) < 2 or segments[1].kind != "chunk":
         return None
     return 1 if tuple(segments[0].token_ids) == keys.s0_ids else None
 
 
-def _candidates(segment: Segment, run_plan: RunPlan, keys: EntryKeys, exact: bool) -> tuple[ChunkCandidate, ...]:
-    """A reused chunk's entries in fallback order: its variant, then plain (on a miss: computed plain)."""
+def _candidates(segment: Segment, run_plan: RunPlan, keys: EntryKeys, first: bool) -> tuple[ChunkCandidate, ...]:
+    """A reused chunk's entries in fallback order: its variant, then plain (on a miss: computed plain);
+    the first chunk after S0: plain only."""
     if segment.kind != "chunk" or not run_plan.reuses_chunks:
         return ()
-    variant = "plain" if exact else run_plan.kv_variant
+    variant = "plain" if first else run_plan.kv_variant
     order = (variant, "plain") if variant != "plain" else ("plain",)
     return tuple(ChunkCandidate(name, keys.key(segment.token_ids, name)) for name in order)

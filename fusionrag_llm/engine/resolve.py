@@ -4,8 +4,8 @@ The paper's alternative path (DESIGN.md section 4.1). ``plan`` names every entry
 read (``fusionrag_llm.engine.plan``, no tensors); ``assemble_plan`` walks the chain of path blocks
 as far as the store has it, then serves the chunks after that from their fused or plain entries,
 computing a missing plain entry once, and places everything in the request's cache. Blocks are
-written only by runs whose context KV is exact, and only to a lossless store (one that keeps the
-compute dtype): KV read back from a lossy store is not exact.
+written only by runs whose context KV is exact, in the compute dtype (also in a store whose chunk
+entries are bf16 or fp16), and never to a quantizing codec's store (whose tiers keep packed KV).
 
 Entries are read without a copy and pinned until ``release``: from the store lookup (or the
 loader's, for ``pinned`` preloaded keys) until their KV has been placed in the request's cache.
@@ -149,9 +149,9 @@ class ContextResolver:
     def _place_prefix(self, context_plan: ContextPlan, cache: KVCache, counts: ResolveCounts) -> None:
         """Exact KV of segment 0 when no path block served it: computed, or from the lossy store's memo."""
         prefix = context_plan.segments[0]
-        if context_plan.boundaries:  # lossless: its block was just found missing, so compute and store it
+        if context_plan.boundaries:  # exact blocks kept: its block was just found missing, so compute and store it
             entry, hit = self.computer.compute_exact(prefix.token_ids), False
-            self.entry_store.put_keyed(context_plan.boundaries[0].key, entry)
+            self.entry_store.put_block(context_plan.boundaries[0].key, entry)
         else:
             entry, hit = self.computer.prefix_entry(prefix.token_ids)
         counts.computed_tokens += 0 if hit else len(prefix.token_ids)
@@ -223,7 +223,7 @@ class ContextResolver:
             rows = torch.searchsorted(recomputed, slots)
             entry = KVEntry(tuple(ids[boundary.start : boundary.end]), raw_keys[:, :, rows].clone(),
                             raw_values[:, :, rows].clone(), self.keys.meta("path"))  # fmt: skip
-            self.entry_store.put_keyed(boundary.key, entry)
+            self.entry_store.put_block(boundary.key, entry)
             stored += 1
         return stored
 

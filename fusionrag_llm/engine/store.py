@@ -15,7 +15,8 @@ import torch
 
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.models.loader import resolve_dtype
-from fusionrag_llm.engine.kv_codecs import resolve_kv_codec
+from fusionrag_llm.engine.kv_codecs import DEFAULT_KV_CODEC, check_kv_codec, kv_codec_of, resolve_kv_codec
+from fusionrag_llm.engine.store_codec import store_kv_codec
 from fusionrag_llm.paths import remote_url, store_dir
 from fusionrag_llm.storage import StoreBudgets, StoreDamagedError, StoreOptions, TieredStore
 
@@ -32,29 +33,39 @@ def open_store(store: StoreSpec, device: torch.device, store_dtype=None, budgets
     """A ``TieredStore`` from a folder (None: the default folder), ``":memory:"`` or a store itself;
     ``remote``: a Redis URL for the shared tier (default ``$FUSIONRAG_REMOTE``; not for a store given).
 
-    ``kv_codec`` (``engine/kv_codecs.py``) and ``store_dtype`` both say how entries are kept; give one."""
-    codec_id = "raw"
-    if kv_codec is not None:
-        if store_dtype is not None:
-            raise FusionRAGError(f"give kv_codec ({kv_codec!r}) or store_dtype ({store_dtype!r}), not both")
-        store_dtype, codec_id = resolve_kv_codec(kv_codec)
-    storage_dtype = None if store_dtype is None else resolve_dtype(store_dtype, device)
+    ``kv_codec`` (``engine/kv_codecs.py``) and ``store_dtype`` both say how entries are kept; give
+    one. Neither given: a folder's recorded codec (``engine/store_codec.py``), else ``DEFAULT_KV_CODEC``."""
+    if kv_codec is not None and store_dtype is not None:
+        raise FusionRAGError(f"give kv_codec ({kv_codec!r}) or store_dtype ({store_dtype!r}), not both")
     if isinstance(store, TieredStore):
-        _check_given_store(store, storage_dtype, codec_id, kv_codec)
+        if kv_codec is not None:
+            dtype, codec_id = resolve_kv_codec(kv_codec)
+            _check_given_store(store, None if dtype is None else resolve_dtype(dtype, device), codec_id, kv_codec)
         return store
+    if store is not None and store != MEMORY and not isinstance(store, (str, Path)):
+        raise FusionRAGError(f"store must be a folder, {MEMORY!r} or a TieredStore, got {type(store).__name__}")
+    storage_dtype = None if store_dtype is None else resolve_dtype(store_dtype, device)
+    requested = check_kv_codec(kv_codec) if kv_codec is not None else _codec_of_dtype(storage_dtype)
+    folder = None if store == MEMORY else (Path(store).expanduser() if store is not None else store_dir())
+    if folder is not None:
+        _make_folder(folder)
+    codec_id = "raw"
+    if store_dtype is None or requested is not None:  # a store_dtype without a codec name is kept as given
+        name = store_kv_codec(folder, requested) if folder is not None else requested or DEFAULT_KV_CODEC
+        dtype, codec_id = resolve_kv_codec(name)
+        storage_dtype = None if dtype is None else resolve_dtype(dtype, device)
     budgets = budgets or StoreBudgets()
     tier_device = device if device.type == "cuda" else None
     options = _options(remote if remote is not None else remote_url(), codec_id)
-    if store == MEMORY:
-        return _opened(None, budgets, tier_device, storage_dtype, options)
-    if store is not None and not isinstance(store, (str, Path)):
-        raise FusionRAGError(f"store must be a folder, {MEMORY!r} or a TieredStore, got {type(store).__name__}")
-    folder = Path(store).expanduser() if store is not None else store_dir()
-    _make_folder(folder)
     try:
         return _opened(folder, budgets, tier_device, storage_dtype, options)
     except StoreDamagedError as exc:
         raise DamagedStoreError(exc.directory, exc.problem) from exc
+
+
+def _codec_of_dtype(storage_dtype: torch.dtype | None) -> str | None:
+    """The ``kv_codec`` name of an older ``store_dtype`` argument (None: none given, or no name fits)."""
+    return None if storage_dtype is None else kv_codec_of(str(storage_dtype).removeprefix("torch."), "raw")
 
 
 def _options(remote: str | None, codec_id: str) -> StoreOptions:

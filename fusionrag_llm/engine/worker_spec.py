@@ -6,7 +6,8 @@ same entry keys as the engine the spec was taken from (same weights, dtype, pref
 and codec), so a worker can never write entries under keys the engine would not read.
 
 The store travels as ``StoreSettings``: its folder, budgets, ``StoreOptions`` (as a dict: a new
-option, such as the address of a remote tier, travels with it) and storage dtype.
+option, such as the address of a remote tier, travels with it) and storage dtype. A store with a
+remote tier gives its workers the same server: what they compute lands in the shared tier too.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from fusionrag_llm.models.fingerprint import fingerprint_of
 from fusionrag_llm.models.loader import LoadedModel, load_model
 from fusionrag_llm.storage import StoreBudgets, StoreOptions, TieredStore
 
-TIERS = ("device", "host", "disk")  # the tiers a store opened from settings is built with
+TIERS = ("device", "host", "disk", "remote")  # the tiers a store opened from settings is built with
 
 
 @dataclass(frozen=True)

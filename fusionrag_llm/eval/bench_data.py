@@ -65,7 +65,8 @@ def open_bench_rag(model: str, device: str | None, dtype: str | None, store: str
     prompt behind for the next method to reuse, so every method is measured on its own entries.
     ``store``: a folder (persistent, at most ``disk_gib`` GiB; resumed runs skip the offline stage)
     or ``None`` (memory only). Either way ``host_gib`` GiB of host memory; never the user's default
-    store. ``kv_codec``: how the store keeps chunk KV (None: the compute dtype, lossless).
+    store. ``kv_codec``: how the store keeps chunk KV (None: ``"model"``, the compute dtype, lossless,
+    not the product's default: every recorded run compares against it).
     """
     from fusionrag_llm import FusionRAG
     from fusionrag_llm.engine.store import MEMORY, open_store
@@ -76,5 +77,5 @@ def open_bench_rag(model: str, device: str | None, dtype: str | None, store: str
         raise ValueError(f"store budgets must be > 0 GiB, got host {host_gib}, disk {disk_gib}")
     loaded = load_model(model, device=device, dtype=dtype)
     budgets = StoreBudgets(host_bytes=int(host_gib * GiB), disk_bytes=int(disk_gib * GiB))
-    kv_store = open_store(MEMORY if store is None else store, loaded.model.device, budgets=budgets, kv_codec=kv_codec)
+    kv_store = open_store(MEMORY if store is None else store, loaded.model.device, budgets=budgets, kv_codec=kv_codec or "model")
     return FusionRAG(loaded, store=kv_store, prefix_cache=False)

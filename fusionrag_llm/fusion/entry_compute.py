@@ -38,16 +38,17 @@ class EntryComputer:
     def prefix_entry(self, token_ids: TokenIds) -> tuple[KVEntry, bool]:
         """Exact KV of a prompt prefix run from position 0 and whether it was already known.
 
-        A lossless store keeps it as the first block of a path; a lossy one cannot hold exact KV.
+        A store keeps it as the first block of a path, in the compute dtype; one of a quantizing
+        codec holds no exact KV, so it is kept in memory.
         """
-        if not self.keys.lossless:
+        if not self.keys.exact_blocks:
             return self._memo_prefix(tuple(token_ids))
         key = self.keys.path_block_key(None, token_ids)
         found = self.entry_store.fetch(key, token_ids, "path")
         if found is not None:
             return found[0], True
         entry = self.compute_exact(token_ids)
-        self.entry_store.put_keyed(key, entry)
+        self.entry_store.put_block(key, entry)
         return entry, False
 
     def _memo_prefix(self, token_ids: TokenIds) -> tuple[KVEntry, bool]:

@@ -8,9 +8,11 @@ written by another model is a miss. A fused entry's key and meta also name its n
 (``fused_order``, ``fusion/fused_order.py``); the default layout's keys are those of entries written
 before layouts existed, whose meta names none, so an existing store stays valid.
 
-A store that keeps entries in a lossy dtype (``kv_codec="bf16"`` under float32 compute) or through
-a quantizing codec (``kv_codec="int8"``, ...; the codec id fixes its settings) gets a fingerprint,
-and so keys, of its own, and never holds exact path blocks: such KV is approximate.
+A store that keeps chunk entries in a lossy dtype (``kv_codec="bf16"`` under float32 compute) or
+through a quantizing codec (``kv_codec="int8"``, ...; the codec id fixes its settings) gets a
+fingerprint, and so chunk keys, of its own: such KV is approximate. Path blocks are exact KV: a
+store of a float codec keeps them in the compute dtype under the model's own fingerprint (the keys
+a lossless store gives them); a quantizing codec's store holds none (its tiers keep packed entries).
 
 Example:
     >>> keys = EntryKeys("ab" * 32, s0_ids=(1, 2), lossless=True)
@@ -20,6 +22,11 @@ Example:
     True
     >>> keys.key((7, 8), "fused") == keys.with_fused_order("similar_last").key((7, 8), "fused")
     False
+    >>> bf16 = EntryKeys.for_store("ab" * 32, (1, 2), torch.float32, torch.bfloat16)
+    >>> bf16.key((7, 8), "plain") == keys.key((7, 8), "plain"), bf16.path_key((1, 2)) == keys.path_key((1, 2))
+    (False, True)
+    >>> bf16.lossless, bf16.exact_blocks, EntryKeys.for_store("ab" * 32, (1, 2), torch.float32, None, "int8").exact_blocks
+    (False, True, False)
 """
 
 from __future__ import annotations
@@ -56,15 +63,18 @@ def storage_fingerprint(fingerprint: str, model_dtype: torch.dtype, storage_dtyp
 class EntryKeys:
     """Keys and meta of the entries one model writes to one store, after the canonical prefix S0.
 
-    ``fingerprint`` is the storage fingerprint (see ``for_store``); ``lossless``: the store keeps
-    the compute dtype, so its path blocks can be exact; ``fused_order``: the layout of the fused
-    entries written and read (``fusion/fused_order.py``).
+    ``fingerprint`` is the storage fingerprint of chunk entries (see ``for_store``); ``lossless``:
+    chunk entries keep the compute dtype's exact numbers; ``fused_order``: the layout of the fused
+    entries written and read (``fusion/fused_order.py``); ``block_fingerprint``: the fingerprint of
+    exact path blocks kept in the compute dtype beside approximate chunk entries (None: a lossless
+    store's blocks share ``fingerprint``, a quantizing codec's store keeps none).
     """
 
     fingerprint: str
     s0_ids: TokenIds
     lossless: bool
     fused_order: str = DEFAULT_FUSED_ORDER
+    block_fingerprint: str | None = None
 
     def __post_init__(self) -> None:
         check_fused_order(self.fused_order)
@@ -79,8 +89,18 @@ class EntryKeys:
                   fused_order: str = DEFAULT_FUSED_ORDER) -> "EntryKeys":  # fmt: skip
         """A codec other than the raw one may be lossy, so its entries never serve as exact path blocks."""
         lossless = storage_dtype in (None, model_dtype) and codec_id == RAW_CODEC
+        blocks = fingerprint if not lossless and codec_id == RAW_CODEC else None
         fingerprint = storage_fingerprint(fingerprint, model_dtype, storage_dtype, codec_id)
-        return cls(fingerprint, tuple(s0_ids), lossless, fused_order)
+        return cls(fingerprint, tuple(s0_ids), lossless, fused_order, blocks)
+
+    @property
+    def exact_blocks(self) -> bool:
+        """Whether the store keeps exact path blocks (the alternative path and exact prompt prefixes)."""
+        return self.lossless or self.block_fingerprint is not None
+
+    def _owner(self, variant: str) -> str:
+        """The fingerprint an entry of ``variant`` is written under."""
+        return self.block_fingerprint or self.fingerprint if variant == "path" else self.fingerprint
 
     def key(self, token_ids: Sequence[int], variant: str) -> str:
         """Key of the chunk's ``variant`` entry (computed after S0)."""
@@ -94,24 +114,24 @@ class EntryKeys:
 
     def path_block_key(self, previous: str | None, token_ids: Sequence[int]) -> str:
         """Key of the path block ``token_ids`` right after the block keyed ``previous`` (None: position 0)."""
-        return path_block_key(self.fingerprint, previous, token_ids)
+        return path_block_key(self._owner("path"), previous, token_ids)
 
     def path_key(self, *blocks: Sequence[int]) -> str:
         """Key of the last block of a path of ``blocks`` from position 0."""
-        return path_key(self.fingerprint, *blocks)
+        return path_key(self._owner("path"), *blocks)
 
     def meta(self, variant: str, **extra) -> dict:
         """Meta of an entry this engine writes: what it is and which model computed it (and, for a
         fused entry, the layout of its neighbours)."""
         layout = {"fused_order": self.fused_order} if variant == "fused" else {}
-        return {"variant": variant, "model": self.fingerprint, **layout, **extra}
+        return {"variant": variant, "model": self._owner(variant), **layout, **extra}
 
     def accepts(self, entry: KVEntry, key: str, variant: str) -> bool:
         """Whether a stored entry is what ``key`` asked for: its variant and model, not only its bytes."""
         claimed = (entry.meta.get("variant"), entry.meta.get("model"))
-        if claimed != (variant, self.fingerprint):
+        if claimed != (variant, self._owner(variant)):
             logger.warning("store entry %s claims variant %r of model %.12s, expected %r of %.12s; treated as a miss",
-                           key, claimed[0], claimed[1], variant, self.fingerprint)  # fmt: skip
+                           key, claimed[0], claimed[1], variant, self._owner(variant))  # fmt: skip
             return False
         layout = entry.meta.get("fused_order", DEFAULT_FUSED_ORDER)  # entries older than layouts: the default
         if variant == "fused" and layout != self.fused_order:

@@ -47,5 +47,9 @@ class EntryStore:
         return entry if self.keys.lossless else self.store.stored_form(entry)
 
     def put_keyed(self, key: str, entry: KVEntry, persist: bool = False) -> bool:
-        """Store ``entry`` under a key already computed (a plan's path-block or chunk key)."""
+        """Store ``entry`` under a key already computed (a plan's chunk key)."""
         return self.store.put(key, entry, persist=persist)
+
+    def put_block(self, key: str, entry: KVEntry) -> bool:
+        """Store an exact path block under a plan's block key, in its own dtype (never cast)."""
+        return self.store.put(key, entry, exact=True)

@@ -135,3 +135,20 @@ def test_ray_is_imported_only_when_workers_are_asked_for():
             "print('ray' in sys.modules)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_ray_workers_write_into_the_shared_remote_tier(ray_cluster, reference, redis_server, tmp_path):
+    """Workers reopen the engine's store with its Redis tier: an engine on another folder, sharing only
+    the server, reads every entry they computed from it, the same numbers as one process's."""
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path / "first", prefix_cache=False, remote=redis_server.url)
+    report = rag.ingest(TEXTS, neighbors=NEIGHBOURS, embeddings=VECTORS, workers=2)
+    assert (report.plain_computed, report.fused_computed) == (COUNT, COUNT)
+    other = FusionRAG.from_pretrained("tiny", store=tmp_path / "second", prefix_cache=False, remote=redis_server.url)
+    found = {}
+    for number, text in enumerate(TEXTS):
+        token_ids = rag.parts.catalog.get(text).token_ids
+        for variant in ("plain", "fused"):
+            hit = other.parts.entries.lookup(token_ids, variant)
+            assert hit is not None and hit[1] == "remote", (number, variant)
+            found[number, variant] = hit[0]
+    assert_same_entries(found, reference)

@@ -4,6 +4,7 @@ The last tests check on the tiny model that assembly reads exactly what the plan
 """
 
 import pytest
+import torch
 
 import fusionrag_llm.storage.keys as store_keys
 from fusionrag_llm import FusionRAG, RAGRequest
@@ -74,11 +75,13 @@ def test_after_another_prefix_no_chunk_is_exact():
     assert [c.variant for c in plan.segments[1].candidates] == ["fused", "plain"]
 
 
-def test_a_lossy_store_has_no_path_blocks_and_no_exact_chunk():
+def test_a_quantized_store_has_no_path_blocks_and_no_exact_chunk():
     plan = plan_context(segments_of(3), FUSIONRAG, LOSSY, prefix_cache=True)
-    assert plan.boundaries == () and not plan.lossless
+    assert plan.boundaries == () and not plan.exact_blocks
     assert not any(s.exact_plain or s.path_key for s in plan.segments)
-    assert [c.variant for c in plan.segments[1].candidates] == ["fused", "plain"]
+    # the first chunk after S0 still reads its plain entry (its exact KV up to the codec), not a fused one
+    chunk_candidates = [[c.variant for c in s.candidates] for s in plan.segments if s.kind == "chunk"]
+    assert chunk_candidates == [["plain"], ["fused", "plain"], ["fused", "plain"]]
     chunk_segments = [s for s in plan.segments if s.kind == "chunk"]
     assert plan.prefetch_keys() == [(s.candidates[0].key, s.token_ids) for s in chunk_segments]
 
@@ -141,7 +144,7 @@ TEXTS = ["The ferry to Orkney leaves at noon.", "Harbour fees rose in May.", "Gu
 
 @pytest.fixture()
 def rag():
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:")
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", kv_codec="model")  # exact chunk entries: the first is a path block
     rag.add_chunks(TEXTS, embeddings=[[1, 0], [1, 1], [0, 1]], neighbors=1)
     return rag
 
@@ -244,3 +247,13 @@ def test_prefetched_entries_are_pinned_until_assembled_and_never_leak(rag, monke
     assert engine.abort(dropped.request_id)
     engine.prefetcher.release_if_idle([])
     assert rag.store.stats().pinned == 0
+
+
+def test_a_bf16_store_keeps_exact_blocks_under_the_models_keys():
+    bf16 = EntryKeys.for_store(FINGERPRINT, S0, torch.float32, torch.bfloat16)
+    plan = plan_context(segments_of(3), FUSIONRAG, bf16, prefix_cache=True)
+    lossless = plan_context(segments_of(3), FUSIONRAG, KEYS, prefix_cache=True)
+    assert plan.exact_blocks and [b.key for b in plan.boundaries] == [b.key for b in lossless.boundaries]
+    first = plan.segments[1]  # plain first, but approximate: reused (and recomputed at r = 1), not exact
+    assert not first.exact_plain and [c.variant for c in first.candidates] == ["plain"]
+    assert first.candidates[0].key != lossless.segments[1].candidates[0].key
