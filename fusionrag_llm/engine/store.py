@@ -15,12 +15,13 @@ import torch
 
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.models.loader import resolve_dtype
-from fusionrag_llm.engine.kv_codecs import DEFAULT_KV_CODEC, check_kv_codec, kv_codec_of, resolve_kv_codec
+from fusionrag_llm.engine.kv_codecs import check_kv_codec, kv_codec_of, resolve_kv_codec
 from fusionrag_llm.engine.store_codec import store_kv_codec
 from fusionrag_llm.paths import remote_url, store_dir
 from fusionrag_llm.storage import StoreBudgets, StoreDamagedError, StoreOptions, TieredStore
 
 MEMORY = ":memory:"
+MEMORY_KV_CODEC = "model"  # a store in this process's memory only: nothing to save on disk, so exact KV
 StoreSpec = TieredStore | str | Path | None
 
 
@@ -34,7 +35,8 @@ def open_store(store: StoreSpec, device: torch.device, store_dtype=None, budgets
     ``remote``: a Redis URL for the shared tier (default ``$FUSIONRAG_REMOTE``; not for a store given).
 
     ``kv_codec`` (``engine/kv_codecs.py``) and ``store_dtype`` both say how entries are kept; give
-    one. Neither given: a folder's recorded codec (``engine/store_codec.py``), else ``DEFAULT_KV_CODEC``."""
+    one. Neither given: a folder's recorded codec (``engine/store_codec.py``), else ``DEFAULT_KV_CODEC``
+    for a new folder; ``":memory:"``: ``MEMORY_KV_CODEC``, the compute dtype (no disk to save, exact KV)."""
     if kv_codec is not None and store_dtype is not None:
         raise FusionRAGError(f"give kv_codec ({kv_codec!r}) or store_dtype ({store_dtype!r}), not both")
     if isinstance(store, TieredStore):
@@ -51,7 +53,7 @@ def open_store(store: StoreSpec, device: torch.device, store_dtype=None, budgets
         _make_folder(folder)
     codec_id = "raw"
     if store_dtype is None or requested is not None:  # a store_dtype without a codec name is kept as given
-        name = store_kv_codec(folder, requested) if folder is not None else requested or DEFAULT_KV_CODEC
+        name = store_kv_codec(folder, requested) if folder is not None else requested or MEMORY_KV_CODEC
         dtype, codec_id = resolve_kv_codec(name)
         storage_dtype = None if dtype is None else resolve_dtype(dtype, device)
     budgets = budgets or StoreBudgets()

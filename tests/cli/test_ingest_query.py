@@ -122,16 +122,16 @@ def test_every_option_of_every_command_has_help():
     assert not missing, missing
 
 
-def test_a_bf16_store_is_read_with_bf16_and_each_codec_has_its_own_keys(corpus, tmp_path):
+def test_a_bf16_store_is_read_with_its_recorded_codec_and_each_codec_has_its_own_keys(corpus, tmp_path):
     store = str(tmp_path / "store")
     assert run("ingest", str(corpus), "--model", "tiny", "--store", store, "--no-fuse", "--kv-codec", "bf16").exit_code == 0
     question = ("query", "Which river flows through Quennel?", "--model", "tiny", "--store", store, "--top-k", "2",
                 "--max-new-tokens", "2", "--method", "full_reuse")  # fmt: skip
-    same = run(*question, "--kv-codec", "bf16")
-    assert same.exit_code == 0, same.output
-    assert "exact 0, chunk 2, miss 0" in same.output  # bf16 entries: served as chunks, never as exact blocks
-    for other in ([], ["--kv-codec", "int8"]):  # the default (the compute dtype) and int8 have keys of their own
-        refused = run(*question, *other)
+    for same in (run(*question, "--kv-codec", "bf16"), run(*question)):  # told, or the store's record
+        assert same.exit_code == 0, same.output
+        assert "exact 0, chunk 2, miss 0" in same.output  # bf16 entries: served as chunks, never as exact blocks
+    for other in ("model", "int8"):  # the compute dtype and int8 have keys of their own
+        refused = run(*question, "--kv-codec", other)
         assert refused.exit_code != 0 and "--kv-codec" in refused.output
     bad = run(*question, "--kv-codec", "int3")
     assert bad.exit_code != 0 and "int4" in bad.output

@@ -97,11 +97,11 @@ def failing_after(rag, allowed: int, calls: list):
     """``rag.store.put`` that stores ``allowed`` checked entries, then fails like a full disk."""
     real_put = rag.store.put
 
-    def put(key, entry, *, persist=False):
+    def put(key, entry, *, persist=False, **options):
         calls.append(persist)
         if persist and sum(calls) > allowed:
             raise StoreWriteError(rag.store.directory, key, OSError(errno.ENOSPC, "No space left on device"))
-        return real_put(key, entry, persist=persist)
+        return real_put(key, entry, persist=persist, **options)
 
     return put
 

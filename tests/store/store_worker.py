@@ -12,7 +12,7 @@ def chunks(start: int, stop: int) -> list[str]:
 
 def main() -> None:
     folder, action, start, stop = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    rag = FusionRAG.from_pretrained("tiny", store=folder, prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=folder, kv_codec="model", prefix_cache=False)
     texts = chunks(start, stop)
     vectors = [[1.0, float(i % 5), float(i % 3)] for i in range(start, stop)]
     result = {}

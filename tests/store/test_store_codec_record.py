@@ -110,9 +110,9 @@ def test_an_int8_store_keeps_no_exact_blocks(tmp_path):
         rag.store.put("ab" * 32, rag.parts.entries.computer.compute_exact((1, 2, 3)), exact=True)
 
 
-def test_the_memory_store_follows_the_default_and_model_keeps_it_exact():
-    assert FusionRAG.from_pretrained("tiny", store=":memory:").store.storage_dtype == torch.bfloat16
-    assert FusionRAG.from_pretrained("tiny", store=":memory:", kv_codec="model").parts.entries.lossless
+def test_a_memory_store_keeps_the_compute_dtype_unless_told():
+    assert FusionRAG.from_pretrained("tiny", store=":memory:").parts.entries.lossless
+    assert FusionRAG.from_pretrained("tiny", store=":memory:", kv_codec="bf16").store.storage_dtype == torch.bfloat16
 
 
 def test_the_record_is_plain_json(tmp_path):
