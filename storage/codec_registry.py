@@ -7,7 +7,7 @@ Example:
     >>> CODECS.get("zstd-7")
     Traceback (most recent call last):
     ...
-    ValueError: unknown codec 'zstd-7'; registered: fp8, int4, int8, raw
+    ValueError: unknown codec 'zstd-7'; registered: fp8, int4, int4.2, int8, raw
 """
 
 from __future__ import annotations
@@ -71,4 +71,4 @@ class CodecRegistry:
 
 
 RAW = RawCodec()
-CODECS = CodecRegistry(RAW, *(QuantCodec(scheme) for scheme in ("int8", "fp8", "int4")))
+CODECS = CodecRegistry(RAW, *(QuantCodec(scheme) for scheme in ("int8", "fp8", "int4", "int4.2")))

@@ -45,7 +45,7 @@ class QuantCodec:
 
     def compress(self, entry: KVEntry) -> KVEntry:
         """`entry` packed by this scheme (an entry it already packed is returned as it is)."""
-        found = scheme_of(entry)
+        found = scheme_of(entry, prefer=self.scheme)
         if found is None:
             return pack(entry, self.scheme)
         if found != self.scheme:

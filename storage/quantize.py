@@ -11,8 +11,9 @@ that computes with it.
 Groups: `ngroups` scales along an axis of length `n` cover index `i` with scale `i * ngroups // n`,
 so the group layout is read from the shapes alone. int8 and fp8 are symmetric with one key scale
 per channel over the whole entry and one value scale per token over the whole head; int4 is
-asymmetric (a scale and a zero point) over groups of 32 tokens (keys) and 32 channels (values),
-two values packed per byte along the channel axis.
+asymmetric (a scale and a zero point) over groups of 32 tokens (keys) and 16 channels (values),
+two values packed per byte along the channel axis (scheme `int4.2`; the first int4 layout, `int4`,
+grouped values by 32 channels, a fifth more value error: it stays readable, under keys of its own).
 
 Example:
     >>> import torch
@@ -60,6 +61,7 @@ SCHEMES = {
     "int8": Scheme("int8", torch.int8, 127.0),
     "fp8": Scheme("fp8", torch.float8_e4m3fn, 448.0),
     "int4": Scheme("int4", torch.uint8, 15.0, key_group=32, value_group=32, asymmetric=True, packed_int4=True),
+    "int4.2": Scheme("int4.2", torch.uint8, 15.0, key_group=32, value_group=16, asymmetric=True, packed_int4=True),
 }
 
 
@@ -129,14 +131,22 @@ def pack(entry: KVEntry, scheme: Scheme) -> KVEntry:
     return KVEntry(entry.token_ids, keys.contiguous(), values.contiguous(), dict(entry.meta), extras)
 
 
-def scheme_of(entry: KVEntry) -> Scheme | None:
-    """The scheme `entry` is packed with (None: unpacked); `ValueError` when its layout fits none."""
+def scheme_of(entry: KVEntry, prefer: Scheme | None = None) -> Scheme | None:
+    """The scheme `entry` is packed with (None: unpacked), `prefer` first when several layouts fit
+    (small heads: int4's groups cover the whole head either way); `ValueError` when none fits."""
     if not entry.extras:
         return None
-    for scheme in SCHEMES.values():
+    problem = None
+    for scheme in ([prefer] if prefer is not None else []) + list(SCHEMES.values()):
         if entry.dtype == scheme.dtype and set(entry.extras) == set(scheme.extra_names):
-            check_packed(entry, scheme)
+            try:
+                check_packed(entry, scheme)
+            except ValueError as exc:
+                problem = problem or exc
+                continue
             return scheme
+    if problem is not None:
+        raise problem
     raise ValueError(f"entry of dtype {entry.dtype} with extras {sorted(entry.extras)} matches no quantized "
                      f"scheme ({', '.join(SCHEMES)})")  # fmt: skip
 

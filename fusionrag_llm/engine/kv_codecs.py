@@ -15,7 +15,7 @@ Example:
     >>> resolve_kv_codec("bf16")
     ('bfloat16', 'raw')
     >>> resolve_kv_codec("int4")
-    (None, 'int4')
+    (None, 'int4.2')
     >>> resolve_kv_codec("model")
     (None, 'raw')
     >>> resolve_kv_codec("int3")
@@ -36,7 +36,7 @@ KV_CODECS: dict[str, tuple[str | None, str]] = {
     "fp16": ("float16", "raw"),
     "int8": (None, "int8"),
     "fp8": (None, "fp8"),
-    "int4": (None, "int4"),
+    "int4": (None, "int4.2"),  # values grouped by 16 channels (storage/quantize.py)
 }
 DEFAULT_KV_CODEC = "bf16"  # what a new store keeps: half of float32's bytes, no exact path block lost
 _ALIASES = {"fp32": "float32", "bfloat16": "bf16", "float16": "fp16"}

@@ -146,6 +146,6 @@ def test_kv_codec_is_recorded_with_the_stores_bytes_per_token(tmp_path):
     assert default["config"]["kv_codec"] == "model" and default["run"]["store"]["codec"] == "raw"
     _invoke([*args, "--kv-codec", "int4", "--out", str(tmp_path / "int4")])
     packed = json.loads((tmp_path / "int4" / "quality.json").read_text())
-    assert packed["config"]["kv_codec"] == "int4" and packed["run"]["store"]["codec"] == "int4"
+    assert packed["config"]["kv_codec"] == "int4" and packed["run"]["store"]["codec"] == "int4.2"
     ratio = packed["run"]["store"]["entry_bytes_per_token"] / default["run"]["store"]["entry_bytes_per_token"]
     assert 0.1 < ratio < 0.25  # 4 bits and scales against 32 bits

@@ -68,7 +68,7 @@ def test_quantized_entries_stay_within_the_stated_tolerance(scheme):
     assert bool(((keys - entry.keys).abs() <= key_bound).all())
     assert bool(((values - entry.values).abs() <= value_bound).all())
     relative = float((keys - entry.keys).norm() / entry.keys.norm())
-    assert relative < {"int8": 0.01, "fp8": 0.04, "int4": 0.1}[scheme]
+    assert relative < {"int8": 0.01, "fp8": 0.04, "int4": 0.1, "int4.2": 0.1}[scheme]
 
 
 def test_packed_sizes_per_token_on_the_default_models_shape():
@@ -76,7 +76,7 @@ def test_packed_sizes_per_token_on_the_default_models_shape():
     per_token = {scheme: QuantCodec(scheme).compress(entry).nbytes / 96 for scheme in SCHEMES}
     assert entry.nbytes / 96 == 46080
     assert per_token["int8"] < 12_000 and per_token["fp8"] < 12_000
-    assert per_token["int4"] < 8000
+    assert per_token["int4.2"] < 8000 and per_token["int4"] < per_token["int4.2"]
 
 
 def test_a_damaged_packed_frame_is_corrupt():

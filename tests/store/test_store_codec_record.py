@@ -65,7 +65,7 @@ def test_a_codec_given_wins_and_the_record_stays(tmp_path, caplog):
         assert store_kv_codec(tmp_path, "int4") == "int4"
     assert "records kv_codec 'bf16'" in caplog.text and recorded_kv_codec(tmp_path) == "bf16"
     rag = FusionRAG.from_pretrained("tiny", store=tmp_path, kv_codec="int4")
-    assert rag.store.codec_id == "int4" and recorded_kv_codec(tmp_path) == "bf16"
+    assert rag.store.codec_id == "int4.2" and recorded_kv_codec(tmp_path) == "bf16"
 
 
 def test_the_first_record_stands(tmp_path):

@@ -21,7 +21,8 @@ from fusionrag_llm.eval.kv_footprint import footprint
 from fusionrag_llm.storage import CODECS, RawCodec, StoreOptions, TieredStore, kv_tensors
 
 CODEC_STORES = {"float32": (None, "raw"), "bf16": (torch.bfloat16, "raw"), "fp16": (torch.float16, "raw"),
-                "int8": (None, "int8"), "fp8": (None, "fp8"), "int4": (None, "int4")}  # fmt: skip
+                "int8": (None, "int8"), "fp8": (None, "fp8"), "int4": (None, "int4.2"),
+                "int4 (first layout, values per 32)": (None, "int4")}  # fmt: skip
 
 
 def _open(folder: str) -> TieredStore:
@@ -29,8 +30,8 @@ def _open(folder: str) -> TieredStore:
 
 
 def _codec_of(folder: str) -> str:
-    for codec in ("int4", "int8", "fp8"):
-        if folder.rstrip("/").endswith(codec):
+    for name, codec in (("int4", "int4.2"), ("int4_v32", "int4"), ("int8", "int8"), ("fp8", "fp8")):
+        if folder.rstrip("/").endswith(name):
             return codec
     return "raw"
 
