@@ -1,11 +1,13 @@
-"""The kv_codec table of docs/BENCHMARKS.md from the quality runs' JSON.
+"""The kv_codec table of docs/BENCHMARKS.md from the quality runs' records.
 
-    python docs/results/kv_codec/table.py docs/results/kv_codec_{float32,bf16,int8,fp8,int4}
+    python docs/results/kv_codec/table.py docs/results/kv_codec_3p_{float32,bf16,int8,fp8,int4}
 
-Per codec (the run's `config.kv_codec`) and method/ratio: mean KL to Full Attention, the bench's
-`norm KL` (normalised by that run's own Full Reuse, which reads the same codec's entries) and
-`norm KL vs float32 FR` (normalised by the float32 run's Full Reuse, one yardstick for every codec),
-with the store's measured bytes per token (`run.store`).
+The first folder is the reference (float32). Per run (labelled by the folder name's part after
+`kv_codec_3p_`) and method/ratio: bytes per token of the run's store (`run.store`), mean KL to Full
+Attention, `norm KL vs float32 FR` (1 - KL / the float32 run's Full Reuse KL: one yardstick for every
+codec), greedy EM (the first new tokens equal Full Attention's), and per question against the
+reference run's same method and ratio: how many questions are further from Full Attention (by more
+than 1e-4) and the largest increase.
 """
 
 from __future__ import annotations
@@ -15,22 +17,39 @@ import sys
 from pathlib import Path
 
 
+def records(folder: Path) -> dict[tuple[str, float | None], dict[str, dict]]:
+    """Per (method, ratio): each question's record from the run's log."""
+    found: dict[tuple[str, float | None], dict[str, dict]] = {}
+    lines = (folder / "quality.partial.jsonl").read_text().splitlines()[1:]
+    for line in lines:
+        record = json.loads(line)
+        found.setdefault((record["method"], record["ratio"]), {})[record["qid"]] = record
+    return found
+
+
 def main(folders: list[str]) -> None:
-    runs = [json.loads((Path(f) / "quality.json").read_text()) for f in folders]
-    reference = next((r for r in runs if r["config"].get("kv_codec") == "float32"), None)
-    fr_kl = None if reference is None else next(a["kl"] for a in reference["aggregates"] if a["method"] == "full_reuse")
-    print("| kv_codec | bytes/token (entries) | questions | method | r | mean KL | norm KL | norm KL vs float32 FR |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for run in runs:
-        store = run["run"].get("store", {})
-        for row in run["aggregates"]:
-            if row["method"] == "full_attention":
+    paths = [Path(f) for f in folders]
+    reference = records(paths[0])
+    fr_kl = sum(r["kl"] for r in reference["full_reuse", None].values()) / len(reference["full_reuse", None])
+    print("| kv_codec | bytes/token | method | r | n | mean KL | norm KL vs float32 FR | greedy EM | "
+          "questions further than float32 (max increase) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for path in paths:
+        label = path.name.removeprefix("kv_codec_3p_")
+        store = json.loads((path / "quality.json").read_text())["run"].get("store", {})
+        size = store.get("entry_bytes_per_token")
+        for (method, ratio), by_question in sorted(records(path).items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+            if method == "full_attention":
                 continue
-            fixed = "-" if not fr_kl else f"{1 - row['kl'] / fr_kl:.3f}"
-            norm = "-" if row["norm_kl"] is None else f"{row['norm_kl']:.3f}"
-            ratio = "-" if row["ratio"] is None else row["ratio"]
-            print(f"| {run['config'].get('kv_codec')} | {store.get('entry_bytes_per_token')} | {row['questions']} | "
-                  f"{row['method']} | {ratio} | {row['kl']:.4f} | {norm} | {fixed} |")
+            kls = [r["kl"] for r in by_question.values()]
+            mean = sum(kls) / len(kls)
+            greedy = sum(r["greedy_em"] for r in by_question.values()) / len(kls)
+            base = reference.get((method, ratio), {})
+            deltas = [r["kl"] - base[q]["kl"] for q, r in by_question.items() if q in base]
+            worse = sum(d > 1e-4 for d in deltas)
+            versus = "-" if path == paths[0] else f"{worse}/{len(deltas)} (+{max(deltas):.4f})"
+            print(f"| {label} | {size:,.0f} | {method} | {'-' if ratio is None else ratio} | {len(kls)} | {mean:.4f} | "
+                  f"{1 - mean / fr_kl:.3f} | {greedy:.2f} | {versus} |")
 
 
 if __name__ == "__main__":
