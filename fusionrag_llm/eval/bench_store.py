@@ -138,7 +138,8 @@ def overlap(rag: FusionRAG, folder: Path, examples: list[QAExample], cfg: StoreB
 def run_store_benchmark(examples: list[QAExample], cfg: StoreBenchConfig, folder: Path | None = None) -> dict:
     """All three measurements on ``examples`` (the first one for the single-request numbers)."""
     folder = Path(folder or tempfile.mkdtemp(prefix="fusionrag-store-bench-"))
-    rag = FusionRAG.from_pretrained(cfg.model, store=folder, prefix_cache=False)
+    # the compute dtype, as every recorded run of this benchmark (a new folder's default is bf16)
+    rag = FusionRAG.from_pretrained(cfg.model, store=folder, prefix_cache=False, kv_codec="model")
     texts = list(dict.fromkeys(p.text for e in examples for p in e.passages))
     ingest_s, _ = _timed(lambda: rag.add_chunks(texts, neighbors=cfg.neighbors, progress=True))
     first, rest = examples[0], examples[1 : 1 + cfg.requests]
