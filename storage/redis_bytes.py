@@ -81,7 +81,7 @@ class RedisBytes:
         self._client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self._keys = [prefix + "size", prefix + "heat", prefix + "used"]
         self._scripts = {name: self._client.register_script(getattr(redis_scripts, name.upper()))
-                         for name in ("put", "get", "delete", "clear")}  # fmt: skip
+                         for name in ("put", "touch", "delete", "clear")}  # fmt: skip
         if self._call("connect", self._client.ping) is not None:
             logger.info("remote KV tier at %s (prefix %r): %d entries", self.where, prefix, len(self))
 
@@ -149,7 +149,15 @@ class RedisBytes:
         """The bytes under `key` (counting an access in its shared heat), or None: absent or down."""
         check_key(key)
         bump = "0" if self.read_only else "1"
-        return self._run("get", [key, time.time(), self.heat_half_life_s, bump])
+
+        def read():  # one round trip: the value, and its access counted by a script that does not copy it
+            pipe = self._client.pipeline(transaction=False)
+            pipe.get(self.prefix + "e:" + key)
+            self._scripts["touch"](keys=self._keys, args=[self.prefix, key, time.time(), self.heat_half_life_s, bump],
+                                   client=pipe)  # fmt: skip
+            return pipe.execute()[0]
+
+        return self._call("get", read)
 
     def put(self, key: str, data: bytes, *, persist: bool = False) -> bool:
         """Store `data` under `key`, evicting the coldest entries to stay within the budget."""
