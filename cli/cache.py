@@ -31,6 +31,17 @@ from fusionrag_llm.storage.safe_disk import entry_files
 store_option = click.option(
     "--store", "folder", default=None, help="Store folder (default: $FUSIONRAG_STORE or the user cache)."
 )
+remote_option = click.option(
+    "--remote", default=None, metavar="URL",
+    help="Also the shared Redis tier at URL (only when given here: $FUSIONRAG_REMOTE is not read by cache commands).",
+)  # fmt: skip
+
+
+def _options(remote: str | None) -> StoreOptions:
+    try:
+        return StoreOptions(remote_url=remote)
+    except ValueError as exc:
+        raise click.ClickException(f"--remote: {exc}") from None
 
 
 def _folder(folder: str | None) -> Path:
@@ -47,14 +58,16 @@ def cache() -> None:
 
 @cache.command()
 @store_option
-def stats(folder: str | None) -> None:
-    """Entries and bytes on disk, and the registered chunks (exit 1 when the index is damaged)."""
+@remote_option
+def stats(folder: str | None, remote: str | None) -> None:
+    """Entries and bytes on disk (and in the remote tier), and the registered chunks (exit 1 when the index is damaged)."""
     path = _folder(folder)
+    options = _options(remote)
     click.echo(f"store: {path}")
     click.echo(f"kv_codec: {_codec_line(path)}")
     damaged = None
     try:
-        with TieredStore(path) as store:
+        with TieredStore(path, options=options) as store:
             summary = store.stats()
     except StoreDamagedError as exc:
         damaged = exc
@@ -63,6 +76,9 @@ def stats(folder: str | None) -> None:
     else:
         disk = summary.tiers.get("disk")
         click.echo(f"entries on disk: {disk.entries if disk else 0}  ({(disk.bytes if disk else 0) / 2**20:.1f} MiB)")
+        shared = summary.tiers.get("remote")
+        if shared is not None:  # an unreachable server counts none (the log says it could not be reached)
+            click.echo(f"entries in the remote tier: {shared.entries}  ({shared.bytes / 2**20:.1f} MiB)")
         if summary.read_only:
             click.echo("read-only: entries are served, new ones are not saved")
     # The catalog's own reader: it skips lines that are not UTF-8 or not chunks (fused-entry records).
@@ -84,15 +100,17 @@ def _codec_line(path: Path) -> str:
 
 @cache.command()
 @store_option
+@remote_option
 @click.option("--repair", is_flag=True, help="Remove every problem found; rebuild a damaged index from entry files.")
-def verify(folder: str | None, repair: bool) -> None:
+def verify(folder: str | None, remote: str | None, repair: bool) -> None:
     """Check every entry, row and entry file; corrupt entries are always removed.
 
     Exit status 0 when the store is clean, 1 when problems were found (repaired or not).
     """
     path = _folder(folder)
+    options = _options(remote)
     try:
-        with TieredStore(path) as store:
+        with TieredStore(path, options=options) as store:
             report = store.verify(repair=repair)
     except StoreDamagedError as exc:
         _recover_index(path, exc, repair)

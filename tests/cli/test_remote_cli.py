@@ -27,3 +27,22 @@ def test_a_url_of_another_scheme_is_a_clean_error(tmp_path):
     result = run("ingest", str(tmp_path / "a.txt"), "--model", "tiny", "--store", str(tmp_path / "s"),
                  "--remote", "http://127.0.0.1:6379")  # fmt: skip
     assert result.exit_code != 0 and "redis://, rediss:// or unix://" in result.output
+
+
+def test_cache_stats_and_verify_read_the_remote_tier_when_given(tmp_path, redis_server):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("The Zorblat river flows through the city of Quennel.")
+    store = str(tmp_path / "one")
+    assert run("ingest", str(docs), "--model", "tiny", "--store", store, "--no-fuse", "--remote", redis_server.url).exit_code == 0
+    stats = run("cache", "stats", "--store", store, "--remote", redis_server.url)
+    entries = redis_server.client().hlen("fusionrag:kv:size")
+    assert entries >= 1 and f"entries in the remote tier: {entries} " in stats.output, stats.output
+    assert "remote tier" not in run("cache", "stats", "--store", store, env={"FUSIONRAG_REMOTE": redis_server.url}).output
+    checked = run("cache", "verify", "--store", store, "--remote", redis_server.url)
+    disk_only = run("cache", "verify", "--store", store)
+    assert checked.exit_code == 0 and disk_only.exit_code == 0
+    count = int(disk_only.output.split()[1])
+    assert f"checked {count + entries} entries" in checked.output, (checked.output, disk_only.output)
+    bad = CliRunner().invoke(cli, ["cache", "stats", "--store", store, "--remote", "http://x"])
+    assert bad.exit_code != 0 and "--remote" in bad.output
