@@ -15,7 +15,7 @@ from .byte_tier import ByteTier, Problem
 from .codec import EntryCodec
 from .codec_registry import CODECS, RAW, check_codec
 from .entry import KVEntry
-from .frame import CorruptEntryError, StaleEntryError, unpack_frame
+from .frame import CorruptEntryError, StaleEntryError, peek_codec_id
 from .keys import check_key
 from .stats import TierStats
 from .verify import VerifyReport
@@ -171,12 +171,10 @@ class CodedTier:
         return None
 
     def _writer_of(self, data: bytes) -> EntryCodec:
-        """The registered codec whose frame `data` is (this tier's when it names none known)."""
-        try:
-            codec_id = unpack_frame(data).codec_id
-        except (CorruptEntryError, StaleEntryError):
-            return self.codec  # its decode reports the problem
-        return CODECS.get(codec_id) if codec_id != self.codec.codec_id and codec_id in CODECS else self.codec
+        """The registered codec `data`'s header names (this tier's when it names none known), read
+        from the header alone: the decode that follows checks the frame, once."""
+        codec_id = peek_codec_id(data)
+        return CODECS.get(codec_id) if codec_id not in (None, self.codec.codec_id) and codec_id in CODECS else self.codec
 
     # ----------------------------------------------------------------------------- whole tier
     def delete(self, key: str) -> bool:

@@ -114,6 +114,22 @@ def _parse_header(raw: memoryview, version: int) -> tuple[str, str | None, dict]
     return codec_id or RAW_CODEC_ID, key, header
 
 
+def peek_codec_id(data: bytes | bytearray | memoryview) -> str | None:
+    """The codec id `data`'s header names, read without checking the frame (None: not readable as
+    one), to choose which codec decodes it; that decode (`unpack_frame`) still checks everything."""
+    view = memoryview(data).cast("B")
+    if len(view) < _PREAMBLE.size:
+        return None
+    magic, version, header_len = _PREAMBLE.unpack_from(view, 0)
+    fits = header_len <= _MAX_HEADER_BYTES and _PREAMBLE.size + header_len <= len(view)
+    if magic != MAGIC or version not in VERSIONS or not fits:
+        return None
+    try:
+        return _parse_header(view[_PREAMBLE.size : _PREAMBLE.size + header_len], version)[0]
+    except CorruptEntryError:
+        return None
+
+
 def unpack_frame(data: bytes | bytearray | memoryview) -> Frame:
     """The checked frame in `data`: `CorruptEntryError` (damaged) or `StaleEntryError` (other version)."""
     view = memoryview(data).cast("B")

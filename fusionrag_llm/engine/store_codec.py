@@ -61,9 +61,9 @@ def recorded_kv_codec(folder: Path) -> str | None:
     return name
 
 
-def store_kv_codec(folder: Path, requested: str | None, read_only: bool = False) -> str:
+def store_kv_codec(folder: Path, requested: str | None) -> str:
     """The codec an engine opening ``folder`` uses (``requested`` when given); records it in a folder
-    that records none yet (unless ``read_only``)."""
+    that records none yet (a folder that cannot be written stays unrecorded)."""
     folder = Path(folder)
     requested = None if requested is None else check_kv_codec(requested)
     recorded = recorded_kv_codec(folder)
@@ -74,8 +74,7 @@ def store_kv_codec(folder: Path, requested: str | None, read_only: bool = False)
         return requested or recorded
     existing = any((folder / name).exists() for name in _STORE_FILES)
     chosen = requested or (LEGACY_CODEC if existing else DEFAULT_KV_CODEC)
-    if not read_only:
-        _record(folder, LEGACY_CODEC if existing else chosen)
+    _record(folder, LEGACY_CODEC if existing else chosen)
     return chosen
 
 

@@ -10,6 +10,7 @@ from storage_testutil import key_for, make_entry
 from fusionrag_llm.storage import (
     CODECS,
     CodecRegistry,
+    QuantCodec,
     DiskTier,
     EntryCodec,
     KVEntry,
@@ -21,7 +22,7 @@ from fusionrag_llm.storage import (
     encode,
 )
 from fusionrag_llm.storage.codec import entry_from_header, expect_codec, tensor_bytes
-from fusionrag_llm.storage.frame import CorruptEntryError, pack_frame, unpack_frame
+from fusionrag_llm.storage.frame import CorruptEntryError, pack_frame, peek_codec_id, unpack_frame
 
 
 class Int8RowCodec:
@@ -167,3 +168,12 @@ def test_entry_extras_travel_with_copies_and_count_in_nbytes():
         KVEntry((1,), torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2), {}, {"Bad Name": torch.zeros(1)})
     with pytest.raises(ValueError, match="must be a torch.Tensor"):
         KVEntry((1,), torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2), {}, {"scales": [1.0]})
+
+
+def test_the_codec_a_frame_names_is_read_from_its_header_alone():
+    data = encode(make_entry(5), key=key_for(5))
+    assert peek_codec_id(data) == "raw" and peek_codec_id(QuantCodec("int8").encode(make_entry(5))) == "int8"
+    damaged = bytearray(data)
+    damaged[-1] ^= 0xFF  # the checksum is not read: the decode that follows checks it
+    assert peek_codec_id(bytes(damaged)) == "raw"
+    assert peek_codec_id(b"FRKV") is None and peek_codec_id(b"not a frame at all, not one") is None
