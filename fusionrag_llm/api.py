@@ -54,7 +54,7 @@ class FusionRAG:
                  prefix_cache: bool = True, store_dtype: str | torch.dtype | None = None,
                  auxiliary: "int | str | Path | LoadedModel | FusionRAG | None" = None,
                  turn_cache_gib: float = 0.0, fused_order: str | None = None, remote: str | None = None,
-                 kv_codec: str | None = None):  # fmt: skip
+                 kv_codec: str | None = None, craft_variants: int = 0):  # fmt: skip
         self._loaded = loaded
         self.store = open_store(store, loaded.model.device, store_dtype, remote=remote, kv_codec=kv_codec)
         self.embedder = embedder
@@ -66,7 +66,7 @@ class FusionRAG:
             self._entries.use_fused_order(fused_order)
         self.context_index = ContextIndex()  # reorder=True: the orders earlier requests were given
         self.engine = LLMEngine(loaded, self._entries, prefix_cache=prefix_cache, auxiliary=_auxiliary(auxiliary, loaded),
-                                turns=turn_cache(turn_cache_gib))  # fmt: skip
+                                turns=turn_cache(turn_cache_gib), craft_variants=craft_variants)  # fmt: skip
 
     @classmethod
     def from_pretrained(
@@ -86,6 +86,7 @@ class FusionRAG:
         fused_order: str | None = None,
         remote: str | None = None,
         kv_codec: str | None = None,
+        craft_variants: int = 0,
     ) -> "FusionRAG":
         """Load a model and open its KV store.
 
@@ -114,13 +115,17 @@ class FusionRAG:
         ``kv_codec``: how the store keeps chunk KV: ``"float32"``,
         ``"bf16"``, ``"fp16"``, or quantized ``"int8"``, ``"fp8"``, ``"int4"`` (default: the compute
         dtype, exact); part of every entry key (README, "Compressed KV entries"). Give it or
-        ``store_dtype``, not both.
+        ``store_dtype``, not both. ``craft_variants``: Cache-Craft's chunk variants made by requests
+        (0: off; M: about M per chunk kept, the least reused dropped): a ``cache_craft`` request that
+        serves a chunk after chunks none of its variants was computed after stores the chunk's KV as it
+        computed it, and later ``cache_craft`` requests choose among all of a chunk's variants
+        (``fusion/request_variants.py``; README, "Cache-Craft's request-made variants").
         """
         loaded = load_model(name_or_path, device=device, dtype=dtype, kernels=kernels, decode_weights=decode_weights,
                             decode_kv=decode_kv)  # fmt: skip
         return cls(loaded, store=store, embedder=embedder, prefix_cache=prefix_cache, store_dtype=store_dtype,
                    auxiliary=auxiliary, turn_cache_gib=turn_cache_gib, fused_order=fused_order, remote=remote,
-                   kv_codec=kv_codec)  # fmt: skip
+                   kv_codec=kv_codec, craft_variants=craft_variants)  # fmt: skip
 
     @property
     def parts(self) -> EngineParts:

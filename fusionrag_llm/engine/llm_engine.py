@@ -36,6 +36,7 @@ from fusionrag_llm.engine.turn_cache import EXACT, TurnCache, namespace_of
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.craft import FocusTracker
+from fusionrag_llm.fusion.request_variants import VARIANT_LOG, RequestVariants, check_craft_variants
 from fusionrag_llm.fusion.scorers.auxiliary_attention import check_layers
 from fusionrag_llm.fusion.selectors import Selection, select_many
 from fusionrag_llm.models.llama import ForwardOutput, ForwardPass
@@ -76,7 +77,7 @@ class PrefillWork:
 class LLMEngine:
     def __init__(self, loaded: LoadedModel, entries: ChunkEntries, prefix_cache: bool = True,
                  config: SchedulerConfig = SchedulerConfig(), auxiliary: int | LoadedModel | None = None,
-                 turns: TurnCache | None = None):  # fmt: skip
+                 turns: TurnCache | None = None, craft_variants: int = 0):  # fmt: skip
         self.loaded = loaded
         # CacheClip's auxiliary model: a separate one of the same tokenizer, or the first
         # ``auxiliary_layers`` layers of this one
@@ -90,6 +91,10 @@ class LLMEngine:
         self.scheduler = Scheduler(config)
         self.prefetcher = Prefetcher(entries.store)
         self.turns = turns  # multi-turn reuse: finished requests' KV by token blocks (None: off)
+        # Cache-Craft's request-made chunk variants, M per chunk on average (None: not kept or read)
+        self.variants = None
+        if check_craft_variants(craft_variants):
+            self.variants = RequestVariants(entries.store.record_log(VARIANT_LOG), entries.fingerprint, craft_variants)
         self._lock = threading.RLock()  # one step at a time; callers on other threads join its batches
         self._request_ids = itertools.count()
 
@@ -99,7 +104,7 @@ class LLMEngine:
         return self._lock
 
     def resolver(self, preloaded: Preloaded | None = None, pinned=()) -> ContextResolver:
-        return ContextResolver(self.entries, preloaded, self.prefix_cache, pinned)
+        return ContextResolver(self.entries, preloaded, self.prefix_cache, pinned, self.variants)
 
     def check_fits(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
         window = self.loaded.context_window
@@ -306,6 +311,8 @@ class LLMEngine:
             droppable = torch.isin(work.recompute, selected)
             work.forward.observe = FocusTracker(work.recompute, layout.suffix_slots, layout.chunk_spans, droppable,
                                                 self.model.kernels)  # fmt: skip
+        # Cache-Craft (``craft_variants``) keeps the KV this request gives chunks after new prefixes
+        work.forward.record = work.resolver.variant_recorder(work.resolved)
         if work.seq.plan.decode_eviction is not None:  # A3's decode KV eviction reads the prefill's attention
             work.forward.score_window = self.runner.window_scores(layout, work.recompute, work.seq.plan.decode_eviction)
 
@@ -319,6 +326,8 @@ class LLMEngine:
         done = time.perf_counter()
         seq.stats.prefill_s, seq.stats.ttft_s = done - work.chosen, done - work.started
         seq.prompt_logits, seq.first_token_at = out.logits[-1], done
+        if work.forward.record is not None:  # before any eviction: the variants are the whole chunks' KV
+            seq.stats.variants_made = work.resolver.store_request_variants(work.resolved, seq.cache, work.forward.record)
         tracker = work.forward.observe
         if isinstance(tracker, FocusTracker):
             seq.stats.stop_layer, seq.stats.stopped_tokens = tracker.cutoff, tracker.dropped

@@ -25,6 +25,7 @@ from fusionrag_llm.engine.plan import Boundary, ContextPlan, PlannedSegment, Res
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.craft import VariantNotes, fix_overhead, plain_notes
 from fusionrag_llm.fusion.placement import place_entry
+from fusionrag_llm.fusion.request_variants import RequestVariants, StoredVariant, VariantRecorder
 from fusionrag_llm.fusion.selectors import RequestLayout
 from fusionrag_llm.models.kv_cache import AttentionScaling, KVCache
 from fusionrag_llm.request import Segment
@@ -41,6 +42,9 @@ class ResolvedContext:
     layout: RequestLayout
     boundaries: list[Boundary]
     matched: int  # leading boundaries whose KV is already stored (served from path blocks or known exact)
+    # Cache-Craft (``craft_variants``): chunks served after a prefix none of their variants was made
+    # after, with that prefix and the serving variant's token order (``fusion/request_variants.py``)
+    new_variants: list[tuple[PlannedSegment, tuple[str, ...], tuple[int, ...]]] = field(default_factory=list)
 
 
 @dataclass
@@ -55,12 +59,14 @@ class _Placed:
     alternatives: list[Alternative] = field(default_factory=list)
     # variant_policy="cfo": chunk start -> (Cache Fix Overhead of the variant serving it, its token order)
     craft: dict[int, tuple[float, tuple[int, ...]]] = field(default_factory=dict)
+    new_variants: list[tuple[PlannedSegment, tuple[str, ...], tuple[int, ...]]] = field(default_factory=list)
 
 
 class ContextResolver:
     def __init__(self, entries: ChunkEntries, preloaded: Preloaded | None = None, prefix_cache: bool = True,
-                 pinned: Sequence[str] = ()):  # fmt: skip
+                 pinned: Sequence[str] = (), variants: RequestVariants | None = None):  # fmt: skip
         self.entries = entries
+        self.variants = variants  # Cache-Craft's request-made variants (None: not kept)
         self.pinned = list(pinned)  # store keys pinned for this resolver (preloaded ones, then its own reads)
         self.keys, self.entry_store, self.computer = entries.keys, entries.entry_store, entries.computer
         self.model = entries.model
@@ -107,7 +113,7 @@ class ContextResolver:
         if placed.alternatives:
             choose = probe_variants if context_plan.variant_policy == "probe" else check_variants
             choose(self.model, placed.alternatives, layout, cache, counts)
-        return ResolvedContext(layout, list(context_plan.boundaries), matched), counts
+        return ResolvedContext(layout, list(context_plan.boundaries), matched, placed.new_variants), counts
 
     def _plain_alternative(self, segment: PlannedSegment, entry: KVEntry, context_plan: ContextPlan) -> KVEntry | None:
         """Under variant_policy="check" or "probe", the stored plain entry of a chunk served by its fused one."""
@@ -170,21 +176,36 @@ class ContextResolver:
         return self._computed_plain(segment, counts)
 
     def _craft_entry(self, segment: PlannedSegment, counts: ResolveCounts, ahead: list[str], placed: _Placed) -> KVEntry:
-        """variant_policy="cfo" (Cache-Craft, ``fusion/craft.py``): of the chunk's fused and plain
-        variants, the one with the lower Cache Fix Overhead given the chunks ``ahead`` of it. The plain
-        one's overhead needs no data, so it is read only when it wins (or the fused one is missing)."""
-        plain_fix = fix_overhead(plain_notes(), ahead)
+        """variant_policy="cfo" (Cache-Craft, ``fusion/craft.py``): of the chunk's variants (fused,
+        plain, and those requests made, ``fusion/request_variants.py``), the one with the lowest Cache
+        Fix Overhead given the chunks ``ahead`` of it; ties: a request's, then fused, then plain. The
+        plain one's overhead needs no data, so it is read only when it wins (or the others are missing)."""
         fused, notes = None, None
         if segment.candidates[0].variant == "fused":
             fused = self._fetch(segment.candidates[0].key, segment.token_ids, "fused")
         if fused is not None:
             notes = _stored_notes(fused[0], len(segment.token_ids))
-            fused_fix = fix_overhead(notes, ahead)
-            if fused_fix <= plain_fix:
-                placed.craft[segment.start] = (fused_fix, notes.order)
+        served_order = notes.order if notes is not None else ()  # which tokens look outside: the fused ranking
+        made = self.variants.of(segment.chunk_id) if self.variants is not None else []
+        choices: list[tuple[float, int, StoredVariant | str]] = [(fix_overhead(plain_notes(), ahead), 2, "plain")]
+        choices += [(fix_overhead(notes, ahead), 1, "fused")] if notes is not None else []
+        choices += [(fix_overhead(v.notes(), ahead), 0, v) for v in made]
+        if self.variants is not None and tuple(ahead) not in {(), *(v.prefix for v in made),
+                                                               *([notes.prefix] if notes is not None else [])}:
+            placed.new_variants.append((segment, tuple(ahead), served_order))
+        for fix, _, choice in sorted(choices, key=lambda c: (c[0], c[1])):
+            if choice == "fused":
+                placed.craft[segment.start] = (fix, served_order)
                 return self._hit(segment, counts, "fused", fused)
-        order = notes.order if notes is not None else ()  # which tokens look outside: the fused variant's ranking
-        placed.craft[segment.start] = (plain_fix, order)
+            if choice == "plain":
+                break
+            found = self._fetch(choice.key, segment.token_ids, "request")
+            if found is not None:
+                own = VariantNotes.from_meta(found[0].meta, choice.prefix, len(segment.token_ids))
+                placed.craft[segment.start] = (fix, own.order if own is not None else served_order)
+                self.variants.used(choice.key, fix)
+                return self._hit(segment, counts, "request", found)
+        placed.craft[segment.start] = (fix_overhead(plain_notes(), ahead), served_order)
         plain = segment.candidates[-1]
         found = self._fetch(plain.key, segment.token_ids, "plain")
         if fused is not None:
@@ -194,7 +215,7 @@ class ContextResolver:
     @staticmethod
     def _hit(segment: PlannedSegment, counts: ResolveCounts, variant: str, found: tuple[KVEntry, str]) -> KVEntry:
         counts.path_hits["exact" if segment.exact_plain else "chunk"] += 1
-        counts.variant_hits[variant] += 0 if segment.exact_plain else 1
+        counts.variant_hits[variant] = counts.variant_hits.get(variant, 0) + (0 if segment.exact_plain else 1)
         _count_tier(counts, found[1])
         return found[0]
 
@@ -212,6 +233,30 @@ class ContextResolver:
         placed.fresh.append(slots)
         if segment.kind == "suffix":
             placed.suffix.append(slots)
+
+    # ------------------------------------------------------------------ writing request-made variants
+    def variant_recorder(self, resolved: ResolvedContext) -> VariantRecorder | None:
+        """What measures the notes of the variants this request makes (None: it makes none)."""
+        spans = list(resolved.layout.chunk_spans)
+        if not resolved.new_variants or len(spans) > self.model.cfg.head_dim:  # one attention call per layer
+            return None
+        return VariantRecorder(spans, [spans.index((seg.start, seg.end)) for seg, _, _ in resolved.new_variants])
+
+    def store_request_variants(self, resolved: ResolvedContext, cache: KVCache, recorder: VariantRecorder) -> int:
+        """After the prefill: each new variant's KV as ``cache`` holds it (keys back to position-free),
+        stored and listed with its notes; returns how many were stored."""
+        made = []
+        for segment, prefix, served_order in resolved.new_variants:
+            notes = recorder.notes(recorder.spans.index((segment.start, segment.end)), prefix, served_order)
+            slots = torch.arange(segment.start, segment.end, device=cache.keys.device)
+            keys = self.model.rotate(cache.keys[:, :, slots], -cache.positions[slots])
+            key = self.keys.request_key(segment.token_ids, prefix)
+            entry = KVEntry(tuple(segment.token_ids), keys.contiguous(), cache.values[:, :, slots].clone(),
+                            self.keys.meta("request", prefix=list(prefix), craft=notes.to_meta()))  # fmt: skip
+            if self.entry_store.put_keyed(key, self.entry_store.as_stored(entry)):
+                made.append(StoredVariant(key, segment.chunk_id, prefix, notes.inter, notes.cci))
+        self.variants.add(made, self.entries.store)
+        return len(made)
 
     # ------------------------------------------------------------------ writing path blocks
     def store_exact_blocks(self, resolved: ResolvedContext, recomputed: torch.Tensor,

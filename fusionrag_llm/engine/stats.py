@@ -44,6 +44,7 @@ class GenerationStats:
     # and how many it dropped; None / 0 when the run did not evict
     decode_kv_tokens: int | None = None
     evicted_kv_tokens: int = 0
+    variants_made: int = 0  # Cache-Craft's request-made chunk variants this request stored (``craft_variants``)
 
     @property
     def decode_tokens_per_s(self) -> float:

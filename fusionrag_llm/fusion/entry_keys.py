@@ -106,6 +106,11 @@ class EntryKeys:
         """Key of the chunk's ``variant`` entry (computed after S0)."""
         return chunk_key(self.fingerprint, self.s0_ids, token_ids, variant, self._fusion(variant))
 
+    def request_key(self, token_ids: Sequence[int], prefix: Sequence[str]) -> str:
+        """Key of the chunk's KV as a request computed it after the chunks ``prefix`` (catalog ids, in
+        order): Cache-Craft's request-made variant (``fusion/request_variants.py``)."""
+        return chunk_key(self.fingerprint, self.s0_ids, token_ids, "request", {"prefix": list(prefix)})
+
     def _fusion(self, variant: str) -> dict | None:
         # the default layout adds nothing, so entries stored before layouts existed keep their keys
         if variant != "fused" or self.fused_order == DEFAULT_FUSED_ORDER:

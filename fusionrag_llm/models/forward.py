@@ -36,6 +36,9 @@ class ForwardPass:
     # called like ``observe`` at every layer, and kept when rows are dropped: reads the layer's
     # attention from the prompt's last tokens for decode KV eviction (``models/kv_eviction.WindowScores``)
     score_window: Any = None
+    # called like ``score_window``: measures the notes of the chunk variants a request makes
+    # (Cache-Craft, ``fusion/request_variants.VariantRecorder``)
+    record: Any = None
 
     def narrowed(self, keep: torch.Tensor) -> "ForwardPass":
         """The same step with only the ``keep`` rows (no observer: it has decided)."""
@@ -50,7 +53,7 @@ class ForwardPass:
             raise ValueError("a step that returns logits for every row cannot drop rows")
         groups = None if self.groups is None else self.groups[keep]
         return ForwardPass(self.token_ids[keep], self.positions[keep], self.slots[keep], logit_rows,
-                           groups=groups, decode=self.decode, score_window=self.score_window)  # fmt: skip
+                           groups=groups, decode=self.decode, score_window=self.score_window, record=self.record)  # fmt: skip
 
 
 @dataclass
@@ -103,6 +106,8 @@ class BatchContext:
                 step.observe(layer, q[:, start:end], cache, step)
             if step.score_window is not None:
                 step.score_window(layer, q[:, start:end], cache, step)
+            if step.record is not None:
+                step.record(layer, q[:, start:end], cache, step)
             outputs.append(self.attention(q[:, start:end], cache, layer, step, meta))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
 
