@@ -19,7 +19,8 @@ remote_option = click.option(
 device_option = click.option("--device", default=None, help="'cpu' or 'cuda' (default: cuda when available).")
 fused_order_option = click.option(
     "--fused-order", default=None, type=click.Choice(list(FUSED_ORDERS)),
-    help="Layout of the fused entries to read, as ingested with `fusionrag ingest --fused-order` (default: the paper's).",
+    help="Layout of the fused entries to read, as ingested with `fusionrag ingest --fused-order` (default: the one "
+         "layout the store's catalog records, else the default).",
 )  # fmt: skip
 workers_option = click.option(
     "--workers", default=None, type=click.IntRange(1, 1024),

@@ -62,7 +62,10 @@ class FusionRAG:
         s0_ids = self.segments(RAGRequest(chunks=["-"], question="-"))[0].token_ids
         self._entries = ChunkEntries(loaded.model, self.store, fingerprint, s0_ids)
         self._catalog = ChunkCatalog(self.store.record_log(CATALOG_FILE), self.tokenizer.encode)
-        if fused_order is not None:  # the layout the store's fused entries were ingested with
+        if fused_order is None:  # the layout the store's fused entries were ingested with, when they agree
+            layouts = {record.fused_order for record in self._catalog.fused_records()}
+            fused_order = layouts.pop() if len(layouts) == 1 else None
+        if fused_order is not None:
             self._entries.use_fused_order(fused_order)
         self.context_index = ContextIndex()  # reorder=True: the orders earlier requests were given
         self.engine = LLMEngine(loaded, self._entries, prefix_cache=prefix_cache, auxiliary=_auxiliary(auxiliary, loaded),

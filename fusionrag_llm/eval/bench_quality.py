@@ -26,7 +26,7 @@ from fusionrag_llm.eval.metrics import exact_match, f1_score, first_token_agreem
 from fusionrag_llm.eval.partial_log import PartialLog
 from fusionrag_llm.eval.quality_diagnostics import neighbour_overlap
 from fusionrag_llm.engine.kv_codecs import check_kv_codec
-from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER, check_fused_order
+from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER, UNTAGGED_FUSED_ORDER, check_fused_order
 from fusionrag_llm.request import RAGRequest
 
 logger = logging.getLogger(__name__)
@@ -76,8 +76,8 @@ class QualityConfig:
         del data["methods"], data["ratios"]
         if not data["skip"]:
             del data["skip"]  # logs written before skip existed stay resumable
-        if data["fused_order"] == DEFAULT_FUSED_ORDER:
-            del data["fused_order"]  # likewise for logs written before layouts existed
+        if data["fused_order"] == UNTAGGED_FUSED_ORDER:
+            del data["fused_order"]  # likewise for logs written before layouts existed (the paper's layout)
         if data["kv_codec"] == "model":
             del data["kv_codec"]  # and before codecs existed
         return data

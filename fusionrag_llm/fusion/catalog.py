@@ -37,7 +37,7 @@ import numpy as np
 
 from fusionrag_llm.fusion.chunk_finder import ChunkFinder
 from fusionrag_llm.errors import FusionRAGError
-from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER
+from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER, UNTAGGED_FUSED_ORDER
 from fusionrag_llm.ingest.jsonl import parse_line, whole_lines, why_unreadable, write_problem
 from fusionrag_llm.ingest.neighbours import NeighbourIndex
 from fusionrag_llm.storage import AppendSession, FileRecordLog, MemoryRecordLog, RecordLog
@@ -113,7 +113,7 @@ class FusedRecord:
         notes = record.get("notes", False)  # records written before notes existed have none
         if not isinstance(notes, bool):
             raise ValueError("notes must be true or false")
-        layout = record.get("fused_order", DEFAULT_FUSED_ORDER)  # records older than layouts: the default
+        layout = record.get("fused_order", UNTAGGED_FUSED_ORDER)  # records older than layouts: the paper's
         if not isinstance(layout, str):
             raise ValueError("fused_order must be a string")
         return cls(record["fused"], record["chunk"], count, tuple(ids[0]), tuple(ids[1]), view, floor, notes, layout)

@@ -38,7 +38,7 @@ from typing import Sequence
 
 import torch
 
-from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER, check_fused_order
+from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER, UNTAGGED_FUSED_ORDER, check_fused_order
 from fusionrag_llm.storage import KVEntry, chunk_key
 from fusionrag_llm.storage.keys import path_block_key, path_key
 
@@ -112,8 +112,8 @@ class EntryKeys:
         return chunk_key(self.fingerprint, self.s0_ids, token_ids, "request", {"prefix": list(prefix)})
 
     def _fusion(self, variant: str) -> dict | None:
-        # the default layout adds nothing, so entries stored before layouts existed keep their keys
-        if variant != "fused" or self.fused_order == DEFAULT_FUSED_ORDER:
+        # the paper's layout adds nothing, so entries stored before layouts existed keep their keys
+        if variant != "fused" or self.fused_order == UNTAGGED_FUSED_ORDER:
             return None
         return {"fused_order": self.fused_order}
 
@@ -138,7 +138,7 @@ class EntryKeys:
             logger.warning("store entry %s claims variant %r of model %.12s, expected %r of %.12s; treated as a miss",
                            key, claimed[0], claimed[1], variant, self._owner(variant))  # fmt: skip
             return False
-        layout = entry.meta.get("fused_order", DEFAULT_FUSED_ORDER)  # entries older than layouts: the default
+        layout = entry.meta.get("fused_order", UNTAGGED_FUSED_ORDER)  # entries older than layouts: the paper's
         if variant == "fused" and layout != self.fused_order:
             logger.warning("store entry %s is a fused entry of layout %r, expected %r; treated as a miss",
                            key, layout, self.fused_order)  # fmt: skip

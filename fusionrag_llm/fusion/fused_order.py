@@ -26,6 +26,8 @@ from fusionrag_llm.errors import FusionRAGError
 
 FUSED_ORDERS = ("similar_first", "similar_last", "corpus")
 DEFAULT_FUSED_ORDER = "similar_first"
+# the layout of fused entries made before layouts existed: its keys, meta and records name no layout
+UNTAGGED_FUSED_ORDER = "similar_first"
 
 
 def check_fused_order(value: object) -> str:

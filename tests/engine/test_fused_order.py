@@ -142,17 +142,20 @@ def test_quality_runs_of_other_layouts_are_other_runs():
         QualityConfig("synthetic", "tiny", parse_methods("fusionrag"), (0.15,), fused_order="shuffled")
 
 
-def test_another_process_reads_a_layout_when_it_is_told_which(tmp_path):
+def test_another_process_reads_the_layout_the_store_was_ingested_with(tmp_path):
     """A store ingested with similar_last serves its fused entries to an engine opened with
-    fused_order="similar_last"; an engine left at the default finds no fused entry of its layout and
-    reads the plain ones."""
+    fused_order="similar_last" or with none (it adopts the one layout its catalog records); an
+    engine told another layout finds no fused entry of it and reads the plain ones."""
     writer = FusionRAG.from_pretrained("tiny", store=str(tmp_path))
     writer.add_chunks(TEXTS, embeddings=EMBEDDINGS, neighbors=2, fused_order="similar_last")
     request = RAGRequest(chunks=[TEXTS[2], TEXTS[0], TEXTS[1]], question="Who keeps the lighthouse?")
     reader = FusionRAG.from_pretrained("tiny", store=str(tmp_path), fused_order="similar_last")
     assert reader.generate(request, max_new_tokens=2).stats.variant_hits["fused"] == 2
-    default = FusionRAG.from_pretrained("tiny", store=str(tmp_path))
-    stats = default.generate(request, max_new_tokens=2).stats
+    untold = FusionRAG.from_pretrained("tiny", store=str(tmp_path))
+    assert untold.parts.entries.fused_order == "similar_last"
+    assert untold.generate(request, max_new_tokens=2).stats.variant_hits["fused"] == 2
+    other = FusionRAG.from_pretrained("tiny", store=str(tmp_path), fused_order="corpus")
+    stats = other.generate(request, max_new_tokens=2).stats
     assert stats.variant_hits == {"fused": 0, "plain": 3}  # a bf16 store: the first chunk is reused too (plain)
     with pytest.raises(FusionRAGError, match="similar_first"):
         FusionRAG.from_pretrained("tiny", store=str(tmp_path), fused_order="sideways")
