@@ -22,6 +22,11 @@ fused_order_option = click.option(
     help="Layout of the fused entries to read, as ingested with `fusionrag ingest --fused-order` (default: the one "
          "layout the store's catalog records, else the default).",
 )  # fmt: skip
+craft_variants_option = click.option(
+    "--craft-variants", default=0, show_default=True, type=click.IntRange(0), metavar="M",
+    help="Cache-Craft's request-made variants: cache_craft requests store a chunk's KV after new prefixes and "
+         "read them later, about M per chunk kept (0: off).",
+)  # fmt: skip
 workers_option = click.option(
     "--workers", default=None, type=click.IntRange(1, 1024),
     help="Compute the entries in N Ray worker processes writing into the store folder (needs the "

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from fusionrag_llm.cli.options import (
-    device_option, dtype_option, fused_order_option, kv_codec_option, load_rag, method_options, model_option, remote_option,
-    store_option, user_errors,
+    craft_variants_option, device_option, dtype_option, fused_order_option, kv_codec_option, load_rag, method_options,
+    model_option, remote_option, store_option, user_errors,
 )
 
 
@@ -23,16 +23,18 @@ from fusionrag_llm.cli.options import (
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1, 2048), help="Most tokens to generate per answer.")
 @click.option("--show-chunks", is_flag=True, help="Print the retrieved chunks.")
 @kv_codec_option()
+@craft_variants_option
 @click.option("--decode-kv-budget", default=None, type=click.IntRange(1), metavar="N",
               help="A3's decode KV eviction: after the prefill every layer and kv-head keeps only N chunk tokens "
                    "(plus the text outside chunks and the last 32 prompt tokens). Default: off.")  # fmt: skip
 def query(question, model, store, remote, device, dtype, method, ratio, top_k, max_new_tokens, show_chunks, fused_order,
-          decode_kv_budget, kv_codec) -> None:  # fmt: skip
+          decode_kv_budget, kv_codec, craft_variants) -> None:  # fmt: skip
     """Answer QUESTION over the chunks ingested into the store."""
     from fusionrag_llm.ingest.pipeline import answer
 
     _require_store(store)
-    rag = load_rag(model, device, dtype, store, fused_order=fused_order, remote=remote, kv_codec=kv_codec)
+    rag = load_rag(model, device, dtype, store, fused_order=fused_order, remote=remote, kv_codec=kv_codec,
+                   craft_variants=craft_variants)  # fmt: skip
     try:
         out, hits = answer(rag, question, top_k=top_k, method=method, recompute_ratio=ratio, max_new_tokens=max_new_tokens,
                            decode_kv_budget=decode_kv_budget)  # fmt: skip
@@ -50,6 +52,7 @@ def query(question, model, store, remote, device, dtype, method, ratio, top_k, m
                           f"{s.recomputed_tokens} recomputed + {s.missed_tokens + s.fresh_tokens} computed "
                           f"({s.missed_tokens} of chunks not stored yet, {s.fresh_tokens} of other text)"),
         ("chunks", ", ".join(f"{k} {v}" for k, v in s.path_hits.items())),
+        ("variants", ", ".join(f"{k} {v}" for k, v in s.variant_hits.items()) + f"; {s.variants_made} made"),
         ("decode", f"{s.generated_tokens} tokens in {s.decode_s:.2f} s"),
     ]
     if s.decode_kv_tokens is not None:

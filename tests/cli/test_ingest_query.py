@@ -135,3 +135,17 @@ def test_a_bf16_store_is_read_with_its_recorded_codec_and_each_codec_has_its_own
         assert refused.exit_code != 0 and "--kv-codec" in refused.output
     bad = run(*question, "--kv-codec", "int3")
     assert bad.exit_code != 0 and "int4" in bad.output
+
+
+def test_query_with_cache_craft_variants_stores_one_then_reads_it(corpus, tmp_path):
+    store = str(tmp_path / "store")
+    assert run("ingest", str(corpus), "--model", "tiny", "--store", store, "--neighbors", "2", "--variant-notes").exit_code == 0
+    ask = ("query", "Which river flows through Quennel?", "--model", "tiny", "--store", store, "--top-k", "2",
+           "--max-new-tokens", "2", "--method", "cache_craft", "--craft-variants", "5")  # fmt: skip
+    first = run(*ask)
+    assert first.exit_code == 0, first.output
+    assert "; 1 made" in first.output  # the second chunk came after a prefix no variant had
+    again = run(*ask)
+    assert "request 1" in again.output and "; 0 made" in again.output
+    bad = run(*ask[:-1], "-1")
+    assert bad.exit_code != 0 and "-1" in bad.output
