@@ -175,3 +175,13 @@ def test_a_damaged_listing_line_is_skipped(tmp_path):
     other = FusionRAG.from_pretrained("tiny", store=tmp_path / "store", prefix_cache=False, craft_variants=5)
     assert ask(other, [D, E, C], 0.3).stats.variant_hits.get("request") == 2
     assert len(other.engine.variants) == 2
+
+
+def test_a_batch_makes_each_request_s_variants_and_answers_as_one_by_one():
+    batch_rag, single_rag = engine(), engine()
+    requests = [RAGRequest(chunks=[D, E, C], question=QUESTION), RAGRequest(chunks=[E, D, C], question=QUESTION)]
+    together = batch_rag.generate_many(requests, "cache_craft", 0.3, max_new_tokens=3)
+    alone = [single_rag.generate(r, "cache_craft", 0.3, max_new_tokens=3) for r in requests]
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+    assert [g.stats.variants_made for g in together] == [2, 2]
+    assert len(batch_rag.engine.variants) == len(single_rag.engine.variants) == 4
