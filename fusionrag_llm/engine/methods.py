@@ -40,8 +40,10 @@ KV_VARIANTS = ("plain", "fused")
 # chunk switches to plain when, at the upper half of the layers, that probe is closer to the plain entry
 # than VARIANT_PROBE_MARGIN times its distance to the fused one (``engine/variant_choice.py``);
 # "cfo": Cache-Craft's choice, the variant with the lower Cache Fix Overhead given the chunks in front
-# of it in this request (``fusion/craft.py``).
-VARIANT_POLICIES = ("always", "overlap", "check", "probe", "cfo")
+# of it in this request (``fusion/craft.py``); "cfo_exact": the same, but a variant made by an earlier
+# request (``craft_variants``) serves only after exactly the chunks it was made after.
+VARIANT_POLICIES = ("always", "overlap", "check", "probe", "cfo", "cfo_exact")
+CFO_POLICIES = ("cfo", "cfo_exact")
 VARIANT_MIN_OVERLAP = 0.5
 VARIANT_CHECK_LAYER = 1
 VARIANT_PROBE_STRIDE = 16

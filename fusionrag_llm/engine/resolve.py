@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from fusionrag_llm.engine.methods import VARIANT_MIN_OVERLAP, RunPlan
+from fusionrag_llm.engine.methods import CFO_POLICIES, VARIANT_MIN_OVERLAP, RunPlan
 from fusionrag_llm.engine.variant_choice import Alternative, check_variants, probe_variants
 from fusionrag_llm.engine.plan import Boundary, ContextPlan, PlannedSegment, ResolveCounts, plan_context
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
@@ -91,8 +91,9 @@ class ContextResolver:
         for index, segment in enumerate(context_plan.segments[first:], start=first):
             if segment.candidates:
                 misses = counts.path_hits["miss"]
-                if context_plan.variant_policy == "cfo" and not segment.exact_plain:
-                    entry = self._craft_entry(segment, counts, ahead[index], placed)
+                if context_plan.variant_policy in CFO_POLICIES and not segment.exact_plain:
+                    exact_only = context_plan.variant_policy == "cfo_exact"
+                    entry = self._craft_entry(segment, counts, ahead[index], placed, exact_only)
                 else:
                     entry = self._chunk_entry(segment, counts, context_plan)
                 slots = place_entry(self.model, cache, entry, segment.first_position)
@@ -175,11 +176,13 @@ class ContextResolver:
                 return self._hit(segment, counts, candidate.variant, found)
         return self._computed_plain(segment, counts)
 
-    def _craft_entry(self, segment: PlannedSegment, counts: ResolveCounts, ahead: list[str], placed: _Placed) -> KVEntry:
+    def _craft_entry(self, segment: PlannedSegment, counts: ResolveCounts, ahead: list[str], placed: _Placed,
+                     exact_only: bool = False) -> KVEntry:  # fmt: skip
         """variant_policy="cfo" (Cache-Craft, ``fusion/craft.py``): of the chunk's variants (fused,
         plain, and those requests made, ``fusion/request_variants.py``), the one with the lowest Cache
         Fix Overhead given the chunks ``ahead`` of it; ties: a request's, then fused, then plain. The
-        plain one's overhead needs no data, so it is read only when it wins (or the others are missing)."""
+        plain one's overhead needs no data, so it is read only when it wins (or the others are missing).
+        ``exact_only`` ("cfo_exact"): a request-made variant is a choice only after exactly its prefix."""
         fused, notes = None, None
         if segment.candidates[0].variant == "fused":
             fused = self._fetch(segment.candidates[0].key, segment.token_ids, "fused")
@@ -189,7 +192,7 @@ class ContextResolver:
         made = self.variants.of(segment.chunk_id) if self.variants is not None else []
         choices: list[tuple[float, int, StoredVariant | str]] = [(fix_overhead(plain_notes(), ahead), 2, "plain")]
         choices += [(fix_overhead(notes, ahead), 1, "fused")] if notes is not None else []
-        choices += [(fix_overhead(v.notes(), ahead), 0, v) for v in made]
+        choices += [(fix_overhead(v.notes(), ahead), 0, v) for v in made if not exact_only or v.prefix == tuple(ahead)]
         if self.variants is not None and tuple(ahead) not in {(), *(v.prefix for v in made),
                                                                *([notes.prefix] if notes is not None else [])}:
             placed.new_variants.append((segment, tuple(ahead), served_order))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusionrag_llm.engine.methods import KV_VARIANTS, METHODS, SELECTORS, VARIANT_POLICIES, RunPlan, check_run_options
+from fusionrag_llm.engine.methods import CFO_POLICIES, KV_VARIANTS, METHODS, SELECTORS, VARIANT_POLICIES, RunPlan, check_run_options
 
 BASELINES = ("full_attention", "full_reuse")
 
@@ -62,7 +62,7 @@ class BenchMethod:
     def needs_variant_notes(self) -> bool:
         """Its runs read Cache-Craft's notes on fused entries (the offline stage must store them)."""
         plan = self.plan(0.0)
-        return plan.variant_policy == "cfo" or bool(METHODS[self.method].offline_metadata and plan.kv_variant == "fused")
+        return plan.variant_policy in CFO_POLICIES or bool(METHODS[self.method].offline_metadata and plan.kv_variant == "fused")
 
 
 def needs_variant_notes(methods) -> bool:

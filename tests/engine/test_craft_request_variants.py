@@ -185,3 +185,16 @@ def test_a_batch_makes_each_request_s_variants_and_answers_as_one_by_one():
     assert [g.token_ids for g in together] == [g.token_ids for g in alone]
     assert [g.stats.variants_made for g in together] == [2, 2]
     assert len(batch_rag.engine.variants) == len(single_rag.engine.variants) == 4
+
+
+def test_cfo_reads_a_variant_whose_prefix_chunks_are_all_in_front_and_cfo_exact_only_its_own_prefix():
+    request = RAGRequest(chunks=[A, D, E, C], question=QUESTION)
+    hits = {}
+    for policy in ("cfo", "cfo_exact"):
+        rag = engine()
+        ask(rag, [D, E, C], 0.3)  # variants E after (D), C after (D, E)
+        out = rag.generate(request, "cache_craft", 0.3, max_new_tokens=2, variant_policy=policy)
+        hits[policy] = (out.stats.variant_hits.get("request", 0), out.stats.variants_made)
+    # C after (A, D, E): its (D, E) variant has beta' = 1, CFO 0 (E after (A, D) likewise); every
+    # prefix here is new, so each policy stores D, E and C after them
+    assert hits == {"cfo": (2, 3), "cfo_exact": (0, 3)}
