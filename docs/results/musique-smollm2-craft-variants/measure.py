@@ -11,9 +11,11 @@ engines over one store (ingested once: plain and fused entries with notes, 4 nei
 The shuffled order comes after the dataset order, so its first ``on`` request can also read variants
 whose prefix it shares. Each answer is greedy (16 tokens) and teacher forced on Full Attention's
 greedy answer for the same order, from the same prefill (the bench's KL(FA || method)).
-Usage (from the repository root; writes records.jsonl and prints the table):
+``POLICY`` (default ``cfo``, the paper's) is the ``on`` engine's ``variant_policy``; ``cfo_exact``
+reads a request-made variant only after exactly its prefix. Usage (from the repository root; writes
+records.jsonl, or records-POLICY.jsonl for another policy, and prints the table):
 
-    python docs/results/musique-smollm2-craft-variants/measure.py ../shared/data/musique_dev.json 60 15 5 STORE_DIR [MODEL]
+    python docs/results/musique-smollm2-craft-variants/measure.py ../shared/data/musique_dev.json 60 15 5 STORE_DIR [MODEL [POLICY]]
 """
 
 import json
@@ -28,14 +30,15 @@ from fusionrag_llm.eval.metrics import greedy_exact_match, mean_kl
 RATIO, NEW_TOKENS, NEIGHBOURS = 0.15, 16, 4
 
 
-def answer(rag, request, ratio, ref=None):
-    stream = rag.stream(request, "cache_craft", ratio, NEW_TOKENS)
+def answer(rag, request, ratio, ref=None, policy="cfo"):
+    stream = rag.stream(request, "cache_craft", ratio, NEW_TOKENS, variant_policy=policy)
     for _ in stream:
         pass
     return stream, (stream.score(ref) if ref is not None else None)
 
 
-def main(dataset: str, skip: int, limit: int, passages: int, store: str, model: str = "smollm2-135m") -> None:
+def main(dataset: str, skip: int, limit: int, passages: int, store: str, model: str = "smollm2-135m",
+         policy: str = "cfo") -> None:  # fmt: skip
     examples = load_examples(dataset, limit=limit, passages=passages, seed=0, skip=skip)
     off = FusionRAG.from_pretrained(model, store=store, prefix_cache=False, kv_codec="model")
     off.ingest(passage_pool(examples), neighbors=NEIGHBOURS, variant_notes=True)
@@ -54,7 +57,7 @@ def main(dataset: str, skip: int, limit: int, passages: int, store: str, model: 
             asks = [("off", off, "first", RATIO), ("off", off, "first", 0.0), ("on", on, "first", RATIO),
                     ("on", on, "again", 0.0), ("on", on, "again", RATIO)]  # fmt: skip
             for engine_name, rag, ask, ratio in asks:
-                out, logits = answer(rag, request, ratio, ref)
+                out, logits = answer(rag, request, ratio, ref, policy if engine_name == "on" else "cfo")
                 stats = out.stats
                 records.append({"qid": ex.id, "order": order_name, "engine": engine_name, "ask": ask, "ratio": ratio,
                                 "kl": mean_kl(ref_logits, logits),
@@ -62,7 +65,7 @@ def main(dataset: str, skip: int, limit: int, passages: int, store: str, model: 
                                 "recomputed_tokens": stats.recomputed_tokens, "variants_made": stats.variants_made,
                                 "request_hits": stats.variant_hits.get("request", 0), "chunks": len(chunks)})  # fmt: skip
                 print(json.dumps(records[-1]), flush=True)
-    Path(__file__).with_name("records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    Path(__file__).with_name("records.jsonl" if policy == "cfo" else f"records-{policy}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     print(table(records))
 
 
@@ -84,4 +87,4 @@ def table(records: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:7])
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:8])
