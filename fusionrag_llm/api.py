@@ -113,12 +113,14 @@ class FusionRAG:
         whose prompt starts with an earlier prompt and answer (a chat's next turn) computes only
         the rest (``stats.turn_tokens``; ``engine/turn_cache.py``). ``fused_order``: the layout of the
         fused entries to read (and write), as ingested with ``add_chunks(fused_order=)``; default the
-        paper's ``"similar_first"``. ``remote``: a Redis/Valkey URL (``redis://host:6379/0``) for a
-        KV tier shared with other engines, after the disk; default ``$FUSIONRAG_REMOTE`` (none).
+        one layout the store's catalog records, else the paper's ``"similar_first"``. ``remote``: a
+        Redis/Valkey URL (``redis://host:6379/0``) for a KV tier shared with other engines, after the
+        disk; default ``$FUSIONRAG_REMOTE`` (none).
         ``kv_codec``: how the store keeps chunk KV: ``"float32"``,
-        ``"bf16"``, ``"fp16"``, or quantized ``"int8"``, ``"fp8"``, ``"int4"`` (default: the compute
-        dtype, exact); part of every entry key (README, "Compressed KV entries"). Give it or
-        ``store_dtype``, not both. ``craft_variants``: Cache-Craft's chunk variants made by requests
+        ``"bf16"``, ``"fp16"``, quantized ``"int8"``, ``"fp8"``, ``"int4"``, or ``"model"`` (the compute
+        dtype, exact); default: the codec the store folder records, ``"bf16"`` for a new folder,
+        ``"model"`` for ``":memory:"``; part of every entry key (README, "Compressed KV entries").
+        Give it or ``store_dtype``, not both. ``craft_variants``: Cache-Craft's chunk variants made by requests
         (0: off; M: about M per chunk kept, the least reused dropped): a ``cache_craft`` request that
         serves a chunk after chunks none of its variants was computed after stores the chunk's KV as it
         computed it, and later ``cache_craft`` requests choose among all of a chunk's variants
