@@ -13,7 +13,6 @@ loader's, for ``pinned`` preloaded keys) until their KV has been placed in the r
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -23,9 +22,9 @@ from fusionrag_llm.engine.methods import CFO_POLICIES, VARIANT_MIN_OVERLAP, RunP
 from fusionrag_llm.engine.variant_choice import Alternative, check_variants, probe_variants
 from fusionrag_llm.engine.plan import Boundary, ContextPlan, PlannedSegment, ResolveCounts, plan_context
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
-from fusionrag_llm.fusion.craft import VariantNotes, fix_overhead, plain_notes
+from fusionrag_llm.fusion.craft import VariantNotes, fix_overhead, fused_notes, plain_notes
 from fusionrag_llm.fusion.placement import place_entry
-from fusionrag_llm.fusion.request_variants import RequestVariants, StoredVariant, VariantRecorder
+from fusionrag_llm.fusion.request_variants import RequestVariants, StoredVariant, VariantRecorder, recorder_for, store_variants
 from fusionrag_llm.fusion.selectors import RequestLayout
 from fusionrag_llm.models.kv_cache import AttentionScaling, KVCache
 from fusionrag_llm.request import Segment
@@ -34,7 +33,6 @@ from fusionrag_llm.storage import KVEntry
 __all__ = ["Boundary", "ContextPlan", "ContextResolver", "Preloaded", "ResolveCounts", "ResolvedContext"]
 
 Preloaded = dict[str, tuple[KVEntry, str]]
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -187,7 +185,7 @@ class ContextResolver:
         if segment.candidates[0].variant == "fused":
             fused = self._fetch(segment.candidates[0].key, segment.token_ids, "fused")
         if fused is not None:
-            notes = _stored_notes(fused[0], len(segment.token_ids))
+            notes = fused_notes(fused[0].meta, len(segment.token_ids))
         served_order = notes.order if notes is not None else ()  # which tokens look outside: the fused ranking
         made = self.variants.of(segment.chunk_id) if self.variants is not None else []
         choices: list[tuple[float, int, StoredVariant | str]] = [(fix_overhead(plain_notes(), ahead), 2, "plain")]
@@ -240,26 +238,12 @@ class ContextResolver:
     # ------------------------------------------------------------------ writing request-made variants
     def variant_recorder(self, resolved: ResolvedContext) -> VariantRecorder | None:
         """What measures the notes of the variants this request makes (None: it makes none)."""
-        spans = list(resolved.layout.chunk_spans)
-        if not resolved.new_variants or len(spans) > self.model.cfg.head_dim:  # one attention call per layer
-            return None
-        return VariantRecorder(spans, [spans.index((seg.start, seg.end)) for seg, _, _ in resolved.new_variants])
+        return recorder_for([seg for seg, _, _ in resolved.new_variants], resolved.layout.chunk_spans,
+                            self.model.cfg.head_dim)  # fmt: skip
 
     def store_request_variants(self, resolved: ResolvedContext, cache: KVCache, recorder: VariantRecorder) -> int:
-        """After the prefill: each new variant's KV as ``cache`` holds it (keys back to position-free),
-        stored and listed with its notes; returns how many were stored."""
-        made = []
-        for segment, prefix, served_order in resolved.new_variants:
-            notes = recorder.notes(recorder.spans.index((segment.start, segment.end)), prefix, served_order)
-            slots = torch.arange(segment.start, segment.end, device=cache.keys.device)
-            keys = self.model.rotate(cache.keys[:, :, slots], -cache.positions[slots])
-            key = self.keys.request_key(segment.token_ids, prefix)
-            entry = KVEntry(tuple(segment.token_ids), keys.contiguous(), cache.values[:, :, slots].clone(),
-                            self.keys.meta("request", prefix=list(prefix), craft=notes.to_meta()))  # fmt: skip
-            if self.entry_store.put_keyed(key, self.entry_store.as_stored(entry)):
-                made.append(StoredVariant(key, segment.chunk_id, prefix, notes.inter, notes.cci))
-        self.variants.add(made, self.entries.store)
-        return len(made)
+        """After the prefill: the new variants stored and listed (``fusion/request_variants.store_variants``)."""
+        return store_variants(self.entries, self.variants, resolved.new_variants, cache, recorder)
 
     # ------------------------------------------------------------------ writing path blocks
     def store_exact_blocks(self, resolved: ResolvedContext, recomputed: torch.Tensor,
@@ -285,24 +269,6 @@ def _fusion_fits(entry: KVEntry, context_plan: ContextPlan) -> bool:
         return True  # fused after S0 alone: nothing of another chunk in it
     present = sum(n in context_plan.chunk_ids for n in neighbours)
     return present / len(neighbours) >= VARIANT_MIN_OVERLAP
-
-
-_warned_notes = False
-
-
-def _stored_notes(entry: KVEntry, length: int) -> VariantNotes:
-    """A fused entry's Cache-Craft notes; an entry computed before they were kept gets the most
-    cautious ones (CCI 1, every neighbour alike, no token order), with one warning per process."""
-    global _warned_notes
-    prefix = entry.meta.get("neighbours") or []
-    notes = VariantNotes.from_meta(entry.meta, prefix, length)
-    if notes is None:
-        if not _warned_notes:
-            logger.warning("fused entries without Cache-Craft notes (computed by an older version): their variant "
-                           "choice assumes the most context dependence; ingest into a new store to measure it")  # fmt: skip
-            _warned_notes = True
-        notes = VariantNotes(tuple(prefix), (1.0,) * len(prefix), 1.0)
-    return notes
 
 
 def _chunks_ahead(context_plan: ContextPlan) -> dict[int, list[str]]:

@@ -26,6 +26,7 @@ Where the paper is silent, this module chooses (and ``docs/ARCHITECTURE.md`` say
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -35,6 +36,7 @@ import torch
 from fusionrag_llm.kernels.dispatch import critical_scores
 from fusionrag_llm.models.attention import attend, causal_tail_start
 
+logger = logging.getLogger(__name__)
 PLAIN_CCI = 0.5  # sigmoid(0): no prefix chunk, no outside attention
 FOCUS_WINDOW = 3  # layers the focused set must stay the same before recompute of the others stops
 META_KEY = "craft"  # where a variant's notes live in its entry's meta
@@ -70,6 +72,24 @@ class VariantNotes:
 
 def plain_notes() -> VariantNotes:
     return VariantNotes((), (), PLAIN_CCI)
+
+
+_warned_notes = False
+
+
+def fused_notes(meta: dict, length: int) -> VariantNotes:
+    """A fused entry's notes from its ``meta``; an entry computed before they were kept gets the most
+    cautious ones (CCI 1, every neighbour alike, no token order), with one warning per process."""
+    global _warned_notes
+    prefix = meta.get("neighbours") or []
+    notes = VariantNotes.from_meta(meta, prefix, length)
+    if notes is None:
+        if not _warned_notes:
+            logger.warning("fused entries without Cache-Craft notes (computed by an older version): their variant "
+                           "choice assumes the most context dependence; ingest into a new store to measure it")  # fmt: skip
+            _warned_notes = True
+        notes = VariantNotes(tuple(prefix), (1.0,) * len(prefix), 1.0)
+    return notes
 
 
 class NotesRecorder:

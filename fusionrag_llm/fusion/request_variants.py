@@ -39,9 +39,11 @@ from typing import Sequence
 import torch
 
 from fusionrag_llm.errors import FusionRAGError
+from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.craft import VariantNotes, span_attention
 from fusionrag_llm.ingest.jsonl import parse_line, whole_lines
-from fusionrag_llm.storage import RecordLog
+from fusionrag_llm.models.kv_cache import KVCache
+from fusionrag_llm.storage import KVEntry, RecordLog
 
 logger = logging.getLogger(__name__)
 VARIANT_LOG = "variants.jsonl"
@@ -218,3 +220,30 @@ class VariantRecorder:
         done = set(computed)
         rest = [i for i in (served_order or range(end - start)) if i not in done]
         return VariantNotes(tuple(prefix), tuple(self.inter[target].tolist()), cci, tuple(computed + rest))
+
+
+def recorder_for(segments: Sequence, chunk_spans: Sequence[tuple[int, int]], head_dim: int) -> VariantRecorder | None:
+    """The recorder of the chunk ``segments`` (with ``start``/``end`` slots) that get new variants;
+    None when there are none, or more chunks than one attention call per layer can measure."""
+    spans = list(chunk_spans)
+    if not segments or len(spans) > head_dim:
+        return None
+    return VariantRecorder(spans, [spans.index((seg.start, seg.end)) for seg in segments])
+
+
+def store_variants(entries: ChunkEntries, index: RequestVariants, new_variants: Sequence, cache: KVCache,
+                   recorder: VariantRecorder) -> int:  # fmt: skip
+    """After a request's prefill: each ``(segment, prefix, served_order)`` of ``new_variants`` stored
+    as ``cache`` holds it (keys back to position-free) with its notes, and listed; returns how many."""
+    made = []
+    for segment, prefix, served_order in new_variants:
+        notes = recorder.notes(recorder.spans.index((segment.start, segment.end)), prefix, served_order)
+        slots = torch.arange(segment.start, segment.end, device=cache.keys.device)
+        keys = entries.model.rotate(cache.keys[:, :, slots], -cache.positions[slots])
+        key = entries.keys.request_key(segment.token_ids, prefix)
+        entry = KVEntry(tuple(segment.token_ids), keys.contiguous(), cache.values[:, :, slots].clone(),
+                        entries.keys.meta("request", prefix=list(prefix), craft=notes.to_meta()))  # fmt: skip
+        if entries.entry_store.put_keyed(key, entries.entry_store.as_stored(entry)):
+            made.append(StoredVariant(key, segment.chunk_id, prefix, notes.inter, notes.cci))
+    index.add(made, entries.store)
+    return len(made)
