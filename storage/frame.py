@@ -81,6 +81,14 @@ def pack_frame(codec_id: str, header: dict, payload: Sequence[bytes | memoryview
 
 def _check_frame(view: memoryview) -> tuple[int, int]:
     """Validate magic, version, length and checksum; return `(version, header length)`."""
+    version, header_len = _check_preamble(view)
+    if _digest([view[:-DIGEST_BYTES]]) != bytes(view[-DIGEST_BYTES:]):
+        raise CorruptEntryError("checksum mismatch: entry bytes were modified or truncated")
+    return version, header_len
+
+
+def _check_preamble(view: memoryview) -> tuple[int, int]:
+    """Validate magic, version and length (not the checksum); return `(version, header length)`."""
     if len(view) < _PREAMBLE.size + DIGEST_BYTES:
         raise CorruptEntryError(f"entry truncated: {len(view)} bytes is shorter than the fixed frame")
     magic, version, header_len = _PREAMBLE.unpack_from(view, 0)
@@ -91,8 +99,6 @@ def _check_frame(view: memoryview) -> tuple[int, int]:
         raise StaleEntryError(f"entry was written by {age} codec (version {version}), this build reads {VERSIONS}")
     if header_len > _MAX_HEADER_BYTES or _PREAMBLE.size + header_len + DIGEST_BYTES > len(view):
         raise CorruptEntryError(f"entry truncated: header of {header_len} bytes does not fit")
-    if _digest([view[:-DIGEST_BYTES]]) != bytes(view[-DIGEST_BYTES:]):
-        raise CorruptEntryError("checksum mismatch: entry bytes were modified or truncated")
     return version, header_len
 
 
@@ -118,15 +124,10 @@ def peek_codec_id(data: bytes | bytearray | memoryview) -> str | None:
     """The codec id `data`'s header names, read without checking the frame (None: not readable as
     one), to choose which codec decodes it; that decode (`unpack_frame`) still checks everything."""
     view = memoryview(data).cast("B")
-    if len(view) < _PREAMBLE.size:
-        return None
-    magic, version, header_len = _PREAMBLE.unpack_from(view, 0)
-    fits = header_len <= _MAX_HEADER_BYTES and _PREAMBLE.size + header_len <= len(view)
-    if magic != MAGIC or version not in VERSIONS or not fits:
-        return None
     try:
+        version, header_len = _check_preamble(view)
         return _parse_header(view[_PREAMBLE.size : _PREAMBLE.size + header_len], version)[0]
-    except CorruptEntryError:
+    except (CorruptEntryError, StaleEntryError):
         return None
 
 

@@ -13,6 +13,7 @@ import torch
 
 from fusionrag_llm.engine.sampling import SamplingState, next_tokens
 from fusionrag_llm.engine.sequence import Sequence
+from fusionrag_llm.fusion.placement import position_free_kv
 from fusionrag_llm.fusion.selectors import RequestLayout
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.models.kv_eviction import DecodeEviction, WindowScores, keep_index
@@ -74,7 +75,7 @@ class ModelRunner:
         positions = torch.arange(n, device=cache.keys.device)
         if not n or cache.evicted or not bool((cache.positions[:n] == positions).all() and cache.valid[:n].all()):
             return None
-        return self.model.rotate(cache.keys[:, :, start:n], -positions[start:]), cache.values[:, :, start:n]
+        return position_free_kv(self.model, cache, start, n)
 
     @staticmethod
     def next_tokens(logits: Seq[torch.Tensor], seqs: Seq[Sequence]) -> list[int]:

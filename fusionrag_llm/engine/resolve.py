@@ -33,6 +33,9 @@ from fusionrag_llm.storage import KVEntry
 __all__ = ["Boundary", "ContextPlan", "ContextResolver", "Preloaded", "ResolveCounts", "ResolvedContext"]
 
 Preloaded = dict[str, tuple[KVEntry, str]]
+# Cache-Craft (``craft_variants``): a chunk served after a prefix none of its variants was made after,
+# that prefix (catalog ids) and the serving variant's token order (``fusion/request_variants.py``)
+NewVariant = tuple[PlannedSegment, tuple[str, ...], tuple[int, ...]]
 
 
 @dataclass
@@ -40,9 +43,7 @@ class ResolvedContext:
     layout: RequestLayout
     boundaries: list[Boundary]
     matched: int  # leading boundaries whose KV is already stored (served from path blocks or known exact)
-    # Cache-Craft (``craft_variants``): chunks served after a prefix none of their variants was made
-    # after, with that prefix and the serving variant's token order (``fusion/request_variants.py``)
-    new_variants: list[tuple[PlannedSegment, tuple[str, ...], tuple[int, ...]]] = field(default_factory=list)
+    new_variants: list[NewVariant] = field(default_factory=list)  # the variants this request makes
 
 
 @dataclass
@@ -57,7 +58,7 @@ class _Placed:
     alternatives: list[Alternative] = field(default_factory=list)
     # variant_policy="cfo": chunk start -> (Cache Fix Overhead of the variant serving it, its token order)
     craft: dict[int, tuple[float, tuple[int, ...]]] = field(default_factory=dict)
-    new_variants: list[tuple[PlannedSegment, tuple[str, ...], tuple[int, ...]]] = field(default_factory=list)
+    new_variants: list[NewVariant] = field(default_factory=list)
 
 
 class ContextResolver:
@@ -86,6 +87,8 @@ class ContextResolver:
         first = context_plan.boundaries[matched - 1].segment + 1 if matched else 1
         placed = _Placed([], [], [])
         ahead = _chunks_ahead(context_plan)
+        if self.variants is not None and context_plan.variant_policy in CFO_POLICIES:
+            self.variants.refresh()  # what other processes listed since, once per request
         for index, segment in enumerate(context_plan.segments[first:], start=first):
             if segment.candidates:
                 misses = counts.path_hits["miss"]
@@ -188,7 +191,8 @@ class ContextResolver:
             notes = fused_notes(fused[0].meta, len(segment.token_ids))
         served_order = notes.order if notes is not None else ()  # which tokens look outside: the fused ranking
         made = self.variants.of(segment.chunk_id) if self.variants is not None else []
-        choices: list[tuple[float, int, StoredVariant | str]] = [(fix_overhead(plain_notes(), ahead), 2, "plain")]
+        plain_fix = fix_overhead(plain_notes(), ahead)
+        choices: list[tuple[float, int, StoredVariant | str]] = [(plain_fix, 2, "plain")]
         choices += [(fix_overhead(notes, ahead), 1, "fused")] if notes is not None else []
         choices += [(fix_overhead(v.notes(), ahead), 0, v) for v in made if not exact_only or v.prefix == tuple(ahead)]
         if self.variants is not None and tuple(ahead) not in {(), *(v.prefix for v in made),
@@ -206,7 +210,7 @@ class ContextResolver:
                 placed.craft[segment.start] = (fix, own.order if own is not None else served_order)
                 self.variants.used(choice.key, fix)
                 return self._hit(segment, counts, "request", found)
-        placed.craft[segment.start] = (fix_overhead(plain_notes(), ahead), served_order)
+        placed.craft[segment.start] = (plain_fix, served_order)
         plain = segment.candidates[-1]
         found = self._fetch(plain.key, segment.token_ids, "plain")
         if fused is not None:

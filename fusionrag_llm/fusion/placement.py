@@ -1,4 +1,4 @@
-"""Placing a stored entry into a request's cache: rotary at the positions it takes there.
+"""Placing a stored entry into a request's cache: rotary at the positions it takes there (and back).
 
 Stored keys are position-free (before rotary), so one entry serves any position of any prompt.
 A quantized entry is moved packed and expanded on the cache's device (``storage/quantize.py``).
@@ -25,3 +25,9 @@ def place_entry(model: DecoderLM, cache: KVCache, entry: KVEntry, start_position
     cache.positions[slots] = positions
     cache.valid[slots] = True
     return slots
+
+
+def position_free_kv(model: DecoderLM, cache: KVCache, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K and V of ``cache`` slots ``[start, end)`` as an entry stores them: keys rotated back from
+    the positions they hold there (``[layers, kv_heads, end - start, head_dim]``; values are views)."""
+    return model.rotate(cache.keys[:, :, start:end], -cache.positions[start:end]), cache.values[:, :, start:end]

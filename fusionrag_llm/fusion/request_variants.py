@@ -41,6 +41,7 @@ import torch
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.craft import VariantNotes, span_attention
+from fusionrag_llm.fusion.placement import position_free_kv
 from fusionrag_llm.ingest.jsonl import parse_line, whole_lines
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.storage import KVEntry, RecordLog
@@ -95,17 +96,30 @@ class RequestVariants:
     def __init__(self, log: RecordLog, model: str, per_chunk: int):
         self.log, self.model, self.per_chunk = log, model, check_craft_variants(per_chunk)
         self._by_key: dict[str, StoredVariant] = {}
+        self._by_chunk: dict[str, dict[str, StoredVariant]] = {}  # the same variants by chunk id
         self.fr: dict[str, float] = {}
         self._offset = 0
         self._lock = threading.Lock()
 
     def of(self, chunk_id: str) -> list[StoredVariant]:
-        self.refresh()
+        """The chunk's variants as last read (``refresh`` reads what other processes listed since)."""
         with self._lock:
-            return [v for v in self._by_key.values() if v.chunk_id == chunk_id]
+            return list(self._by_chunk.get(chunk_id, {}).values())
 
     def __len__(self) -> int:
         return len(self._by_key)
+
+    def _list(self, variant: StoredVariant) -> None:
+        self._by_key[variant.key] = variant
+        self._by_chunk.setdefault(variant.chunk_id, {})[variant.key] = variant
+
+    def _unlist(self, key: str) -> None:
+        variant = self._by_key.pop(key, None)
+        if variant is not None:
+            chunk = self._by_chunk[variant.chunk_id]
+            del chunk[key]
+            if not chunk:
+                del self._by_chunk[variant.chunk_id]
 
     def refresh(self) -> None:
         try:
@@ -122,10 +136,9 @@ class RequestVariants:
             try:
                 record = parse_line(raw)
                 if "dropped" in record:
-                    self._by_key.pop(str(record["dropped"]), None)
+                    self._unlist(str(record["dropped"]))
                 elif record.get("model") == self.model:
-                    variant = StoredVariant.from_json(record)
-                    self._by_key[variant.key] = variant
+                    self._list(StoredVariant.from_json(record))
             except (ValueError, KeyError, TypeError) as exc:
                 logger.warning("skipping a line of %s: %s", self.log.name, exc)
         return consumed
@@ -144,15 +157,14 @@ class RequestVariants:
             with self._lock:
                 self._offset += self._apply(session.read_from(self._offset))
                 for variant in variants:
-                    self._by_key[variant.key] = variant
-                chunks = len({v.chunk_id for v in self._by_key.values()})
-                excess = len(self._by_key) - self.per_chunk * chunks
+                    self._list(variant)
+                excess = len(self._by_key) - self.per_chunk * len(self._by_chunk)
                 fresh = {v.key for v in variants}
                 # the lowest fr first; among equals the oldest (listed first), never one made just now
                 victims = sorted((k for k in self._by_key if k not in fresh), key=lambda k: self.fr.get(k, 0.0))
                 dropped = victims[: max(excess, 0)]
                 for key in dropped:
-                    del self._by_key[key]
+                    self._unlist(key)
                     self.fr.pop(key, None)
                 lines = [v.to_json(self.model) for v in variants] + [json.dumps({"dropped": k}) for k in dropped]
             for key in dropped:
@@ -238,10 +250,9 @@ def store_variants(entries: ChunkEntries, index: RequestVariants, new_variants: 
     made = []
     for segment, prefix, served_order in new_variants:
         notes = recorder.notes(recorder.spans.index((segment.start, segment.end)), prefix, served_order)
-        slots = torch.arange(segment.start, segment.end, device=cache.keys.device)
-        keys = entries.model.rotate(cache.keys[:, :, slots], -cache.positions[slots])
+        keys, values = position_free_kv(entries.model, cache, segment.start, segment.end)
         key = entries.keys.request_key(segment.token_ids, prefix)
-        entry = KVEntry(tuple(segment.token_ids), keys.contiguous(), cache.values[:, :, slots].clone(),
+        entry = KVEntry(tuple(segment.token_ids), keys.contiguous(), values.clone(),
                         entries.keys.meta("request", prefix=list(prefix), craft=notes.to_meta()))  # fmt: skip
         if entries.entry_store.put_keyed(key, entries.entry_store.as_stored(entry)):
             made.append(StoredVariant(key, segment.chunk_id, prefix, notes.inter, notes.cci))
