@@ -54,7 +54,8 @@ class FusionRAG:
                  prefix_cache: bool = True, store_dtype: str | torch.dtype | None = None,
                  auxiliary: "int | str | Path | LoadedModel | FusionRAG | None" = None,
                  turn_cache_gib: float = 0.0, fused_order: str | None = None, remote: str | None = None,
-                 kv_codec: str | None = None, craft_variants: int = 0):  # fmt: skip
+                 kv_codec: str | None = None, craft_variants: int = 0,
+                 layerwise_load: bool | None = None):  # fmt: skip
         self._loaded = loaded
         self.store = open_store(store, loaded.model.device, store_dtype, remote=remote, kv_codec=kv_codec)
         self.embedder = embedder
@@ -69,7 +70,8 @@ class FusionRAG:
             self._entries.use_fused_order(fused_order)
         self.context_index = ContextIndex()  # reorder=True: the orders earlier requests were given
         self.engine = LLMEngine(loaded, self._entries, prefix_cache=prefix_cache, auxiliary=_auxiliary(auxiliary, loaded),
-                                turns=turn_cache(turn_cache_gib), craft_variants=craft_variants)  # fmt: skip
+                                turns=turn_cache(turn_cache_gib), craft_variants=craft_variants,
+                                layerwise_load=layerwise_load)  # fmt: skip
 
     @classmethod
     def from_pretrained(
@@ -90,6 +92,7 @@ class FusionRAG:
         remote: str | None = None,
         kv_codec: str | None = None,
         craft_variants: int = 0,
+        layerwise_load: bool | None = None,
     ) -> "FusionRAG":
         """Load a model and open its KV store.
 
@@ -125,12 +128,15 @@ class FusionRAG:
         serves a chunk after chunks none of its variants was computed after stores the chunk's KV as it
         computed it, and later ``cache_craft`` requests choose among all of a chunk's variants
         (``fusion/request_variants.py``; README, "Cache-Craft's request-made variants").
+        ``layerwise_load``: Cache-Craft's layer-wise preloading: a request's stored KV reaches its cache
+        layer by layer on a CUDA stream of its own while the forward computes the layers before
+        (``fusion/layer_feed.py``); default on for a CUDA model, off on the CPU (nothing to overlap).
         """
         loaded = load_model(name_or_path, device=device, dtype=dtype, kernels=kernels, decode_weights=decode_weights,
                             decode_kv=decode_kv)  # fmt: skip
         return cls(loaded, store=store, embedder=embedder, prefix_cache=prefix_cache, store_dtype=store_dtype,
                    auxiliary=auxiliary, turn_cache_gib=turn_cache_gib, fused_order=fused_order, remote=remote,
-                   kv_codec=kv_codec, craft_variants=craft_variants)  # fmt: skip
+                   kv_codec=kv_codec, craft_variants=craft_variants, layerwise_load=layerwise_load)  # fmt: skip
 
     @property
     def parts(self) -> EngineParts:

@@ -25,9 +25,10 @@ class MemoryTier:
         128
     """
 
-    def __init__(self, name: str, budget_bytes: int, device: torch.device | str = "cpu"):
+    def __init__(self, name: str, budget_bytes: int, device: torch.device | str = "cpu", pin: bool = False):
         self.name = name
         self.device = torch.device(device)
+        self.pin = pin  # host memory the GPU copies from without staging (asynchronous copies)
         self._ledger = TierLedger(name, budget_bytes)
         self._entries: dict[str, KVEntry] = {}
 
@@ -66,7 +67,7 @@ class MemoryTier:
         (unless `over_budget`, see `TierLedger.add`)."""
         self._ledger.add(key, entry.nbytes, over_budget=over_budget)
         try:
-            held = entry.to(self.device)
+            held = _pinned(entry.to(self.device)) if self.pin else entry.to(self.device)
         except Exception:
             self._ledger.remove(key)
             raise
@@ -97,10 +98,21 @@ class MemoryTier:
 
 
 class HostTier(MemoryTier):
-    """Host (CPU) memory tier."""
+    """Host (CPU) memory tier. `pin`: hold entries in page-locked memory (needs CUDA), which a GPU
+    reads with asynchronous copies (a store beside a CUDA model pins its host tier)."""
 
-    def __init__(self, budget_bytes: int, name: str = "host"):
-        super().__init__(name, budget_bytes, "cpu")
+    def __init__(self, budget_bytes: int, name: str = "host", pin: bool = False):
+        if pin and not torch.cuda.is_available():
+            raise ValueError("HostTier(pin=True) needs CUDA: page-locked memory is for GPU copies")
+        super().__init__(name, budget_bytes, "cpu", pin)
+
+
+def _pinned(entry: KVEntry) -> KVEntry:
+    """`entry` with its tensors in page-locked host memory (itself when they already are)."""
+    if entry.keys.is_pinned():
+        return entry
+    extras = {name: tensor.pin_memory() for name, tensor in entry.extras.items()}
+    return KVEntry(entry.token_ids, entry.keys.pin_memory(), entry.values.pin_memory(), entry.meta, extras)
 
 
 class DeviceTier(MemoryTier):

@@ -39,6 +39,7 @@ from fusionrag_llm.fusion.craft import FocusTracker
 from fusionrag_llm.fusion.request_variants import VARIANT_LOG, RequestVariants, check_craft_variants
 from fusionrag_llm.fusion.scorers.auxiliary_attention import check_layers
 from fusionrag_llm.fusion.selectors import Selection, select_many
+from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.models.llama import ForwardOutput, ForwardPass
 from fusionrag_llm.models.loader import LoadedModel, check_auxiliary_model
 from fusionrag_llm.request import Segment, prompt_ids, split_segments
@@ -77,8 +78,13 @@ class PrefillWork:
 class LLMEngine:
     def __init__(self, loaded: LoadedModel, entries: ChunkEntries, prefix_cache: bool = True,
                  config: SchedulerConfig = SchedulerConfig(), auxiliary: int | LoadedModel | None = None,
-                 turns: TurnCache | None = None, craft_variants: int = 0):  # fmt: skip
+                 turns: TurnCache | None = None, craft_variants: int = 0,
+                 layerwise_load: bool | None = None):  # fmt: skip
         self.loaded = loaded
+        # Cache-Craft's layer-wise preloading (``fusion/layer_feed.py``): stored KV reaches the request
+        # cache layer by layer while the forward runs; default on for a CUDA model, where a copy engine
+        # overlaps it with compute (on the CPU nothing would overlap)
+        self.layerwise_load = loaded.model.device.type == "cuda" if layerwise_load is None else bool(layerwise_load)
         # CacheClip's auxiliary model: a separate one of the same tokenizer, or the first
         # ``auxiliary_layers`` layers of this one
         self.auxiliary_model = check_auxiliary_model(auxiliary, loaded) if isinstance(auxiliary, LoadedModel) else None
@@ -231,6 +237,7 @@ class LLMEngine:
             tokens = self.runner.next_tokens(logits, firsts + decodes)
         except Exception as exc:  # the batch's sequences fail together; their callers raise it
             for seq in [one for w in work for one in (w.seq, *w.seq.forks)] + decodes:
+                _stop_loading(seq.cache)
                 seq.finish("error", exc)
             return
         for seq, token in zip(firsts + decodes, tokens):
@@ -263,6 +270,7 @@ class LLMEngine:
         ready = []
         for w, selected in zip(work, picks):
             if isinstance(selected, Exception):  # a failed selection fails its sequences only
+                _stop_loading(w.seq.cache)
                 w.seq.finish("error", selected)
                 continue
             w.seq.stats.select_s, w.chosen = chosen - started, chosen
@@ -281,7 +289,7 @@ class LLMEngine:
             seq.cache = self.runner.new_cache(seq.num_prompt_tokens + seq.max_new_tokens)
             if seq.context_plan is None:
                 seq.context_plan = resolver.plan(seq.segments, plan)
-            resolved, counts = resolver.assemble_plan(seq.context_plan, seq.cache)
+            resolved, counts = resolver.assemble_plan(seq.context_plan, seq.cache, self.layerwise_load)
             # after the prompt's last position (its length, unless chunks share positions)
             seq.prompt_end = int(seq.cache.positions[: seq.cache.length].max()) + 1 if seq.cache.length else 0
         except Exception as exc:  # a bad store entry or input fails this request only
@@ -318,6 +326,7 @@ class LLMEngine:
 
     def _finish_prefill(self, work: PrefillWork, out: ForwardOutput) -> None:
         seq = work.seq
+        seq.cache.settle()  # the prefill read every layer: what is left of the layer feed is bookkeeping
         # whose KV its context now holds: exact (any later request may read it) or this plan's own
         exact = work.exact and seq.plan.attention_scaling is None
         seq.kv_namespace = EXACT if exact else namespace_of(seq.plan)
@@ -405,6 +414,13 @@ class LLMEngine:
                 raise seq.error
             self._finish_prefill(work[0], self.runner.run([work[0].forward], [seq.cache])[0])
         return self.runner.teacher_forced(seq.cache, seq.prompt_logits, seq.prompt_end, continuation)
+
+
+def _stop_loading(cache: KVCache | None) -> None:
+    """A failed request's cache: its layer feed (if any) stops; the cache is not read again."""
+    if cache is not None and cache.feed is not None:
+        feed, cache.feed = cache.feed, None
+        feed.close()
 
 
 def _chunk_aligned(segments: Seq[Segment], length: int) -> int:

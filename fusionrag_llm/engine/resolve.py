@@ -23,6 +23,7 @@ from fusionrag_llm.engine.variant_choice import Alternative, check_variants, pro
 from fusionrag_llm.engine.plan import Boundary, ContextPlan, PlannedSegment, ResolveCounts, plan_context
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.craft import VariantNotes, fix_overhead, fused_notes, plain_notes
+from fusionrag_llm.fusion.layer_feed import LayerFeed
 from fusionrag_llm.fusion.placement import place_entry
 from fusionrag_llm.fusion.request_variants import RequestVariants, StoredVariant, VariantRecorder, recorder_for, store_variants
 from fusionrag_llm.fusion.selectors import RequestLayout
@@ -71,15 +72,21 @@ class ContextResolver:
         self.model = entries.model
         self.preloaded = preloaded or {}  # key -> (entry, tier it came from), fetched ahead by the loader
         self.prefix_cache = prefix_cache  # False: only the prompt prefix is cached, chunks never by path
+        self._feed: LayerFeed | None = None  # while assembling layer by layer
 
     # ------------------------------------------------------------------ the plan API
     def plan(self, segments: Sequence[Segment], run_plan: RunPlan) -> ContextPlan:
         """Slots and keys of every entry the request may read; computed once, no tensors."""
         return plan_context(segments, run_plan, self.keys, self.prefix_cache)
 
-    def assemble_plan(self, context_plan: ContextPlan, cache: KVCache) -> tuple[ResolvedContext, ResolveCounts]:
-        """Place the context's stored or computed KV into ``cache``; returns where it went and what was found."""
+    def assemble_plan(self, context_plan: ContextPlan, cache: KVCache,
+                      layerwise: bool = False) -> tuple[ResolvedContext, ResolveCounts]:  # fmt: skip
+        """Place the context's stored or computed KV into ``cache``; returns where it went and what was found.
+
+        ``layerwise``: the entries' K/V follow layer by layer while the forward runs (Cache-Craft's
+        layer-wise preloading, ``fusion/layer_feed.py``); the cache holds the feed until settled."""
         counts = ResolveCounts()
+        self._feed = LayerFeed(self.model, cache) if layerwise else None
         matched = self._place_exact_blocks(context_plan, cache, counts)
         if matched == 0:
             self._place_prefix(context_plan, cache, counts)
@@ -97,7 +104,7 @@ class ContextResolver:
                     entry = self._craft_entry(segment, counts, ahead[index], placed, exact_only)
                 else:
                     entry = self._chunk_entry(segment, counts, context_plan)
-                slots = place_entry(self.model, cache, entry, segment.first_position)
+                slots = self._place(cache, entry, segment.first_position)
                 plain = self._plain_alternative(segment, entry, context_plan)
                 if plain is not None:
                     placed.alternatives.append(Alternative(segment.first_position, slots, entry, plain))
@@ -112,7 +119,11 @@ class ContextResolver:
         layout = _layout(context_plan, placed, cache)
         if context_plan.attention_scaling is not None:
             cache.scaling = _chunk_scaling(context_plan, cache)
+        if self._feed is not None:
+            cache.feed, self._feed = self._feed, None
+            cache.feed.start()
         if placed.alternatives:
+            cache.settle()  # the variant choice reads the placed KV itself
             choose = probe_variants if context_plan.variant_policy == "probe" else check_variants
             choose(self.model, placed.alternatives, layout, cache, counts)
         return ResolvedContext(layout, list(context_plan.boundaries), matched, placed.new_variants), counts
@@ -148,7 +159,7 @@ class ContextResolver:
             if found is None:
                 break
             entry, tier = found
-            place_entry(self.model, cache, entry, boundary.start)
+            self._place(cache, entry, boundary.start)
             _count_tier(counts, tier)
             counts.path_hits["exact"] += 1 if boundary.segment > 0 else 0
             matched += 1
@@ -163,7 +174,12 @@ class ContextResolver:
         else:
             entry, hit = self.computer.prefix_entry(prefix.token_ids)
         counts.computed_tokens += 0 if hit else len(prefix.token_ids)
-        place_entry(self.model, cache, entry, 0)
+        self._place(cache, entry, 0)
+
+    def _place(self, cache: KVCache, entry: KVEntry, start_position: int) -> torch.Tensor:
+        if self._feed is not None:
+            return self._feed.place(entry, start_position)
+        return place_entry(self.model, cache, entry, start_position)
 
     def _chunk_entry(self, segment: PlannedSegment, counts: ResolveCounts, context_plan: ContextPlan) -> KVEntry:
         """The first of the segment's candidates the store has (and the variant policy accepts), else

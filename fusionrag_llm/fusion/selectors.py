@@ -109,6 +109,7 @@ def select_tokens(selector: str, k: int, model: DecoderLM, cache: KVCache, layou
     trivial = _trivial(spec, k, layout)
     if trivial is not None:
         return trivial
+    _settle_unless_forward(spec, cache)
     inp = ScoringInput(model, cache, layout, seed, auxiliary_layers, k, auxiliary_model)
     return _pick(spec, layout, spec.scorer(inp), k)
 
@@ -140,6 +141,7 @@ def select_many(jobs: Sequence[Selection], model: DecoderLM) -> list[torch.Tenso
             if trivial is not None:
                 results[i] = trivial
             elif spec.scoring_pass is None:
+                _settle_unless_forward(spec, job.cache)
                 results[i] = _pick(spec, job.layout, spec.scorer(inp), job.k)
             else:
                 batched.append((i, spec, inp))
@@ -164,6 +166,15 @@ def _trivial(spec: SelectorSpec, k: int, layout: RequestLayout) -> torch.Tensor 
     if k <= 0 or not spec.selects:
         return reused[:0]
     return reused if k >= len(reused) else None
+
+
+def _settle_unless_forward(spec: SelectorSpec, cache: KVCache) -> None:
+    """A scorer that is one forward reads the cache only layer by layer inside it (``KVCache.ready``);
+    one that reads the cache otherwise (CacheBlend's layer-1 K/V, CacheClip's prefix copy) waits
+    for every layer of a cache still being loaded (``fusion/layer_feed.py``). Scorers that run no
+    forward read no KV."""
+    if spec.scoring_pass is None and spec.needs_forward:
+        cache.settle()
 
 
 def _pick(spec: SelectorSpec, layout: RequestLayout, scores: torch.Tensor, k: int) -> torch.Tensor:

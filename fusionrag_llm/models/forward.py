@@ -94,6 +94,7 @@ class BatchContext:
         q [heads, n_total, d], k/v [kv_heads, n_total, d] -> [heads, n_total, d]."""
         outputs = []
         for step, cache, meta, (start, end) in zip(self.steps, self.caches, self.metas, self.spans):
+            cache.ready(layer)  # stored KV loading layer by layer: this layer's is in before it is read
             cache.keys[layer][:, step.slots] = k[:, start:end]
             cache.values[layer][:, step.slots] = v[:, start:end]
             if cache.decode_keys is not None:  # decode steps keep the mirror equal; other writes drop it

@@ -8,6 +8,7 @@ position is <= p, wherever that slot lies in the buffer.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -38,6 +39,20 @@ class KVCache:
     # prompt tokens each (layer, kv-head) dropped by decode KV eviction (``compact``); 0: none. An
     # evicted cache holds different tokens per head, so it is no prefix another request can read.
     evicted: int = 0
+    # stored KV still arriving layer by layer (``fusion/layer_feed.LayerFeed``): the forward asks for
+    # each layer before reading it (``ready``); anything else reading the cache calls ``settle`` first
+    feed: Any = None
+
+    def ready(self, layer: int) -> None:
+        """Layers ``[0, layer]`` hold every stored entry placed in this cache."""
+        if self.feed is not None:
+            self.feed.ready(layer)
+
+    def settle(self) -> None:
+        """Every layer holds every stored entry placed in this cache (then the feed is dropped)."""
+        if self.feed is not None:
+            feed, self.feed = self.feed, None
+            feed.settle()
 
     @classmethod
     def empty(
@@ -60,6 +75,7 @@ class KVCache:
 
     def mirror(self, dtype: torch.dtype) -> None:
         """Make (once) the ``dtype`` copy of keys and values that decode steps read."""
+        self.settle()
         if self.decode_keys is None or self.decode_keys.dtype != dtype:
             self.decode_keys, self.decode_values = self.keys.to(dtype), self.values.to(dtype)
 
@@ -69,6 +85,7 @@ class KVCache:
     def fork(self) -> "KVCache":
         """An independent copy (its own buffers; the decode mirror is not copied), e.g. for a second
         answer to the same prompt."""
+        self.settle()
         return KVCache(self.keys.clone(), self.values.clone(), self.positions.clone(), self.valid.clone(),
                        self.groups.clone(), self.length, self.scaling, evicted=self.evicted)  # fmt: skip
 
@@ -88,6 +105,7 @@ class KVCache:
         >>> small.keys[0, :, :2, 0].tolist(), small.positions[:2].tolist(), small.capacity, small.evicted
         ([[0.0, 2.0], [1.0, 3.0]], [1, 3], 4, 2)
         """
+        self.settle()
         layers, heads, kept = index.shape
         if layers != self.keys.shape[0] or heads != self.keys.shape[1] or kept > self.length:
             raise ValueError(f"compact needs [layers={self.keys.shape[0]}, kv_heads={self.keys.shape[1]}, m <= "

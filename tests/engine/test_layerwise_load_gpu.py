@@ -1,0 +1,67 @@
+"""Layer-wise loading on a GPU: entries held in pinned host memory reach the request cache on a
+stream of their own while the forward runs, with the same logits as placing them whole first."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from fusionrag_llm import FusionRAG, RAGRequest
+from fusionrag_llm.fusion.layer_feed import LayerFeed
+from fusionrag_llm.storage import StoreBudgets, TieredStore
+
+pytestmark = pytest.mark.gpu
+
+CHUNKS = [
+    "The lighthouse at Keldmouth was designed by the engineer Tamsin Orrery in 1872.",
+    "Tamsin Orrery was born in Brightwater, a city at the mouth of the river Sel.",
+    "Brightwater is the capital of Lowmarch, a flat province crossed by canals.",
+]
+REQUEST = RAGRequest(chunks=[CHUNKS[2], CHUNKS[0], CHUNKS[1]], question="Where was the lighthouse designer born?")
+METHODS = (("full_reuse", 0.0), ("fusionrag", 0.15), ("cacheblend", 0.15), ("cache_craft", 0.3), ("full_attention", 1.0))
+
+
+def cuda_engine(layerwise, dtype):
+    store = TieredStore(None, StoreBudgets(device_bytes=0), "cuda")  # no device tier: every read copies from host
+    rag = FusionRAG.from_pretrained("tiny", device="cuda", dtype=dtype, store=store, prefix_cache=False,
+                                    layerwise_load=layerwise)  # fmt: skip
+    rag.add_chunks(CHUNKS, embeddings=[[1, 0.2], [0.9, 0.4], [0.7, 0.7]], neighbors=2)
+    return rag
+
+
+def test_on_by_default_on_cuda_and_the_host_tier_is_pinned():
+    rag = cuda_engine(None, "float32")
+    assert rag.engine.layerwise_load is True
+    host = [tier for tier in rag.store._memory if tier.name == "host"][0]
+    assert host.pin and all(host.get(key).keys.is_pinned() for key in host.keys())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_layer_by_layer_on_a_stream_gives_the_same_logits(dtype):
+    whole, layerwise = cuda_engine(False, dtype), cuda_engine(True, dtype)
+    for method, ratio in METHODS:
+        a = whole.generate(REQUEST, method=method, recompute_ratio=ratio, max_new_tokens=4)
+        b = layerwise.generate(REQUEST, method=method, recompute_ratio=ratio, max_new_tokens=4)
+        assert a.token_ids == b.token_ids, method
+        la = whole.logits(REQUEST, a.token_ids, method=method, recompute_ratio=ratio)
+        lb = layerwise.logits(REQUEST, a.token_ids, method=method, recompute_ratio=ratio)
+        assert torch.equal(la, lb), method
+
+
+def test_a_slow_feed_is_waited_for_layer_by_layer(monkeypatch):
+    """Each layer arrives 20 ms late on the loader thread: the forward must wait for each one (a
+    forward that read a layer early would read zeros there and give other logits)."""
+    whole, layerwise = cuda_engine(False, "float32"), cuda_engine(True, "float32")
+    expected = whole.logits(REQUEST, [5, 6], method="fusionrag", recompute_ratio=0.15)
+    threads, place = set(), LayerFeed._place_layer
+
+    def slow(self, layer):
+        threads.add(threading.current_thread().name)
+        time.sleep(0.02)
+        torch.cuda._sleep(2_000_000)  # and a busy copy stream
+        place(self, layer)
+
+    monkeypatch.setattr(LayerFeed, "_place_layer", slow)
+    assert torch.equal(layerwise.logits(REQUEST, [5, 6], method="fusionrag", recompute_ratio=0.15), expected)
+    assert threads == {"fusionrag-layer-feed"}
