@@ -146,19 +146,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     loaded = random_model(args.shape, args.device, getattr(torch, args.dtype))
     texts = chunk_texts(max(args.contexts) // TOKENS_PER_CHUNK)
-    rows = []
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    result = {"device": device, "shape": args.shape, "dtype": args.dtype, "tokens_per_chunk": TOKENS_PER_CHUNK, "rows": []}
     for tier in args.tiers:
         rag = engine_on(loaded, tier, texts)
         for context in args.contexts:
-            rows += measure(rag, texts, tier, context, args.repeats)
-            print(table(rows[-len(METHODS):]), flush=True)
+            result["rows"] += measure(rag, texts, tier, context, args.repeats)
+            print(table(result["rows"][-len(METHODS):]), flush=True)
+            if args.json is not None:  # after every context: a run cut short keeps what it measured
+                args.json.write_text(json.dumps(result, indent=1))
         rag.store.close()
         del rag
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    result = {"device": device, "shape": args.shape, "dtype": args.dtype, "tokens_per_chunk": TOKENS_PER_CHUNK, "rows": rows}
-    print(f"\n{device}, {args.shape} (random weights), {args.dtype}\n" + table(rows))
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=1))
+    print(f"\n{device}, {args.shape} (random weights), {args.dtype}\n" + table(result["rows"]))
 
 
 if __name__ == "__main__":
