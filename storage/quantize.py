@@ -176,19 +176,17 @@ def _dequantize(q: torch.Tensor, dim: int, scales: torch.Tensor, zeros: torch.Te
     return out if zeros is None else out + zeros.float().index_select(dim, index)
 
 
-def kv_tensors(entry: KVEntry, device: torch.device | str, dtype: torch.dtype,
-               layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def kv_tensors(entry: KVEntry, device: torch.device | str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """`(keys, values)` of `entry` on `device` in `dtype`: moved as stored (packed when quantized, so
-    the copy is the small one) and expanded there. An unpacked entry's tensors may be its own.
-    `layer`: that layer only (`[1, kv_heads, T, head_dim]`; every extra leads with the layer axis)."""
-    pick = slice(None) if layer is None else slice(layer, layer + 1)
+    the copy is the small one) and expanded there. An unpacked entry's tensors may be its own."""
     scheme = scheme_of(entry)
     if scheme is None:
-        return entry.keys[pick].to(device=device, dtype=dtype), entry.values[pick].to(device=device, dtype=dtype)
-    keys, values = entry.keys[pick].to(device), entry.values[pick].to(device)
-    extras = {name: tensor[pick].to(device) for name, tensor in entry.extras.items()}
+        return entry.keys.to(device=device, dtype=dtype), entry.values.to(device=device, dtype=dtype)
+    moved = entry.to(device)
+    keys, values = moved.keys, moved.values
     if scheme.packed_int4:
         keys, values = _unpack_nibbles(keys), _unpack_nibbles(values)
+    extras = moved.extras
     keys = _dequantize(keys, 2, extras["key_scales"], extras.get("key_zeros"))
     values = _dequantize(values, 3, extras["value_scales"], extras.get("value_zeros"))
     return keys.to(dtype), values.to(dtype)

@@ -110,7 +110,7 @@ class NotesRecorder:
 
     def __call__(self, layer: int, q: torch.Tensor, cache, step) -> None:
         spans = [*self.prefix_spans, self.chunk_span]
-        mass = span_attention(q, cache, layer, step, spans).mean(dim=0).double()  # [n, prefix chunks + 1]
+        mass = span_attention(q, cache, layer, step, spans).mean(dim=0).double().cpu()  # [n, prefix chunks + 1]
         n = mass.shape[0]
         per_chunk = mass[:, :-1]
         sizes = torch.tensor([e - s for s, e in self.prefix_spans], dtype=torch.float64)

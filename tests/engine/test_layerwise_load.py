@@ -8,7 +8,7 @@ import torch
 from fusionrag_llm import METHODS, FusionRAG, RAGRequest
 from fusionrag_llm.fusion.layer_feed import LayerFeed
 from fusionrag_llm.fusion.placement import place_entry
-from fusionrag_llm.storage import KVEntry, kv_tensors
+from fusionrag_llm.storage import KVEntry
 from fusionrag_llm.storage.quantize import SCHEMES, pack
 
 CHUNKS = [
@@ -48,7 +48,6 @@ def test_feed_places_a_layer_only_when_asked_and_then_exactly_like_place_entry(p
 
     cache = model.new_cache(16)
     feed = LayerFeed(model, cache)
-    assert not feed.background  # a CPU cache: placed on the calling thread
     slots = [feed.place(entry, start) for entry, start in zip(entries, (3, 20))]
     feed.start()
     cache.feed = feed
@@ -68,18 +67,34 @@ def test_a_feed_takes_no_entry_once_started(pair):
     model = pair[0].engine.model
     feed = LayerFeed(model, model.new_cache(8))
     feed.place(random_entry(model, 3, 0), 0)
-    feed.ready(0)
+    feed.start()
     with pytest.raises(RuntimeError, match="before it starts"):
         feed.place(random_entry(model, 3, 1), 3)
 
 
 @pytest.mark.parametrize("scheme", sorted(SCHEMES))
-def test_one_layer_of_a_packed_entry_expands_like_the_whole_entry(pair, scheme):
-    entry = pack(random_entry(pair[0].engine.model, 40, 2), SCHEMES[scheme])
-    keys, values = kv_tensors(entry, "cpu", torch.float32)
-    for layer in range(entry.keys.shape[0]):
-        k, v = kv_tensors(entry, "cpu", torch.float32, layer)
-        assert torch.equal(k[0], keys[layer]) and torch.equal(v[0], values[layer])
+def test_a_packed_entry_is_placed_whole_when_handed_over(pair, scheme):
+    model = pair[0].engine.model
+    entry = pack(random_entry(model, 40, 2), SCHEMES[scheme])
+    whole, cache = model.new_cache(64), model.new_cache(64)
+    place_entry(model, whole, random_entry(model, 3, 3), 0)
+    place_entry(model, whole, entry, 3)
+    feed = LayerFeed(model, cache)
+    feed.place(random_entry(model, 3, 3), 0)
+    feed.place(entry, 3)
+    assert feed.entries == 1  # the packed one is already in, every layer of it
+    assert torch.equal(cache.keys[:, :, 3:43], whole.keys[:, :, 3:43])
+    feed.start()
+    feed.settle()
+    assert torch.equal(cache.keys, whole.keys) and torch.equal(cache.values, whole.values)
+
+
+def test_layer_groups_grow_so_that_the_first_layer_waits_for_one():
+    from fusionrag_llm.fusion.layer_feed import layer_groups
+
+    assert layer_groups(1) == [(0, 1)]
+    assert layer_groups(30) == [(0, 1), (1, 2), (2, 4), (4, 8), (8, 16), (16, 30)]
+    assert [g for s, e in layer_groups(32) for g in range(s, e)] == list(range(32))
 
 
 @pytest.mark.parametrize("method", list(METHODS))

@@ -1,9 +1,6 @@
 """Layer-wise loading on a GPU: entries held in pinned host memory reach the request cache on a
 stream of their own while the forward runs, with the same logits as placing them whole first."""
 
-import threading
-import time
-
 import pytest
 import torch
 
@@ -49,19 +46,20 @@ def test_layer_by_layer_on_a_stream_gives_the_same_logits(dtype):
         assert torch.equal(la, lb), method
 
 
-def test_a_slow_feed_is_waited_for_layer_by_layer(monkeypatch):
-    """Each layer arrives 20 ms late on the loader thread: the forward must wait for each one (a
-    forward that read a layer early would read zeros there and give other logits)."""
+def test_a_slow_copy_stream_is_waited_for_layer_by_layer(monkeypatch):
+    """Each layer group's copies start after the copy stream spins for milliseconds: the forward must
+    wait for each group (one that read a layer early would read a staging buffer not yet written)."""
     whole, layerwise = cuda_engine(False, "float32"), cuda_engine(True, "float32")
     expected = whole.logits(REQUEST, [5, 6], method="fusionrag", recompute_ratio=0.15)
-    threads, place = set(), LayerFeed._place_layer
+    streams, stage = [], LayerFeed._stage
 
-    def slow(self, layer):
-        threads.add(threading.current_thread().name)
-        time.sleep(0.02)
-        torch.cuda._sleep(2_000_000)  # and a busy copy stream
-        place(self, layer)
+    def slow(self, start, end, stream):
+        streams.append(stream)
+        if stream is not None:
+            with torch.cuda.stream(stream):
+                torch.cuda._sleep(20_000_000)
+        return stage(self, start, end, stream)
 
-    monkeypatch.setattr(LayerFeed, "_place_layer", slow)
+    monkeypatch.setattr(LayerFeed, "_stage", slow)
     assert torch.equal(layerwise.logits(REQUEST, [5, 6], method="fusionrag", recompute_ratio=0.15), expected)
-    assert threads == {"fusionrag-layer-feed"}
+    assert streams and all(stream is not None for stream in streams)  # entries in host memory: copied

@@ -28,7 +28,8 @@ def scores(inp: ScoringInput) -> torch.Tensor:
         offsets = (slots[members] - start).tolist()
         order = layout.chunk_order[index] if index < len(layout.chunk_order) else ()
         rank_of = {token: rank for rank, token in enumerate(order)}
-        ranks[members] = torch.tensor([rank_of.get(t, len(order) + t) for t in offsets], dtype=torch.float64)
+        ranks[members] = torch.tensor([rank_of.get(t, len(order) + t) for t in offsets], dtype=torch.float64,
+                                      device=slots.device)
     return -ranks
 
 
