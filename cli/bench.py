@@ -1,4 +1,4 @@
-"""``fusionrag bench quality|ttft|ingest|store|batch|decode|resolve``: the benchmarks of docs/BENCHMARKS.md.
+"""``fusionrag bench quality|ttft|ingest|store|batch|decode|resolve|preload``: the benchmarks of docs/BENCHMARKS.md.
 
 Each command parses its options into a typed config, runs a runner from ``fusionrag_llm.eval``,
 writes JSON, a markdown table (echoed) and plots into ``--out``.
@@ -441,3 +441,29 @@ def resolve(sizes, chunk_tokens, method, repeats, threads, out) -> None:
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     _echo_outputs([Path(out) / "resolve.json", Path(out) / "resolve.md"])
+
+
+@bench.command()
+@click.option("--shape", default="llama3-8b", show_default=True, type=click.Choice(["llama3-8b", "qwen2.5-7b", "small"]),
+              help="A random-weight model of this shape (no download).")  # fmt: skip
+@click.option("--device", default="cuda", show_default=True, help="Where the model runs.")
+@click.option("--dtype", default="bfloat16", show_default=True, type=click.Choice(["bfloat16", "float16", "float32"]))
+@click.option("--contexts", default="8192,16384,32768", show_default=True, callback=_lengths,
+              help="Prompt lengths in tokens of chunks (512 per chunk).")  # fmt: skip
+@click.option("--tiers", default="host,device", show_default=True,
+              callback=lambda ctx, param, value: [t for t in value.split(",") if t],
+              help="Where the entries live: host (pinned memory) and/or device (GPU memory).")  # fmt: skip
+@click.option("--repeats", default=5, show_default=True, type=click.IntRange(1), help="Timed runs per mode (median).")
+@out_option("bench_results")
+def preload(shape, device, dtype, contexts, tiers, repeats, out) -> None:
+    """TTFT with stored KV placed whole before the prefill or layer by layer during it (Cache-Craft)."""
+    from fusionrag_llm.eval.bench_preload import run_preload_bench
+
+    unknown = [t for t in tiers if t not in ("host", "device")]
+    if unknown or not tiers:
+        raise click.ClickException(f"--tiers takes host and/or device, got {','.join(tiers) or 'nothing'}")
+    try:
+        run_preload_bench(shape, device, dtype, contexts, tiers, repeats, Path(out))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    _echo_outputs([Path(out) / "preload.json", Path(out) / "preload.md"])

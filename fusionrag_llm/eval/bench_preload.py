@@ -3,19 +3,19 @@
 Cache-Craft's layer-wise preloading (``fusion/layer_feed.py``) on a random-weight model with a real
 model's shape (weights' values do not change speed, and nothing is downloaded):
 
-    python -m fusionrag_llm.eval.bench_preload --shape llama3-8b --contexts 8192 16384 32768 --json out.json
-    python -m fusionrag_llm.eval.bench_preload --shape small --device cpu --contexts 1024   # smoke run
+    fusionrag bench preload --shape llama3-8b --contexts 8192,16384,32768 --out results/
+    fusionrag bench preload --shape small --device cpu --dtype float32 --contexts 1024 --tiers host  # smoke run
 
 Per tier the chunk entries live in (``host``: pinned host memory, every read copies them to the GPU;
 ``device``: GPU memory, placing is a device copy and rotary), per context length and method, the
 request runs alternately with ``layerwise_load`` off and on (``--repeats`` each, after a warm-up),
 timed on the host with the device synchronised (one new token, so TTFT plus one sampling step). The
-table gives the medians and their ratio; the JSON keeps every run.
+table gives the medians and their ratio; ``preload.json`` keeps every run (written after each
+context, so a run cut short keeps what it measured) and ``preload.md`` the table.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -134,31 +134,26 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--contexts", type=int, nargs="+", default=[8192, 16384, 32768])
-    parser.add_argument("--tiers", nargs="+", choices=["host", "device"], default=["host", "device"])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
-    loaded = random_model(args.shape, args.device, getattr(torch, args.dtype))
-    texts = chunk_texts(max(args.contexts) // TOKENS_PER_CHUNK)
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    result = {"device": device, "shape": args.shape, "dtype": args.dtype, "tokens_per_chunk": TOKENS_PER_CHUNK, "rows": []}
-    for tier in args.tiers:
+def run_preload_bench(shape: str, device: str, dtype: str, contexts: list[int], tiers: list[str], repeats: int,
+                      out: Path) -> dict:  # fmt: skip
+    """Measure every (tier, context, method); writes ``preload.json`` and ``preload.md`` into ``out``."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
+    if "device" in tiers and not device.startswith("cuda"):
+        raise ValueError("the device tier needs a CUDA device (--device cuda); on the CPU measure --tiers host")
+    if min(contexts) < TOKENS_PER_CHUNK:
+        raise ValueError(f"contexts must be at least one chunk ({TOKENS_PER_CHUNK} tokens), got {min(contexts)}")
+    loaded = random_model(shape, device, getattr(torch, dtype))
+    texts = chunk_texts(max(contexts) // TOKENS_PER_CHUNK)
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    result = {"device": name, "shape": shape, "dtype": dtype, "tokens_per_chunk": TOKENS_PER_CHUNK, "rows": []}
+    out.mkdir(parents=True, exist_ok=True)
+    for tier in tiers:
         rag = engine_on(loaded, tier, texts)
-        for context in args.contexts:
-            result["rows"] += measure(rag, texts, tier, context, args.repeats)
-            print(table(result["rows"][-len(METHODS):]), flush=True)
-            if args.json is not None:  # after every context: a run cut short keeps what it measured
-                args.json.write_text(json.dumps(result, indent=1))
+        for context in contexts:
+            result["rows"] += measure(rag, texts, tier, context, repeats)
+            (out / "preload.json").write_text(json.dumps(result, indent=1))
         rag.store.close()
-        del rag
-    print(f"\n{device}, {args.shape} (random weights), {args.dtype}\n" + table(result["rows"]))
-
-
-if __name__ == "__main__":
-    main()
+    heading = f"{name}, {shape} (random weights), {dtype}; TTFT + 1 token, median of {repeats}"
+    (out / "preload.md").write_text(f"{heading}\n\n{table(result['rows'])}\n")
+    return result
