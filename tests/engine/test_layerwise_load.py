@@ -10,20 +10,15 @@ from fusionrag_llm.fusion.layer_feed import LayerFeed
 from fusionrag_llm.fusion.placement import place_entry
 from fusionrag_llm.storage import KVEntry
 from fusionrag_llm.storage.quantize import SCHEMES, pack
+from lighthouse import CHUNKS, EMBEDDINGS, REQUEST
 
-CHUNKS = [
-    "The lighthouse at Keldmouth was designed by the engineer Tamsin Orrery in 1872.",
-    "Tamsin Orrery was born in Brightwater, a city at the mouth of the river Sel.",
-    "Brightwater is the capital of Lowmarch, a flat province crossed by canals.",
-]
-REQUEST = RAGRequest(chunks=[CHUNKS[2], CHUNKS[0], CHUNKS[1]], question="Where was the lighthouse designer born?")
 RATIOS = {"full_attention": 1.0, "full_reuse": 0.0, "ape": 0.0}
 
 
 def engine(layerwise: bool, prefix_cache: bool = False) -> FusionRAG:
     rag = FusionRAG.from_pretrained("tiny", device="cpu", store=":memory:", prefix_cache=prefix_cache,
                                     layerwise_load=layerwise)  # fmt: skip
-    rag.add_chunks(CHUNKS, embeddings=[[1, 0.2], [0.9, 0.4], [0.7, 0.7]], neighbors=2)
+    rag.add_chunks(CHUNKS, embeddings=EMBEDDINGS, neighbors=2)
     return rag
 
 

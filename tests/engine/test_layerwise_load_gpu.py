@@ -4,18 +4,13 @@ stream of their own while the forward runs, with the same logits as placing them
 import pytest
 import torch
 
-from fusionrag_llm import FusionRAG, RAGRequest
+from fusionrag_llm import FusionRAG
 from fusionrag_llm.fusion.layer_feed import LayerFeed
 from fusionrag_llm.storage import StoreBudgets, TieredStore
+from lighthouse import CHUNKS, EMBEDDINGS, REQUEST
 
 pytestmark = pytest.mark.gpu
 
-CHUNKS = [
-    "The lighthouse at Keldmouth was designed by the engineer Tamsin Orrery in 1872.",
-    "Tamsin Orrery was born in Brightwater, a city at the mouth of the river Sel.",
-    "Brightwater is the capital of Lowmarch, a flat province crossed by canals.",
-]
-REQUEST = RAGRequest(chunks=[CHUNKS[2], CHUNKS[0], CHUNKS[1]], question="Where was the lighthouse designer born?")
 METHODS = (("full_reuse", 0.0), ("fusionrag", 0.15), ("cacheblend", 0.15), ("cache_craft", 0.3), ("full_attention", 1.0))
 
 
@@ -23,7 +18,7 @@ def cuda_engine(layerwise, dtype):
     store = TieredStore(None, StoreBudgets(device_bytes=0), "cuda")  # no device tier: every read copies from host
     rag = FusionRAG.from_pretrained("tiny", device="cuda", dtype=dtype, store=store, prefix_cache=False,
                                     layerwise_load=layerwise)  # fmt: skip
-    rag.add_chunks(CHUNKS, embeddings=[[1, 0.2], [0.9, 0.4], [0.7, 0.7]], neighbors=2)
+    rag.add_chunks(CHUNKS, embeddings=EMBEDDINGS, neighbors=2)
     return rag
 
 

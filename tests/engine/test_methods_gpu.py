@@ -5,23 +5,18 @@ Attention."""
 import pytest
 import torch
 
-from fusionrag_llm import METHODS, FusionRAG, RAGRequest
+from fusionrag_llm import METHODS, FusionRAG
+from lighthouse import CHUNKS, EMBEDDINGS, REQUEST
 
 pytestmark = pytest.mark.gpu
 
-CHUNKS = [
-    "The lighthouse at Keldmouth was designed by the engineer Tamsin Orrery in 1872.",
-    "Tamsin Orrery was born in Brightwater, a city at the mouth of the river Sel.",
-    "Brightwater is the capital of Lowmarch, a flat province crossed by canals.",
-]
-REQUEST = RAGRequest(chunks=[CHUNKS[2], CHUNKS[0], CHUNKS[1]], question="Where was the lighthouse designer born?")
 RATIOS = {"full_attention": 1.0, "full_reuse": 0.0, "ape": 0.0}
 
 
 @pytest.fixture(scope="module")
 def rag():
     rag = FusionRAG.from_pretrained("tiny", device="cuda", dtype="bfloat16", store=":memory:", prefix_cache=False)
-    rag.add_chunks(CHUNKS, embeddings=[[1, 0.2], [0.9, 0.4], [0.7, 0.7]], neighbors=2)
+    rag.add_chunks(CHUNKS, embeddings=EMBEDDINGS, neighbors=2)
     return rag
 
 

@@ -3,7 +3,6 @@ the CPU (the numbers that matter come from a GPU; here the run, its files and it
 
 import json
 
-import pytest
 import torch
 from click.testing import CliRunner
 
