@@ -1,0 +1,63 @@
+"""The CPU attention fast paths (``models/attention.py``) against a float64 masked softmax: the
+sparse prefill's sorted blocks (each split into an unmasked part and a masked span), their
+whole-block masked fallback, the causal tail block and the single decode query."""
+
+import pytest
+import torch
+
+from fusionrag_llm.models import attention
+
+TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 2e-2}
+
+
+def oracle(q, keys, values, query_positions):
+    """float64 softmax attention of q [heads, n, d] at ``query_positions`` over keys at 0..L-1."""
+    group = q.shape[0] // keys.shape[0]
+    k, v = keys.double().repeat_interleave(group, 0), values.double().repeat_interleave(group, 0)
+    scores = q.double() @ k.transpose(1, 2) / q.shape[-1] ** 0.5
+    visible = torch.arange(keys.shape[1])[None, :] <= query_positions[:, None]
+    return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1) @ v
+
+
+def inputs(length, count, heads, kv_heads, dtype, seed, first=None):
+    g = torch.Generator().manual_seed(seed)
+    positions = torch.randperm(length, generator=g)[:count].sort().values
+    if first is not None:
+        positions[0] = first
+        positions = positions.unique()
+    q = torch.randn(heads, len(positions), 32, generator=g).to(dtype)
+    keys = torch.randn(kv_heads, length, 32, generator=g).to(dtype)
+    values = torch.randn(kv_heads, length, 32, generator=g).to(dtype)
+    return q, keys, values, positions
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("length", "count", "heads", "kv_heads", "first"), [
+    (2000, 300, 6, 2, None),  # several blocks, grouped-query heads
+    (700, 700, 4, 4, None),  # every position: the first block starts at 0 (no unmasked part)
+    (500, 129, 3, 1, 0),  # a query at position 0; one block plus one row
+    (90, 5, 2, 1, 89),  # a few queries, the last one at the last key
+])  # fmt: skip
+def test_sorted_blocks_equal_a_masked_softmax(dtype, length, count, heads, kv_heads, first):
+    q, keys, values, positions = inputs(length, count, heads, kv_heads, dtype, length + count, first)
+    expected = oracle(q, keys, values, positions)
+    fast = attention.attend(q, keys, values, None, None, positions)
+    masked = attention._attend_sorted_masked(q[None], keys[None], values[None], positions)[0]
+    assert fast.dtype == dtype and fast.shape == q.shape
+    assert (fast.double() - expected).abs().max().item() < TOLERANCE[dtype]
+    assert (masked.double() - expected).abs().max().item() < TOLERANCE[dtype]
+
+
+def test_sorted_blocks_use_the_unmasked_kernel_where_this_torch_has_it():
+    assert attention._flash_takes_masks() == (attention._FLASH_CPU is not None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_causal_tail_block_and_a_decode_query_equal_a_masked_softmax(dtype):
+    q, keys, values, _ = inputs(300, 1, 6, 2, dtype, 7)
+    q = torch.randn(6, 40, 32).to(dtype)
+    positions = torch.arange(260, 300)
+    tail = attention.attend(q, keys, values, None, 260)
+    assert (tail.double() - oracle(q, keys, values, positions)).abs().max().item() < TOLERANCE[dtype]
+    one = attention.attend(q[:, -1:], keys, values, None, 299)
+    assert (one.double() - oracle(q[:, -1:], keys, values, positions[-1:])).abs().max().item() < TOLERANCE[dtype]
