@@ -35,7 +35,8 @@ def default_tiers(
     if device is not None and torch.device(device).type != "cpu" and budgets.device_bytes > 0:
         tiers.append(DeviceTier(budgets.device_bytes, device))
     if budgets.host_bytes > 0:  # pinned beside a GPU: its reads are asynchronous copies (layer-wise loading)
-        tiers.append(HostTier(budgets.host_bytes, pin=device is not None and torch.device(device).type == "cuda"))
+        beside_gpu = device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available()
+        tiers.append(HostTier(budgets.host_bytes, pin=beside_gpu))
     if directory is not None:
         if budgets.disk_bytes <= 0:
             raise ValueError("StoreBudgets.disk_bytes must be > 0 when a directory is given")

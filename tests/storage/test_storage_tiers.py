@@ -154,3 +154,14 @@ def test_disk_eviction_spares_recently_read_entries(tmp_path):
     assert key_for(0, LARGE) in tier and key_for(2, LARGE) in tier
     assert key_for(1, LARGE) not in tier and tier.evictions == 1
     tier.close()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_a_pinned_host_tier_needs_cuda_and_a_store_for_cuda_pins_only_when_it_has_it():
+    with pytest.raises(ValueError, match="needs CUDA"):
+        HostTier(1024, pin=True)
+    from fusionrag_llm.storage import StoreBudgets, StoreOptions
+    from fusionrag_llm.storage.tier_list import default_tiers
+
+    tiers = default_tiers(None, StoreBudgets(device_bytes=0), "cuda", StoreOptions())
+    assert [type(t).__name__ for t in tiers] == ["HostTier"] and not tiers[0].pin
