@@ -454,8 +454,10 @@ def resolve(sizes, chunk_tokens, method, repeats, threads, out) -> None:
               callback=lambda ctx, param, value: [t for t in value.split(",") if t],
               help="Where the entries live: host (pinned memory) and/or device (GPU memory).")  # fmt: skip
 @click.option("--repeats", default=5, show_default=True, type=click.IntRange(1), help="Timed runs per mode (median).")
+@click.option("--kernels", default="auto", show_default=True, type=click.Choice(["auto", "torch", "triton"]),
+              help="Attention backend of the model (auto: Triton on CUDA).")  # fmt: skip
 @out_option("bench_results")
-def preload(shape, device, dtype, contexts, tiers, repeats, out) -> None:
+def preload(shape, device, dtype, contexts, tiers, repeats, kernels, out) -> None:
     """TTFT with stored KV placed whole before the prefill or layer by layer during it (Cache-Craft)."""
     from fusionrag_llm.eval.bench_preload import run_preload_bench
 
@@ -463,7 +465,7 @@ def preload(shape, device, dtype, contexts, tiers, repeats, out) -> None:
     if unknown or not tiers:
         raise click.ClickException(f"--tiers takes host and/or device, got {','.join(tiers) or 'nothing'}")
     try:
-        run_preload_bench(shape, device, dtype, contexts, tiers, repeats, Path(out))
+        run_preload_bench(shape, device, dtype, contexts, tiers, repeats, Path(out), kernels)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     _echo_outputs([Path(out) / "preload.json", Path(out) / "preload.md"])

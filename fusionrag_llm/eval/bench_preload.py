@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from fusionrag_llm.api import FusionRAG
+from fusionrag_llm.kernels.dispatch import resolve_backend
 from fusionrag_llm.models.config import config_from_hf
 from fusionrag_llm.models.llama import DecoderLM
 from fusionrag_llm.models.loader import LoadedModel
@@ -47,8 +48,9 @@ METHODS = (("full_reuse", 0.0), ("fusionrag", 0.15))
 TOKENS_PER_CHUNK = 512
 
 
-def random_model(shape: str, device: str, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
-    """A model of ``shape`` with random weights made on ``device`` (the byte tokenizer: 1 token per byte)."""
+def random_model(shape: str, device: str, dtype: torch.dtype, seed: int = 0, kernels: str = "auto") -> LoadedModel:
+    """A model of ``shape`` with random weights made on ``device`` (the byte tokenizer: 1 token per byte),
+    on the attention backend ``kernels`` names ("auto": Triton on CUDA, as a loaded model gets)."""
     family, overrides = SHAPES[shape]
     hf_config = tiny_hf_config(family, **overrides)
     cfg = config_from_hf(hf_config, f"random-{shape}")
@@ -63,6 +65,7 @@ def random_model(shape: str, device: str, dtype: torch.dtype, seed: int = 0) -> 
             else:
                 param.normal_(0.0, param.shape[-1] ** -0.5, generator=generator)
     model.rotary.inv_freq = model.rotary.inv_freq.to(device)
+    model.kernels = resolve_backend(torch.empty(0, device=device), kernels)
     tokenizer = ChatTokenizer(byte_tokenizer(), cfg.eos_token_ids)
     return LoadedModel(f"random-{shape}", model.eval(), tokenizer, hf_config, "built-in")
 
@@ -135,7 +138,7 @@ def table(rows: list[dict]) -> str:
 
 
 def run_preload_bench(shape: str, device: str, dtype: str, contexts: list[int], tiers: list[str], repeats: int,
-                      out: Path) -> dict:  # fmt: skip
+                      out: Path, kernels: str = "auto") -> dict:  # fmt: skip
     """Measure every (tier, context, method); writes ``preload.json`` and ``preload.md`` into ``out``."""
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
@@ -143,10 +146,11 @@ def run_preload_bench(shape: str, device: str, dtype: str, contexts: list[int], 
         raise ValueError("the device tier needs a CUDA device (--device cuda); on the CPU measure --tiers host")
     if min(contexts) < TOKENS_PER_CHUNK:
         raise ValueError(f"contexts must be at least one chunk ({TOKENS_PER_CHUNK} tokens), got {min(contexts)}")
-    loaded = random_model(shape, device, getattr(torch, dtype))
+    loaded = random_model(shape, device, getattr(torch, dtype), kernels=kernels)
     texts = chunk_texts(max(contexts) // TOKENS_PER_CHUNK)
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
-    result = {"device": name, "shape": shape, "dtype": dtype, "tokens_per_chunk": TOKENS_PER_CHUNK, "rows": []}
+    result = {"device": name, "shape": shape, "dtype": dtype, "kernels": loaded.model.kernels,
+              "tokens_per_chunk": TOKENS_PER_CHUNK, "rows": []}
     out.mkdir(parents=True, exist_ok=True)
     for tier in tiers:
         rag = engine_on(loaded, tier, texts)
@@ -154,6 +158,6 @@ def run_preload_bench(shape: str, device: str, dtype: str, contexts: list[int], 
             result["rows"] += measure(rag, texts, tier, context, repeats)
             (out / "preload.json").write_text(json.dumps(result, indent=1))
         rag.store.close()
-    heading = f"{name}, {shape} (random weights), {dtype}; TTFT + 1 token, median of {repeats}"
+    heading = f"{name}, {shape} (random weights), {dtype}, {loaded.model.kernels} attention; TTFT + 1 token, median of {repeats}"
     (out / "preload.md").write_text(f"{heading}\n\n{table(result['rows'])}\n")
     return result

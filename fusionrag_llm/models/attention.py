@@ -20,18 +20,20 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def causal_tail_start(slots: torch.Tensor, positions: torch.Tensor, cache_positions: torch.Tensor,
-                      cache_valid: torch.Tensor, length: int) -> int | None:  # fmt: skip
-    """First slot of the step if its tokens are a causal block ending the cache, else None."""
+                      cache_valid: torch.Tensor, length: int, any_device: bool = False) -> int | None:  # fmt: skip
+    """First slot of the step if its tokens are a causal block ending the cache, else None. Only on
+    the CPU (where the answer costs no device sync) unless ``any_device``."""
     n = len(slots)
     start = length - n
-    if n == 0 or slots.device.type != "cpu" or _FLASH_CPU is None:
+    if n == 0 or (not any_device and (slots.device.type != "cpu" or _FLASH_CPU is None)):
         return None
-    block = torch.arange(start, length)
+    block = torch.arange(start, length, device=slots.device)
     if not torch.equal(slots, block) or not torch.equal(positions, positions[0] + block - start):
         return None
     if start and not (bool(cache_valid[:start].all()) and int(cache_positions[:start].max()) < int(positions[0])):
@@ -66,6 +68,21 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
         return own[0]
     seen, seen_lse = _FLASH_CPU(q[None], keys[:, :, :tail_start], values[:, :, :tail_start])[:2]
     return _merge(own, own_lse, seen, seen_lse)[0].to(q.dtype)
+
+
+def attend_causal_block(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tail_start: int) -> torch.Tensor:
+    """q [heads, n, d], the causal block ending the cache at slots ``[tail_start, length)``, over keys
+    and values [kv_heads, length, d] -> [heads, n, d], through PyTorch's fused attention: flash with
+    a plain causal mask when the block is the whole cache, else the lower-right causal bias (each
+    query also sees every slot before the block). Keys are repeated per query head, which every
+    fused kernel takes."""
+    group = q.shape[0] // keys.shape[0]
+    if group > 1:
+        keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
+    if tail_start == 0:
+        return F.scaled_dot_product_attention(q[None], keys[None], values[None], is_causal=True)[0]
+    bias = causal_lower_right(q.shape[1], keys.shape[1])
+    return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=bias)[0]
 
 
 def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

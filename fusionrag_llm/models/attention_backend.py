@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from fusionrag_llm.kernels import dispatch
-from fusionrag_llm.models.attention import attend, attend_scaled, causal_tail_start, dense_sorted
+from fusionrag_llm.models.attention import attend, attend_causal_block, attend_scaled, causal_tail_start, dense_sorted
 from fusionrag_llm.models.kv_cache import KVCache
 
 BACKEND_NAMES = ("torch", "triton")
@@ -66,13 +66,22 @@ class TritonAttention:
     name = "triton"
 
     def prepare(self, step, cache: KVCache) -> AttentionMeta | None:
-        return _masked(step, cache) if step.groups is not None or cache.scaling is not None else None
+        if step.groups is not None or cache.scaling is not None:
+            return _masked(step, cache)
+        if len(step.slots) > 1:  # a prefill block ending the cache: PyTorch's fused causal attention
+            tail = causal_tail_start(step.slots, step.positions, cache.positions, cache.valid, cache.length,
+                                     any_device=True)  # fmt: skip
+            if tail is not None:
+                return AttentionMeta(tail_start=tail)
+        return None
 
     def __call__(self, q: torch.Tensor, cache: KVCache, layer: int, step, meta: AttentionMeta | None) -> torch.Tensor:
         if cache.scaling is not None:
             return _scaled(q, cache, layer, meta)
         n = cache.length
         keys, values = cache.keys[layer, :, :n], cache.values[layer, :, :n]
+        if meta is not None and meta.tail_start is not None:
+            return attend_causal_block(q, keys, values, meta.tail_start)
         if meta is not None:
             return attend(q, keys, values, meta.mask, None)
         return dispatch.q_sparse_attention(q, step.positions, keys, values, cache.positions[:n], cache.valid[:n],

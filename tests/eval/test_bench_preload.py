@@ -15,7 +15,9 @@ def test_preload_bench_writes_both_modes_for_every_context_and_method(tmp_path):
             "--tiers", "host", "--repeats", "1", "--out", str(tmp_path)]  # fmt: skip
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
-    rows = json.loads((tmp_path / "preload.json").read_text())["rows"]
+    written = json.loads((tmp_path / "preload.json").read_text())
+    rows = written["rows"]
+    assert written["kernels"] == "torch"  # auto on the CPU
     assert [(r["context"], r["method"]) for r in rows] == [(c, m) for c in (1024, 1536) for m in ("full_reuse", "fusionrag")]
     for row in rows:
         whole, layerwise = row["runs"]["whole"], row["runs"]["layerwise"]
@@ -35,6 +37,7 @@ def test_preload_bench_refuses_what_it_cannot_measure(tmp_path):
 
 def test_random_model_has_the_shape_and_real_numbers():
     loaded = random_model("small", "cpu", torch.float32)
+    assert loaded.model.kernels == "torch" and random_model("small", "cpu", torch.float32, kernels="triton").model.kernels == "triton"
     cfg = loaded.model.cfg
     assert (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size) == (4, 2, 64, 256)
     assert all(bool(torch.isfinite(p).all()) for p in loaded.model.parameters())

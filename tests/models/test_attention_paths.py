@@ -61,3 +61,14 @@ def test_a_causal_tail_block_and_a_decode_query_equal_a_masked_softmax(dtype):
     assert (tail.double() - oracle(q, keys, values, positions)).abs().max().item() < TOLERANCE[dtype]
     one = attention.attend(q[:, -1:], keys, values, None, 299)
     assert (one.double() - oracle(q[:, -1:], keys, values, positions[-1:])).abs().max().item() < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("tail_start", "kv_heads"), [(0, 2), (260, 2), (260, 6)])
+def test_the_fused_causal_block_of_the_triton_backend_equals_a_masked_softmax(dtype, tail_start, kv_heads):
+    """``attend_causal_block`` (prefill blocks on the Triton backend, through PyTorch's fused kernels)."""
+    _, keys, values, _ = inputs(300, 1, 6, kv_heads, dtype, 11)
+    q = torch.randn(6, 300 - tail_start, 32).to(dtype)
+    out = attention.attend_causal_block(q, keys, values, tail_start)
+    expected = oracle(q, keys, values, torch.arange(tail_start, 300))
+    assert out.shape == q.shape and (out.double() - expected).abs().max().item() < TOLERANCE[dtype]
