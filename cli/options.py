@@ -27,6 +27,11 @@ craft_variants_option = click.option(
     help="Cache-Craft's request-made variants: cache_craft requests store a chunk's KV after new prefixes and "
          "read them later, about M per chunk kept (0: off).",
 )  # fmt: skip
+layerwise_load_option = click.option(
+    "--layerwise-load/--no-layerwise-load", default=None,
+    help="Cache-Craft's layer-wise loading: stored KV reaches the request layer by layer while the prefill runs "
+         "(default: on for a CUDA model, off on the CPU).",
+)  # fmt: skip
 workers_option = click.option(
     "--workers", default=None, type=click.IntRange(1, 1024),
     help="Compute the entries in N Ray worker processes writing into the store folder (needs the "

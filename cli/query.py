@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from fusionrag_llm.cli.options import (
-    craft_variants_option, device_option, dtype_option, fused_order_option, kv_codec_option, load_rag, method_options,
-    model_option, remote_option, store_option, user_errors,
+    craft_variants_option, device_option, dtype_option, fused_order_option, kv_codec_option, layerwise_load_option,
+    load_rag, method_options, model_option, remote_option, store_option, user_errors,
 )
 
 
@@ -24,17 +24,18 @@ from fusionrag_llm.cli.options import (
 @click.option("--show-chunks", is_flag=True, help="Print the retrieved chunks.")
 @kv_codec_option()
 @craft_variants_option
+@layerwise_load_option
 @click.option("--decode-kv-budget", default=None, type=click.IntRange(1), metavar="N",
               help="A3's decode KV eviction: after the prefill every layer and kv-head keeps only N chunk tokens "
                    "(plus the text outside chunks and the last 32 prompt tokens). Default: off.")  # fmt: skip
 def query(question, model, store, remote, device, dtype, method, ratio, top_k, max_new_tokens, show_chunks, fused_order,
-          decode_kv_budget, kv_codec, craft_variants) -> None:  # fmt: skip
+          decode_kv_budget, kv_codec, craft_variants, layerwise_load) -> None:  # fmt: skip
     """Answer QUESTION over the chunks ingested into the store."""
     from fusionrag_llm.ingest.pipeline import answer
 
     _require_store(store)
     rag = load_rag(model, device, dtype, store, fused_order=fused_order, remote=remote, kv_codec=kv_codec,
-                   craft_variants=craft_variants)  # fmt: skip
+                   craft_variants=craft_variants, layerwise_load=layerwise_load)  # fmt: skip
     try:
         out, hits = answer(rag, question, top_k=top_k, method=method, recompute_ratio=ratio, max_new_tokens=max_new_tokens,
                            decode_kv_budget=decode_kv_budget)  # fmt: skip

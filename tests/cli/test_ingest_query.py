@@ -149,3 +149,14 @@ def test_query_with_cache_craft_variants_stores_one_then_reads_it(corpus, tmp_pa
     assert "request 1" in again.output and "; 0 made" in again.output
     bad = run(*ask[:-1], "-1")
     assert bad.exit_code != 0 and "-1" in bad.output
+
+
+def test_query_loads_layer_by_layer_when_asked_with_the_same_answer(corpus, tmp_path):
+    store = str(tmp_path / "store")
+    assert run("ingest", str(corpus), "--model", "tiny", "--store", store, "--neighbors", "2").exit_code == 0
+    ask = ("query", "Which river flows through Quennel?", "--model", "tiny", "--store", store, "--top-k", "3",
+           "--max-new-tokens", "4")  # fmt: skip
+    answers = [run(*ask, flag) for flag in ("--no-layerwise-load", "--layerwise-load")]
+    assert all(a.exit_code == 0 for a in answers), [a.output for a in answers]
+    untimed = [[line for line in a.output.splitlines() if "TTFT" not in line and "decode" not in line] for a in answers]
+    assert untimed[0] == untimed[1] and any("reused" in line for line in untimed[0])  # same answer and token counts
