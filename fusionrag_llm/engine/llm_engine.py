@@ -31,7 +31,7 @@ from fusionrag_llm.engine.sampling import SamplingParams
 from fusionrag_llm.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from fusionrag_llm.engine.sequence import Sequence, Status
 from fusionrag_llm.engine.stats import GenerationStats
-from fusionrag_llm.engine.streaming import GenerationStream
+from fusionrag_llm.engine.streaming import GenerationStream, IncrementalText
 from fusionrag_llm.engine.turn_cache import EXACT, TurnCache, namespace_of
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
@@ -243,7 +243,7 @@ class LLMEngine:
         for seq, token in zip(firsts + decodes, tokens):
             seq.accept(token)
             if seq.stop_strings and seq.token_ids:
-                seq.find_stop_string(self.tokenizer.decode(seq.token_ids))
+                seq.find_stop_string(self._answer_so_far(seq))
             if seq.finished and self.turns is not None:
                 self._remember_turn(seq)
 
@@ -346,6 +346,15 @@ class LLMEngine:
             seq.cache = seq.cache if kept is None else kept
             seq.stats.decode_kv_tokens, seq.stats.evicted_kv_tokens = seq.cache.length, seq.cache.evicted
         seq.forks = [self._fork(seq, index) for index in range(1, seq.n)]
+
+    def _answer_so_far(self, seq: Sequence) -> str:
+        """``seq``'s answer text, extended by decoding only its new tokens (never the whole answer again)."""
+        if seq.answer_text is None:
+            seq.answer_text = IncrementalText(self.tokenizer.decode)
+        text = seq.answer_text
+        for token in seq.token_ids[len(text.ids) :]:
+            text.add(token)
+        return text.text
 
     def _fork(self, seq: Sequence, index: int) -> Sequence:
         """Answer ``index`` of ``seq``'s ``n``: its prompt's KV copied, its own random stream."""

@@ -52,6 +52,7 @@ class Sequence:
     context_plan: Any = None  # the tensor-free ContextPlan: every key its context may read
     text_end: int | None = None  # where the returned text ends: the start of the stop string found
     searched: int = 0  # characters of the text already searched for stop strings
+    answer_text: Any = None  # its answer decoded token by token (streaming.IncrementalText), for stop strings
     cache: Any = None  # the request's KVCache, owned by the model runner's allocations
     prompt_logits: Any = None  # [vocab] logits after the last prompt token
     prompt_end: int | None = None  # the position after the prompt's last one (set once assembled)

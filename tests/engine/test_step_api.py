@@ -192,6 +192,17 @@ def test_stop_strings_end_the_answer_before_them(rag):
     assert batch[0].text == cut
 
 
+def test_stop_strings_decode_only_new_tokens(rag, monkeypatch):
+    """Looking for a stop string decodes a short window of new tokens per step, never the whole
+    answer again (the stop string here never appears, so all 40 tokens are generated)."""
+    decode, longest = rag.engine.tokenizer.decode, []
+    monkeypatch.setattr(rag.engine.tokenizer, "decode", lambda ids, *a, **k: longest.append(len(ids)) or decode(ids, *a, **k))
+    out = rag.generate(REQUESTS[0], max_new_tokens=40, stop=["\x00never\x00"], ignore_eos=True)
+    assert len(out.token_ids) == 40
+    during = longest[:-1]  # the last call decodes the returned text once
+    assert len(during) >= 40 and max(during) < 20  # the whole answer would be 40
+
+
 @pytest.mark.parametrize("bad", ["", [""], [1], b"x", ["a"] * 17])
 def test_bad_stop_values_are_refused(rag, bad):
     from fusionrag_llm import FusionRAGError
