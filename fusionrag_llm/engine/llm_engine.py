@@ -39,7 +39,6 @@ from fusionrag_llm.fusion.craft import FocusTracker
 from fusionrag_llm.fusion.request_variants import VARIANT_LOG, RequestVariants, check_craft_variants
 from fusionrag_llm.fusion.scorers.auxiliary_attention import check_layers
 from fusionrag_llm.fusion.selectors import Selection, select_many
-from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.models.llama import ForwardOutput, ForwardPass
 from fusionrag_llm.models.loader import LoadedModel, check_auxiliary_model
 from fusionrag_llm.request import Segment, prompt_ids, split_segments
@@ -237,7 +236,6 @@ class LLMEngine:
             tokens = self.runner.next_tokens(logits, firsts + decodes)
         except Exception as exc:  # the batch's sequences fail together; their callers raise it
             for seq in [one for w in work for one in (w.seq, *w.seq.forks)] + decodes:
-                _stop_loading(seq.cache)
                 seq.finish("error", exc)
             return
         for seq, token in zip(firsts + decodes, tokens):
@@ -270,7 +268,6 @@ class LLMEngine:
         ready = []
         for w, selected in zip(work, picks):
             if isinstance(selected, Exception):  # a failed selection fails its sequences only
-                _stop_loading(w.seq.cache)
                 w.seq.finish("error", selected)
                 continue
             w.seq.stats.select_s, w.chosen = chosen - started, chosen
@@ -351,10 +348,7 @@ class LLMEngine:
         """``seq``'s answer text, extended by decoding only its new tokens (never the whole answer again)."""
         if seq.answer_text is None:
             seq.answer_text = IncrementalText(self.tokenizer.decode)
-        text = seq.answer_text
-        for token in seq.token_ids[len(text.ids) :]:
-            text.add(token)
-        return text.text
+        return seq.answer_text.follow(seq.token_ids)
 
     def _fork(self, seq: Sequence, index: int) -> Sequence:
         """Answer ``index`` of ``seq``'s ``n``: its prompt's KV copied, its own random stream."""
@@ -423,13 +417,6 @@ class LLMEngine:
                 raise seq.error
             self._finish_prefill(work[0], self.runner.run([work[0].forward], [seq.cache])[0])
         return self.runner.teacher_forced(seq.cache, seq.prompt_logits, seq.prompt_end, continuation)
-
-
-def _stop_loading(cache: KVCache | None) -> None:
-    """A failed request's cache: its layer feed (if any) stops; the cache is not read again."""
-    if cache is not None and cache.feed is not None:
-        feed, cache.feed = cache.feed, None
-        feed.close()
 
 
 def _chunk_aligned(segments: Seq[Segment], length: int) -> int:

@@ -37,6 +37,13 @@ class IncrementalText:
         self._prefix, self._read = self._read, len(self.ids)
         return self._emit(after[len(before) :])
 
+    def follow(self, token_ids: Sequence[int]) -> str:
+        """Catch up with ``token_ids``, a list this one's ids start (a sequence's growing answer):
+        add the tokens not seen yet; returns the whole text so far."""
+        for token in token_ids[len(self.ids) :]:
+            self.add(token)
+        return self.text
+
     def flush(self) -> str:
         """What the held-back tokens decode to once no more tokens come."""
         if self._read == len(self.ids):
@@ -61,7 +68,6 @@ class AnswerText:
 
     def __init__(self, seq, decode):
         self.seq = seq
-        self.token_ids: list[int] = []
         self._text = IncrementalText(decode)
         self._sent = 0  # characters of the decoded text handed out
         self._flushed = False
@@ -71,13 +77,15 @@ class AnswerText:
         """The text handed out so far."""
         return self._text.text[: self._sent]
 
+    @property
+    def token_ids(self) -> list[int]:
+        """The tokens pulled so far."""
+        return self._text.ids
+
     def pull(self) -> str:
         """The text that is new and final since the last call ("" when there is none)."""
         seq = self.seq
-        while len(self.token_ids) < len(seq.token_ids):
-            token = seq.token_ids[len(self.token_ids)]
-            self.token_ids.append(token)
-            self._text.add(token)
+        self._text.follow(seq.token_ids)
         if seq.finished and not self._flushed:
             self._flushed = True
             if seq.error is None:
