@@ -12,8 +12,9 @@ so weights that came from a GGUF file in that format quantize back to the same n
 rows stay float32 (llama.cpp quantizes them to 8 bits too; here that was no faster, and it changed
 answers, docs/BENCHMARKS.md): ``y = sum_b d_b sum(q x) (+ m_b sum(x))`` over the blocks.
 
-The kernel is a small C file compiled once per machine with the system C compiler (AVX2 where the
-CPU has it, plain C otherwise) and called through ``ctypes``; it runs its rows on OpenMP threads
+The kernel is in a small C file (``cpu_kernels.c``, beside this module) compiled once per machine with
+the system C compiler (AVX2 / AVX-512 where the CPU has them, plain C otherwise) and called through
+``ctypes``; it runs its rows on OpenMP threads
 (the runtime torch already loaded, so the two share one thread pool). ``linear_ref`` is the torch
 reference, the oracle of the parity tests. Where no compiler works, ``load_library`` raises
 ``RuntimeError`` saying why and callers keep the float path.
@@ -40,169 +41,7 @@ logger = logging.getLogger(__name__)
 BLOCK = 32
 FORMATS = ("q8", "q4")
 
-_SOURCE = r"""
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#if defined(__AVX2__)
-#include <immintrin.h>
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-#endif
-
-/* the block scales are IEEE half floats, as in GGUF */
-#if defined(__F16C__)
-#include <immintrin.h>
-static inline float half(uint16_t h) { return _cvtsh_ss(h); }
-#else
-/* half -> float without F16C: normals, subnormals, zeros, infinities and NaN */
-static inline float half(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF, bits;
-    if (exponent == 0x1F) {
-        bits = sign | 0x7F800000u | (mantissa << 13);
-    } else if (exponent) {
-        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-    } else if (mantissa) {
-        int shift = 0;
-        while (!(mantissa & 0x400)) { mantissa <<= 1; shift++; }
-        bits = sign | ((uint32_t)(113 - shift) << 23) | ((mantissa & 0x3FF) << 13);
-    } else {
-        bits = sign;
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-#endif
-
-#if defined(__AVX512F__)
-/* AVX-512: 16 lanes take half a block per conversion, a third of the shuffle-port work of AVX2 */
-static float dot_q8(const int8_t *w, const uint16_t *dw, const float *x, int64_t blocks) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t b = 0; b < blocks; b++) {
-        const int8_t *q = w + b * 32;
-        const float *v = x + b * 32;
-        __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))),
-                                 _mm512_loadu_ps(v));
-        s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)))),
-                            _mm512_loadu_ps(v + 16), s);
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(half(dw[b])), s, acc);
-    }
-    return _mm512_reduce_add_ps(acc);
-}
-
-static float dot_q4(const uint8_t *w, const uint16_t *dw, const uint16_t *mw, const float *x, const float *xs,
-                    int64_t blocks) {
-    __m512 acc = _mm512_setzero_ps();
-    float mins = 0.0f;
-    const __m128i low = _mm_set1_epi8(0x0F);
-    for (int64_t b = 0; b < blocks; b++) {
-        __m128i raw = _mm_loadu_si128((const __m128i *)(w + b * 16));
-        const float *v = x + b * 32;
-        __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(raw, low))), _mm512_loadu_ps(v));
-        s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), low))),
-                            _mm512_loadu_ps(v + 16), s);
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(half(dw[b])), s, acc);
-        mins += half(mw[b]) * xs[b];
-    }
-    return _mm512_reduce_add_ps(acc) + mins;
-}
-#else
-/* One output: row w of the weight (k / 32 blocks) times the float row x; xs: x's block sums. */
-static float dot_q8(const int8_t *w, const uint16_t *dw, const float *x, int64_t blocks) {
-#if defined(__AVX2__)
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < blocks; b++) {
-        const int8_t *q = w + b * 32;
-        const float *v = x + b * 32;
-        __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q))),
-                                 _mm256_loadu_ps(v));
-        for (int i = 8; i < 32; i += 8)
-            s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i)))),
-                                _mm256_loadu_ps(v + i), s);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(dw[b])), s, acc);
-    }
-    return hsum(acc);
-#else
-    float acc = 0.0f;
-    for (int64_t b = 0; b < blocks; b++) {
-        float s = 0.0f;
-        for (int i = 0; i < 32; i++) s += (float)w[b * 32 + i] * x[b * 32 + i];
-        acc += half(dw[b]) * s;
-    }
-    return acc;
-#endif
-}
-
-static float dot_q4(const uint8_t *w, const uint16_t *dw, const uint16_t *mw, const float *x, const float *xs,
-                    int64_t blocks) {
-#if defined(__AVX2__)
-    __m256 acc = _mm256_setzero_ps();
-    float mins = 0.0f;
-    const __m128i low = _mm_set1_epi8(0x0F);
-    for (int64_t b = 0; b < blocks; b++) {
-        __m128i raw = _mm_loadu_si128((const __m128i *)(w + b * 16));
-        __m128i lo = _mm_and_si128(raw, low), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
-        const float *v = x + b * 32;
-        __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), _mm256_loadu_ps(v));
-        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), _mm256_loadu_ps(v + 8), s);
-        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), _mm256_loadu_ps(v + 16), s);
-        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), _mm256_loadu_ps(v + 24), s);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(dw[b])), s, acc);
-        mins += half(mw[b]) * xs[b];
-    }
-    return hsum(acc) + mins;
-#else
-    float acc = 0.0f;
-    for (int64_t b = 0; b < blocks; b++) {
-        float s = 0.0f;
-        for (int i = 0; i < 16; i++)
-            s += (float)(w[b * 16 + i] & 0x0F) * x[b * 32 + i] + (float)(w[b * 16 + i] >> 4) * x[b * 32 + 16 + i];
-        acc += half(dw[b]) * s + half(mw[b]) * xs[b];
-    }
-    return acc;
-#endif
-}
-
-#endif  /* __AVX512F__ */
-
-/* y [m, n] = x [m, k] @ W.T; W is n rows of k / 32 blocks; mw (q4 minimums) is NULL for q8. */
-int fr_quant_linear(int bits, const float *x, int64_t m, int64_t k, const void *w, const uint16_t *dw,
-                    const uint16_t *mw, int64_t n, float *y) {
-    int64_t blocks = k / 32;
-    float *xs = (float *)malloc(sizeof(float) * (size_t)(m * blocks));
-    if (!xs) return 1;
-    for (int64_t r = 0; r < m * blocks; r++) {
-        float s = 0.0f;
-        for (int i = 0; i < 32; i++) s += x[r * 32 + i];
-        xs[r] = s;
-    }
-    #pragma omp parallel for schedule(static)
-    for (int64_t j = 0; j < n; j++) {
-        for (int64_t r = 0; r < m; r++) {
-            y[r * n + j] = bits == 8
-                ? dot_q8((const int8_t *)w + j * k, dw + j * blocks, x + r * k, blocks)
-                : dot_q4((const uint8_t *)w + j * (k / 2), dw + j * blocks, mw + j * blocks, x + r * k,
-                         xs + r * blocks, blocks);
-        }
-    }
-    free(xs);
-    return 0;
-}
-
-int fr_quant_has_avx2(void) {
-#if defined(__AVX2__)
-    return 1;
-#else
-    return 0;
-#endif
-}
-"""
+_SOURCE = (Path(__file__).parent / "cpu_kernels.c").read_text()
 
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 _HALF_MAX = 65504.0
@@ -373,6 +212,9 @@ def _open(path: Path) -> ctypes.CDLL:
     lib.fr_quant_linear.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]  # fmt: skip
     lib.fr_quant_has_avx2.restype = ctypes.c_int
+    lib.fr_decode_layers.restype = ctypes.c_int
+    lib.fr_decode_layers.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]  # fmt: skip
     return lib
 
 

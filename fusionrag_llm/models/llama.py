@@ -24,6 +24,7 @@ from fusionrag_llm.kernels.cpu_quant import FORMATS
 from fusionrag_llm.kernels.rotary import rotate
 from fusionrag_llm.models.attention_backend import attention_backend
 from fusionrag_llm.models.config import ModelConfig
+from fusionrag_llm.models.fast_decode import DecodeProgram
 from fusionrag_llm.models.forward import BatchContext, ForwardOutput, ForwardPass, spans_of
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.models.linear import FusedLinears, Linear, quantized_linears
@@ -136,6 +137,10 @@ class DecoderLM(nn.Module):
         self.rotary = RotaryTable(cfg.rope, cfg.head_dim)
         self.kernels = "torch"
         self._decode_kv: torch.dtype | None = None  # see set_decode_kv
+        self._decode_program: DecodeProgram | None = None  # see quantize_linears
+        # decode steps of a quantized model run their layers in one compiled call where they can
+        # (models/fast_decode.py); False: layer by layer from Python, as every other forward
+        self.compiled_decode = True
 
     @property
     def kernels(self) -> str:
@@ -178,6 +183,7 @@ class DecoderLM(nn.Module):
         for block in self.model.layers:  # q/k/v and gate/up as one call each where they share a format
             block.self_attn.qkv.fuse()
             block.mlp.gate_up.fuse()
+        self._decode_program = DecodeProgram.build(self) if count else None
         return count
 
     def set_decode_kv(self, kv: str) -> str:
@@ -306,11 +312,16 @@ class DecoderLM(nn.Module):
 
     def _forward_batch(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> list[ForwardOutput]:
         batch, x = self._batch(steps, caches)  # x: [n_total, hidden]
-        narrowing = any(step.observe is not None for step in steps)
-        for block in self.model.layers:
-            x = block(x, batch)
-            if narrowing:
-                batch, x = self._narrow(batch, x)
+        program = self._decode_program
+        if self.compiled_decode and program is not None and program.takes(batch) and program.current():
+            cos, sin = self.rotary_cos_sin(torch.cat([step.positions for step in steps]))
+            x = program.run(x, batch, cos, sin)
+        else:
+            narrowing = any(step.observe is not None for step in steps)
+            for block in self.model.layers:
+                x = block(x, batch)
+                if narrowing:
+                    batch, x = self._narrow(batch, x)
         rows = [x[start:end] if step.logit_rows is None else x[start:end][step.logit_rows]
                 for step, (start, end) in zip(batch.steps, batch.spans)]  # fmt: skip
         # One head matmul for every sequence's rows: the head is the largest weight, read once a step.

@@ -132,6 +132,7 @@ def test_decode_steps_read_quantized_weights_and_prefills_stay_float(monkeypatch
     first = rag.logits(request, [5, 6, 7], method="full_attention")
     assert calls == []  # the prompt's forward (and the teacher-forced continuation) is float
     torch.testing.assert_close(first, plain.logits(request, [5, 6, 7], method="full_attention"))
+    rag.engine.model.compiled_decode = False  # layer by layer (models/fast_decode.py runs them in one call)
     out = rag.generate(request, method="full_attention", max_new_tokens=4)
     steps = len(out.token_ids) - 1  # the first token comes from the prefill
     layers = len(rag.engine.model.model.layers)

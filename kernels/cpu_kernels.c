@@ -1,0 +1,464 @@
+/* CPU kernels of fusionrag_llm, compiled once per machine with the system C compiler
+ * (kernels/cpu_quant.py builds and loads them through ctypes):
+ *
+ * - fr_quant_linear: rows times a block-quantized weight (GGUF Q8_0 / Q4_1 blocks, float32 rows);
+ * - fr_decode_layers: the decoder layers of a decode step (one new token per sequence) of a
+ *   Llama-family model whose linear weights are such blocks, in one call: norms, projections, rotary,
+ *   the K/V write and attention over each sequence's cache, the MLP (models/fast_decode.py).
+ *
+ * Work is spread over OpenMP threads (the runtime torch already loaded: one thread pool).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+/* the block scales are IEEE half floats, as in GGUF */
+#if defined(__F16C__)
+#include <immintrin.h>
+static inline float half(uint16_t h) { return _cvtsh_ss(h); }
+#else
+/* half -> float without F16C: normals, subnormals, zeros, infinities and NaN */
+static inline float half(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF, bits;
+    if (exponent == 0x1F) {
+        bits = sign | 0x7F800000u | (mantissa << 13);
+    } else if (exponent) {
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else if (mantissa) {
+        int shift = 0;
+        while (!(mantissa & 0x400)) { mantissa <<= 1; shift++; }
+        bits = sign | ((uint32_t)(113 - shift) << 23) | ((mantissa & 0x3FF) << 13);
+    } else {
+        bits = sign;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+#endif
+
+#if defined(__AVX512F__)
+/* AVX-512: 16 lanes take half a block per conversion, a third of the shuffle-port work of AVX2 */
+static float dot_q8(const int8_t *w, const uint16_t *dw, const float *x, int64_t blocks) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        const int8_t *q = w + b * 32;
+        const float *v = x + b * 32;
+        __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))),
+                                 _mm512_loadu_ps(v));
+        s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)))),
+                            _mm512_loadu_ps(v + 16), s);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(half(dw[b])), s, acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+static float dot_q4(const uint8_t *w, const uint16_t *dw, const uint16_t *mw, const float *x, const float *xs,
+                    int64_t blocks) {
+    __m512 acc = _mm512_setzero_ps();
+    float mins = 0.0f;
+    const __m128i low = _mm_set1_epi8(0x0F);
+    for (int64_t b = 0; b < blocks; b++) {
+        __m128i raw = _mm_loadu_si128((const __m128i *)(w + b * 16));
+        const float *v = x + b * 32;
+        __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(raw, low))), _mm512_loadu_ps(v));
+        s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), low))),
+                            _mm512_loadu_ps(v + 16), s);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(half(dw[b])), s, acc);
+        mins += half(mw[b]) * xs[b];
+    }
+    return _mm512_reduce_add_ps(acc) + mins;
+}
+#else
+/* One output: row w of the weight (k / 32 blocks) times the float row x; xs: x's block sums. */
+static float dot_q8(const int8_t *w, const uint16_t *dw, const float *x, int64_t blocks) {
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        const int8_t *q = w + b * 32;
+        const float *v = x + b * 32;
+        __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q))),
+                                 _mm256_loadu_ps(v));
+        for (int i = 8; i < 32; i += 8)
+            s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i)))),
+                                _mm256_loadu_ps(v + i), s);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(dw[b])), s, acc);
+    }
+    return hsum(acc);
+#else
+    float acc = 0.0f;
+    for (int64_t b = 0; b < blocks; b++) {
+        float s = 0.0f;
+        for (int i = 0; i < 32; i++) s += (float)w[b * 32 + i] * x[b * 32 + i];
+        acc += half(dw[b]) * s;
+    }
+    return acc;
+#endif
+}
+
+static float dot_q4(const uint8_t *w, const uint16_t *dw, const uint16_t *mw, const float *x, const float *xs,
+                    int64_t blocks) {
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    const __m128i low = _mm_set1_epi8(0x0F);
+    for (int64_t b = 0; b < blocks; b++) {
+        __m128i raw = _mm_loadu_si128((const __m128i *)(w + b * 16));
+        __m128i lo = _mm_and_si128(raw, low), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+        const float *v = x + b * 32;
+        __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), _mm256_loadu_ps(v));
+        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), _mm256_loadu_ps(v + 8), s);
+        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), _mm256_loadu_ps(v + 16), s);
+        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), _mm256_loadu_ps(v + 24), s);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(dw[b])), s, acc);
+        mins += half(mw[b]) * xs[b];
+    }
+    return hsum(acc) + mins;
+#else
+    float acc = 0.0f;
+    for (int64_t b = 0; b < blocks; b++) {
+        float s = 0.0f;
+        for (int i = 0; i < 16; i++)
+            s += (float)(w[b * 16 + i] & 0x0F) * x[b * 32 + i] + (float)(w[b * 16 + i] >> 4) * x[b * 32 + 16 + i];
+        acc += half(dw[b]) * s + half(mw[b]) * xs[b];
+    }
+    return acc;
+#endif
+}
+
+#endif  /* __AVX512F__ */
+
+/* A block-quantized weight [n, k]: q int8 [n, k] (bits 8) or packed nibbles [n, k / 2] (bits 4),
+   d (and for 4 bits m) half floats [n, k / 32]. */
+typedef struct {
+    int64_t bits;
+    const void *q;
+    const uint16_t *d, *m;
+    int64_t n, k;
+} fr_qweight;
+
+/* y [rows, n] = x [rows, k] @ W.T; xs: room for rows * k / 32 floats (x's block sums). */
+static void qlinear(const fr_qweight *w, const float *x, int64_t rows, float *y, float *xs) {
+    int64_t k = w->k, n = w->n, blocks = k / 32;
+    for (int64_t r = 0; r < rows * blocks; r++) {
+        float s = 0.0f;
+        for (int i = 0; i < 32; i++) s += x[r * 32 + i];
+        xs[r] = s;
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t r = 0; r < rows; r++) {
+            y[r * n + j] = w->bits == 8
+                ? dot_q8((const int8_t *)w->q + j * k, w->d + j * blocks, x + r * k, blocks)
+                : dot_q4((const uint8_t *)w->q + j * (k / 2), w->d + j * blocks, w->m + j * blocks, x + r * k,
+                         xs + r * blocks, blocks);
+        }
+    }
+}
+
+/* y [m, n] = x [m, k] @ W.T; W is n rows of k / 32 blocks; mw (q4 minimums) is NULL for q8. */
+int fr_quant_linear(int bits, const float *x, int64_t m, int64_t k, const void *w, const uint16_t *dw,
+                    const uint16_t *mw, int64_t n, float *y) {
+    fr_qweight weight = {bits, w, dw, mw, n, k};
+    float *xs = (float *)malloc(sizeof(float) * (size_t)(m * (k / 32) + 1));
+    if (!xs) return 1;
+    qlinear(&weight, x, m, y, xs);
+    free(xs);
+    return 0;
+}
+
+/* ---- decode steps ---------------------------------------------------------------------------- */
+
+/* exp(x) in float32 to about 2 ulp, branch-free so loops over it vectorize: x = n ln2 + r, |r| <= ln2 / 2,
+   exp(r) by a degree-6 polynomial, times 2^n built in the exponent bits. Inputs below -87 give ~1e-38. */
+static inline float fr_exp(float x) {
+    x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;  /* not fminf/fmaxf: those are calls, not vectorized */
+    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+typedef struct {
+    const float *input_norm, *post_norm;  /* [hidden] */
+    const float *qkv_bias;                /* [(heads + 2 kv_heads) * head_dim] or NULL */
+    fr_qweight qkv, o, gate_up, down;     /* q|k|v rows, o_proj, gate|up rows, down_proj */
+} fr_layer;
+
+typedef struct {
+    int64_t layers, hidden, heads, kv_heads, head_dim, intermediate;
+    double eps;
+    const fr_layer *layer;
+} fr_model;
+
+/* out [rows, size] = x / rms(x) * weight, per row */
+static void rms_norm(const float *x, const float *weight, int64_t rows, int64_t size, double eps, float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *v = x + r * size;
+        float s = 0.0f;
+        #pragma omp simd reduction(+:s)
+        for (int64_t i = 0; i < size; i++) s += v[i] * v[i];
+        float inv = 1.0f / sqrtf(s / (float)size + (float)eps);
+        #pragma omp simd
+        for (int64_t i = 0; i < size; i++) out[r * size + i] = weight[i] * (v[i] * inv);
+    }
+}
+
+/* x [d] rotated by the half-rotation convention: x * cos + rotate_half(x) * sin */
+static void rotate(float *x, const float *cos, const float *sin, int64_t d) {
+    float tmp[512];
+    int64_t half = d / 2;
+    for (int64_t i = 0; i < half; i++) {
+        tmp[i] = x[i] * cos[i] - x[i + half] * sin[i];
+        tmp[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
+    }
+    memcpy(x, tmp, sizeof(float) * (size_t)d);
+}
+
+#define FR_KEYS 256    /* keys per attention task */
+#define FR_GROUP 16    /* most query heads per key/value head */
+
+/* Scores of keys [start, start + count) for `group` query heads: score[h][j] = q_h . k_j * scale. */
+static void key_scores(const float *q, int64_t group, const float *keys, int64_t start, int64_t count, int64_t d,
+                       float scale, float score[][FR_KEYS]);
+
+#if defined(__AVX512F__)
+/* [sum(a), sum(b), sum(c), sum(e)]: four dot products' partial vectors reduced together */
+static inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 e) {
+    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    __m512 ce = _mm512_add_ps(_mm512_unpacklo_ps(c, e), _mm512_unpackhi_ps(c, e));
+    __m512 all = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(ce))),
+                               _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(ce))));
+    __m256 half = _mm256_add_ps(_mm512_castps512_ps256(all), _mm512_extractf32x8_ps(all, 1));
+    return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
+
+/* nv = d / 16 vectors per head (a constant where inlined): four query heads at a time in registers,
+   four keys at a time reduced together */
+static inline __attribute__((always_inline)) void key_scores_avx512(
+        const float *q, int64_t group, const float *keys, int64_t start, int64_t count, int64_t nv, float scale,
+        float score[][FR_KEYS]) {
+    const __m128 scale4 = _mm_set1_ps(scale);
+    for (int64_t h0 = 0; h0 < group; h0 += 4) {
+        int64_t nh = group - h0 < 4 ? group - h0 : 4;
+        __m512 qv[4][8];
+        for (int64_t h = 0; h < 4; h++)
+            for (int64_t c = 0; c < nv; c++) qv[h][c] = _mm512_loadu_ps(q + (h0 + (h < nh ? h : 0)) * nv * 16 + c * 16);
+        int64_t j = 0;
+        for (; j + 4 <= count; j += 4) {
+            const float *k = keys + (start + j) * nv * 16;
+            __m512 acc[4][4];
+            for (int64_t i = 0; i < 4; i++) {
+                __m512 kv[8];
+                for (int64_t c = 0; c < nv; c++) kv[c] = _mm512_loadu_ps(k + i * nv * 16 + c * 16);
+                for (int64_t h = 0; h < 4; h++) {
+                    __m512 a = _mm512_mul_ps(qv[h][0], kv[0]);
+                    for (int64_t c = 1; c < nv; c++) a = _mm512_fmadd_ps(qv[h][c], kv[c], a);
+                    acc[h][i] = a;
+                }
+            }
+            for (int64_t h = 0; h < nh; h++)
+                _mm_storeu_ps(&score[h0 + h][j], _mm_mul_ps(sum4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]), scale4));
+        }
+        for (; j < count; j++) {
+            const float *k = keys + (start + j) * nv * 16;
+            for (int64_t h = 0; h < nh; h++) {
+                __m512 a = _mm512_mul_ps(qv[h][0], _mm512_loadu_ps(k));
+                for (int64_t c = 1; c < nv; c++) a = _mm512_fmadd_ps(qv[h][c], _mm512_loadu_ps(k + c * 16), a);
+                score[h0 + h][j] = _mm512_reduce_add_ps(a) * scale;
+            }
+        }
+    }
+}
+
+/* acc (d = 16 nv floats) = sum_j p[j] v_j over keys [start, start + count) */
+static inline __attribute__((always_inline)) void weighted_values_avx512(
+        const float *p, const float *values, int64_t start, int64_t count, int64_t nv, float *acc) {
+    __m512 sum[8];
+    for (int64_t c = 0; c < nv; c++) sum[c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < count; j++) {
+        __m512 w = _mm512_set1_ps(p[j]);
+        const float *v = values + (start + j) * nv * 16;
+        for (int64_t c = 0; c < nv; c++) sum[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + c * 16), sum[c]);
+    }
+    for (int64_t c = 0; c < nv; c++) _mm512_storeu_ps(acc + c * 16, sum[c]);
+}
+#endif
+
+static void key_scores(const float *q, int64_t group, const float *keys, int64_t start, int64_t count, int64_t d,
+                       float scale, float score[][FR_KEYS]) {
+#if defined(__AVX512F__)
+    if (d == 64) { key_scores_avx512(q, group, keys, start, count, 4, scale, score); return; }
+    if (d == 128) { key_scores_avx512(q, group, keys, start, count, 8, scale, score); return; }
+#endif
+    for (int64_t j = 0; j < count; j++) {
+        const float *key = keys + (start + j) * d;
+        for (int64_t h = 0; h < group; h++) {
+            const float *qh = q + h * d;
+            float s = 0.0f;
+            #pragma omp simd reduction(+:s)
+            for (int64_t t = 0; t < d; t++) s += qh[t] * key[t];
+            score[h][j] = s * scale;
+        }
+    }
+}
+
+static void weighted_values(const float *p, const float *values, int64_t start, int64_t count, int64_t d, float *acc) {
+#if defined(__AVX512F__)
+    if (d == 64) { weighted_values_avx512(p, values, start, count, 4, acc); return; }
+    if (d == 128) { weighted_values_avx512(p, values, start, count, 8, acc); return; }
+#endif
+    memset(acc, 0, sizeof(float) * (size_t)d);
+    for (int64_t j = 0; j < count; j++) {
+        const float *value = values + (start + j) * d;
+        #pragma omp simd
+        for (int64_t t = 0; t < d; t++) acc[t] += p[j] * value[t];
+    }
+}
+
+/* One task of a decode step's attention: the query heads of one kv head of one sequence over keys
+   [start, end); writes per head its largest score, the sum of weights and the weighted values. */
+static void attend_part(const float *q, int64_t group, const float *keys, const float *values, int64_t start,
+                        int64_t end, int64_t d, float scale, float *part) {
+    float score[FR_GROUP][FR_KEYS];
+    int64_t count = end - start;
+    key_scores(q, group, keys, start, count, d, scale, score);
+    for (int64_t h = 0; h < group; h++) {
+        float top = score[h][0], total = 0.0f;
+        for (int64_t j = 1; j < count; j++) top = score[h][j] > top ? score[h][j] : top;
+        #pragma omp simd reduction(+:total)
+        for (int64_t j = 0; j < count; j++) {
+            score[h][j] = fr_exp(score[h][j] - top);
+            total += score[h][j];
+        }
+        float *out = part + h * (d + 2);
+        out[0] = top;
+        out[1] = total;
+        weighted_values(score[h], values, start, count, d, out + 2);
+    }
+}
+
+/* The decoder layers of one decode step for `rows` sequences, one new token each.
+ *
+ * x [rows, hidden]: the tokens' embeddings in, the last layer's output out. cos, sin [rows, head_dim]:
+ * the rotary tables at each token's position. keys[r], values[r]: sequence r's cache, [layers, kv_heads,
+ * capacity[r], head_dim] float32, whose slots [0, length[r]) it attends to; the token's own K/V are
+ * written at slot length[r] - 1 first. Returns 0, or 1 when memory could not be had.
+ */
+int fr_decode_layers(const fr_model *model, int64_t rows, float *x, const float *cos, const float *sin,
+                     float *const *keys, float *const *values, const int64_t *capacity, const int64_t *length) {
+    int64_t hidden = model->hidden, heads = model->heads, kvh = model->kv_heads, d = model->head_dim;
+    int64_t inter = model->intermediate, group = heads / kvh, width = (heads + 2 * kvh) * d;
+    if (group > FR_GROUP || d > 512 || d % 2) return 2;
+    int64_t tasks = 0, most = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        tasks += kvh * ((length[r] + FR_KEYS - 1) / FR_KEYS);
+        if (length[r] > most) most = length[r];
+    }
+    int64_t widest = hidden > inter ? hidden : inter;
+    size_t floats = (size_t)(rows * (hidden + width + heads * d + 2 * inter + hidden) + rows * (widest / 32 + 1)
+                             + tasks * group * (d + 2));
+    float *work = (float *)malloc(sizeof(float) * floats);
+    int64_t *task_row = (int64_t *)malloc(sizeof(int64_t) * (size_t)(3 * tasks + 1));
+    if (!work || !task_row) {
+        free(work);
+        free(task_row);
+        return 1;
+    }
+    float *h = work, *qkv = h + rows * hidden, *att = qkv + rows * width, *gu = att + rows * heads * d;
+    float *out = gu + rows * 2 * inter, *xs = out + rows * hidden, *parts = xs + rows * (widest / 32 + 1);
+    int64_t *task_head = task_row + tasks, *task_start = task_head + tasks, t = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t g = 0; g < kvh; g++)
+            for (int64_t s = 0; s < length[r]; s += FR_KEYS, t++) {
+                task_row[t] = r;
+                task_head[t] = g;
+                task_start[t] = s;
+            }
+    float scale = 1.0f / sqrtf((float)d);
+    for (int64_t l = 0; l < model->layers; l++) {
+        const fr_layer *layer = model->layer + l;
+        rms_norm(x, layer->input_norm, rows, hidden, model->eps, h);
+        qlinear(&layer->qkv, h, rows, qkv, xs);
+        for (int64_t r = 0; r < rows; r++) {
+            float *row = qkv + r * width;
+            if (layer->qkv_bias)
+                for (int64_t i = 0; i < width; i++) row[i] += layer->qkv_bias[i];
+            for (int64_t a = 0; a < heads + kvh; a++) rotate(row + a * d, cos + r * d, sin + r * d, d);
+            int64_t cap = capacity[r], slot = length[r] - 1;
+            for (int64_t g = 0; g < kvh; g++) {
+                size_t at = (size_t)(((l * kvh + g) * cap + slot) * d);
+                memcpy(keys[r] + at, row + (heads + g) * d, sizeof(float) * (size_t)d);
+                memcpy(values[r] + at, row + (heads + kvh + g) * d, sizeof(float) * (size_t)d);
+            }
+        }
+        #pragma omp parallel for schedule(dynamic, 1)
+        for (int64_t i = 0; i < tasks; i++) {
+            int64_t r = task_row[i], g = task_head[i], s = task_start[i], e = s + FR_KEYS;
+            size_t base = (size_t)((l * kvh + g) * capacity[r] * d);
+            attend_part(qkv + r * width + g * group * d, group, keys[r] + base, values[r] + base, s,
+                        e < length[r] ? e : length[r], d, scale, parts + i * group * (d + 2));
+        }
+        for (int64_t i = 0; i < tasks;) {  /* merge each (sequence, kv head)'s parts by their maxima */
+            int64_t r = task_row[i], g = task_head[i], n = 0;
+            while (i + n < tasks && task_row[i + n] == r && task_head[i + n] == g) n++;
+            for (int64_t a = 0; a < group; a++) {
+                float top = -INFINITY, total = 0.0f, *dst = att + r * heads * d + (g * group + a) * d;
+                for (int64_t p = 0; p < n; p++) top = fmaxf(top, parts[((i + p) * group + a) * (d + 2)]);
+                memset(dst, 0, sizeof(float) * (size_t)d);
+                for (int64_t p = 0; p < n; p++) {
+                    const float *part = parts + ((i + p) * group + a) * (d + 2);
+                    float w = fr_exp(part[0] - top);
+                    total += w * part[1];
+                    for (int64_t c = 0; c < d; c++) dst[c] += w * part[2 + c];
+                }
+                for (int64_t c = 0; c < d; c++) dst[c] /= total;
+            }
+            i += n;
+        }
+        qlinear(&layer->o, att, rows, out, xs);
+        for (int64_t i = 0; i < rows * hidden; i++) x[i] += out[i];
+        rms_norm(x, layer->post_norm, rows, hidden, model->eps, h);
+        qlinear(&layer->gate_up, h, rows, gu, xs);
+        for (int64_t r = 0; r < rows; r++) {
+            float *gate = gu + r * 2 * inter, *up = gate + inter, *act = gu + r * 2 * inter;
+            #pragma omp simd
+            for (int64_t i = 0; i < inter; i++) act[i] = gate[i] / (1.0f + fr_exp(-gate[i])) * up[i];
+        }
+        /* the activations sit at the start of each row's gate|up span: gather them into [rows, inter] */
+        for (int64_t r = 1; r < rows; r++) memmove(gu + r * inter, gu + r * 2 * inter, sizeof(float) * (size_t)inter);
+        qlinear(&layer->down, gu, rows, out, xs);
+        for (int64_t i = 0; i < rows * hidden; i++) x[i] += out[i];
+    }
+    free(work);
+    free(task_row);
+    return 0;
+}
+
+int fr_quant_has_avx2(void) {
+#if defined(__AVX2__)
+    return 1;
+#else
+    return 0;
+#endif
+}
