@@ -396,9 +396,10 @@ def _formats(ctx, param, value):
 
 @bench.command()
 @dataset_option
-@click.option("--formats", default="float,q8,q4,q4/float16", show_default=True, callback=_formats,
+@click.option("--formats", default="float,q8,q4,q4+layers,q4/float16", show_default=True, callback=_formats,
               help="Decode formats: weights (float, q8, q4, auto), each optionally with '/float16' or '/bfloat16', "
-                   "the precision decode steps read the request KV in.")  # fmt: skip
+                   "the precision decode steps read the request KV in, and optionally '+layers': decode steps run "
+                   "layer by layer from Python instead of as one compiled call.")  # fmt: skip
 @click.option("--lengths", default="512,3000,6000", show_default=True, callback=_lengths, help="Prompt lengths (tokens) for the speed table.")
 @click.option("--speed-tokens", default=64, show_default=True, type=click.IntRange(1, 512), help="New tokens per speed run.")
 @click.option("--questions", default=30, show_default=True, type=click.IntRange(0), help="Questions for the fidelity table.")

@@ -31,6 +31,8 @@ from fusionrag_llm.models.forward import ForwardPass
 from fusionrag_llm.models.llama import DECODE_KV, DECODE_WEIGHTS
 from fusionrag_llm.request import RAGRequest
 
+LAYERS = "+layers"  # a format suffix: decode steps run layer by layer (models/fast_decode.py explains)
+
 @dataclass(frozen=True)
 class DecodeConfig:
     dataset: str  # "synthetic" or a resolved MuSiQue-format file
@@ -59,16 +61,19 @@ class DecodeConfig:
 
 
 ALLOWED = (f"a weight format ({', '.join(DECODE_WEIGHTS)}), optionally '/' and a KV precision "
-           f"({', '.join(k for k in DECODE_KV if k != 'model')})")  # fmt: skip
+           f"({', '.join(k for k in DECODE_KV if k != 'model')}), optionally '{LAYERS}' (layer by layer from Python, "
+           "not the compiled decode step)")  # fmt: skip
 
 
-def format_parts(name: str) -> tuple[str, str]:
-    """``"q4/float16"`` -> ``("q4", "float16")``, ``"q4"`` -> ``("q4", "model")``; ValueError otherwise."""
-    weights, slash, kv = name.partition("/")
+def format_parts(name: str) -> tuple[str, str, bool]:
+    """``"q4/float16"`` -> ``("q4", "float16", True)``, ``"q4+layers"`` -> ``("q4", "model", False)``: the
+    weights, the KV precision, and whether decode steps may run compiled; ValueError otherwise."""
+    base, layers = name.removesuffix(LAYERS), name.endswith(LAYERS)
+    weights, slash, kv = base.partition("/")
     kv = kv if slash else "model"
     if weights not in DECODE_WEIGHTS or kv not in DECODE_KV or (slash and kv == "model"):
         raise ValueError(f"decode formats must each be {ALLOWED}, got {name!r}")
-    return weights, kv
+    return weights, kv, not layers
 
 
 def parse_formats(value: str) -> tuple[str, ...]:
@@ -82,10 +87,11 @@ def parse_formats(value: str) -> tuple[str, ...]:
 
 
 def use_format(model, name: str) -> None:
-    """Make the model's decode steps read ``name``'s weights and KV."""
-    weights, kv = format_parts(name)
+    """Make the model's decode steps read ``name``'s weights and KV (and run compiled or not)."""
+    weights, kv, compiled = format_parts(name)
     model.quantize_linears(weights)
     model.set_decode_kv(kv)
+    model.compiled_decode = compiled
 
 
 def run_speed(rag, config: DecodeConfig, gguf: Path | None = None) -> list[dict]:

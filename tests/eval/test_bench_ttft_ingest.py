@@ -69,7 +69,7 @@ def test_ingest(tmp_path):
 def test_decode(tmp_path):
     from fusionrag_llm.kernels import cpu_quant
 
-    formats = "float,q8,q4,q4/float16" if cpu_quant.available() else "float,float/float16"
+    formats = "float,q8,q4,q4+layers,q4/float16" if cpu_quant.available() else "float,float/float16"
     _invoke(["bench", "decode", "--dataset", "synthetic", "--model", "tiny", "--formats", formats, "--lengths", "400,1200",
              "--speed-tokens", "6", "--questions", "2", "--passages", "3", "--max-new-tokens", "5", "--out", str(tmp_path)])  # fmt: skip
     data = json.loads((tmp_path / "decode.json").read_text())
@@ -85,9 +85,13 @@ def test_decode(tmp_path):
         for fmt in formats.split(",")[1:]:  # random weights are not on the 8/4-bit grids: close, not equal
             assert 0.0 < row["formats"][fmt]["kl_mean"] < 0.5  # (and a float16 KV is not the float32 one)
     assert data["summary"]["float"]["same_answer"] == 2
+    if cpu_quant.available():  # the compiled step and the layer-by-layer one: the same sums in another order
+        for row in data["fidelity"]:
+            compiled, layers = row["formats"]["q4"], row["formats"]["q4+layers"]
+            assert abs(compiled["kl_mean"] - layers["kl_mean"]) < 1e-3 * layers["kl_mean"] + 1e-7
 
 
 def test_decode_refuses_an_unknown_format(tmp_path):
-    for bad in ("q3", "q4/int8", "q4/model"):
+    for bad in ("q3", "q4/int8", "q4/model", "q4+compiled"):
         result = CliRunner().invoke(cli, ["bench", "decode", "--dataset", "synthetic", "--model", "tiny", "--formats", bad])
         assert result.exit_code != 0 and "float, q8, q4" in result.output and "float16, bfloat16" in result.output
