@@ -140,13 +140,59 @@ static float dot_q4(const uint8_t *w, const uint16_t *dw, const uint16_t *mw, co
 #endif  /* __AVX512F__ */
 
 /* A block-quantized weight [n, k]: q int8 [n, k] (bits 8) or packed nibbles [n, k / 2] (bits 4),
-   d (and for 4 bits m) half floats [n, k / 32]. */
+   d (and for 4 bits m) half floats [n, k / 32]. Tiled (4 bits, AVX-512 builds only): the same bytes
+   and scales for tiles of 16 rows, q [n / 16, k / 32, 16, 16] (tile, block, byte i of the block, row)
+   and d, m [n / 16, k / 32, 16]: one vector then holds a byte of 16 rows, so a block's scales and
+   minimums apply to 16 outputs at once instead of one. */
 typedef struct {
-    int64_t bits;
+    int64_t bits, tiled;
     const void *q;
     const uint16_t *d, *m;
     int64_t n, k;
 } fr_qweight;
+
+/* 1 where this build multiplies tiled 4-bit weights (AVX-512), else 0 */
+int fr_quant_can_tile(void) {
+#if defined(__AVX512F__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#if defined(__AVX512F__)
+/* y [rows, n] = x [rows, k] @ W.T for a tiled 4-bit weight; xs: x's block sums */
+static void qlinear_tiled(const fr_qweight *w, const float *x, int64_t rows, float *y, const float *xs) {
+    int64_t k = w->k, n = w->n, blocks = k / 32;
+    const __m512i low = _mm512_set1_epi32(0x0F);
+    #pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < n / 16; t++) {
+        const uint8_t *q = (const uint8_t *)w->q + t * blocks * 256;
+        const uint16_t *d = w->d + t * blocks * 16, *mins = w->m + t * blocks * 16;
+        for (int64_t r = 0; r < rows; r++) {
+            __m512 acc = _mm512_setzero_ps(), base = _mm512_setzero_ps();
+            for (int64_t b = 0; b < blocks; b++) {
+                const uint8_t *p = q + b * 256;
+                const float *v = x + r * k + b * 32;
+                __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;  /* four chains hide the FMA latency */
+                for (int i = 0; i < 16; i += 2) {  /* byte i holds element i (low nibble) and i + 16 (high) */
+                    __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + i * 16)));
+                    __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + i * 16 + 16)));
+                    s0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(a, low)), _mm512_set1_ps(v[i]), s0);
+                    s1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(a, 4)), _mm512_set1_ps(v[i + 16]), s1);
+                    s2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(c, low)), _mm512_set1_ps(v[i + 1]), s2);
+                    s3 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(c, 4)), _mm512_set1_ps(v[i + 17]), s3);
+                }
+                __m512 s = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+                acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + b * 16))), s, acc);
+                base = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mins + b * 16))),
+                                       _mm512_set1_ps(xs[r * blocks + b]), base);
+            }
+            _mm512_storeu_ps(y + r * n + t * 16, _mm512_add_ps(acc, base));
+        }
+    }
+}
+#endif
 
 /* y [rows, n] = x [rows, k] @ W.T; xs: room for rows * k / 32 floats (x's block sums). */
 static void qlinear(const fr_qweight *w, const float *x, int64_t rows, float *y, float *xs) {
@@ -156,6 +202,12 @@ static void qlinear(const fr_qweight *w, const float *x, int64_t rows, float *y,
         for (int i = 0; i < 32; i++) s += x[r * 32 + i];
         xs[r] = s;
     }
+#if defined(__AVX512F__)
+    if (w->tiled) {
+        qlinear_tiled(w, x, rows, y, xs);
+        return;
+    }
+#endif
     #pragma omp parallel for schedule(static)
     for (int64_t j = 0; j < n; j++) {
         for (int64_t r = 0; r < rows; r++) {
@@ -167,10 +219,13 @@ static void qlinear(const fr_qweight *w, const float *x, int64_t rows, float *y,
     }
 }
 
-/* y [m, n] = x [m, k] @ W.T; W is n rows of k / 32 blocks; mw (q4 minimums) is NULL for q8. */
-int fr_quant_linear(int bits, const float *x, int64_t m, int64_t k, const void *w, const uint16_t *dw,
+/* y [m, n] = x [m, k] @ W.T; W is n rows of k / 32 blocks (tiled or not, see fr_qweight); mw (q4
+   minimums) is NULL for q8. Returns 0, 1 when memory could not be had, 2 for a tiled weight in a
+   build without AVX-512. */
+int fr_quant_linear(int bits, int tiled, const float *x, int64_t m, int64_t k, const void *w, const uint16_t *dw,
                     const uint16_t *mw, int64_t n, float *y) {
-    fr_qweight weight = {bits, w, dw, mw, n, k};
+    if (tiled && !fr_quant_can_tile()) return 2;
+    fr_qweight weight = {bits, tiled, w, dw, mw, n, k};
     float *xs = (float *)malloc(sizeof(float) * (size_t)(m * (k / 32) + 1));
     if (!xs) return 1;
     qlinear(&weight, x, m, y, xs);
@@ -370,6 +425,11 @@ int fr_decode_layers(const fr_model *model, int64_t rows, float *x, const float 
     int64_t hidden = model->hidden, heads = model->heads, kvh = model->kv_heads, d = model->head_dim;
     int64_t inter = model->intermediate, group = heads / kvh, width = (heads + 2 * kvh) * d;
     if (group > FR_GROUP || d > 512 || d % 2) return 2;
+    for (int64_t l = 0; l < model->layers; l++) {
+        const fr_layer *layer = model->layer + l;
+        if ((layer->qkv.tiled || layer->o.tiled || layer->gate_up.tiled || layer->down.tiled) && !fr_quant_can_tile())
+            return 2;
+    }
     int64_t tasks = 0, most = 0;
     for (int64_t r = 0; r < rows; r++) {
         tasks += kvh * ((length[r] + FR_KEYS - 1) / FR_KEYS);

@@ -38,8 +38,8 @@ _MOST_GROUP, _MOST_HEAD_DIM = 16, 512  # FR_GROUP and the rotary buffer of cpu_k
 
 
 class _QuantWeight(ctypes.Structure):
-    _fields_ = [("bits", ctypes.c_int64), ("q", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
-                ("n", ctypes.c_int64), ("k", ctypes.c_int64)]  # fmt: skip
+    _fields_ = [("bits", ctypes.c_int64), ("tiled", ctypes.c_int64), ("q", ctypes.c_void_p), ("d", ctypes.c_void_p),
+                ("m", ctypes.c_void_p), ("n", ctypes.c_int64), ("k", ctypes.c_int64)]  # fmt: skip
 
 
 class _Layer(ctypes.Structure):
@@ -55,7 +55,8 @@ class _Model(ctypes.Structure):
 
 def _weight(quant: cpu_quant.QuantWeight) -> _QuantWeight:
     m = quant.m.data_ptr() if quant.m is not None else None
-    return _QuantWeight(8 if quant.fmt == "q8" else 4, quant.q.data_ptr(), quant.d.data_ptr(), m, *quant.shape)
+    return _QuantWeight(8 if quant.fmt == "q8" else 4, int(quant.tiled), quant.q.data_ptr(), quant.d.data_ptr(), m,
+                        *quant.shape)  # fmt: skip
 
 
 class DecodeProgram:
@@ -137,6 +138,8 @@ class DecodeProgram:
         length = torch.tensor([cache.length for cache in batch.caches], dtype=torch.int64)
         status = self._library.fr_decode_layers(ctypes.byref(self._model), rows, x.data_ptr(), cos.data_ptr(),
                                                 sin.data_ptr(), keys, values, capacity.data_ptr(), length.data_ptr())  # fmt: skip
-        if status:
+        if status == 1:
             raise MemoryError("decode step: no memory for the compiled layers' work buffers")
+        if status:
+            raise RuntimeError("decode step: the compiled layers refused this model (tiled weights without AVX-512?)")
         return x

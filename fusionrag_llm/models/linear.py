@@ -88,6 +88,7 @@ class Linear(nn.Linear):
         except ValueError:  # out of the scales' range: this layer decodes from its float weight
             return False
         if quant is not None:
+            quant = cpu_quant.tile(quant) if cpu_quant.can_tile(quant) else quant
             self._quant = (quant, weight.data_ptr(), weight._version)
         return quant is not None
 

@@ -194,3 +194,44 @@ def test_fused_linears_give_each_layer_s_own_product_in_one_call():
         torch.testing.assert_close(mixed[1], layers[1](x))
     layers[2].quantize(None)
     assert not group.fuse()  # not every layer quantized: nothing joined
+
+
+def test_tiles_hold_the_same_numbers_and_slice_and_join_like_rows():
+    g = torch.Generator().manual_seed(11)
+    weight = cpu_quant.quantize(torch.randn(48, 96, generator=g), "q4")
+    tiled = cpu_quant.tile(weight)
+    assert tiled.tiled and tiled.nbytes == weight.nbytes and tiled.q.shape == (3, 3, 16, 16)
+    assert torch.equal(cpu_quant.dequantize(tiled), cpu_quant.dequantize(weight))
+    back = cpu_quant.untile(tiled)
+    assert not back.tiled and all(torch.equal(a, b) for a, b in zip((back.q, back.d, back.m), (weight.q, weight.d, weight.m)))
+    whole = cpu_quant.row_slice(tiled, 16, 32)  # whole tiles: views, still tiled
+    assert whole.tiled and whole.q.data_ptr() == tiled.q[1].data_ptr()
+    assert torch.equal(cpu_quant.dequantize(whole), cpu_quant.dequantize(weight)[16:48])
+    cut = cpu_quant.row_slice(tiled, 8, 20)  # across tiles: an untiled copy of those rows
+    assert not cut.tiled and torch.equal(cpu_quant.dequantize(cut), cpu_quant.dequantize(weight)[8:28])
+    joined = cpu_quant.concat_rows([tiled, cpu_quant.tile(weight)])
+    assert joined.tiled and torch.equal(cpu_quant.dequantize(joined), cpu_quant.dequantize(weight).repeat(2, 1))
+    mixed = cpu_quant.concat_rows([tiled, weight])
+    assert not mixed.tiled and torch.equal(cpu_quant.dequantize(mixed), cpu_quant.dequantize(weight).repeat(2, 1))
+    with pytest.raises(ValueError, match="multiple of 16 rows"):
+        cpu_quant.tile(cpu_quant.quantize(torch.randn(40, 96, generator=g), "q4"))
+    with pytest.raises(ValueError, match="q4"):
+        cpu_quant.tile(cpu_quant.quantize(torch.randn(48, 96, generator=g), "q8"))
+
+
+@pytest.mark.skipif(not cpu_quant.available() or not cpu_quant.load_library().fr_quant_can_tile(),
+                    reason="the tiled 4-bit kernel needs an AVX-512 build")  # fmt: skip
+def test_the_tiled_kernel_multiplies_like_the_reference():
+    from fusionrag_llm.models.linear import Linear
+
+    g = torch.Generator().manual_seed(12)
+    for n, k, rows in ((16, 32, 1), (64, 576, 1), (48, 1536, 3)):
+        weight = cpu_quant.quantize(torch.randn(n, k, generator=g) * 0.05, "q4")
+        assert cpu_quant.can_tile(weight)
+        x = torch.randn(rows, k, generator=g)
+        want = cpu_quant.linear_ref(x, weight)
+        got = cpu_quant.linear(x, cpu_quant.tile(weight))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    layer = Linear(64, 48)
+    assert layer.quantize("q4") and layer._quant[0].tiled  # a layer's 4-bit copy is tiled where it helps
+    assert not cpu_quant.can_tile(cpu_quant.quantize(torch.randn(40, 64), "q4"))  # not whole tiles
