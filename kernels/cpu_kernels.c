@@ -290,7 +290,7 @@ static void rotate(float *x, const float *cos, const float *sin, int64_t d) {
     memcpy(x, tmp, sizeof(float) * (size_t)d);
 }
 
-#define FR_KEYS 256    /* keys per attention task */
+#define FR_KEYS 512    /* keys per attention task */
 #define FR_GROUP 16    /* most query heads per key/value head */
 
 /* Scores of keys [start, start + count) for `group` query heads: score[h][j] = q_h . k_j * scale. */

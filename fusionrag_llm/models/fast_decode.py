@@ -67,14 +67,15 @@ class DecodeProgram:
     def __init__(self, model, library: ctypes.CDLL):
         cfg = model.cfg
         self._library = library
-        self._linears: list[tuple[Linear, object]] = []
+        # (layer, its quantized copy, its weight, the weight's data pointer and version when quantized)
+        self._linears: list[tuple[Linear, object, torch.Tensor, int, int]] = []
         self._norms: list[tuple[torch.Tensor, int]] = []
         layers = []
         for block in model.model.layers:
             attn, mlp = block.self_attn, block.mlp
             qkv, gate_up = attn.qkv._fused, mlp.gate_up._fused
             for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-                self._linears.append((linear, linear._quant))
+                self._linears.append((linear, linear._quant, linear.weight, *linear._quant[1:]))
             norms = [block.input_layernorm.weight.detach(), block.post_attention_layernorm.weight.detach()]
             self._norms += [(w, w.data_ptr()) for w in norms]
             bias = qkv[1].contiguous() if qkv[1] is not None else None
@@ -106,8 +107,10 @@ class DecodeProgram:
         return cls(model, library)
 
     def current(self) -> bool:
-        """Every weight it points at is still the model's, unchanged since quantizing."""
-        return all(linear._quant is quant and linear.quantized for linear, quant in self._linears) and all(
+        """Every weight it points at is still the model's, unchanged since quantizing (``Linear.quantized``'s
+        test, without the module attribute lookups: it runs every step)."""
+        return all(linear._quant is quant and linear._parameters["weight"] is weight and weight._version == version
+                   and weight.data_ptr() == ptr for linear, quant, weight, ptr, version in self._linears) and all(
             tensor.data_ptr() == ptr for tensor, ptr in self._norms)  # fmt: skip
 
     @staticmethod
