@@ -257,6 +257,7 @@ static inline float fr_exp(float x) {
 typedef struct {
     const float *input_norm, *post_norm;  /* [hidden] */
     const float *qkv_bias;                /* [(heads + 2 kv_heads) * head_dim] or NULL */
+    const float *q_norm, *k_norm;         /* [head_dim] per-head norms of queries and keys (Qwen3) or NULL */
     fr_qweight qkv, o, gate_up, down;     /* q|k|v rows, o_proj, gate|up rows, down_proj */
 } fr_layer;
 
@@ -464,6 +465,10 @@ int fr_decode_layers(const fr_model *model, int64_t rows, float *x, const float 
             float *row = qkv + r * width;
             if (layer->qkv_bias)
                 for (int64_t i = 0; i < width; i++) row[i] += layer->qkv_bias[i];
+            if (layer->q_norm) {  /* in place: each head's norm is taken before it is overwritten */
+                rms_norm(row, layer->q_norm, heads, d, model->eps, row);
+                rms_norm(row + heads * d, layer->k_norm, kvh, d, model->eps, row + heads * d);
+            }
             for (int64_t a = 0; a < heads + kvh; a++) rotate(row + a * d, cos + r * d, sin + r * d, d);
             int64_t cap = capacity[r], slot = length[r] - 1;
             for (int64_t g = 0; g < kvh; g++) {

@@ -12,11 +12,15 @@ so weights that came from a GGUF file in that format quantize back to the same n
 rows stay float32 (llama.cpp quantizes them to 8 bits too; here that was no faster, and it changed
 answers, docs/BENCHMARKS.md): ``y = sum_b d_b sum(q x) (+ m_b sum(x))`` over the blocks.
 
-The kernel is in a small C file (``cpu_kernels.c``, beside this module) compiled once per machine with
-the system C compiler (AVX2 / AVX-512 where the CPU has them, plain C otherwise) and called through
-``ctypes``; it runs its rows on OpenMP threads
-(the runtime torch already loaded, so the two share one thread pool). ``linear_ref`` is the torch
-reference, the oracle of the parity tests. Where no compiler works, ``load_library`` raises
+On an AVX-512 build a 4-bit weight whose rows come in whole tiles of 16 is kept ``tiled`` (``tile``):
+the same bytes and scales, transposed per tile so that one vector holds a byte of 16 rows and a
+block's scale and minimum apply to 16 outputs at once (about 1.4x faster than one row at a time).
+
+The kernel is in a small C file (``cpu_kernels.c``, beside this module, which also holds the compiled
+decode step of ``models/fast_decode.py``) compiled once per machine with the system C compiler (AVX2 /
+AVX-512 where the CPU has them, plain C otherwise) and called through ``ctypes``; it runs its rows on
+OpenMP threads (the runtime torch already loaded, so the two share one thread pool). ``linear_ref`` is
+the torch reference, the oracle of the parity tests. Where no compiler works, ``load_library`` raises
 ``RuntimeError`` saying why and callers keep the float path.
 """
 

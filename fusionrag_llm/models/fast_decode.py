@@ -5,8 +5,8 @@ after a 900-token prompt, SmolLM2-135M's step took about 18 ms here, of which 6 
 matrix products and 4 ms attention; the rest was some 4,800 small torch operations (norms, rotary,
 views, cache writes) and the interpreter between them. ``DecodeProgram`` hands the decoder layers
 of such a step to ``fr_decode_layers`` (``kernels/cpu_kernels.c``): norms, the block-quantized
-projections (the same kernel as ``cpu_quant.linear``), rotary, the K/V write and attention over each
-sequence's cache, and the MLP, for every sequence of the step at once. The embedding, the final norm
+projections (the same kernel as ``cpu_quant.linear``), Qwen3's q/k norms, rotary, the K/V write and
+attention over each sequence's cache, and the MLP, for every sequence of the step at once. The embedding, the final norm
 and the output head stay in torch.
 
 It computes what the layer-by-layer forward computes, in float32 with the same weights, summed in
@@ -15,8 +15,8 @@ take its plainest path; anything else runs layer by layer as before:
 
 * every sequence brings one decode token that sees every used slot of its cache (the cache's fast
   path ``causal_tail_start``), with no observer, capture or attention groups;
-* the model is float32 on the CPU with the torch attention backend, no q/k norms (Qwen3), and every
-  decoder linear has its quantized copy (``DecoderLM.quantize_linears``: "auto" on a GGUF model);
+* the model is float32 on the CPU with the torch attention backend, and every decoder linear has its
+  quantized copy (``DecoderLM.quantize_linears``: "auto" on a GGUF model);
 * the cache is float32 without APE scaling, a decode KV copy (``decode_kv``) or KV still arriving.
 """
 
@@ -44,7 +44,8 @@ class _QuantWeight(ctypes.Structure):
 
 class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("qkv_bias", ctypes.c_void_p),
-                ("qkv", _QuantWeight), ("o", _QuantWeight), ("gate_up", _QuantWeight), ("down", _QuantWeight)]  # fmt: skip
+                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("qkv", _QuantWeight), ("o", _QuantWeight),
+                ("gate_up", _QuantWeight), ("down", _QuantWeight)]  # fmt: skip
 
 
 class _Model(ctypes.Structure):
@@ -76,13 +77,13 @@ class DecodeProgram:
             qkv, gate_up = attn.qkv._fused, mlp.gate_up._fused
             for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
                 self._linears.append((linear, linear._quant, linear.weight, *linear._quant[1:]))
-            norms = [block.input_layernorm.weight.detach(), block.post_attention_layernorm.weight.detach()]
-            self._norms += [(w, w.data_ptr()) for w in norms]
-            bias = qkv[1].contiguous() if qkv[1] is not None else None
-            self._norms += [(bias, bias.data_ptr())] if bias is not None else []
-            layers.append(_Layer(norms[0].data_ptr(), norms[1].data_ptr(), bias.data_ptr() if bias is not None else None,
-                                 _weight(qkv[0]), _weight(attn.o_proj._quant[0]), _weight(gate_up[0]),
-                                 _weight(mlp.down_proj._quant[0])))  # fmt: skip
+            norms = [block.input_layernorm.weight, block.post_attention_layernorm.weight]
+            norms += [attn.q_norm.weight, attn.k_norm.weight] if cfg.qk_norm else [None, None]
+            norms.append(qkv[1].contiguous() if qkv[1] is not None else None)  # the fused q|k|v bias
+            self._norms += [(w, w.data_ptr()) for w in norms if w is not None]
+            pointers = [w.data_ptr() if w is not None else None for w in norms]
+            layers.append(_Layer(pointers[0], pointers[1], pointers[4], pointers[2], pointers[3], _weight(qkv[0]),
+                                 _weight(attn.o_proj._quant[0]), _weight(gate_up[0]), _weight(mlp.down_proj._quant[0])))  # fmt: skip
         self._layers = (_Layer * len(layers))(*layers)
         self._model = _Model(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                              cfg.intermediate_size, cfg.rms_norm_eps, self._layers)  # fmt: skip
@@ -90,7 +91,7 @@ class DecodeProgram:
     @classmethod
     def build(cls, model) -> "DecodeProgram | None":
         cfg = model.cfg
-        if cfg.qk_norm or model.device.type != "cpu" or model.dtype != torch.float32 or not len(model.model.layers):
+        if model.device.type != "cpu" or model.dtype != torch.float32 or not len(model.model.layers):
             return None
         if cfg.num_heads // cfg.num_kv_heads > _MOST_GROUP or cfg.head_dim > _MOST_HEAD_DIM or cfg.head_dim % 2:
             return None  # beyond the compiled call's fixed buffers
@@ -98,7 +99,9 @@ class DecodeProgram:
             attn, mlp = block.self_attn, block.mlp
             if attn.qkv._fused is None or mlp.gate_up._fused is None or not attn.o_proj.quantized or not mlp.down_proj.quantized:
                 return None
-            if any(not w.is_contiguous() for w in (block.input_layernorm.weight, block.post_attention_layernorm.weight)):
+            norms = [block.input_layernorm, block.post_attention_layernorm]
+            norms += [attn.q_norm, attn.k_norm] if cfg.qk_norm else []
+            if any(not norm.weight.is_contiguous() for norm in norms):
                 return None
         try:
             library = cpu_quant.load_library()
