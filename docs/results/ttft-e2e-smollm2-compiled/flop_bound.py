@@ -1,12 +1,19 @@
-"""Positions fusionrag r=0.15 recomputes on a held-out 10-passage question (the 31st of the shared file), and the FLOP ratio of each sorted pass to Full Attention. Needs a store of that question's entries at /tmp/kv30 (any store folder works; entries are computed on first use)."""
+"""Positions fusionrag r=0.15 recomputes on a 10-passage question (the 31st of the MuSiQue file), and the
+FLOP ratio of each sorted pass to Full Attention.
+
+    python flop_bound.py [DATASET (default ../shared/data/musique_dev.json)] [STORE (default :memory:)]
+"""
+import sys
+
 import torch
 from fusionrag_llm import FusionRAG, RAGRequest
 from fusionrag_llm.eval.datasets import load_musique
 from fusionrag_llm.eval.bench_quality import chunk_texts
 from fusionrag_llm.models import attention as A
 torch.set_num_threads(2)
-ex = load_musique("/work/shared/data/musique_dev.json", skip=30, limit=1, passages=10)[0]
-rag = FusionRAG.from_pretrained("smollm2-135m", store="/tmp/kv30")
+dataset = sys.argv[1] if len(sys.argv) > 1 else "../shared/data/musique_dev.json"
+ex = load_musique(dataset, skip=30, limit=1, passages=10)[0]
+rag = FusionRAG.from_pretrained("smollm2-135m", store=sys.argv[2] if len(sys.argv) > 2 else ":memory:")
 req = RAGRequest(chunks=chunk_texts(ex), question=ex.question)
 seen = []
 orig = A.attend
