@@ -111,7 +111,17 @@ def load_model(name_or_path: str | Path, device=None, dtype=None, kernels: str |
     loaded.model.pack_linears()
     loaded.model.quantize_linears(decode_weights)
     loaded.model.set_decode_kv(decode_kv)
+    loaded.model.compiled_decode = compiled_decode_setting()
     return loaded
+
+
+def compiled_decode_setting() -> bool:
+    """``$FUSIONRAG_COMPILED_DECODE``: "1" (default) lets decode steps run as one compiled call where
+    they can (``models/fast_decode.py``), "0" runs them layer by layer."""
+    value = os.environ.get("FUSIONRAG_COMPILED_DECODE", "1").strip()
+    if value not in ("0", "1"):
+        raise FusionRAGError(f"FUSIONRAG_COMPILED_DECODE must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def builtin_name(name_or_path: str | Path) -> str | None:

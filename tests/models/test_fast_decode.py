@@ -163,3 +163,15 @@ def test_the_engine_decodes_the_same_tokens_either_way(monkeypatch):
         results[compiled] = (one.token_ids, [g.token_ids for g in many], len(streamed))
         assert bool(runs) == compiled
     assert results[True] == results[False]
+
+
+def test_the_environment_turns_it_off_and_refuses_other_values(monkeypatch):
+    from fusionrag_llm import FusionRAG, FusionRAGError
+
+    monkeypatch.setenv("FUSIONRAG_COMPILED_DECODE", "0")
+    assert not FusionRAG.from_pretrained("tiny", store=":memory:", decode_weights="q4").engine.model.compiled_decode
+    monkeypatch.setenv("FUSIONRAG_COMPILED_DECODE", "yes")
+    with pytest.raises(FusionRAGError, match="FUSIONRAG_COMPILED_DECODE must be 0 or 1"):
+        FusionRAG.from_pretrained("tiny", store=":memory:")
+    monkeypatch.delenv("FUSIONRAG_COMPILED_DECODE")
+    assert FusionRAG.from_pretrained("tiny", store=":memory:", decode_weights="q4").engine.model.compiled_decode
