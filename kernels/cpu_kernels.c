@@ -139,8 +139,8 @@ static float dot_q4(const uint8_t *w, const uint16_t *dw, const uint16_t *mw, co
 
 #endif  /* __AVX512F__ */
 
-/* A block-quantized weight [n, k]: q int8 [n, k] (bits 8) or packed nibbles [n, k / 2] (bits 4),
-   d (and for 4 bits m) half floats [n, k / 32]. Tiled (4 bits, AVX-512 builds only): the same bytes
+/* A weight [n, k]: float32 rows (bits 32), or block-quantized: q int8 [n, k] (bits 8) or packed
+   nibbles [n, k / 2] (bits 4), d (and for 4 bits m) half floats [n, k / 32]. Tiled (4 bits, AVX-512 builds only): the same bytes
    and scales for tiles of 16 rows, q [n / 16, k / 32, 16, 16] (tile, block, byte i of the block, row)
    and d, m [n / 16, k / 32, 16]: one vector then holds a byte of 16 rows, so a block's scales and
    minimums apply to 16 outputs at once instead of one. */
@@ -161,8 +161,8 @@ int fr_quant_can_tile(void) {
 }
 
 #if defined(__AVX512F__)
-/* y [rows, n] = x [rows, k] @ W.T for a tiled 4-bit weight; xs: x's block sums */
-static void qlinear_tiled(const fr_qweight *w, const float *x, int64_t rows, float *y, const float *xs) {
+/* y [rows, n] (rows ldy floats apart) = x [rows, k] @ W.T for a tiled 4-bit weight; xs: x's block sums */
+static void qlinear_tiled(const fr_qweight *w, const float *x, int64_t rows, float *y, int64_t ldy, const float *xs) {
     int64_t k = w->k, n = w->n, blocks = k / 32;
     const __m512i low = _mm512_set1_epi32(0x0F);
     #pragma omp parallel for schedule(static)
@@ -188,15 +188,28 @@ static void qlinear_tiled(const fr_qweight *w, const float *x, int64_t rows, flo
                 base = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mins + b * 16))),
                                        _mm512_set1_ps(xs[r * blocks + b]), base);
             }
-            _mm512_storeu_ps(y + r * n + t * 16, _mm512_add_ps(acc, base));
+            _mm512_storeu_ps(y + r * ldy + t * 16, _mm512_add_ps(acc, base));
         }
     }
 }
 #endif
 
-/* y [rows, n] = x [rows, k] @ W.T; xs: room for rows * k / 32 floats (x's block sums). */
-static void qlinear(const fr_qweight *w, const float *x, int64_t rows, float *y, float *xs) {
+static float dot_f32(const float *w, const float *x, int64_t k) {
+    float s = 0.0f;
+    #pragma omp simd reduction(+:s)
+    for (int64_t i = 0; i < k; i++) s += w[i] * x[i];
+    return s;
+}
+
+/* y [rows, n] (rows ldy floats apart) = x [rows, k] @ W.T; xs: room for rows * k / 32 floats (x's block sums). */
+static void qlinear(const fr_qweight *w, const float *x, int64_t rows, float *y, int64_t ldy, float *xs) {
     int64_t k = w->k, n = w->n, blocks = k / 32;
+    if (w->bits == 32) {
+        #pragma omp parallel for schedule(static)
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t r = 0; r < rows; r++) y[r * ldy + j] = dot_f32((const float *)w->q + j * k, x + r * k, k);
+        return;
+    }
     for (int64_t r = 0; r < rows * blocks; r++) {
         float s = 0.0f;
         for (int i = 0; i < 32; i++) s += x[r * 32 + i];
@@ -204,14 +217,14 @@ static void qlinear(const fr_qweight *w, const float *x, int64_t rows, float *y,
     }
 #if defined(__AVX512F__)
     if (w->tiled) {
-        qlinear_tiled(w, x, rows, y, xs);
+        qlinear_tiled(w, x, rows, y, ldy, xs);
         return;
     }
 #endif
     #pragma omp parallel for schedule(static)
     for (int64_t j = 0; j < n; j++) {
         for (int64_t r = 0; r < rows; r++) {
-            y[r * n + j] = w->bits == 8
+            y[r * ldy + j] = w->bits == 8
                 ? dot_q8((const int8_t *)w->q + j * k, w->d + j * blocks, x + r * k, blocks)
                 : dot_q4((const uint8_t *)w->q + j * (k / 2), w->d + j * blocks, w->m + j * blocks, x + r * k,
                          xs + r * blocks, blocks);
@@ -228,7 +241,7 @@ int fr_quant_linear(int bits, int tiled, const float *x, int64_t m, int64_t k, c
     fr_qweight weight = {bits, tiled, w, dw, mw, n, k};
     float *xs = (float *)malloc(sizeof(float) * (size_t)(m * (k / 32) + 1));
     if (!xs) return 1;
-    qlinear(&weight, x, m, y, xs);
+    qlinear(&weight, x, m, y, n, xs);
     free(xs);
     return 0;
 }
@@ -258,7 +271,9 @@ typedef struct {
     const float *input_norm, *post_norm;  /* [hidden] */
     const float *qkv_bias;                /* [(heads + 2 kv_heads) * head_dim] or NULL */
     const float *q_norm, *k_norm;         /* [head_dim] per-head norms of queries and keys (Qwen3) or NULL */
-    fr_qweight qkv, o, gate_up, down;     /* q|k|v rows, o_proj, gate|up rows, down_proj */
+    /* q, k, v, o, gate, up, down projections; q|k|v in proj[0] when proj[1].q is NULL (one weight of
+       their rows), gate|up in proj[4] when proj[5].q is NULL */
+    fr_qweight proj[7];
 } fr_layer;
 
 typedef struct {
@@ -289,6 +304,17 @@ static void rotate(float *x, const float *cos, const float *sin, int64_t d) {
         tmp[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
     }
     memcpy(x, tmp, sizeof(float) * (size_t)d);
+}
+
+/* y [rows, width] = the rows through `count` projections that share an input (q|k|v: 3, gate|up: 2):
+   one weight of all their rows (parts[1].q NULL), or one weight each, of `first`, then `size` rows */
+static void project(const fr_qweight *parts, int64_t count, const float *x, int64_t rows, float *y, int64_t width,
+                    int64_t first, int64_t size, float *xs) {
+    if (!parts[1].q) {
+        qlinear(&parts[0], x, rows, y, width, xs);
+        return;
+    }
+    for (int64_t i = 0; i < count; i++) qlinear(&parts[i], x, rows, y + (i ? first + (i - 1) * size : 0), width, xs);
 }
 
 #define FR_KEYS 512    /* keys per attention task */
@@ -428,8 +454,8 @@ int fr_decode_layers(const fr_model *model, int64_t rows, float *x, const float 
     if (group > FR_GROUP || d > 512 || d % 2) return 2;
     for (int64_t l = 0; l < model->layers; l++) {
         const fr_layer *layer = model->layer + l;
-        if ((layer->qkv.tiled || layer->o.tiled || layer->gate_up.tiled || layer->down.tiled) && !fr_quant_can_tile())
-            return 2;
+        for (int p = 0; p < 7; p++)
+            if (layer->proj[p].tiled && !fr_quant_can_tile()) return 2;
     }
     int64_t tasks = 0, most = 0;
     for (int64_t r = 0; r < rows; r++) {
@@ -460,7 +486,7 @@ int fr_decode_layers(const fr_model *model, int64_t rows, float *x, const float 
     for (int64_t l = 0; l < model->layers; l++) {
         const fr_layer *layer = model->layer + l;
         rms_norm(x, layer->input_norm, rows, hidden, model->eps, h);
-        qlinear(&layer->qkv, h, rows, qkv, xs);
+        project(layer->proj, 3, h, rows, qkv, width, heads * d, kvh * d, xs);
         for (int64_t r = 0; r < rows; r++) {
             float *row = qkv + r * width;
             if (layer->qkv_bias)
@@ -501,10 +527,10 @@ int fr_decode_layers(const fr_model *model, int64_t rows, float *x, const float 
             }
             i += n;
         }
-        qlinear(&layer->o, att, rows, out, xs);
+        qlinear(&layer->proj[3], att, rows, out, hidden, xs);
         for (int64_t i = 0; i < rows * hidden; i++) x[i] += out[i];
         rms_norm(x, layer->post_norm, rows, hidden, model->eps, h);
-        qlinear(&layer->gate_up, h, rows, gu, xs);
+        project(layer->proj + 4, 2, h, rows, gu, 2 * inter, inter, inter, xs);
         for (int64_t r = 0; r < rows; r++) {
             float *gate = gu + r * 2 * inter, *up = gate + inter, *act = gu + r * 2 * inter;
             #pragma omp simd
@@ -512,7 +538,7 @@ int fr_decode_layers(const fr_model *model, int64_t rows, float *x, const float 
         }
         /* the activations sit at the start of each row's gate|up span: gather them into [rows, inter] */
         for (int64_t r = 1; r < rows; r++) memmove(gu + r * inter, gu + r * 2 * inter, sizeof(float) * (size_t)inter);
-        qlinear(&layer->down, gu, rows, out, xs);
+        qlinear(&layer->proj[6], gu, rows, out, hidden, xs);
         for (int64_t i = 0; i < rows * hidden; i++) x[i] += out[i];
     }
     free(work);

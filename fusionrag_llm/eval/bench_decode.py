@@ -3,7 +3,8 @@
 One model is loaded; ``DecoderLM.quantize_linears`` and ``set_decode_kv`` switch what its decode
 steps read, so every format runs in the same process on the same prompts. A format is a weight format
 (``float``, ``q8``, ``q4``, ``auto``), optionally with the KV precision decode steps read after a
-slash (``q4/float16``; without one, the float32 cache itself).
+slash (``q4/float16``; without one, the float32 cache itself), optionally with ``+layers``: decode
+steps run layer by layer from Python instead of as one compiled call (``models/fast_decode.py``).
 
 * **Speed**: for each target prompt length, a MuSiQue question over as many of its passages as come
   closest; Full Reuse (a cheap prefill), then ``speed_tokens`` new tokens; decode tokens per second
@@ -11,7 +12,8 @@ slash (``q4/float16``; without one, the float32 cache itself).
 * **Fidelity**: for each of ``questions`` questions, the exact (Full Attention) prompt KV is computed
   once in float; each format then decodes greedily from it (free running: is the answer the float
   answer, and where does it first differ?) and again fed the float answer's tokens (teacher forced:
-  KL(float || format) of every next-token distribution, and top-1 agreement). The prefill is the
+  KL(float || format) of every next-token distribution, and top-1 agreement). "float" here, the
+  reference, is ``float+layers``: the float weights run layer by layer. The prefill is the
   same float computation for every format, so the first token never differs.
 """
 
@@ -125,7 +127,7 @@ def run_fidelity(rag, config: DecodeConfig) -> list[dict]:
         request = RAGRequest(chunks=[p.text for p in example.passages], question=example.question)
         ids = [t for segment in rag.segments(request) for t in segment.token_ids]
         cache, first = _prefill(model, ids, config.max_new_tokens)
-        use_format(model, "float")
+        use_format(model, "float" + LAYERS)  # the reference: float weights, layer by layer
         reference, reference_logits = _decode(model, cache, len(ids), first, config.max_new_tokens)
         row = {"qid": example.id, "prompt_tokens": len(ids), "formats": {}}
         for weights in config.formats:

@@ -183,7 +183,7 @@ class DecoderLM(nn.Module):
         for block in self.model.layers:  # q/k/v and gate/up as one call each where they share a format
             block.self_attn.qkv.fuse()
             block.mlp.gate_up.fuse()
-        self._decode_program = DecodeProgram.build(self) if count else None
+        self._decode_program = DecodeProgram.build(self)
         return count
 
     def set_decode_kv(self, kv: str) -> str:

@@ -69,7 +69,7 @@ def _decode(model: DecoderLM, caches, tokens, compiled: bool, steps: int):
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("weights", ["q4", "q8"])
+@pytest.mark.parametrize("weights", ["q4", "q8", "float"])
 def test_compiled_steps_compute_the_layer_by_layer_forward(shape, weights, monkeypatch):
     """Logits and the K/V each step writes agree with the Python forward, over prompts of a few
     tokens and of more than one attention task (256 keys) per kv head."""
@@ -106,7 +106,9 @@ def test_several_sequences_of_different_lengths_in_one_call(monkeypatch):
 
 
 def test_models_and_steps_it_does_not_take_run_layer_by_layer(monkeypatch):
-    assert _model("tiny", weights="float")._decode_program is None  # nothing quantized
+    half = _model("tiny", weights="float").to(torch.bfloat16)
+    half.quantize_linears("float")
+    assert half._decode_program is None  # the compiled layers compute in float32 only
 
     model = _model("d64-g3")
     runs = _spy(monkeypatch)
@@ -175,3 +177,26 @@ def test_the_environment_turns_it_off_and_refuses_other_values(monkeypatch):
         FusionRAG.from_pretrained("tiny", store=":memory:")
     monkeypatch.delenv("FUSIONRAG_COMPILED_DECODE")
     assert FusionRAG.from_pretrained("tiny", store=":memory:", decode_weights="q4").engine.model.compiled_decode
+
+
+def test_projections_in_different_formats_and_float_weights_in_one_model(monkeypatch):
+    """q/k/v in two formats (three products instead of one), biases kept apart, and a float weight
+    among quantized ones: each projection is read as the layer-by-layer forward reads it."""
+    model = _model("qwen2-bias", "q4")
+    for index, block in enumerate(model.model.layers):
+        block.self_attn.k_proj.quantize("q8")
+        assert not block.self_attn.qkv.fuse()
+        if index == 1:
+            block.mlp.up_proj.quantize(None)
+            assert not block.mlp.gate_up.fuse()
+    model._decode_program = DecodeProgram.build(model)
+    assert model._decode_program is not None
+    runs = _spy(monkeypatch)
+    for length in (7, 280):
+        cache, token = _prefill(model, length, length + 4)
+        twin = cache.fork()
+        got = _decode(model, [cache], [token], compiled=True, steps=3)
+        want = _decode(model, [twin], [token], compiled=False, steps=3)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max()))
+    assert runs == [1] * 6
