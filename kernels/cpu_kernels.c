@@ -440,12 +440,31 @@ static void attend_part(const float *q, int64_t group, const float *keys, const 
     }
 }
 
+/* att [heads * d] of one (sequence, kv head) from its `n` tasks' parts: each part's weights rescaled by
+   exp(its maximum - the largest maximum), summed, divided by the summed weights */
+static void merge_parts(const float *parts, int64_t n, int64_t group, int64_t d, float *att) {
+    for (int64_t a = 0; a < group; a++) {
+        float top = -INFINITY, total = 0.0f, *dst = att + a * d;
+        for (int64_t p = 0; p < n; p++) top = fmaxf(top, parts[(p * group + a) * (d + 2)]);
+        memset(dst, 0, sizeof(float) * (size_t)d);
+        for (int64_t p = 0; p < n; p++) {
+            const float *part = parts + (p * group + a) * (d + 2);
+            float w = fr_exp(part[0] - top);
+            total += w * part[1];
+            for (int64_t c = 0; c < d; c++) dst[c] += w * part[2 + c];
+        }
+        for (int64_t c = 0; c < d; c++) dst[c] /= total;
+    }
+}
+
 /* The decoder layers of one decode step for `rows` sequences, one new token each.
  *
  * x [rows, hidden]: the tokens' embeddings in, the last layer's output out. cos, sin [rows, head_dim]:
  * the rotary tables at each token's position. keys[r], values[r]: sequence r's cache, [layers, kv_heads,
  * capacity[r], head_dim] float32, whose slots [0, length[r]) it attends to; the token's own K/V are
- * written at slot length[r] - 1 first. Returns 0, or 1 when memory could not be had.
+ * written at slot length[r] - 1 first. Returns 0, 1 when memory could not be had, 2 for a shape or weight
+ * this build does not take (more than FR_GROUP query heads per kv head, head_dim above 512 or odd, tiled
+ * weights without AVX-512).
  */
 int fr_decode_layers(const fr_model *model, int64_t rows, float *x, const float *cos, const float *sin,
                      float *const *keys, float *const *values, const int64_t *capacity, const int64_t *length) {
@@ -457,11 +476,8 @@ int fr_decode_layers(const fr_model *model, int64_t rows, float *x, const float 
         for (int p = 0; p < 7; p++)
             if (layer->proj[p].tiled && !fr_quant_can_tile()) return 2;
     }
-    int64_t tasks = 0, most = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        tasks += kvh * ((length[r] + FR_KEYS - 1) / FR_KEYS);
-        if (length[r] > most) most = length[r];
-    }
+    int64_t tasks = 0;  /* attention tasks: FR_KEYS keys of one (sequence, kv head) each */
+    for (int64_t r = 0; r < rows; r++) tasks += kvh * ((length[r] + FR_KEYS - 1) / FR_KEYS);
     int64_t widest = hidden > inter ? hidden : inter;
     size_t floats = (size_t)(rows * (hidden + width + heads * d + 2 * inter + hidden) + rows * (widest / 32 + 1)
                              + tasks * group * (d + 2));
@@ -510,21 +526,10 @@ int fr_decode_layers(const fr_model *model, int64_t rows, float *x, const float 
             attend_part(qkv + r * width + g * group * d, group, keys[r] + base, values[r] + base, s,
                         e < length[r] ? e : length[r], d, scale, parts + i * group * (d + 2));
         }
-        for (int64_t i = 0; i < tasks;) {  /* merge each (sequence, kv head)'s parts by their maxima */
+        for (int64_t i = 0; i < tasks;) {  /* each (sequence, kv head)'s tasks are consecutive */
             int64_t r = task_row[i], g = task_head[i], n = 0;
             while (i + n < tasks && task_row[i + n] == r && task_head[i + n] == g) n++;
-            for (int64_t a = 0; a < group; a++) {
-                float top = -INFINITY, total = 0.0f, *dst = att + r * heads * d + (g * group + a) * d;
-                for (int64_t p = 0; p < n; p++) top = fmaxf(top, parts[((i + p) * group + a) * (d + 2)]);
-                memset(dst, 0, sizeof(float) * (size_t)d);
-                for (int64_t p = 0; p < n; p++) {
-                    const float *part = parts + ((i + p) * group + a) * (d + 2);
-                    float w = fr_exp(part[0] - top);
-                    total += w * part[1];
-                    for (int64_t c = 0; c < d; c++) dst[c] += w * part[2 + c];
-                }
-                for (int64_t c = 0; c < d; c++) dst[c] /= total;
-            }
+            merge_parts(parts + i * group * (d + 2), n, group, d, att + r * heads * d + g * group * d);
             i += n;
         }
         qlinear(&layer->proj[3], att, rows, out, hidden, xs);
