@@ -68,28 +68,31 @@ def _decode(model: DecoderLM, caches, tokens, compiled: bool, steps: int):
     return history
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("weights", ["q4", "q8", "float"])
-def test_compiled_steps_compute_the_layer_by_layer_forward(shape, weights, monkeypatch):
-    """Logits and the K/V each step writes agree with the Python forward, over prompts of a few
-    tokens and of more than one attention task (256 keys) per kv head."""
-    model = _model(shape, weights)
-    assert model._decode_program is not None
-    runs = _spy(monkeypatch)
-    for length in (5, 300):
-        cache, token = _prefill(model, length, length + 8)
+def _assert_compiled_like_layers(model: DecoderLM, lengths, steps: int) -> None:
+    """From each prompt length, ``steps`` greedy decode steps compiled and layer by layer give the same
+    logits and write the same K/V."""
+    for length in lengths:
+        cache, token = _prefill(model, length, length + steps + 4)
         twin = cache.fork()
-        want = _decode(model, [twin], [token], compiled=False, steps=4)
-        assert runs == []
-        got = _decode(model, [cache], [token], compiled=True, steps=4)
-        assert runs == [1] * 4
-        runs.clear()
+        want = _decode(model, [twin], [token], compiled=False, steps=steps)
+        got = _decode(model, [cache], [token], compiled=True, steps=steps)
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max()))
         n = cache.length
-        assert n == twin.length == length + 4
+        assert n == twin.length == length + steps
         torch.testing.assert_close(cache.keys[:, :, :n], twin.keys[:, :, :n], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(cache.values[:, :, :n], twin.values[:, :, :n], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("weights", ["q4", "q8", "float"])
+def test_compiled_steps_compute_the_layer_by_layer_forward(shape, weights, monkeypatch):
+    """Over prompts of a few tokens and of more than one attention task (512 keys) per kv head."""
+    model = _model(shape, weights)
+    assert model._decode_program is not None
+    runs = _spy(monkeypatch)
+    _assert_compiled_like_layers(model, (5, 700), steps=4)
+    assert runs == [1] * 8  # the compiled steps only
 
 
 def test_several_sequences_of_different_lengths_in_one_call(monkeypatch):
@@ -192,11 +195,5 @@ def test_projections_in_different_formats_and_float_weights_in_one_model(monkeyp
     model._decode_program = DecodeProgram.build(model)
     assert model._decode_program is not None
     runs = _spy(monkeypatch)
-    for length in (7, 280):
-        cache, token = _prefill(model, length, length + 4)
-        twin = cache.fork()
-        got = _decode(model, [cache], [token], compiled=True, steps=3)
-        want = _decode(model, [twin], [token], compiled=False, steps=3)
-        for a, b in zip(got, want):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max()))
+    _assert_compiled_like_layers(model, (7, 280), steps=3)
     assert runs == [1] * 6
