@@ -18,7 +18,9 @@ take its plainest path; anything else runs layer by layer as before:
 * the model is float32 on the CPU with the torch attention backend; each decoder linear is read as
   its quantized copy where it has one (``DecoderLM.quantize_linears``: "auto" on a GGUF model), else
   as its float32 weight;
-* the cache is float32 without APE scaling, a decode KV copy (``decode_kv``) or KV still arriving.
+* the cache is float32 without APE scaling or KV still arriving. With a decode KV copy
+  (``decode_kv="float16"`` or ``"bfloat16"``) the new token's K/V are written to both and attention
+  reads the copy, as layer by layer (a float16 copy needs a build with F16C).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 
 
 _MOST_GROUP, _MOST_HEAD_DIM = 16, 512  # FR_GROUP and the rotary buffer of cpu_kernels.c
+_KV_FLOAT32, _KV_FLOAT16, _KV_BFLOAT16 = 0, 1, 2  # FR_KV_F32, FR_KV_F16, FR_KV_BF16 of cpu_kernels.c
 
 
 class _Weight(ctypes.Structure):
@@ -130,6 +133,20 @@ class DecodeProgram:
             return None
         return cls(model, library)
 
+    def _kind(self, cache) -> int | None:
+        """What attention reads of ``cache`` as the C code of its precision: the float32 cache, or its
+        decode KV copy; None for a copy this build does not read."""
+        copy = cache.decode_keys
+        if copy is None:
+            return _KV_FLOAT32
+        if not (copy.is_contiguous() and cache.decode_values.is_contiguous()):
+            return None
+        if copy.dtype == torch.bfloat16:
+            return _KV_BFLOAT16
+        if copy.dtype == torch.float16 and self._library.fr_kv_half_supported():
+            return _KV_FLOAT16
+        return None
+
     def current(self) -> bool:
         """Every weight it points at is still the model's, unchanged since it was quantized or, for a float
         weight, since the program was built (``Linear.quantized``'s test, without the module attribute
@@ -138,8 +155,7 @@ class DecodeProgram:
                    and weight.data_ptr() == ptr for linear, quant, weight, ptr, version in self._linears) and all(
             tensor.data_ptr() == ptr for tensor, ptr in self._norms)  # fmt: skip
 
-    @staticmethod
-    def takes(batch: BatchContext) -> bool:
+    def takes(self, batch: BatchContext) -> bool:
         """The step is one the compiled call computes exactly like the layer-by-layer forward."""
         for step, cache, meta in zip(batch.steps, batch.caches, batch.metas):
             if not (step.decode and len(step.token_ids) == 1 and step.groups is None and step.observe is None
@@ -148,7 +164,9 @@ class DecodeProgram:
                 return False
             if getattr(meta, "tail_start", None) is None or cache.scaling is not None or cache.feed is not None:
                 return False
-            if cache.decode_keys is not None or cache.keys.dtype != torch.float32 or not cache.keys.is_contiguous():
+            if cache.keys.dtype != torch.float32 or not cache.keys.is_contiguous():
+                return False
+            if self._kind(cache) is None or self._kind(cache) != self._kind(batch.caches[0]):
                 return False
             if not cache.values.is_contiguous() or int(step.slots[0]) != cache.length - 1:
                 return False
@@ -164,8 +182,12 @@ class DecodeProgram:
         values = pointers(*(cache.values.data_ptr() for cache in batch.caches))
         capacity = torch.tensor([cache.capacity for cache in batch.caches], dtype=torch.int64)
         length = torch.tensor([cache.length for cache in batch.caches], dtype=torch.int64)
+        kind = self._kind(batch.caches[0])  # one for all: ``takes`` checked
+        copy_keys = pointers(*(c.decode_keys.data_ptr() for c in batch.caches)) if kind != _KV_FLOAT32 else None
+        copy_values = pointers(*(c.decode_values.data_ptr() for c in batch.caches)) if kind != _KV_FLOAT32 else None
         status = self._library.fr_decode_layers(ctypes.byref(self._model), rows, x.data_ptr(), cos.data_ptr(),
-                                                sin.data_ptr(), keys, values, capacity.data_ptr(), length.data_ptr())  # fmt: skip
+                                                sin.data_ptr(), keys, values, capacity.data_ptr(), length.data_ptr(),
+                                                kind, copy_keys, copy_values)  # fmt: skip
         if status == 1:
             raise MemoryError("decode step: no memory for the compiled layers' work buffers")
         if status:

@@ -116,9 +116,6 @@ def test_models_and_steps_it_does_not_take_run_layer_by_layer(monkeypatch):
     model = _model("d64-g3")
     runs = _spy(monkeypatch)
     cache, token = _prefill(model, 20, 40)
-    model.set_decode_kv("bfloat16")  # decode steps read a bfloat16 copy of the KV: layer by layer
-    _decode(model, [cache], [token], compiled=True, steps=1)
-    model.set_decode_kv("model")
     seen = []
     step = _decode_step(cache, token)
     step.observe = lambda layer, q, cache, step: seen.append(layer)  # an observer sees every layer
@@ -197,3 +194,29 @@ def test_projections_in_different_formats_and_float_weights_in_one_model(monkeyp
     runs = _spy(monkeypatch)
     _assert_compiled_like_layers(model, (7, 280), steps=3)
     assert runs == [1] * 6
+
+
+@pytest.mark.parametrize("kv", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", ["tiny", "d64-g3"])
+def test_a_16_bit_decode_kv_copy_is_written_and_read_like_layer_by_layer(kv, shape, monkeypatch):
+    """``decode_kv``: the new token's K/V go into the float32 cache and, rounded to nearest even, into
+    the 16-bit copy, which attention reads. Layer by layer torch also rounds the queries to 16 bits,
+    the compiled step keeps them float32: logits agree to the 16-bit precision, the greedy tokens
+    agree, and the copy is exactly the compiled cache rounded."""
+    model = _model(shape)
+    model.set_decode_kv(kv)
+    if kv == "float16" and not cpu_quant.load_library().fr_kv_half_supported():
+        pytest.skip("this build of the kernel has no half-float conversions (F16C)")
+    runs = _spy(monkeypatch)
+    cache, token = _prefill(model, 300, 310)
+    twin = cache.fork()
+    got = _decode(model, [cache], [token], compiled=True, steps=4)
+    want = _decode(model, [twin], [token], compiled=False, steps=4)
+    assert runs == [1] * 4
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=5e-3 * float(b.abs().max()))
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+    n, dtype = cache.length, getattr(torch, kv)
+    assert cache.decode_keys.dtype == dtype and n == 304
+    assert torch.equal(cache.decode_keys[:, :, :n], cache.keys[:, :, :n].to(dtype))
+    assert torch.equal(cache.decode_values[:, :, :n], cache.values[:, :, :n].to(dtype))
