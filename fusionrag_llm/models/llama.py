@@ -138,8 +138,9 @@ class DecoderLM(nn.Module):
         self.kernels = "torch"
         self._decode_kv: torch.dtype | None = None  # see set_decode_kv
         self._decode_program: DecodeProgram | None = None  # see quantize_linears
-        # decode steps of a quantized model run their layers in one compiled call where they can
-        # (models/fast_decode.py); False: layer by layer from Python, as every other forward
+        # decode steps on the CPU run their layers in one compiled call where they can
+        # (models/fast_decode.py, built by quantize_linears); False: layer by layer from Python, as
+        # every other forward
         self.compiled_decode = True
 
     @property
@@ -166,7 +167,8 @@ class DecoderLM(nn.Module):
     def quantize_linears(self, weights: str) -> int:
         """Give decode steps ``weights`` ("auto", "float", "q8" or "q4", see ``DECODE_WEIGHTS``); returns
         how many linear layers got a quantized copy (0 for "float", off CPU, or where the kernel cannot be
-        built: then decode stays float and a warning says why). Prefills always use the float weights."""
+        built: then decode stays float and a warning says why). Prefills always use the float weights.
+        Also builds the compiled decode step over what decode steps now read (``models/fast_decode.py``)."""
         if weights not in DECODE_WEIGHTS:
             raise ValueError(f"decode weights must be one of {', '.join(DECODE_WEIGHTS)}, got {weights!r}")
         layers = [module for module in self.modules() if isinstance(module, Linear)]
