@@ -381,10 +381,6 @@ static inline size_t kv_size(int kind) { return kind == FR_KV_F32 ? sizeof(float
 #define FR_KEYS 512    /* keys per attention task */
 #define FR_GROUP 16    /* most query heads per key/value head */
 
-/* Scores of keys [start, start + count) for `group` query heads: score[h][j] = q_h . k_j * scale. */
-static void key_scores(const float *q, int64_t group, const void *keys, int kind, int64_t start, int64_t count,
-                       int64_t d, float scale, float score[][FR_KEYS]);
-
 #if defined(__AVX512F__)
 /* [sum(a), sum(b), sum(c), sum(e)]: four dot products' partial vectors reduced together */
 static inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 e) {
@@ -448,6 +444,7 @@ static inline __attribute__((always_inline)) void weighted_values_avx512(
 }
 #endif
 
+/* Scores of keys [start, start + count) for `group` query heads: score[h][j] = q_h . k_j * scale. */
 static void key_scores(const float *q, int64_t group, const void *keys, int kind, int64_t start, int64_t count,
                        int64_t d, float scale, float score[][FR_KEYS]) {
 #if defined(__AVX512F__)

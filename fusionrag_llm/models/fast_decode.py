@@ -63,6 +63,12 @@ def _quantized(quant: cpu_quant.QuantWeight) -> _Weight:
                    *quant.shape)  # fmt: skip
 
 
+def _linears(block) -> tuple[Linear, ...]:
+    """A decoder layer's projections in the C layer's order: q, k, v, o, gate, up, down."""
+    attn, mlp = block.self_attn, block.mlp
+    return attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj
+
+
 def _weight(linear: Linear) -> _Weight:
     """What a decode step reads of ``linear``: its quantized copy, else its float32 weight."""
     if linear.quantized:
@@ -90,7 +96,7 @@ class DecodeProgram:
         layers = []
         for block in model.model.layers:
             attn, mlp = block.self_attn, block.mlp
-            linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+            linears = _linears(block)
             for linear in linears:
                 state = linear._quant[1:] if linear.quantized else (linear.weight.data_ptr(), linear.weight._version)
                 self._linears.append((linear, linear._quant, linear.weight, *state))
@@ -119,12 +125,10 @@ class DecodeProgram:
         if cfg.num_heads // cfg.num_kv_heads > _MOST_GROUP or cfg.head_dim > _MOST_HEAD_DIM or cfg.head_dim % 2:
             return None  # beyond the compiled call's fixed buffers
         for block in model.model.layers:
-            attn, mlp = block.self_attn, block.mlp
-            linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-            if not all(_readable(linear) for linear in linears):
+            if not all(_readable(linear) for linear in _linears(block)):
                 return None
             norms = [block.input_layernorm, block.post_attention_layernorm]
-            norms += [attn.q_norm, attn.k_norm] if cfg.qk_norm else []
+            norms += [block.self_attn.q_norm, block.self_attn.k_norm] if cfg.qk_norm else []
             if any(not norm.weight.is_contiguous() for norm in norms):
                 return None
         try:
@@ -157,6 +161,7 @@ class DecodeProgram:
 
     def takes(self, batch: BatchContext) -> bool:
         """The step is one the compiled call computes exactly like the layer-by-layer forward."""
+        kind = self._kind(batch.caches[0])  # every sequence's attention reads the same precision
         for step, cache, meta in zip(batch.steps, batch.caches, batch.metas):
             if not (step.decode and len(step.token_ids) == 1 and step.groups is None and step.observe is None
                     and step.score_window is None and step.record is None and not step.capture_raw_kv
@@ -166,17 +171,17 @@ class DecodeProgram:
                 return False
             if cache.keys.dtype != torch.float32 or not cache.keys.is_contiguous():
                 return False
-            if self._kind(cache) is None or self._kind(cache) != self._kind(batch.caches[0]):
+            if kind is None or self._kind(cache) != kind:
                 return False
             if not cache.values.is_contiguous() or int(step.slots[0]) != cache.length - 1:
                 return False
-        return batch.attention.name == "torch"
+        return batch.attention.name == "torch" and batch.cos_sin is not None
 
-    def run(self, x: torch.Tensor, batch: BatchContext, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def run(self, x: torch.Tensor, batch: BatchContext) -> torch.Tensor:
         """The last decoder layer's output [rows, hidden] for the embeddings ``x`` [rows, hidden]."""
         rows = len(batch.steps)
         x = x.float().contiguous().clone()
-        cos, sin = cos.float().contiguous(), sin.float().contiguous()
+        cos, sin = (t.float().contiguous() for t in batch.cos_sin)  # the forward's own rotary tables
         pointers = ctypes.c_void_p * rows
         keys = pointers(*(cache.keys.data_ptr() for cache in batch.caches))
         values = pointers(*(cache.values.data_ptr() for cache in batch.caches))

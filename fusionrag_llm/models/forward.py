@@ -75,6 +75,8 @@ class BatchContext:
     attention: Any  # the model's AttentionBackend
     metas: list[Any]  # per sequence: what the backend prepared (masks, fast-path flags)
     outputs: list[ForwardOutput]
+    # the rotary cos/sin [n_total, d] that ``rotate`` applies (torch backend), or None (Triton computes its own)
+    cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def capture_raw_kv(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Keep the pre-rotary K/V rows of the sequences that asked for them."""

@@ -270,6 +270,7 @@ class DecoderLM(nn.Module):
             attention=self.attention,
             metas=[self.attention.prepare(step, cache) for step, cache in zip(steps, caches)],
             outputs=outputs,
+            cos_sin=cos_sin,
         )
 
     def _narrow(self, batch: BatchContext, x: torch.Tensor) -> tuple[BatchContext, torch.Tensor]:
@@ -316,8 +317,7 @@ class DecoderLM(nn.Module):
         batch, x = self._batch(steps, caches)  # x: [n_total, hidden]
         program = self._decode_program
         if self.compiled_decode and program is not None and program.takes(batch) and program.current():
-            cos, sin = self.rotary_cos_sin(torch.cat([step.positions for step in steps]))
-            x = program.run(x, batch, cos, sin)
+            x = program.run(x, batch)
         else:
             narrowing = any(step.observe is not None for step in steps)
             for block in self.model.layers:

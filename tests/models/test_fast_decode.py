@@ -51,7 +51,7 @@ def _decode_step(cache, token: int) -> ForwardPass:
 def _spy(monkeypatch) -> list[int]:
     runs = []
     run = DecodeProgram.run
-    monkeypatch.setattr(DecodeProgram, "run", lambda self, x, batch, *a: runs.append(len(batch.steps)) or run(self, x, batch, *a))
+    monkeypatch.setattr(DecodeProgram, "run", lambda self, x, batch: runs.append(len(batch.steps)) or run(self, x, batch))
     return runs
 
 
