@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from contextlib import contextmanager
 from typing import Iterator, Sequence
@@ -76,6 +77,12 @@ class IngestWorker:
     def ready(self) -> bool:
         return True
 
+    def place(self) -> tuple[str, int]:
+        """``(Ray node id, process id)`` of this worker: where a stopped call waits for it to end."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), os.getpid()
+
     def plain(self, chunk_ids: list[str]) -> tuple[int, int]:
         """Store the plain entries of these chunks that are missing; ``(plain, fused)`` computed."""
         report = IngestReport([])
@@ -125,13 +132,13 @@ def ingest_with_workers(loaded: LoadedModel, entries: ChunkEntries, catalog: Chu
     clock = _Clock(report)
     with _cluster(ray):
         clock.lap("cluster")
-        with _actors(ray, spec, workers) as actors:
+        with _actors(ray, spec, workers) as (actors, places):
             try:
                 chunks = register_chunks(entries, catalog, loaded.tokenizer.encode, texts, embeddings, embedder)
             except (StoreWriteError, CatalogWriteError) as exc:
                 raise wrap_write_errors(entries, exc, report) from exc
             clock.lap("register")
-            ray.get([actor.ready.remote() for actor in actors])  # model loads overlapped the registration
+            ray.get(places)  # the model loads overlapped the registration
             clock.lap("workers_ready")
             ids = [chunk.chunk_id for chunk in missing_plain(entries, chunks)]
             _run_stage(ray, actors, "plain", _batches(ids, workers), (), report, progress)
@@ -209,20 +216,26 @@ def _cluster(ray) -> Iterator[None]:
 
 
 @contextmanager
-def _actors(ray, spec: EngineSpec, workers: int) -> Iterator[list]:
-    """``workers`` actors built from ``spec``, stopped on the way out (an interrupted call stops them)."""
+def _actors(ray, spec: EngineSpec, workers: int) -> Iterator[tuple[list, list]]:
+    """``workers`` actors built from ``spec`` and the references to their places (``IngestWorker.place``,
+    ready once each has loaded its model); stopped on the way out (an interrupted call stops them)."""
     gpus = 1 if spec.device.startswith("cuda") else 0
     _check_capacity(ray.cluster_resources(), workers, spec.threads, gpus)
     actor_class = ray.remote(num_cpus=spec.threads, num_gpus=gpus)(IngestWorker)
     actors = [actor_class.remote(spec) for _ in range(workers)]
+    places = [actor.place.remote() for actor in actors]
     try:
-        yield actors
-    finally:
-        _stop(ray, actors)
+        yield actors, places
+    except BaseException:
+        _stop(ray, actors, places, busy=True)  # batches may still be running
+        raise
+    _stop(ray, actors, places, busy=False)
 
 
-def _stop(ray, actors: list) -> None:
-    """Kill the actors and wait until Ray reports them gone, so that none still writes after the call
+def _stop(ray, actors: list, places: list, busy: bool) -> None:
+    """Kill the actors and wait until Ray reports them gone; when ``busy`` (the call ends in an error or
+    an interruption while batches may run) also until their processes have ended: Ray can report an
+    actor dead while its process still finishes a write, and no worker may write after the call
     returns (an interrupted call is re-run; a batch cut short leaves whole entries only)."""
     for actor in actors:
         ray.kill(actor)
@@ -231,6 +244,60 @@ def _stop(ray, actors: list) -> None:
             ray.get(actor.ready.remote(), timeout=STOP_TIMEOUT_S)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             pass  # the expected answer: the actor is gone
+    if busy:
+        _wait_for_processes(ray, places)
+
+
+def _wait_for_processes(ray, places: list) -> None:
+    """Wait until the worker processes that reported a place have ended, each checked on its own node."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    checks = {}
+    for place in places:
+        try:
+            node, pid = ray.get(place, timeout=STOP_TIMEOUT_S)
+        except ray.exceptions.RayError:
+            continue  # killed before it loaded its model: it never received a batch
+        check = ray.remote(num_cpus=0)(_wait_until_ended)
+        strategy = NodeAffinitySchedulingStrategy(node, soft=False)
+        checks[check.options(scheduling_strategy=strategy).remote(pid, STOP_TIMEOUT_S)] = (node, pid)
+    for ref, (node, pid) in checks.items():
+        try:
+            ended = ray.get(ref, timeout=2 * STOP_TIMEOUT_S)
+        except ray.exceptions.RayError as exc:  # its node is gone (and the process with it) or unreachable
+            logger.warning("could not check that ingestion worker %s on node %s ended: %s", pid, node, exc)
+            continue
+        if not ended:
+            logger.warning("ingestion worker %s on node %s still runs %.0f s after it was killed: entries it "
+                           "writes may appear after this call", pid, node, STOP_TIMEOUT_S)  # fmt: skip
+
+
+def _wait_until_ended(pid: int, timeout_s: float) -> bool:
+    """True once process ``pid`` of this machine has ended (or is a zombie); False after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not process_ended(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def process_ended(pid: int) -> bool:
+    """Whether process ``pid`` of this machine no longer runs (absent, or a zombie not yet reaped)."""
+    if os.path.isdir("/proc/self"):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                state = stat.read().rsplit(b")", 1)[1].split()[0]  # the field after the command name
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        return state in (b"Z", b"X")
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # exists, owned by another user
+    return False
 
 
 def _check_capacity(resources: dict, workers: int, threads: int, gpus: int) -> None:

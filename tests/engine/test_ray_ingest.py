@@ -1,8 +1,10 @@
 """Ingestion over Ray workers (a real local Ray cluster, a real store folder, real FAISS) leaves the
 entries one process leaves, resumes after an interruption, and refuses what it cannot do."""
 
+import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -72,11 +74,21 @@ def test_an_interrupted_run_is_resumed_computing_only_what_is_missing(ray_cluste
             if method == stage:
                 raise KeyboardInterrupt  # Ctrl-C while the other batches are being computed
 
+    stop, places = ray_ingest._stop, []
+
+    def stop_recording_places(ray_, actors, refs, busy):
+        stop(ray_, actors, refs, busy)
+        places.extend(ray_.get(refs))
+
     monkeypatch.setattr(ray_ingest, "_completed", interrupted_after_one_batch)
+    monkeypatch.setattr(ray_ingest, "_stop", stop_recording_places)
     rag = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False)
     with pytest.raises(KeyboardInterrupt):
         rag.ingest(TEXTS, neighbors=NEIGHBOURS, embeddings=VECTORS, workers=2)
     monkeypatch.undo()
+    # no worker can write after the call returned: their processes have ended (Ray may report an actor
+    # dead while its process still finishes a write)
+    assert len(places) == 2 and all(ray_ingest.process_ended(pid) for _, pid in places)
 
     stored = entries_of(rag)
     plain = sum(variant == "plain" for _, variant in stored)
@@ -88,6 +100,21 @@ def test_an_interrupted_run_is_resumed_computing_only_what_is_missing(ray_cluste
     report = rag.ingest(TEXTS, neighbors=NEIGHBOURS, embeddings=VECTORS, workers=2)
     assert (report.plain_computed, report.fused_computed) == (COUNT - plain, COUNT - fused)
     assert_same_entries(entries_of(rag), reference)
+
+
+def test_process_ended_tells_a_running_process_from_an_ended_or_zombie_one():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert not ray_ingest.process_ended(child.pid)
+    finally:
+        child.kill()
+    deadline = time.monotonic() + 10
+    while not ray_ingest.process_ended(child.pid):  # a zombie until waited for: ended all the same
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    child.wait()
+    assert ray_ingest.process_ended(child.pid)
+    assert not ray_ingest.process_ended(os.getpid())
 
 
 @pytest.mark.parametrize("workers", [0, -1, 1.5, "2", True, 1025])
