@@ -89,6 +89,8 @@ SELECTORS: dict[str, SelectorSpec] = {
         SelectorSpec("random", random_order.scores, False, "a seeded random subset (a floor for the others)"),
         SelectorSpec("oracle", oracle.scores, True,
                      "true KV deviation from Full Attention over all layers (analysis only: a full prefill)"),
+        SelectorSpec("oracle_attention", oracle.attention_scores, True,
+                     "the question's attention under Full Attention, upper half of the layers (analysis only: a full prefill)"),
         SelectorSpec("none", None, False, "recompute no reused token (the ratio is ignored)"),
     )
 }  # fmt: skip

@@ -20,6 +20,7 @@ ABLATIONS = [
     ("fusionrag", "fused", "kv_deviation"),
     ("cacheblend", "plain", "random"),
     ("fusionrag", "fused", "oracle"),
+    ("fusionrag", "fused", "oracle_attention"),
     ("a3", None, None),
     ("epic", None, None),
     ("fusionrag", "fused", "query_guided_layers"),

@@ -7,7 +7,8 @@ import torch
 
 from fusionrag_llm import FusionRAG, RAGRequest
 from fusionrag_llm.engine.methods import plan_run
-from fusionrag_llm.fusion.layout import RequestLayout
+from fusionrag_llm.fusion.layout import RequestLayout, ScoringInput
+from fusionrag_llm.fusion.scorers import oracle, query_guided
 from fusionrag_llm.fusion.scorers.shaping import group_ids, in_groups, per_chunk, rank_union
 from fusionrag_llm.fusion.selectors import Selection, select_many, select_tokens
 
@@ -75,6 +76,19 @@ def test_each_variant_selects_k_reused_tokens_and_runs_end_to_end(rag, selector)
     assert out.stats.recomputed_tokens == job.k
     exact = rag.generate(REQUEST, method="full_attention", max_new_tokens=4).token_ids
     assert rag.generate(REQUEST, method="fusionrag", recompute_ratio=1.0, selector=selector, max_new_tokens=4).token_ids == exact
+
+
+def test_the_attention_oracle_reads_the_question_attention_of_full_attention(rag):
+    job = assembled(rag, "oracle_attention")
+    model = rag.engine.model
+    found = oracle.attention_scores(ScoringInput(model, job.cache, job.layout))
+    exact = model.new_cache(job.cache.length)
+    slots = exact.reserve(job.cache.length)
+    model(job.layout.step(slots, logit_rows=slots[:0]), exact)
+    # query_guided_layers over a stitched cache that holds Full Attention's KV reads the same attention
+    assert torch.allclose(found, query_guided.layers_scores(ScoringInput(model, exact, job.layout)), rtol=1e-4, atol=1e-7)
+    assert not torch.allclose(found, query_guided.layers_scores(ScoringInput(model, job.cache, job.layout)), rtol=1e-2)
+    assert found.shape == job.layout.reused_slots.shape
 
 
 def test_grouped_selection_recomputes_whole_groups(rag):
