@@ -41,13 +41,17 @@ KV_VARIANTS = ("plain", "fused")
 # than VARIANT_PROBE_MARGIN times its distance to the fused one (``engine/variant_choice.py``);
 # "cfo": Cache-Craft's choice, the variant with the lower Cache Fix Overhead given the chunks in front
 # of it in this request (``fusion/craft.py``); "cfo_exact": the same, but a variant made by an earlier
-# request (``craft_variants``) serves only after exactly the chunks it was made after.
-VARIANT_POLICIES = ("always", "overlap", "check", "probe", "cfo", "cfo_exact")
+# request (``craft_variants``) serves only after exactly the chunks it was made after; "blend": each
+# chunk's K/V is VARIANT_BLEND times its fused entry's plus the rest times its plain entry's (neither
+# context is this prompt's: the one lacks the chunks before it, the other has neighbours that may not be
+# in the prompt).
+VARIANT_POLICIES = ("always", "overlap", "check", "probe", "cfo", "cfo_exact", "blend")
 CFO_POLICIES = ("cfo", "cfo_exact")
 VARIANT_MIN_OVERLAP = 0.5
 VARIANT_CHECK_LAYER = 1
 VARIANT_PROBE_STRIDE = 16
 VARIANT_PROBE_MARGIN = 1.5
+VARIANT_BLEND = 0.5
 # Stages beyond resolve -> select -> sparse prefill -> decode that this engine runs today.
 # Chunk boundaries: every selector gets each chunk's span in the request layout. Auxiliary model:
 # the first layers of the main model (``FusionRAG(auxiliary=...)``), run by the selector. Parallel
@@ -248,4 +252,4 @@ def _check_stages(spec: MethodSpec) -> None:
         raise FusionRAGError(f"method {spec.name!r} needs stage(s) {', '.join(missing)}, which this engine does not run yet")
 
 
-__all__ = ["APE_SCALE", "DecodeEviction", "APE_TEMPERATURE", "ENGINE_STAGES", "KV_VARIANTS", "VARIANT_CHECK_LAYER", "VARIANT_MIN_OVERLAP", "VARIANT_PROBE_MARGIN", "VARIANT_PROBE_STRIDE", "VARIANT_POLICIES", "METHODS", "MethodSpec", "RunPlan", "SELECTORS", "check_run_options", "plan_run"]
+__all__ = ["APE_SCALE", "DecodeEviction", "APE_TEMPERATURE", "ENGINE_STAGES", "KV_VARIANTS", "VARIANT_BLEND", "VARIANT_CHECK_LAYER", "VARIANT_MIN_OVERLAP", "VARIANT_PROBE_MARGIN", "VARIANT_PROBE_STRIDE", "VARIANT_POLICIES", "METHODS", "MethodSpec", "RunPlan", "SELECTORS", "check_run_options", "plan_run"]

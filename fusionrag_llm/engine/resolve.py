@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 
 from fusionrag_llm.engine.methods import CFO_POLICIES, VARIANT_MIN_OVERLAP, RunPlan
-from fusionrag_llm.engine.variant_choice import Alternative, check_variants, probe_variants
+from fusionrag_llm.engine.variant_choice import Alternative, blend_variants, check_variants, probe_variants
 from fusionrag_llm.engine.plan import Boundary, ContextPlan, PlannedSegment, ResolveCounts, plan_context
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.craft import VariantNotes, fix_overhead, fused_notes, plain_notes
@@ -55,7 +55,7 @@ class _Placed:
     fresh: list[torch.Tensor]  # tokens computed in the prefill
     suffix: list[torch.Tensor]
     missed: list[torch.Tensor] = field(default_factory=list)  # reused chunk tokens whose entry was computed now
-    # variant_policy="check"/"probe": chunks placed fused whose plain entry is the alternative
+    # variant_policy="check"/"probe"/"blend": chunks placed fused whose plain entry is the alternative
     alternatives: list[Alternative] = field(default_factory=list)
     # variant_policy="cfo": chunk start -> (Cache Fix Overhead of the variant serving it, its token order)
     craft: dict[int, tuple[float, tuple[int, ...]]] = field(default_factory=dict)
@@ -124,13 +124,13 @@ class ContextResolver:
             cache.feed.start()
         if placed.alternatives:
             cache.settle()  # the variant choice reads the placed KV itself
-            choose = probe_variants if context_plan.variant_policy == "probe" else check_variants
+            choose = {"probe": probe_variants, "blend": blend_variants}.get(context_plan.variant_policy, check_variants)
             choose(self.model, placed.alternatives, layout, cache, counts)
         return ResolvedContext(layout, list(context_plan.boundaries), matched, placed.new_variants), counts
 
     def _plain_alternative(self, segment: PlannedSegment, entry: KVEntry, context_plan: ContextPlan) -> KVEntry | None:
-        """Under variant_policy="check" or "probe", the stored plain entry of a chunk served by its fused one."""
-        if context_plan.variant_policy not in ("check", "probe") or entry.meta.get("variant") != "fused":
+        """Under variant_policy="check", "probe" or "blend", the stored plain entry of a chunk served by its fused one."""
+        if context_plan.variant_policy not in ("check", "probe", "blend") or entry.meta.get("variant") != "fused":
             return None
         plain = segment.candidates[-1]  # the last candidate is always plain
         found = self._fetch(plain.key, segment.token_ids, plain.variant) if plain.variant == "plain" else None

@@ -12,6 +12,9 @@ the prompt, compare, and leave the cache as it was except for the chunks that sw
   which a low-layer check cannot see. The probe reads the chunk's own fused KV, so its KV leans to
   the fused entry; a chunk therefore switches to plain when the probe is closer to the plain entry
   than ``VARIANT_PROBE_MARGIN`` times its distance to the fused one.
+* ``"blend"``: no choice and no forward: every such chunk's K/V becomes ``VARIANT_BLEND`` times its
+  fused entry's plus the rest times its plain entry's (both placed at the same positions, so the
+  rotated keys blend as the stored ones would).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fusionrag_llm.engine.methods import VARIANT_CHECK_LAYER, VARIANT_PROBE_MARGIN, VARIANT_PROBE_STRIDE
+from fusionrag_llm.engine.methods import VARIANT_BLEND, VARIANT_CHECK_LAYER, VARIANT_PROBE_MARGIN, VARIANT_PROBE_STRIDE
 from fusionrag_llm.engine.plan import ResolveCounts
 from fusionrag_llm.fusion.placement import place_entry
 from fusionrag_llm.fusion.scorers.kv_deviation import squared_distance
@@ -74,6 +77,16 @@ def probe_variants(model, alternatives: list[Alternative], layout: RequestLayout
         place_entry(model, cache, alt.plain, alt.start, alt.slots)
         to_plain = _deviation(cache, upper, rows, keys, values)
         _keep(model, cache, alt, counts, plain=to_plain < VARIANT_PROBE_MARGIN * to_fused)
+
+
+def blend_variants(model, alternatives: list[Alternative], layout: RequestLayout, cache: KVCache,
+                   counts: ResolveCounts) -> None:  # fmt: skip
+    """variant_policy="blend" (see the module docstring); the chunks stay counted as fused hits."""
+    for alt in alternatives:
+        fused_keys, fused_values = cache.keys[:, :, alt.slots].clone(), cache.values[:, :, alt.slots].clone()
+        place_entry(model, cache, alt.plain, alt.start, alt.slots)
+        cache.keys[:, :, alt.slots] = torch.lerp(cache.keys[:, :, alt.slots], fused_keys, VARIANT_BLEND)
+        cache.values[:, :, alt.slots] = torch.lerp(cache.values[:, :, alt.slots], fused_values, VARIANT_BLEND)
 
 
 def _keep(model, cache: KVCache, alt: Alternative, counts: ResolveCounts, *, plain: bool) -> None:

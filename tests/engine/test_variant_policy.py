@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest
-from fusionrag_llm.engine.methods import VARIANT_CHECK_LAYER, check_run_options
+from fusionrag_llm.engine.methods import VARIANT_BLEND, VARIANT_CHECK_LAYER, check_run_options
 from fusionrag_llm.storage import KVEntry
 from fusionrag_llm.eval.bench_methods import parse_method
 
@@ -161,3 +161,27 @@ def test_probe_keeps_a_fused_entry_that_holds_this_prompts_exact_kv():
     targets = [5, 6]
     full = rag.logits(request, targets, method="full_attention")
     assert (rag.logits(request, targets, method="fusionrag", recompute_ratio=0.0, variant_policy="probe") - full).abs().max() < 1e-4
+
+
+def test_blend_serves_the_mean_of_the_fused_and_plain_kv():
+    """Chunk 1's fused entry is replaced by 2 x (its exact KV in this prompt) - its plain entry: the blend
+    of the two at VARIANT_BLEND = 0.5 is the exact KV, so the run at r = 0 equals Full Attention."""
+    assert VARIANT_BLEND == 0.5
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag.add_chunks(TEXTS, embeddings=[[1, 0], [0.9, 0.1], [0, 1], [0.1, 0.9]], neighbors=1)
+    request = RAGRequest(chunks=TEXTS[:2], question="Who keeps the lighthouse?")
+    second, exact, span = _second_chunk_exact(rag, request)
+    plain = _stored(rag, second.token_ids)["plain"]
+    for key in rag.store.keys():
+        entry = rag.store.get(key)[0]
+        if entry.token_ids == tuple(second.token_ids) and entry.meta.get("variant") == "fused":
+            keys, values = 2 * exact.keys[:, :, span] - plain.keys, 2 * exact.values[:, :, span] - plain.values
+            rag.store.put(key, KVEntry(entry.token_ids, keys, values, entry.meta))
+    targets = [5, 6]
+    full = rag.logits(request, targets, method="full_attention")
+    blended = rag.logits(request, targets, method="fusionrag", recompute_ratio=0.0, variant_policy="blend")
+    assert (blended - full).abs().max() < 1e-4
+    fused = rag.logits(request, targets, method="fusionrag", recompute_ratio=0.0)
+    assert (fused - full).abs().max() > 1e-2  # the fused entry alone is far off
+    out = rag.generate(request, method="fusionrag", recompute_ratio=0.0, max_new_tokens=2, variant_policy="blend")
+    assert out.stats.variant_hits == {"fused": 1, "plain": 0}
