@@ -295,7 +295,7 @@ class FusionRAG:
         """Answer ``request``; ``out.stats`` holds TTFT, its parts and token counts.
 
         ``method``: one of ``FusionRAG.methods``; ``kv_variant`` (plain|fused) and ``selector``
-        (query_guided|kv_deviation|random|oracle|none) override the method's own for ablations.
+        (query_guided|kv_deviation|random|oracle|oracle_attention|none) override the method's own for ablations.
         ``variant_policy`` (fused entries): ``"always"`` (default, the paper) serves each chunk from its
         fused entry whenever one is stored; ``"overlap"`` only when at least half of the chunks it was
         fused after are in this request, else from its plain entry (``stats.fused_declined`` counts those);
