@@ -1,0 +1,29 @@
+"""Blend against the paper's policy, per question: this run's records and the 100-question run's
+(`musique-smollm2-100q-5p`, same store and settings) for the paper's policy at the same ratios."""
+import json
+import statistics as st
+import sys
+
+recs = {}
+for path in sys.argv[1:]:
+    for r in json.load(open(path))["records"]:
+        recs.setdefault((r["method"], r["ratio"]), {}).setdefault(r["qid"], r)
+fr = recs[("full_reuse", None)]
+pairs = [(("fusionrag", 0.0), ("fusionrag:blend", 0.0)), (("fusionrag", 0.15), ("fusionrag:blend", 0.15)),
+         (("fused+query_guided_layers", 0.15), ("fused+query_guided_layers:blend", 0.15))]
+print("| method | r | mean KL | norm KL | median | p90 | max | > FR | FA answer lost vs FR | greedy EM | vs always: closer / further |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for base, blend in pairs:
+    for key in (base, blend):
+        m = recs[key]
+        q = sorted(m)
+        kl = sorted(m[x]["kl"] for x in q)
+        norm = 1 - st.mean(kl) / st.mean(fr[x]["kl"] for x in q)
+        worse = [x for x in q if m[x]["kl"] > fr[x]["kl"] + 1e-4]
+        lost = sum(1 for x in q if fr[x]["greedy_em"] == 1.0 and m[x]["greedy_em"] < 1.0)
+        vs = "-"
+        if key == blend:
+            b = recs[base]
+            vs = f"{sum(m[x]['kl'] < b[x]['kl'] - 1e-4 for x in q)} / {sum(m[x]['kl'] > b[x]['kl'] + 1e-4 for x in q)}"
+        print(f"| {key[0]} | {key[1]} | {st.mean(kl):.4f} | {norm:.3f} | {st.median(kl):.4f} | {kl[int(0.9 * len(kl)) - 1]:.4f} | "
+              f"{kl[-1]:.4f} | {len(worse)} {', '.join(worse)} | {lost} | {st.mean(m[x]['greedy_em'] for x in q):.2f} | {vs} |")
