@@ -1,12 +1,14 @@
-"""Blend against the paper's policy, per question: this run's records and the 100-question run's
-(`musique-smollm2-100q-5p`, same store and settings) for the paper's policy at the same ratios."""
+"""`variant_policy=blend` against the paper's policy ("always"), per question. Arguments: the bench's
+quality.json files or quality.partial.jsonl logs holding both (the first file's record wins)."""
 import json
 import statistics as st
 import sys
 
 recs = {}
 for path in sys.argv[1:]:
-    for r in json.load(open(path))["records"]:
+    lines = open(path).read().splitlines()
+    records = [json.loads(line) for line in lines if '"qid"' in line] if path.endswith(".jsonl") else json.load(open(path))["records"]
+    for r in records:
         recs.setdefault((r["method"], r["ratio"]), {}).setdefault(r["qid"], r)
 fr = recs[("full_reuse", None)]
 pairs = [(("fusionrag", 0.0), ("fusionrag:blend", 0.0)), (("fusionrag", 0.15), ("fusionrag:blend", 0.15)),
@@ -14,6 +16,8 @@ pairs = [(("fusionrag", 0.0), ("fusionrag:blend", 0.0)), (("fusionrag", 0.15), (
 print("| method | r | mean KL | norm KL | median | p90 | max | > FR | FA answer lost vs FR | greedy EM | vs always: closer / further |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for base, blend in pairs:
+    if blend not in recs:
+        continue
     for key in (base, blend):
         m = recs[key]
         q = sorted(m)
