@@ -1,8 +1,9 @@
-"""Per-request choice between a chunk's fused and plain entries from this prompt's own KV.
+"""Per-request choice between a chunk's fused and plain entries from this prompt's own KV, or their blend.
 
-Both policies start from a cache where every chunk is placed from its fused entry and, for each
-chunk that has one, its plain entry is at hand (``Alternative``). They run part of the model over
-the prompt, compare, and leave the cache as it was except for the chunks that switch to plain.
+Each policy starts from a cache where every chunk is placed from its fused entry and, for each
+chunk that has one, its plain entry is at hand (``Alternative``). ``"check"`` and ``"probe"`` run
+part of the model over the prompt, compare, and leave the cache as it was except for the chunks that
+switch to plain; ``"blend"`` rewrites every such chunk.
 
 * ``"check"``: the layers below ``VARIANT_CHECK_LAYER`` run once over every non-exact token; a chunk
   keeps the variant whose KV at that layer is closer to the exact KV there.
