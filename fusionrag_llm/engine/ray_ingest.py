@@ -252,13 +252,12 @@ def _wait_for_processes(ray, places: list) -> None:
     """Wait until the worker processes that reported a place have ended, each checked on its own node."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    checks = {}
+    check, checks = ray.remote(num_cpus=0)(_wait_until_ended), {}
     for place in places:
         try:
             node, pid = ray.get(place, timeout=STOP_TIMEOUT_S)
         except ray.exceptions.RayError:
             continue  # killed before it loaded its model: it never received a batch
-        check = ray.remote(num_cpus=0)(_wait_until_ended)
         strategy = NodeAffinitySchedulingStrategy(node, soft=False)
         checks[check.options(scheduling_strategy=strategy).remote(pid, STOP_TIMEOUT_S)] = (node, pid)
     for ref, (node, pid) in checks.items():

@@ -89,6 +89,7 @@ class DecodeProgram:
     def __init__(self, model, library: ctypes.CDLL):
         cfg = model.cfg
         self._library = library
+        self._half_kv = bool(library.fr_kv_half_supported())  # asked once: _kind runs every step
         # (layer, its quantized copy or None, its weight, the weight's data pointer and version when the
         # copy was made, or now for a float weight)
         self._linears: list[tuple[Linear, object, torch.Tensor, int, int]] = []
@@ -147,7 +148,7 @@ class DecodeProgram:
             return None
         if copy.dtype == torch.bfloat16:
             return _KV_BFLOAT16
-        if copy.dtype == torch.float16 and self._library.fr_kv_half_supported():
+        if copy.dtype == torch.float16 and self._half_kv:
             return _KV_FLOAT16
         return None
 
