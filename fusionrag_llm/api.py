@@ -300,7 +300,8 @@ class FusionRAG:
         fused entry whenever one is stored; ``"overlap"`` only when at least half of the chunks it was
         fused after are in this request, else from its plain entry (``stats.fused_declined`` counts those);
         ``"check"``, ``"probe"`` and ``"cfo"`` choose per chunk from this prompt; ``"blend"`` serves the
-        mean of the fused and plain KV (README, "variant_policy").
+        mean of the fused and plain KV (README, "variant_policy"); under these three a chunk whose
+        neighbours are all ahead of it in their fused order keeps its fused entry (``stats.fused_in_context``).
         ``decode_kv_budget`` (default None: off; any method but ape): A3's decode KV eviction after the
         prefill: every layer and kv-head keeps the prompt text outside the chunks, the last 32 prompt
         tokens, and the ``decode_kv_budget`` chunk tokens those last tokens attend to most (SnapKV's rule;

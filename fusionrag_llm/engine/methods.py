@@ -44,7 +44,8 @@ KV_VARIANTS = ("plain", "fused")
 # request (``craft_variants``) serves only after exactly the chunks it was made after; "blend": each
 # chunk's K/V is VARIANT_BLEND times its fused entry's plus the rest times its plain entry's (neither
 # context is this prompt's: the one lacks the chunks before it, the other has neighbours that may not be
-# in the prompt).
+# in the prompt). Under "check", "probe" and "blend" a chunk whose neighbours are all ahead of it in the
+# order they were placed keeps its fused entry alone (``fusion/fused_order.context_in_place``).
 VARIANT_POLICIES = ("always", "overlap", "check", "probe", "cfo", "cfo_exact", "blend")
 CFO_POLICIES = ("cfo", "cfo_exact")
 VARIANT_MIN_OVERLAP = 0.5

@@ -106,6 +106,7 @@ class ResolveCounts:
     variant_hits: dict[str, int] = field(default_factory=lambda: {"fused": 0, "plain": 0})
     computed_tokens: int = 0  # tokens run through the model to make missing entries
     fused_declined: int = 0  # fused entries found but not used (the variant policy chose plain)
+    fused_in_context: int = 0  # fused entries served alone: their neighbours were ahead in placement order
 
     def merge_into(self, stats: GenerationStats) -> None:
         for mine, theirs in ((self.path_hits, stats.path_hits), (self.tier_hits, stats.tier_hits),
@@ -114,6 +115,7 @@ class ResolveCounts:
                 theirs[name] = theirs.get(name, 0) + count
         stats.computed_tokens += self.computed_tokens
         stats.fused_declined += self.fused_declined
+        stats.fused_in_context += self.fused_in_context
 
 
 def plan_context(segments: Sequence[Segment], run_plan: RunPlan, keys: EntryKeys, prefix_cache: bool) -> ContextPlan:

@@ -23,6 +23,7 @@ from fusionrag_llm.engine.variant_choice import Alternative, blend_variants, che
 from fusionrag_llm.engine.plan import Boundary, ContextPlan, PlannedSegment, ResolveCounts, plan_context
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.craft import VariantNotes, fix_overhead, fused_notes, plain_notes
+from fusionrag_llm.fusion.fused_order import context_in_place
 from fusionrag_llm.fusion.layer_feed import LayerFeed
 from fusionrag_llm.fusion.placement import place_entry
 from fusionrag_llm.fusion.request_variants import RequestVariants, StoredVariant, VariantRecorder, recorder_for, store_variants
@@ -105,7 +106,7 @@ class ContextResolver:
                 else:
                     entry = self._chunk_entry(segment, counts, context_plan)
                 slots = self._place(cache, entry, segment.first_position)
-                plain = self._plain_alternative(segment, entry, context_plan)
+                plain = self._plain_alternative(segment, entry, context_plan, ahead[index], counts)
                 if plain is not None:
                     placed.alternatives.append(Alternative(segment.first_position, slots, entry, plain))
                 if segment.exact_plain:  # exact KV: nothing to recompute, and its path block is known
@@ -128,9 +129,15 @@ class ContextResolver:
             choose(self.model, placed.alternatives, layout, cache, counts)
         return ResolvedContext(layout, list(context_plan.boundaries), matched, placed.new_variants), counts
 
-    def _plain_alternative(self, segment: PlannedSegment, entry: KVEntry, context_plan: ContextPlan) -> KVEntry | None:
-        """Under variant_policy="check", "probe" or "blend", the stored plain entry of a chunk served by its fused one."""
+    def _plain_alternative(self, segment: PlannedSegment, entry: KVEntry, context_plan: ContextPlan,
+                           ahead: list[str], counts: ResolveCounts) -> KVEntry | None:  # fmt: skip
+        """Under variant_policy="check", "probe" or "blend", the stored plain entry of a chunk served by
+        its fused one; None also when the request holds the fused entry's own context (``ahead``:
+        the chunks before it), which then serves alone (counted)."""
         if context_plan.variant_policy not in ("check", "probe", "blend") or entry.meta.get("variant") != "fused":
+            return None
+        if context_in_place(entry.meta, ahead):
+            counts.fused_in_context += 1
             return None
         plain = segment.candidates[-1]  # the last candidate is always plain
         found = self._fetch(plain.key, segment.token_ids, plain.variant) if plain.variant == "plain" else None
@@ -284,7 +291,7 @@ def _fusion_fits(entry: KVEntry, context_plan: ContextPlan) -> bool:
     """Whether the variant policy lets a fused entry serve this request (``engine/methods.py``)."""
     if context_plan.variant_policy != "overlap":
         return True
-    neighbours = entry.meta.get("neighbours") or []
+    neighbours = entry.meta.get("neighbours") or []  # all of them ahead in placement order: >= the bar
     if not neighbours:
         return True  # fused after S0 alone: nothing of another chunk in it
     present = sum(n in context_plan.chunk_ids for n in neighbours)

@@ -32,6 +32,9 @@ class GenerationStats:
     tier_hits: dict[str, int] = field(default_factory=lambda: {"device": 0, "host": 0, "disk": 0})
     variant_hits: dict[str, int] = field(default_factory=lambda: {"fused": 0, "plain": 0})  # chunk hits by variant
     fused_declined: int = 0  # fused entries found but not used: the variant policy chose the plain one
+    # fused entries served alone whatever the policy: every neighbour they were computed after was ahead
+    # of the chunk in this prompt, in the order they were placed (``fusion/fused_order.context_in_place``)
+    fused_in_context: int = 0
     # Cache-Craft's early stop: the layer after which unfocused chunks were no longer recomputed (None:
     # never), how many chunks stayed focused, and the recomputed tokens that stopped there
     stop_layer: int | None = None

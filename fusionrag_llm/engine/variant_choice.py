@@ -1,7 +1,9 @@
 """Per-request choice between a chunk's fused and plain entries from this prompt's own KV, or their blend.
 
 Each policy starts from a cache where every chunk is placed from its fused entry and, for each
-chunk that has one, its plain entry is at hand (``Alternative``). ``"check"`` and ``"probe"`` run
+chunk that has one, its plain entry is at hand (``Alternative``); a chunk whose fused entry was
+computed in this prompt's own context (``fusion/fused_order.context_in_place``) gets none and keeps
+its fused entry under every policy. ``"check"`` and ``"probe"`` run
 part of the model over the prompt, compare, and leave the cache as it was except for the chunks that
 switch to plain; ``"blend"`` rewrites every such chunk.
 

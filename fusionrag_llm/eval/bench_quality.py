@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 STAT_FIELDS = ("ttft_s", "load_s", "select_s", "prefill_s", "decode_s", "prompt_tokens", "reused_tokens",
                "recomputed_tokens", "computed_tokens", "generated_tokens", "path_hits", "tier_hits", "variant_hits",
-               "fused_declined", "stop_layer", "focused_chunks", "stopped_tokens", "decode_kv_tokens", "evicted_kv_tokens")  # fmt: skip
+               "fused_declined", "fused_in_context", "stop_layer", "focused_chunks", "stopped_tokens", "decode_kv_tokens", "evicted_kv_tokens")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,19 @@ never serve one another.
 * ``corpus``: in the order the chunks were registered (a document's chunks in reading order), the
   order they keep when a retriever returns several of them in corpus order.
 
+``context_in_place`` tells whether a request holds a fused entry's own context: every neighbour it
+was computed after sits ahead of its chunk, in the order they were placed. Such a chunk is served
+from its fused entry whatever the variant policy.
+
 Example:
     >>> placement_order("similar_last", rows=[7, 2, 5])
     [2, 1, 0]
     >>> placement_order("corpus", rows=[7, 2, 5])
     [1, 2, 0]
+    >>> context_in_place({"neighbours": ["a", "b"]}, ahead=["a", "x", "b"])
+    True
+    >>> context_in_place({"neighbours": ["a", "b"]}, ahead=["b", "a"])
+    False
 """
 
 from __future__ import annotations
@@ -48,3 +56,20 @@ def placement_order(fused_order: str, rows: Sequence[int]) -> list[int]:
     if fused_order == "corpus":
         return sorted(indices, key=lambda i: rows[i])
     raise FusionRAGError(f"fused_order must be one of {', '.join(FUSED_ORDERS)}; got {fused_order!r}")
+
+
+def context_in_place(meta: dict, ahead: Sequence[str]) -> bool:
+    """Whether every neighbour a fused entry (``meta``) was computed after is in ``ahead`` (the
+    catalog ids of the chunks before its chunk in a request, in prompt order), in placement order.
+
+    Other chunks may sit between them. The ``corpus`` layout's order needs the catalog's rows, which
+    the entry does not keep: for it only the neighbours' presence is checked."""
+    neighbours = list(meta.get("neighbours") or [])
+    layout = meta.get("fused_order", UNTAGGED_FUSED_ORDER)
+    where = {chunk_id: index for index, chunk_id in enumerate(ahead)}
+    if any(n not in where for n in neighbours):
+        return False
+    if layout == "corpus":
+        return True
+    placed = [neighbours[i] for i in placement_order(layout, range(len(neighbours)))]
+    return all(where[a] < where[b] for a, b in zip(placed, placed[1:]))

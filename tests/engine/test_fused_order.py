@@ -11,7 +11,7 @@ from fusionrag_llm.eval.bench_methods import parse_methods
 from fusionrag_llm.eval.bench_quality import QualityConfig
 from fusionrag_llm.fusion.catalog import FusedRecord
 from fusionrag_llm.fusion.entry_keys import EntryKeys
-from fusionrag_llm.fusion.fused_order import FUSED_ORDERS, placement_order
+from fusionrag_llm.fusion.fused_order import FUSED_ORDERS, context_in_place, placement_order
 from fusionrag_llm.fusion.placement import place_entry
 from fusionrag_llm.models.llama import ForwardPass
 from fusionrag_llm.storage import KVEntry, chunk_key
@@ -159,3 +159,18 @@ def test_another_process_reads_the_layout_the_store_was_ingested_with(tmp_path):
     assert stats.variant_hits == {"fused": 0, "plain": 3}  # a bf16 store: the first chunk is reused too (plain)
     with pytest.raises(FusionRAGError, match="similar_first"):
         FusionRAG.from_pretrained("tiny", store=str(tmp_path), fused_order="sideways")
+
+
+@pytest.mark.parametrize("layout, ahead, expected", [
+    ("similar_first", ["a", "b"], True),
+    ("similar_first", ["a", "x", "b", "y"], True),  # other chunks between them
+    ("similar_first", ["b", "a"], False),
+    ("similar_first", ["a"], False),  # one missing
+    ("similar_last", ["b", "a"], True),
+    ("similar_last", ["a", "b"], False),
+    ("corpus", ["b", "a"], True),  # its order is the catalog's: only presence is checked
+    ("corpus", ["b"], False),
+])  # fmt: skip
+def test_context_in_place_needs_every_neighbour_ahead_in_placement_order(layout, ahead, expected):
+    assert context_in_place({"neighbours": ["a", "b"], "fused_order": layout}, ahead) is expected
+    assert context_in_place({"neighbours": []}, ahead)  # fused after S0 alone

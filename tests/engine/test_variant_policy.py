@@ -89,7 +89,7 @@ def _second_chunk_exact(rag, request):
     return second, exact, slice(start, start + len(second.token_ids))
 
 
-@pytest.mark.parametrize("chunks", [[0, 1], [0, 2], [3, 1], [1, 3]])
+@pytest.mark.parametrize("chunks", [[0, 2], [3, 1], [1, 3], [2, 1]])
 def test_check_keeps_the_variant_closer_to_the_exact_kv_and_changes_nothing_else(rag, chunks):
     """One chunk after the exact first one: the policy's choice is computed here independently (the
     prompt's exact KV, rotary-free, against each stored variant) and the run equals that variant's."""
@@ -125,15 +125,18 @@ def _spoiled_rag(layers):
 
 
 def _assert_every_chunk_is_served_plain(rag, policy):
-    request = RAGRequest(chunks=TEXTS, question="Who runs the ferry?")
+    """Chunk 2's neighbour (3) is absent: plain. Chunk 1's (0) is ahead of it: its fused entry serves
+    it whatever the policy, as under "overlap"."""
+    request = RAGRequest(chunks=[TEXTS[0], TEXTS[2], TEXTS[1]], question="Who runs the ferry?")
     chosen = rag.generate(request, method="fusionrag", recompute_ratio=0.2, max_new_tokens=3, variant_policy=policy)
-    plain = rag.generate(request, method="fusionrag", recompute_ratio=0.2, max_new_tokens=3, kv_variant="plain")
-    assert chosen.stats.variant_hits == {"fused": 0, "plain": 3} and chosen.stats.fused_declined == 3
-    assert chosen.token_ids == plain.token_ids
+    expected = rag.generate(request, method="fusionrag", recompute_ratio=0.2, max_new_tokens=3, variant_policy="overlap")
+    assert chosen.stats.variant_hits == {"fused": 1, "plain": 1} and chosen.stats.fused_declined == 1
+    assert chosen.stats.fused_in_context == 1
+    assert chosen.token_ids == expected.token_ids
     assert torch.equal(rag.logits(request, [5, 6], method="fusionrag", recompute_ratio=0.2, variant_policy=policy),
-                       rag.logits(request, [5, 6], method="fusionrag", recompute_ratio=0.2, kv_variant="plain"))
+                       rag.logits(request, [5, 6], method="fusionrag", recompute_ratio=0.2, variant_policy="overlap"))
     many = rag.generate_many([request, request], method="fusionrag", recompute_ratio=0.2, max_new_tokens=3, variant_policy=policy)
-    assert [m.token_ids for m in many] == [plain.token_ids] * 2
+    assert [m.token_ids for m in many] == [expected.token_ids] * 2
 
 
 def test_check_declines_fused_entries_far_from_the_exact_kv():
@@ -150,7 +153,7 @@ def test_probe_keeps_a_fused_entry_that_holds_this_prompts_exact_kv():
     that context, reproduces it, so the fused entry stays; the run then equals Full Attention."""
     rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
     rag.add_chunks(TEXTS, embeddings=[[1, 0], [0.9, 0.1], [0, 1], [0.1, 0.9]], neighbors=1)
-    request = RAGRequest(chunks=TEXTS[:2], question="Who keeps the lighthouse?")
+    request = RAGRequest(chunks=[TEXTS[3], TEXTS[1]], question="Who keeps the lighthouse?")  # 1's neighbour absent
     second, exact, span = _second_chunk_exact(rag, request)
     for key in rag.store.keys():
         entry = rag.store.get(key)[0]
@@ -169,7 +172,7 @@ def test_blend_serves_the_mean_of_the_fused_and_plain_kv():
     assert VARIANT_BLEND == 0.5
     rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
     rag.add_chunks(TEXTS, embeddings=[[1, 0], [0.9, 0.1], [0, 1], [0.1, 0.9]], neighbors=1)
-    request = RAGRequest(chunks=TEXTS[:2], question="Who keeps the lighthouse?")
+    request = RAGRequest(chunks=[TEXTS[3], TEXTS[1]], question="Who keeps the lighthouse?")  # 1's neighbour absent
     second, exact, span = _second_chunk_exact(rag, request)
     plain = _stored(rag, second.token_ids)["plain"]
     for key in rag.store.keys():
@@ -185,3 +188,38 @@ def test_blend_serves_the_mean_of_the_fused_and_plain_kv():
     assert (fused - full).abs().max() > 1e-2  # the fused entry alone is far off
     out = rag.generate(request, method="fusionrag", recompute_ratio=0.0, max_new_tokens=2, variant_policy="blend")
     assert out.stats.variant_hits == {"fused": 1, "plain": 0}
+
+
+@pytest.mark.parametrize("policy", ["check", "probe", "blend"])
+def test_a_chunk_after_its_own_neighbours_is_served_from_its_fused_entry_under_every_policy(policy):
+    """Fused entries spoiled at every layer (each policy would turn from them): chunk 1 right after
+    its neighbour 0 still gets its fused entry alone, exactly as under the paper's policy."""
+    layers = FusionRAG.from_pretrained("tiny", store=":memory:").engine.model.cfg.num_layers
+    rag = _spoiled_rag(slice(0, layers))
+    request = RAGRequest(chunks=TEXTS[:2], question="Who keeps the lighthouse?")
+    out = rag.generate(request, method="fusionrag", recompute_ratio=0.0, max_new_tokens=2, variant_policy=policy)
+    assert out.stats.variant_hits == {"fused": 1, "plain": 0} and out.stats.fused_in_context == 1
+    assert out.stats.fused_declined == 0
+    targets = [5, 6]
+    assert torch.equal(rag.logits(request, targets, method="fusionrag", recompute_ratio=0.0, variant_policy=policy),
+                       rag.logits(request, targets, method="fusionrag", recompute_ratio=0.0))
+    apart = RAGRequest(chunks=[TEXTS[3], TEXTS[1]], question="Who keeps the lighthouse?")  # its neighbour absent
+    assert not torch.equal(rag.logits(apart, targets, method="fusionrag", recompute_ratio=0.0, variant_policy=policy),
+                           rag.logits(apart, targets, method="fusionrag", recompute_ratio=0.0))
+
+
+ORDERED = ["Ada builds the bridge.", "Ben paints the bridge.", "Cy crosses the bridge."]
+
+
+@pytest.mark.parametrize("fused_order, in_place, apart", [
+    ("similar_first", [0, 1, 2], [1, 0, 2]),  # chunk 2's neighbours, most similar first: 0 then 1
+    ("similar_last", [1, 0, 2], [0, 1, 2]),
+])  # fmt: skip
+def test_the_neighbours_must_be_ahead_in_the_order_they_were_placed(fused_order, in_place, apart):
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag.add_chunks(ORDERED, embeddings=[[1, 0], [0.6, 0.8], [0.95, 0.31]], neighbors=2, fused_order=fused_order)
+    def served(order):
+        request = RAGRequest(chunks=[ORDERED[i] for i in order], question="Who?")
+        return rag.generate(request, method="fusionrag", recompute_ratio=0.0, max_new_tokens=1, variant_policy="blend").stats
+    assert served(in_place).fused_in_context == 1  # chunk 2 (chunk 1's neighbours include the absent chunk 2)
+    assert served(apart).fused_in_context == 0
