@@ -66,7 +66,7 @@ def check_devices(op: str, **tensors) -> None:
     """All tensors on one device; CUDA, or CPU only under the Triton interpreter."""
     present = {k: t for k, t in tensors.items() if t is not None}
     devices = {t.device for t in present.values()}
-    check(len(devices) == 1, op, f"all tensors must be on one device, got "
+    check(len(devices) == 1, op, "all tensors must be on one device, got "
           + ", ".join(f"{k}={t.device}" for k, t in present.items()))
     device = devices.pop()
     ok = device.type == "cuda" or (device.type == "cpu" and interpreting())

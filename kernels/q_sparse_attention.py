@@ -12,10 +12,11 @@ by position, never by index, so neither keys nor queries need to be sorted.
     key/value head of query head h = h // (Hq // Hkv)  (GQA).
 
 A query row that sees no key at all returns zeros. The kernel packs the ``Hq // Hkv`` query heads
-sharing a KV head into one row block (each K/V tile is loaded once per group), runs an online
-softmax over key tiles, and skips a key tile whose smallest visible position lies after the largest
-query position of the row block. No ``[Nq, Nk]`` mask is ever built. Decode (one query per
-request) goes through the same kernel.
+sharing a KV head into one row block (each K/V tile is loaded once per group) and runs an online
+softmax over key tiles up to the last key that any query of the block sees (found by a backward
+scan of the key positions); it compares positions element-wise only in tiles holding a key after
+the block's earliest query. No ``[Nq, Nk]`` mask is ever built. Decode (one query per request) goes
+through the same kernel.
 
 This module holds the kernel, its launcher (``launch_forward``, shared by the packed form in
 ``q_sparse_attention_varlen.py`` and by ``critical_scores.py``, which import it from here; this
@@ -41,39 +42,65 @@ if triton is not None:
     _QUERY_NONE = tl.constexpr(QUERY_NONE)
 
     @triton.jit
-    def _attend_keys(acc, m_i, l_i, q, q_pos, q_max, k_ptr, v_ptr, pos_ptr, valid_ptr, start, end,
+    def _visible_end(pos_ptr, valid_ptr, start, end, q_max, HAS_VALID: tl.constexpr, BLOCK: tl.constexpr):
+        """One past the last key of [start, end) that a query at ``q_max`` sees (``start`` if none).
+
+        Scans backwards in chunks of ``BLOCK`` and stops at the first chunk holding a visible key,
+        so sorted keys cost a scan of the invisible tail only.
+        """
+        stop = start
+        hi = end
+        while (hi > start) & (stop == start):
+            offs = hi - BLOCK + tl.arange(0, BLOCK)
+            ok = offs >= start
+            k_pos = tl.load(pos_ptr + offs, mask=ok, other=_KEY_NEVER)
+            if HAS_VALID:
+                k_pos = tl.where(tl.load(valid_ptr + offs, mask=ok, other=0) != 0, k_pos, _KEY_NEVER)
+            stop = tl.max(tl.where(k_pos <= q_max, offs + 1, start), axis=0)
+            hi -= BLOCK
+        return stop
+
+    @triton.jit
+    def _attend_keys(acc, m_i, l_i, q, q_pos, q_min, q_max, k_ptr, v_ptr, pos_ptr, valid_ptr, start, end,
                      stride_kn, stride_vn, offs_d, qk_scale, HAS_VALID: tl.constexpr,
                      WITH_V: tl.constexpr, F32: tl.constexpr, BLOCK_N: tl.constexpr):
-        """Online-softmax update of (acc [M, D], m_i [M], l_i [M]) with keys [start, end)."""
-        for n0 in range(start, end, BLOCK_N):
+        """Online-softmax update of (acc [M, D], m_i [M], l_i [M]) with keys [start, end).
+
+        The loop stops after the last key any row can see and has no data-dependent branch around
+        its loads (so they pipeline); an invisible tile before that is an exact no-op. Validity is
+        an additive -inf column bias, and the per-element position test runs only on tiles holding
+        a key after the block's earliest query (with sorted queries and keys: the diagonal tiles).
+        """
+        stop = _visible_end(pos_ptr, valid_ptr, start, end, q_max, HAS_VALID, 1024)
+        for n0 in range(start, stop, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
-            in_range = offs_n < end
+            in_range = offs_n < stop
             k_pos = tl.load(pos_ptr + offs_n, mask=in_range, other=_KEY_NEVER)
+            k = tl.load(k_ptr + offs_n[:, None] * stride_kn + offs_d[None, :], mask=in_range[:, None], other=0.0)
+            if F32:
+                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
             if HAS_VALID:
                 ok = tl.load(valid_ptr + offs_n, mask=in_range, other=0) != 0
-                k_pos = tl.where(ok, k_pos, _KEY_NEVER)
-            if tl.min(k_pos, axis=0) <= q_max:  # skip tiles wholly after every query of the block
-                k = tl.load(k_ptr + offs_n[:, None] * stride_kn + offs_d[None, :],
-                            mask=in_range[:, None], other=0.0)
+                s = s * qk_scale + tl.where(ok, 0.0, float("-inf"))[None, :]
+            else:
+                s = s * qk_scale
+            if tl.max(k_pos, axis=0) > q_min:  # some key of the tile lies after some query of the block
+                s = tl.where(k_pos[None, :] <= q_pos[:, None], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+            p = tl.exp2(s - m_ref[:, None])
+            alpha = tl.exp2(m_i - m_ref)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if WITH_V:
+                v = tl.load(v_ptr + offs_n[:, None] * stride_vn + offs_d[None, :], mask=in_range[:, None], other=0.0)
                 if F32:
-                    s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+                    pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
                 else:
-                    s = tl.dot(q, tl.trans(k))
-                s = tl.where(k_pos[None, :] <= q_pos[:, None], s * qk_scale, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, axis=1))
-                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-                p = tl.exp2(s - m_ref[:, None])
-                alpha = tl.exp2(m_i - m_ref)
-                l_i = l_i * alpha + tl.sum(p, axis=1)
-                if WITH_V:
-                    v = tl.load(v_ptr + offs_n[:, None] * stride_vn + offs_d[None, :],
-                                mask=in_range[:, None], other=0.0)
-                    if F32:
-                        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-                    else:
-                        pv = tl.dot(p.to(v.dtype), v)
-                    acc = acc * alpha[:, None] + pv
-                m_i = m_new
+                    pv = tl.dot(p.to(v.dtype), v)
+                acc = acc * alpha[:, None] + pv
+            m_i = m_new
         return acc, m_i, l_i
 
     @triton.jit
@@ -99,16 +126,17 @@ if triton is not None:
             q = q.to(tl.float32)
         q_pos = tl.load(Q_POS + tok, mask=row_ok, other=_QUERY_NONE)
         q_max = tl.max(q_pos, axis=0)
+        q_min = tl.min(tl.where(row_ok, q_pos, _KEY_NEVER), axis=0)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         acc, m_i, l_i = _attend_keys(
-            acc, m_i, l_i, q, q_pos, q_max, K + kv_head * stride_kh, V + kv_head * stride_vh,
+            acc, m_i, l_i, q, q_pos, q_min, q_max, K + kv_head * stride_kh, V + kv_head * stride_vh,
             K_POS, K_VALID, tl.load(CU_K + req), tl.load(CU_K + req + 1), stride_kn, stride_vn,
             offs_d, qk_scale, HAS_VALID, WITH_V, F32, BLOCK_N)
         if HAS_PAGE:
             acc, m_i, l_i = _attend_keys(
-                acc, m_i, l_i, q, q_pos, q_max, PK + kv_head * stride_pkh, PV + kv_head * stride_pvh,
+                acc, m_i, l_i, q, q_pos, q_min, q_max, PK + kv_head * stride_pkh, PV + kv_head * stride_pvh,
                 P_POS, P_POS, tl.load(CU_P + req), tl.load(CU_P + req + 1), stride_pkn, stride_pvn,
                 offs_d, qk_scale, False, WITH_V, F32, BLOCK_N)
         if WITH_V:
@@ -200,7 +228,7 @@ def launch_forward(q, q_positions, cu_q, k, v, k_positions, k_valid, cu_k, page_
     out = torch.empty_like(q, memory_format=torch.contiguous_format) if with_v else None
     lse = torch.empty((hq, tq), dtype=torch.float32, device=q.device) if store_lse else None
     group = hq // hkv
-    cfg = launch_config(d, max_seqlen_q * group)
+    cfg = launch_config(d, max_seqlen_q * group, q.element_size())
     n_req = cu_q.shape[0] - 1
     grid = (max(1, triton.cdiv(max_seqlen_q * group, cfg["BLOCK_M"])), hkv, n_req)
     if tq == 0 or n_req == 0:
@@ -217,10 +245,21 @@ def launch_forward(q, q_positions, cu_q, k, v, k_positions, k_valid, cu_k, page_
     return out, lse
 
 
-def launch_config(head_dim: int, rows_max: int) -> dict:
-    """Tile sizes: tiny tiles under the interpreter (speed), flash-attention-like ones on GPU."""
+def launch_config(head_dim: int, rows_max: int, itemsize: int = 2) -> dict:
+    """Tile sizes: tiny tiles under the interpreter (speed), on GPU the fastest of a sweep.
+
+    ``python -m fusionrag_llm.kernels.tune`` on an H100 (bf16, 32k context, head dim 128, GQA 4):
+    up to 64 rows (query tokens x GQA group: decode, a few recomputed tokens) take 16-row blocks
+    (more programs for a small grid) over 128-key tiles three stages deep; more than 128 rows take
+    64 x 128 tiles, two stages. 65..128 rows (not swept) and float32 inputs, whose pipeline buffers
+    are twice as large, keep the earlier tiles.
+    """
     if interpreting():
         return {"BLOCK_M": 16, "BLOCK_N": 32}
+    if itemsize <= 2 and rows_max <= 64:
+        return {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}
+    if itemsize <= 2 and rows_max > 128:
+        return {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2}
     block_m = 16 if rows_max <= 16 else 32 if rows_max <= 32 else 64
     return {"BLOCK_M": block_m, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 

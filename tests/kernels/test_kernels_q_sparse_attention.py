@@ -78,6 +78,33 @@ def test_triton_non_contiguous_heads():
                                q_sparse_attention_ref(*args, None, *case.page()), rtol=1e-4, atol=1e-5)
 
 
+@needs_triton
+@pytest.mark.parametrize("shuffle_keys", [False, True])
+def test_triton_long_context_scan_and_unsorted_keys(shuffle_keys):
+    # > 2 scan chunks of 1024 keys; early queries make the backward scan step over invisible chunks,
+    # and shuffled key positions put invisible tiles before the last visible key (exact no-ops).
+    case = make_case(9, 2600, 4, 2, 16, seed=7)
+    if shuffle_keys:
+        case.k_positions = case.k_positions[torch.randperm(2600, generator=torch.Generator().manual_seed(1))]
+    case.q_positions[:4] = torch.tensor([-5, 3, 40, 700])
+    case.page_positions[:3] = torch.tensor([2700, 1, 2000])
+    got = q_sparse_attention(*case.args(), None, *case.page())
+    want = dense_attention(*case.args(), None, *case.page())
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert torch.all(got[:, 0] == 0)
+
+
+@needs_triton
+def test_triton_block_sees_nothing_and_empty_context():
+    case = make_case(5, 1500, 2, 1, 16, page=False, seed=4)
+    case.q_positions[:] = torch.tensor([-3, -2, -7, -1, -9])  # no key visible: the scan finds nothing
+    got = q_sparse_attention(*case.args())
+    assert torch.all(got == 0)
+    empty = q_sparse_attention(case.q, case.q_positions, case.k[:, :0], case.v[:, :0], case.k_positions[:0],
+                               case.k_valid[:0])  # fmt: skip
+    assert torch.all(empty == 0)
+
+
 def _bad(case, **over):
     args = dict(q=case.q, q_positions=case.q_positions, k=case.k, v=case.v,
                 k_positions=case.k_positions, k_valid=case.k_valid, page_k=case.page_k,
@@ -120,8 +147,8 @@ def test_launcher_rejects_head_dim_and_cpu_without_interpreter(monkeypatch):
 @needs_cuda
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("nq,nk,hq,hkv,d", [(1, 4099, 32, 8, 128), (600, 4000, 9, 3, 64),
-                                            (2048, 8191, 32, 8, 128)])
+@pytest.mark.parametrize("nq,nk,hq,hkv,d", [(1, 4099, 32, 8, 128), (16, 5000, 32, 8, 128), (30, 3000, 16, 4, 128),
+                                            (600, 4000, 9, 3, 64), (2048, 8191, 32, 8, 128)])
 def test_gpu_low_precision_parity(dtype, nq, nk, hq, hkv, d):
     case = make_case(nq, nk, hq, hkv, d, dtype=dtype, device="cuda", seed=1)
     got = q_sparse_attention(*case.args(), None, *case.page())
