@@ -18,7 +18,7 @@ import click
 from fusionrag_llm.cli.options import device_option, dtype_option, kv_codec_option, load_rag, model_option
 from fusionrag_llm.data import demo_corpus
 
-METHODS = ("full_attention", "full_reuse", "cacheblend", "fusionrag")
+METHODS = ("full_attention", "full_reuse", "cacheblend", "fusionrag_paper", "fusionrag")
 
 
 def distractor_passages(count: int) -> list[str]:

@@ -296,11 +296,12 @@ class FusionRAG:
 
         ``method``: one of ``FusionRAG.methods``; ``kv_variant`` (plain|fused) and ``selector``
         (query_guided|kv_deviation|random|oracle|oracle_attention|none) override the method's own for ablations.
-        ``variant_policy`` (fused entries): ``"always"`` (default, the paper) serves each chunk from its
-        fused entry whenever one is stored; ``"overlap"`` only when at least half of the chunks it was
-        fused after are in this request, else from its plain entry (``stats.fused_declined`` counts those);
-        ``"check"``, ``"probe"`` and ``"cfo"`` choose per chunk from this prompt; ``"blend"`` serves the
-        mean of the fused and plain KV (README, "variant_policy"); under these three a chunk whose
+        ``variant_policy`` (fused entries; default: the method's own, ``"blend"`` for ``fusionrag``):
+        ``"always"`` (the paper, ``fusionrag_paper``) serves each chunk from its fused entry whenever one
+        is stored; ``"overlap"`` only when at least half of the chunks it was fused after are in this
+        request, else from its plain entry (``stats.fused_declined`` counts those); ``"check"``,
+        ``"probe"`` and ``"cfo"`` choose per chunk from this prompt; ``"blend"`` serves the mean of the
+        fused and plain KV (README, "variant_policy"); under check, probe and blend a chunk whose
         neighbours are all ahead of it in their fused order keeps its fused entry (``stats.fused_in_context``).
         ``decode_kv_budget`` (default None: off; any method but ape): A3's decode KV eviction after the
         prefill: every layer and kv-head keeps the prompt text outside the chunks, the last 32 prompt

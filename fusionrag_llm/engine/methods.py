@@ -48,6 +48,7 @@ KV_VARIANTS = ("plain", "fused")
 # order they were placed keeps its fused entry alone (``fusion/fused_order.context_in_place``).
 VARIANT_POLICIES = ("always", "overlap", "check", "probe", "cfo", "cfo_exact", "blend")
 CFO_POLICIES = ("cfo", "cfo_exact")
+BOTH_ENTRY_POLICIES = ("check", "probe", "blend")  # read a fused chunk's plain entry too
 VARIANT_MIN_OVERLAP = 0.5
 VARIANT_CHECK_LAYER = 1
 VARIANT_PROBE_STRIDE = 16
@@ -118,7 +119,11 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("full_attention", None, "none", "exact prefill of the whole prompt (the baseline)"),
         MethodSpec("full_reuse", "plain", "none", "reuse every chunk's plain KV, positions corrected (TurboRAG)"),
         MethodSpec("cacheblend", "plain", "kv_deviation", "plain KV, recompute the tokens whose layer-1 KV drifts most"),
-        MethodSpec("fusionrag", "fused", "query_guided", "fused KV, recompute the tokens the question attends to most"),
+        MethodSpec("fusionrag", "fused", "query_guided_layers",
+                   "each chunk's fused and plain KV blended, recompute the tokens the question attends to most over "
+                   "the upper layers", variant_policy="blend"),
+        MethodSpec("fusionrag_paper", "fused", "query_guided",
+                   "fused KV, recompute the tokens the question attends to most at the last layer (the paper)"),
         MethodSpec("a3", "plain", "early_attention", "plain KV; layer 0 for all tokens, then the tokens the question attends to most at layer 1 (A3)"),
         MethodSpec("epic", "plain", "chunk_starts", "plain KV, recompute the first tokens of every chunk (EPIC's LegoLink)",
                    needs_chunk_boundaries=True),
@@ -179,7 +184,7 @@ def check_run_options(*, method: str, recompute_ratio: float, kv_variant: str | 
                       selector: str | None = None, seed: int = 0, variant_policy: str | None = None,
                       decode_kv_budget: int | DecodeEviction | None = None) -> RunPlan:  # fmt: skip
     """Validate a run's knobs; ``kv_variant``/``selector`` override the method's own (ablations);
-    ``variant_policy`` (fused entries only) is one of ``VARIANT_POLICIES``, default ``"always"``;
+    ``variant_policy`` (fused entries only) is one of ``VARIANT_POLICIES``, default the method's own;
     ``decode_kv_budget`` (default None: off) turns on A3's decode KV eviction: an int is the chunk
     tokens every layer and kv-head keeps after the prefill, a ``DecodeEviction`` sets all its knobs.
 
@@ -253,4 +258,4 @@ def _check_stages(spec: MethodSpec) -> None:
         raise FusionRAGError(f"method {spec.name!r} needs stage(s) {', '.join(missing)}, which this engine does not run yet")
 
 
-__all__ = ["APE_SCALE", "DecodeEviction", "APE_TEMPERATURE", "ENGINE_STAGES", "KV_VARIANTS", "VARIANT_BLEND", "VARIANT_CHECK_LAYER", "VARIANT_MIN_OVERLAP", "VARIANT_PROBE_MARGIN", "VARIANT_PROBE_STRIDE", "VARIANT_POLICIES", "METHODS", "MethodSpec", "RunPlan", "SELECTORS", "check_run_options", "plan_run"]
+__all__ = ["APE_SCALE", "BOTH_ENTRY_POLICIES", "DecodeEviction", "APE_TEMPERATURE", "ENGINE_STAGES", "KV_VARIANTS", "VARIANT_BLEND", "VARIANT_CHECK_LAYER", "VARIANT_MIN_OVERLAP", "VARIANT_PROBE_MARGIN", "VARIANT_PROBE_STRIDE", "VARIANT_POLICIES", "METHODS", "MethodSpec", "RunPlan", "SELECTORS", "check_run_options", "plan_run"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from fusionrag_llm.engine.methods import RunPlan
+from fusionrag_llm.engine.methods import BOTH_ENTRY_POLICIES, RunPlan
 from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.fusion.catalog import chunk_id_of
 from fusionrag_llm.fusion.entry_keys import EntryKeys, TokenIds
@@ -85,15 +85,19 @@ class ContextPlan:
         return self.prompt_ids[boundary.start : boundary.end]
 
     def prefetch_keys(self) -> list[tuple[str, TokenIds]]:
-        """(key, token ids) of every entry assembly reads first: path blocks, then chunks' first choices.
+        """(key, token ids) of every entry assembly reads first: path blocks, then chunks' first choices,
+        and, under a policy that reads both (``BOTH_ENTRY_POLICIES``), the plain entry behind a fused one.
 
-        Fallbacks (a chunk's plain entry behind its fused one) are read only on a miss, so they are
-        not fetched ahead: that would load two entries for every chunk that has its first choice.
+        Otherwise fallbacks (a chunk's plain entry behind its fused one) are read only on a miss, so
+        they are not fetched ahead: that would load two entries for every chunk that has its first choice.
         """
         wanted = {b.key: self.block_ids(b) for b in self.boundaries}
+        both = self.variant_policy in BOTH_ENTRY_POLICIES
         for segment in self.segments:
             if segment.candidates:
                 wanted.setdefault(segment.candidates[0].key, segment.token_ids)
+                if both and segment.candidates[0].variant == "fused" and segment.candidates[-1].variant == "plain":
+                    wanted.setdefault(segment.candidates[-1].key, segment.token_ids)
         return list(wanted.items())
 
 

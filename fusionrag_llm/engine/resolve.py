@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from fusionrag_llm.engine.methods import CFO_POLICIES, VARIANT_MIN_OVERLAP, RunPlan
+from fusionrag_llm.engine.methods import BOTH_ENTRY_POLICIES, CFO_POLICIES, VARIANT_MIN_OVERLAP, RunPlan
 from fusionrag_llm.engine.variant_choice import Alternative, blend_variants, check_variants, probe_variants
 from fusionrag_llm.engine.plan import Boundary, ContextPlan, PlannedSegment, ResolveCounts, plan_context
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
@@ -134,7 +134,7 @@ class ContextResolver:
         """Under variant_policy="check", "probe" or "blend", the stored plain entry of a chunk served by
         its fused one; None also when the request holds the fused entry's own context (``ahead``:
         the chunks before it), which then serves alone (counted)."""
-        if context_plan.variant_policy not in ("check", "probe", "blend") or entry.meta.get("variant") != "fused":
+        if context_plan.variant_policy not in BOTH_ENTRY_POLICIES or entry.meta.get("variant") != "fused":
             return None
         if context_in_place(entry.meta, ahead):
             counts.fused_in_context += 1

@@ -1,8 +1,9 @@
 """Benchmark method specs and option parsing (plain Python, no tensors).
 
 A benchmark method is an engine method (``full_attention``, ``full_reuse``, ``cacheblend``,
-``fusionrag``) or an ablation written ``<kv_variant>+<selector>`` (e.g. ``fused+kv_deviation``,
-``plain+query_guided``): the ``fusionrag`` method with its KV variant and selector overridden.
+``fusionrag``, ``fusionrag_paper``, ...) or an ablation written ``<kv_variant>+<selector>`` (e.g.
+``fused+kv_deviation``, ``plain+query_guided``): the paper's method (``fusionrag_paper``, whose
+variant policy is ``"always"``) with its KV variant and selector overridden.
 Either may end in ``:<variant_policy>`` (e.g. ``fusionrag:overlap``) to choose between a chunk's
 fused and plain entries per request (``VARIANT_POLICIES``), and in ``@<budget>`` (e.g. ``a3@64``) to
 evict decode KV down to that many chunk tokens per layer and kv-head (``decode_kv_budget``).
@@ -75,7 +76,7 @@ def parse_method(spec: str) -> BenchMethod:
 
     Example:
         >>> parse_method("plain+query_guided")
-        BenchMethod(label='plain+query_guided', method='fusionrag', kv_variant='plain', selector='query_guided', variant_policy=None, decode_kv_budget=None)
+        BenchMethod(label='plain+query_guided', method='fusionrag_paper', kv_variant='plain', selector='query_guided', variant_policy=None, decode_kv_budget=None)
     """
     spec = spec.strip()
     base, at, budget = spec.rpartition("@")
@@ -99,7 +100,7 @@ def parse_method(spec: str) -> BenchMethod:
             f"'<kv_variant>+<selector>' with kv_variant in {{{', '.join(KV_VARIANTS)}}} "
             f"and selector in {{{', '.join(SELECTORS)}}}, e.g. 'fused+kv_deviation'"
         )
-    return BenchMethod(spec, "fusionrag", variant, selector)
+    return BenchMethod(spec, "fusionrag_paper", variant, selector)
 
 
 def parse_methods(text: str) -> tuple[BenchMethod, ...]:

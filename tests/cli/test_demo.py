@@ -11,7 +11,7 @@ def test_demo_runs_on_tiny_model():
     # tiny has no GGUF file: llama.cpp is skipped with the reason (or because it is not installed)
     assert "llama.cpp: skipped" in out
     summary = [line for line in out[out.index("Summary") :].splitlines()[1:] if line.strip()]
-    assert [line.split()[0] for line in summary] == ["full_attention", "full_reuse", "cacheblend", "fusionrag"]
+    assert [line.split()[0] for line in summary] == ["full_attention", "full_reuse", "cacheblend", "fusionrag_paper", "fusionrag"]
     assert "3/3 answers" in summary[0]  # full attention is its own reference
     assert "it/s" not in out  # quiet by default: no progress bars
 

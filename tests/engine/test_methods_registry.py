@@ -10,8 +10,8 @@ from fusionrag_llm.fusion.selectors import RequestLayout, select_tokens
 
 
 def test_every_row_is_consistent_and_runs_on_this_engine():
-    assert list(METHODS) == ["full_attention", "full_reuse", "cacheblend", "fusionrag", "a3", "epic", "cacheclip",
-                             "cache_craft", "ape"]  # fmt: skip
+    assert list(METHODS) == ["full_attention", "full_reuse", "cacheblend", "fusionrag", "fusionrag_paper", "a3", "epic",
+                             "cacheclip", "cache_craft", "ape"]  # fmt: skip
     for spec in METHODS.values():
         assert spec.selector in SELECTORS and spec.kv_variant in (None, *methods.KV_VARIANTS)
         assert set(spec.stages) <= methods.ENGINE_STAGES and spec.description
@@ -20,11 +20,14 @@ def test_every_row_is_consistent_and_runs_on_this_engine():
     assert METHODS["ape"].stages == ("attention_scaling", "parallel_positions")
     assert METHODS["cache_craft"].stages == ("needs_chunk_boundaries", "offline_metadata", "early_stop")
     assert METHODS["cache_craft"].variant_policy == "cfo"
+    paper, default = METHODS["fusionrag_paper"], METHODS["fusionrag"]
+    assert (paper.kv_variant, paper.selector, paper.variant_policy) == ("fused", "query_guided", "always")
+    assert (default.kv_variant, default.selector, default.variant_policy) == ("fused", "query_guided_layers", "blend")
     assert all(spec.description for spec in SELECTORS.values())
 
 
 @pytest.mark.parametrize("knobs, message", [
-    (dict(method="magic"), "valid methods: full_attention, full_reuse, cacheblend, fusionrag, a3, epic, cacheclip, cache_craft, ape"),
+    (dict(method="magic"), "valid methods: full_attention, full_reuse, cacheblend, fusionrag, fusionrag_paper, a3, epic, cacheclip, cache_craft, ape"),
     (dict(method="fusionrag", kv_variant="mixed"), "valid: plain, fused"),
     (dict(method="fusionrag", selector="best"), "valid selectors: query_guided, query_guided_layers, query_guided_groups, query_guided_per_chunk, query_guided_two_stage, query_guided_kv_union, kv_deviation, early_attention, auxiliary_attention, cache_craft, chunk_starts, random, oracle, oracle_attention, none"),
     (dict(method="fusionrag", recompute_ratio=1.5), r"recompute_ratio must be a number in \[0, 1\]"),

@@ -20,7 +20,7 @@ FINGERPRINT = "ab" * 32
 S0 = tuple(range(1, 21))
 KEYS = EntryKeys(FINGERPRINT, S0, lossless=True)
 LOSSY = EntryKeys(FINGERPRINT, S0, lossless=False)
-FUSIONRAG, FULL_REUSE, FULL = plan_run("fusionrag", 0.2), plan_run("full_reuse", 0.0), plan_run("full_attention", 1.0)
+FUSIONRAG, FULL_REUSE, FULL = plan_run("fusionrag_paper", 0.2), plan_run("full_reuse", 0.0), plan_run("full_attention", 1.0)
 
 
 def chunk(seed: int, size: int = 128) -> tuple[int, ...]:
@@ -102,6 +102,17 @@ def test_prefetch_keys_are_the_blocks_then_each_chunks_first_choice_once():
     assert wanted == list(dict(blocks + first_choices).items())
     assert len(wanted) == len(blocks) + 2  # three chunks, two distinct first choices
     assert plan.segments[3].candidates[0].key == plan.segments[5].candidates[0].key
+
+
+@pytest.mark.parametrize("policy", ["check", "probe", "blend"])
+def test_a_policy_that_reads_both_entries_prefetches_the_plain_one_too(policy):
+    plan = plan_context(segments_of(3), plan_run("fusionrag_paper", 0.2, variant_policy=policy), KEYS, prefix_cache=True)
+    wanted = [key for key, _ in plan.prefetch_keys()]
+    for segment in plan.segments:
+        if segment.candidates and segment.candidates[0].variant == "fused":
+            fused, plain = (c.key for c in segment.candidates)
+            assert wanted.index(fused) + 1 == wanted.index(plain)
+    assert len(wanted) == len(plan.boundaries) + 1 + 2 * 2  # the exact first chunk, then two with both entries
 
 
 def hashed_bytes_per_token(monkeypatch, num_chunks: int) -> float:

@@ -26,28 +26,28 @@ def test_overlap_keeps_fused_entries_whose_neighbours_are_present_and_declines_t
     # chunk 0 follows S0 (its plain entry is exact); chunk 1 was fused after chunk 0 (present);
     # chunk 2 was fused after chunk 3 (absent)
     request = RAGRequest(chunks=TEXTS[:3], question="Who keeps the lighthouse?")
-    paper = rag.generate(request, method="fusionrag", recompute_ratio=0.0, max_new_tokens=2)
-    chosen = rag.generate(request, method="fusionrag", recompute_ratio=0.0, max_new_tokens=2, variant_policy="overlap")
+    paper = rag.generate(request, method="fusionrag_paper", recompute_ratio=0.0, max_new_tokens=2)
+    chosen = rag.generate(request, method="fusionrag_paper", recompute_ratio=0.0, max_new_tokens=2, variant_policy="overlap")
     assert paper.stats.variant_hits == {"fused": 2, "plain": 0} and paper.stats.fused_declined == 0
     assert chosen.stats.variant_hits == {"fused": 1, "plain": 1} and chosen.stats.fused_declined == 1
     together = TEXTS[:2] + TEXTS[2:]  # every neighbour present: nothing declined
-    full = rag.generate(RAGRequest(chunks=together, question="Who?"), method="fusionrag", recompute_ratio=0.0,
+    full = rag.generate(RAGRequest(chunks=together, question="Who?"), method="fusionrag_paper", recompute_ratio=0.0,
                         max_new_tokens=2, variant_policy="overlap")  # fmt: skip
     assert full.stats.variant_hits == {"fused": 3, "plain": 0} and full.stats.fused_declined == 0
 
 
 def test_logits_follow_the_policy(rag):
     request = RAGRequest(chunks=[TEXTS[0], TEXTS[2]], question="Who runs the ferry?")  # chunk 2's neighbour absent
-    plain = rag.logits(request, [5, 6], method="fusionrag", recompute_ratio=0.0, kv_variant="plain")
-    chosen = rag.logits(request, [5, 6], method="fusionrag", recompute_ratio=0.0, variant_policy="overlap")
-    paper = rag.logits(request, [5, 6], method="fusionrag", recompute_ratio=0.0)
+    plain = rag.logits(request, [5, 6], method="fusionrag_paper", recompute_ratio=0.0, kv_variant="plain")
+    chosen = rag.logits(request, [5, 6], method="fusionrag_paper", recompute_ratio=0.0, variant_policy="overlap")
+    paper = rag.logits(request, [5, 6], method="fusionrag_paper", recompute_ratio=0.0)
     assert (chosen - plain).abs().max() < 1e-5 < (paper - plain).abs().max()
 
 
 @pytest.mark.parametrize("knobs, message", [
-    (dict(method="fusionrag", variant_policy="sometimes"), "valid: always, overlap, check"),
+    (dict(method="fusionrag_paper", variant_policy="sometimes"), "valid: always, overlap, check"),
     (dict(method="full_reuse", variant_policy="overlap"), "needs kv_variant 'fused'"),
-    (dict(method="fusionrag", kv_variant="plain", variant_policy="overlap"), "needs kv_variant 'fused'"),
+    (dict(method="fusionrag_paper", kv_variant="plain", variant_policy="overlap"), "needs kv_variant 'fused'"),
 ])  # fmt: skip
 def test_the_validator_names_a_bad_policy(knobs, message):
     with pytest.raises(FusionRAGError, match=message):
@@ -99,11 +99,11 @@ def test_check_keeps_the_variant_closer_to_the_exact_kv_and_changes_nothing_else
     near = {name: _distance(entry, exact.keys[VARIANT_CHECK_LAYER, :, span], exact.values[VARIANT_CHECK_LAYER, :, span])
             for name, entry in variants.items()}  # fmt: skip
     expected = "fused" if near["fused"] <= near["plain"] else "plain"
-    checked = rag.generate(request, method="fusionrag", recompute_ratio=0.0, max_new_tokens=2, variant_policy="check")
+    checked = rag.generate(request, method="fusionrag_paper", recompute_ratio=0.0, max_new_tokens=2, variant_policy="check")
     assert checked.stats.variant_hits[expected] == 1 and checked.stats.fused_declined == (expected == "plain")
     targets = [5, 6]
-    assert torch.equal(rag.logits(request, targets, method="fusionrag", recompute_ratio=0.0, variant_policy="check"),
-                       rag.logits(request, targets, method="fusionrag", recompute_ratio=0.0, kv_variant=expected))
+    assert torch.equal(rag.logits(request, targets, method="fusionrag_paper", recompute_ratio=0.0, variant_policy="check"),
+                       rag.logits(request, targets, method="fusionrag_paper", recompute_ratio=0.0, kv_variant=expected))
 
 
 def _spoil(rag, variant, layers):
@@ -128,14 +128,14 @@ def _assert_every_chunk_is_served_plain(rag, policy):
     """Chunk 2's neighbour (3) is absent: plain. Chunk 1's (0) is ahead of it: its fused entry serves
     it whatever the policy, as under "overlap"."""
     request = RAGRequest(chunks=[TEXTS[0], TEXTS[2], TEXTS[1]], question="Who runs the ferry?")
-    chosen = rag.generate(request, method="fusionrag", recompute_ratio=0.2, max_new_tokens=3, variant_policy=policy)
-    expected = rag.generate(request, method="fusionrag", recompute_ratio=0.2, max_new_tokens=3, variant_policy="overlap")
+    chosen = rag.generate(request, method="fusionrag_paper", recompute_ratio=0.2, max_new_tokens=3, variant_policy=policy)
+    expected = rag.generate(request, method="fusionrag_paper", recompute_ratio=0.2, max_new_tokens=3, variant_policy="overlap")
     assert chosen.stats.variant_hits == {"fused": 1, "plain": 1} and chosen.stats.fused_declined == 1
     assert chosen.stats.fused_in_context == 1
     assert chosen.token_ids == expected.token_ids
-    assert torch.equal(rag.logits(request, [5, 6], method="fusionrag", recompute_ratio=0.2, variant_policy=policy),
-                       rag.logits(request, [5, 6], method="fusionrag", recompute_ratio=0.2, variant_policy="overlap"))
-    many = rag.generate_many([request, request], method="fusionrag", recompute_ratio=0.2, max_new_tokens=3, variant_policy=policy)
+    assert torch.equal(rag.logits(request, [5, 6], method="fusionrag_paper", recompute_ratio=0.2, variant_policy=policy),
+                       rag.logits(request, [5, 6], method="fusionrag_paper", recompute_ratio=0.2, variant_policy="overlap"))
+    many = rag.generate_many([request, request], method="fusionrag_paper", recompute_ratio=0.2, max_new_tokens=3, variant_policy=policy)
     assert [m.token_ids for m in many] == [expected.token_ids] * 2
 
 
@@ -159,11 +159,11 @@ def test_probe_keeps_a_fused_entry_that_holds_this_prompts_exact_kv():
         entry = rag.store.get(key)[0]
         if entry.token_ids == tuple(second.token_ids) and entry.meta.get("variant") == "fused":
             rag.store.put(key, KVEntry(entry.token_ids, exact.keys[:, :, span].clone(), exact.values[:, :, span].clone(), entry.meta))
-    probed = rag.generate(request, method="fusionrag", recompute_ratio=0.0, max_new_tokens=2, variant_policy="probe")
+    probed = rag.generate(request, method="fusionrag_paper", recompute_ratio=0.0, max_new_tokens=2, variant_policy="probe")
     assert probed.stats.variant_hits == {"fused": 1, "plain": 0} and probed.stats.fused_declined == 0
     targets = [5, 6]
     full = rag.logits(request, targets, method="full_attention")
-    assert (rag.logits(request, targets, method="fusionrag", recompute_ratio=0.0, variant_policy="probe") - full).abs().max() < 1e-4
+    assert (rag.logits(request, targets, method="fusionrag_paper", recompute_ratio=0.0, variant_policy="probe") - full).abs().max() < 1e-4
 
 
 def test_blend_serves_the_mean_of_the_fused_and_plain_kv():
@@ -182,11 +182,11 @@ def test_blend_serves_the_mean_of_the_fused_and_plain_kv():
             rag.store.put(key, KVEntry(entry.token_ids, keys, values, entry.meta))
     targets = [5, 6]
     full = rag.logits(request, targets, method="full_attention")
-    blended = rag.logits(request, targets, method="fusionrag", recompute_ratio=0.0, variant_policy="blend")
+    blended = rag.logits(request, targets, method="fusionrag_paper", recompute_ratio=0.0, variant_policy="blend")
     assert (blended - full).abs().max() < 1e-4
-    fused = rag.logits(request, targets, method="fusionrag", recompute_ratio=0.0)
+    fused = rag.logits(request, targets, method="fusionrag_paper", recompute_ratio=0.0)
     assert (fused - full).abs().max() > 1e-2  # the fused entry alone is far off
-    out = rag.generate(request, method="fusionrag", recompute_ratio=0.0, max_new_tokens=2, variant_policy="blend")
+    out = rag.generate(request, method="fusionrag_paper", recompute_ratio=0.0, max_new_tokens=2, variant_policy="blend")
     assert out.stats.variant_hits == {"fused": 1, "plain": 0}
 
 
@@ -197,15 +197,15 @@ def test_a_chunk_after_its_own_neighbours_is_served_from_its_fused_entry_under_e
     layers = FusionRAG.from_pretrained("tiny", store=":memory:").engine.model.cfg.num_layers
     rag = _spoiled_rag(slice(0, layers))
     request = RAGRequest(chunks=TEXTS[:2], question="Who keeps the lighthouse?")
-    out = rag.generate(request, method="fusionrag", recompute_ratio=0.0, max_new_tokens=2, variant_policy=policy)
+    out = rag.generate(request, method="fusionrag_paper", recompute_ratio=0.0, max_new_tokens=2, variant_policy=policy)
     assert out.stats.variant_hits == {"fused": 1, "plain": 0} and out.stats.fused_in_context == 1
     assert out.stats.fused_declined == 0
     targets = [5, 6]
-    assert torch.equal(rag.logits(request, targets, method="fusionrag", recompute_ratio=0.0, variant_policy=policy),
-                       rag.logits(request, targets, method="fusionrag", recompute_ratio=0.0))
+    assert torch.equal(rag.logits(request, targets, method="fusionrag_paper", recompute_ratio=0.0, variant_policy=policy),
+                       rag.logits(request, targets, method="fusionrag_paper", recompute_ratio=0.0))
     apart = RAGRequest(chunks=[TEXTS[3], TEXTS[1]], question="Who keeps the lighthouse?")  # its neighbour absent
-    assert not torch.equal(rag.logits(apart, targets, method="fusionrag", recompute_ratio=0.0, variant_policy=policy),
-                           rag.logits(apart, targets, method="fusionrag", recompute_ratio=0.0))
+    assert not torch.equal(rag.logits(apart, targets, method="fusionrag_paper", recompute_ratio=0.0, variant_policy=policy),
+                           rag.logits(apart, targets, method="fusionrag_paper", recompute_ratio=0.0))
 
 
 ORDERED = ["Ada builds the bridge.", "Ben paints the bridge.", "Cy crosses the bridge."]
@@ -220,6 +220,6 @@ def test_the_neighbours_must_be_ahead_in_the_order_they_were_placed(fused_order,
     rag.add_chunks(ORDERED, embeddings=[[1, 0], [0.6, 0.8], [0.95, 0.31]], neighbors=2, fused_order=fused_order)
     def served(order):
         request = RAGRequest(chunks=[ORDERED[i] for i in order], question="Who?")
-        return rag.generate(request, method="fusionrag", recompute_ratio=0.0, max_new_tokens=1, variant_policy="blend").stats
+        return rag.generate(request, method="fusionrag_paper", recompute_ratio=0.0, max_new_tokens=1, variant_policy="blend").stats
     assert served(in_place).fused_in_context == 1  # chunk 2 (chunk 1's neighbours include the absent chunk 2)
     assert served(apart).fused_in_context == 0

@@ -22,9 +22,11 @@ def test_methods_always_start_with_both_baselines_once():
     assert labels == ["full_attention", "full_reuse", "fusionrag"]
 
 
-def test_ablation_is_fusionrag_with_overrides():
+def test_ablation_is_the_papers_method_with_overrides():
     m = parse_method("fused+kv_deviation")
-    assert (m.method, m.kv_variant, m.selector, m.ratio_free) == ("fusionrag", "fused", "kv_deviation", False)
+    assert (m.method, m.kv_variant, m.selector, m.ratio_free) == ("fusionrag_paper", "fused", "kv_deviation", False)
+    assert m.plan(0.15).variant_policy == "always"  # the paper's policy, whatever fusionrag's default
+    assert parse_method("fused+kv_deviation:blend").plan(0.15).variant_policy == "blend"
     assert parse_method("plain+none").ratio_free and parse_method("full_reuse").ratio_free
 
 

@@ -1,19 +1,27 @@
 """`variant_policy=blend` against the paper's policy ("always"), per question. Arguments: the bench's
-quality.json files or quality.partial.jsonl logs holding both (the first file's record wins)."""
+quality.json files or quality.partial.jsonl logs holding both (the first file's record wins).
+An optional first argument `--pairs=BASE@R:OTHER@R,...` names other (method, ratio) pairs to compare,
+e.g. `--pairs=fusionrag_paper@0.15:fusionrag@0.15`."""
 import json
 import statistics as st
 import sys
 
+args = sys.argv[1:]
+pairs = [(("fusionrag", 0.0), ("fusionrag:blend", 0.0)), (("fusionrag", 0.15), ("fusionrag:blend", 0.15)),
+         (("fused+query_guided_layers", 0.15), ("fused+query_guided_layers:blend", 0.15))]
+if args and args[0].startswith("--pairs="):
+    def cell(text):
+        method, _, ratio = text.rpartition("@")
+        return method, float(ratio)
+    pairs = [tuple(cell(side) for side in pair.split(":", 1)) for pair in args.pop(0)[len("--pairs="):].split(",")]
 recs = {}
-for path in sys.argv[1:]:
+for path in args:
     lines = open(path).read().splitlines()
     records = [json.loads(line) for line in lines if '"qid"' in line] if path.endswith(".jsonl") else json.load(open(path))["records"]
     for r in records:
         recs.setdefault((r["method"], r["ratio"]), {}).setdefault(r["qid"], r)
 fr = recs[("full_reuse", None)]
-pairs = [(("fusionrag", 0.0), ("fusionrag:blend", 0.0)), (("fusionrag", 0.15), ("fusionrag:blend", 0.15)),
-         (("fused+query_guided_layers", 0.15), ("fused+query_guided_layers:blend", 0.15))]
-print("| method | r | mean KL | norm KL | median | p90 | max | > FR | FA answer lost vs FR | greedy EM | vs always: closer / further |")
+print("| method | r | mean KL | norm KL | median | p90 | max | > FR | FA answer lost vs FR | greedy EM | vs base: closer / further |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for base, blend in pairs:
     if blend not in recs:
