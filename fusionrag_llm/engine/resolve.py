@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 
 from fusionrag_llm.engine.methods import BOTH_ENTRY_POLICIES, CFO_POLICIES, VARIANT_MIN_OVERLAP, RunPlan
-from fusionrag_llm.engine.variant_choice import Alternative, blend_variants, check_variants, probe_variants
+from fusionrag_llm.engine.variant_choice import Alternative, blend_entry, check_variants, probe_variants
 from fusionrag_llm.engine.plan import Boundary, ContextPlan, PlannedSegment, ResolveCounts, plan_context
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.craft import VariantNotes, fix_overhead, fused_notes, plain_notes
@@ -56,7 +56,7 @@ class _Placed:
     fresh: list[torch.Tensor]  # tokens computed in the prefill
     suffix: list[torch.Tensor]
     missed: list[torch.Tensor] = field(default_factory=list)  # reused chunk tokens whose entry was computed now
-    # variant_policy="check"/"probe"/"blend": chunks placed fused whose plain entry is the alternative
+    # variant_policy="check"/"probe": chunks placed fused whose plain entry is the alternative
     alternatives: list[Alternative] = field(default_factory=list)
     # variant_policy="cfo": chunk start -> (Cache Fix Overhead of the variant serving it, its token order)
     craft: dict[int, tuple[float, tuple[int, ...]]] = field(default_factory=dict)
@@ -105,8 +105,10 @@ class ContextResolver:
                     entry = self._craft_entry(segment, counts, ahead[index], placed, exact_only)
                 else:
                     entry = self._chunk_entry(segment, counts, context_plan)
-                slots = self._place(cache, entry, segment.first_position)
                 plain = self._plain_alternative(segment, entry, context_plan, ahead[index], counts)
+                if plain is not None and context_plan.variant_policy == "blend":
+                    entry, plain = blend_entry(entry, plain, cache.keys.device, cache.keys.dtype), None
+                slots = self._place(cache, entry, segment.first_position)
                 if plain is not None:
                     placed.alternatives.append(Alternative(segment.first_position, slots, entry, plain))
                 if segment.exact_plain:  # exact KV: nothing to recompute, and its path block is known
@@ -125,15 +127,15 @@ class ContextResolver:
             cache.feed.start()
         if placed.alternatives:
             cache.settle()  # the variant choice reads the placed KV itself
-            choose = {"probe": probe_variants, "blend": blend_variants}.get(context_plan.variant_policy, check_variants)
+            choose = probe_variants if context_plan.variant_policy == "probe" else check_variants
             choose(self.model, placed.alternatives, layout, cache, counts)
         return ResolvedContext(layout, list(context_plan.boundaries), matched, placed.new_variants), counts
 
     def _plain_alternative(self, segment: PlannedSegment, entry: KVEntry, context_plan: ContextPlan,
                            ahead: list[str], counts: ResolveCounts) -> KVEntry | None:  # fmt: skip
         """Under variant_policy="check", "probe" or "blend", the stored plain entry of a chunk served by
-        its fused one; None also when the request holds the fused entry's own context (``ahead``:
-        the chunks before it), which then serves alone (counted)."""
+        its fused one ("blend" mixes the two before placing); None also when the request holds the
+        fused entry's own context (``ahead``: the chunks before it), which then serves alone (counted)."""
         if context_plan.variant_policy not in BOTH_ENTRY_POLICIES or entry.meta.get("variant") != "fused":
             return None
         if context_in_place(entry.meta, ahead):

@@ -1,11 +1,11 @@
 """Per-request choice between a chunk's fused and plain entries from this prompt's own KV, or their blend.
 
-Each policy starts from a cache where every chunk is placed from its fused entry and, for each
-chunk that has one, its plain entry is at hand (``Alternative``); a chunk whose fused entry was
-computed in this prompt's own context (``fusion/fused_order.context_in_place``) gets none and keeps
-its fused entry under every policy. ``"check"`` and ``"probe"`` run
-part of the model over the prompt, compare, and leave the cache as it was except for the chunks that
-switch to plain; ``"blend"`` rewrites every such chunk.
+``"check"`` and ``"probe"`` start from a cache where every chunk is placed from its fused entry and,
+for each chunk that has one, its plain entry is at hand (``Alternative``); they run part of the
+model over the prompt, compare, and leave the cache as it was except for the chunks that switch to
+plain. ``"blend"`` places such a chunk from the mix of its two entries instead. A chunk whose fused
+entry was computed in this prompt's own context (``fusion/fused_order.context_in_place``) keeps its
+fused entry under every policy.
 
 * ``"check"``: the layers below ``VARIANT_CHECK_LAYER`` run once over every non-exact token; a chunk
   keeps the variant whose KV at that layer is closer to the exact KV there.
@@ -15,9 +15,9 @@ switch to plain; ``"blend"`` rewrites every such chunk.
   which a low-layer check cannot see. The probe reads the chunk's own fused KV, so its KV leans to
   the fused entry; a chunk therefore switches to plain when the probe is closer to the plain entry
   than ``VARIANT_PROBE_MARGIN`` times its distance to the fused one.
-* ``"blend"``: no choice and no forward: every such chunk's K/V becomes ``VARIANT_BLEND`` times its
-  fused entry's plus the rest times its plain entry's (both placed at the same positions, so the
-  rotated keys blend as the stored ones would).
+* ``"blend"``: no choice and no forward: every such chunk is placed from ``blend_entry``, its K/V
+  ``VARIANT_BLEND`` times its fused entry's plus the rest times its plain entry's, mixed before
+  placement (rotary embedding is linear, so the placed keys are the mix of the two placed ones).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from fusionrag_llm.fusion.placement import place_entry
 from fusionrag_llm.fusion.scorers.kv_deviation import squared_distance
 from fusionrag_llm.fusion.selectors import RequestLayout
 from fusionrag_llm.models.kv_cache import KVCache
-from fusionrag_llm.storage import KVEntry
+from fusionrag_llm.storage import KVEntry, kv_tensors
 
 
 @dataclass
@@ -82,14 +82,13 @@ def probe_variants(model, alternatives: list[Alternative], layout: RequestLayout
         _keep(model, cache, alt, counts, plain=to_plain < VARIANT_PROBE_MARGIN * to_fused)
 
 
-def blend_variants(model, alternatives: list[Alternative], layout: RequestLayout, cache: KVCache,
-                   counts: ResolveCounts) -> None:  # fmt: skip
-    """variant_policy="blend" (see the module docstring); the chunks stay counted as fused hits."""
-    for alt in alternatives:
-        fused_keys, fused_values = cache.keys[:, :, alt.slots].clone(), cache.values[:, :, alt.slots].clone()
-        place_entry(model, cache, alt.plain, alt.start, alt.slots)
-        cache.keys[:, :, alt.slots] = torch.lerp(cache.keys[:, :, alt.slots], fused_keys, VARIANT_BLEND)
-        cache.values[:, :, alt.slots] = torch.lerp(cache.values[:, :, alt.slots], fused_values, VARIANT_BLEND)
+def blend_entry(fused: KVEntry, plain: KVEntry, device: torch.device, dtype: torch.dtype) -> KVEntry:
+    """variant_policy="blend" (see the module docstring): an entry of the chunk, unpacked on ``device``
+    in ``dtype``, with ``fused``'s meta (the chunk stays counted as a fused hit)."""
+    fused_keys, fused_values = kv_tensors(fused, device, dtype)
+    plain_keys, plain_values = kv_tensors(plain, device, dtype)
+    return KVEntry(fused.token_ids, torch.lerp(plain_keys, fused_keys, VARIANT_BLEND),
+                   torch.lerp(plain_values, fused_values, VARIANT_BLEND), fused.meta)  # fmt: skip
 
 
 def _keep(model, cache: KVCache, alt: Alternative, counts: ResolveCounts, *, plain: bool) -> None:
