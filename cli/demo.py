@@ -112,10 +112,10 @@ def _answer(rag, request, ratio: float, max_new_tokens: int, llama) -> list[dict
 
 
 def _table(rows: list[dict]) -> str:
-    lines = [f"  {'method':<18} {'TTFT ms':>9} {'vs FA':>7} {'computed':>9}  answer"]
+    lines = [f"  {'method':<22} {'TTFT ms':>9} {'vs FA':>7} {'computed':>9}  answer"]
     for r in rows:
         same = "" if r is rows[0] else ("  (= FA)" if r["same_as_fa"] else "")
-        lines.append(f"  {r['method']:<18} {r['ttft_s'] * 1000:9.0f} {r['vs_fa']:6.1f}x {r['computed']:9d}  "
+        lines.append(f"  {r['method']:<22} {r['ttft_s'] * 1000:9.0f} {r['vs_fa']:6.1f}x {r['computed']:9d}  "
                      f"{r['answer'][:100]}{same}")  # fmt: skip
     return "\n".join(lines)
 
@@ -125,5 +125,5 @@ def _summary(rows: list[dict]) -> str:
     for method in dict.fromkeys(r["method"] for r in rows):
         mine = [r for r in rows if r["method"] == method]
         same = sum(r["same_as_fa"] for r in mine)
-        lines.append(f"  {method:<18} {statistics.median(r['vs_fa'] for r in mine):6.1f}x   {same}/{len(mine)} answers")
+        lines.append(f"  {method:<22} {statistics.median(r['vs_fa'] for r in mine):6.1f}x   {same}/{len(mine)} answers")
     return "\n".join(lines)
