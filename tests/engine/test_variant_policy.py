@@ -124,7 +124,7 @@ def _spoiled_rag(layers):
     return rag
 
 
-def _assert_every_chunk_is_served_plain(rag, policy):
+def _assert_spoiled_fused_entries_are_set_aside(rag, policy):
     """Chunk 2's neighbour (3) is absent: plain. Chunk 1's (0) is ahead of it: its fused entry serves
     it whatever the policy, as under "overlap"."""
     request = RAGRequest(chunks=[TEXTS[0], TEXTS[2], TEXTS[1]], question="Who runs the ferry?")
@@ -140,12 +140,12 @@ def _assert_every_chunk_is_served_plain(rag, policy):
 
 
 def test_check_declines_fused_entries_far_from_the_exact_kv():
-    _assert_every_chunk_is_served_plain(_spoiled_rag(VARIANT_CHECK_LAYER), "check")
+    _assert_spoiled_fused_entries_are_set_aside(_spoiled_rag(VARIANT_CHECK_LAYER), "check")
 
 
 def test_probe_declines_fused_entries_whose_upper_layers_are_far_off():
     layers = FusionRAG.from_pretrained("tiny", store=":memory:").engine.model.cfg.num_layers
-    _assert_every_chunk_is_served_plain(_spoiled_rag(slice(layers // 2, layers)), "probe")  # only what the probe compares
+    _assert_spoiled_fused_entries_are_set_aside(_spoiled_rag(slice(layers // 2, layers)), "probe")  # only what the probe compares
 
 
 def test_probe_keeps_a_fused_entry_that_holds_this_prompts_exact_kv():
