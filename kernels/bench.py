@@ -56,8 +56,9 @@ def build_inputs(shape: dict, fraction: float, device: str, seed: int = 0) -> di
 
 
 def visible_pairs(inp: dict) -> int:
-    """Number of (query, key) pairs the rule makes visible (context + page)."""
-    keys = torch.cat([inp["k_positions"][inp["k_valid"]], inp["page_positions"]]).sort().values
+    """Number of (query, key) pairs the rule makes visible (context + page, when there is one)."""
+    page = [] if inp["page_positions"] is None else [inp["page_positions"]]
+    keys = torch.cat([inp["k_positions"][inp["k_valid"]], *page]).sort().values
     return int(torch.searchsorted(keys, inp["q_positions"], right=True).sum())
 
 

@@ -68,13 +68,6 @@ def case_inputs(shape: dict, case: dict, device: str, seed: int) -> dict:
     return inp
 
 
-def _pairs(inp: dict) -> int:
-    if inp["page_k"] is not None:
-        return visible_pairs(inp)
-    keys = inp["k_positions"][inp["k_valid"]].sort().values
-    return int(torch.searchsorted(keys, inp["q_positions"], right=True).sum())
-
-
 def _as_dict(cfg: Config) -> dict:
     return {"BLOCK_M": cfg[0], "BLOCK_N": cfg[1], "num_warps": cfg[2], "num_stages": cfg[3]}
 
@@ -141,7 +134,7 @@ def run(shape: dict, case_list: list[dict], variants: list[str], device: str, re
         inp = case_inputs(shape, case, device, seed)
         args = [inp[k] for k in ("q", "q_positions", "k", "v", "k_positions", "k_valid")]
         ref = q_sparse_attention_ref(*args, None, inp["page_k"], inp["page_v"], inp["page_positions"]).float()
-        flops = 4 * inp["q"].shape[2] * inp["q"].shape[0] * _pairs(inp)
+        flops = 4 * inp["q"].shape[2] * inp["q"].shape[0] * visible_pairs(inp)
         for i, variant in enumerate(variants):
             configs = (GRID_BASELINE if len(variants) > 1 and i == 0 else case["grid"]) if grid else []
             default = default_config(modules[variant], inp)

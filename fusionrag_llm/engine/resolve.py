@@ -293,7 +293,7 @@ def _fusion_fits(entry: KVEntry, context_plan: ContextPlan) -> bool:
     """Whether the variant policy lets a fused entry serve this request (``engine/methods.py``)."""
     if context_plan.variant_policy != "overlap":
         return True
-    neighbours = entry.meta.get("neighbours") or []  # all of them ahead in placement order: >= the bar
+    neighbours = entry.meta.get("neighbours") or []  # a chunk after all of them (context_in_place) passes
     if not neighbours:
         return True  # fused after S0 alone: nothing of another chunk in it
     present = sum(n in context_plan.chunk_ids for n in neighbours)
