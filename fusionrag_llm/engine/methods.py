@@ -175,6 +175,11 @@ class RunPlan:
         return METHODS[self.method].early_stop and self.kv_variant is not None
 
     @property
+    def reads_variant_spread(self) -> bool:
+        """The selector weighs blended tokens by how far their fused and plain entries lie apart."""
+        return self.variant_policy == "blend" and SELECTORS[self.selector].reads_variant_spread
+
+    @property
     def ratio_free(self) -> bool:
         """True when the ratio cannot change the run: no chunk reuse, or a selector that picks nothing."""
         return not self.reuses_chunks or not SELECTORS[self.selector].selects
@@ -218,6 +223,9 @@ def check_run_options(*, method: str, recompute_ratio: float, kv_variant: str | 
                              f"it needs kv_variant 'fused', and this run reuses {variant!r} entries")  # fmt: skip
     ratio = float(recompute_ratio) if SELECTORS[chosen].selects else 0.0
     policy = variant_policy or (spec.variant_policy if variant == "fused" else "always")
+    if SELECTORS[chosen].reads_variant_spread and policy != "blend":
+        raise FusionRAGError(f"selector {chosen!r} reads how far each chunk's fused and plain entries lie apart, "
+                             f"which only variant_policy 'blend' measures; this run's policy is {policy!r}")  # fmt: skip
     return RunPlan(method, variant, chosen, ratio, seed, policy, eviction)
 
 

@@ -75,6 +75,7 @@ class ContextPlan:
     exact_blocks: bool  # the store keeps exact path blocks; False: none, exact prefixes in memory
     variant_policy: str = "always"  # RunPlan.variant_policy
     attention_scaling: tuple[float, float] | None = None  # RunPlan.attention_scaling
+    variant_spread: bool = False  # RunPlan.reads_variant_spread: measure each blended token's spread
 
     @property
     def chunk_ids(self) -> frozenset[str]:
@@ -142,7 +143,7 @@ def plan_context(segments: Sequence[Segment], run_plan: RunPlan, keys: EntryKeys
         planned.append(PlannedSegment(segment.kind, tuple(segment.token_ids), start, end, ends.get(index),
                                       candidates, index == exact, chunk_id, positions[index]))  # fmt: skip
     return ContextPlan(tuple(planned), tuple(boundaries), ids, keys.exact_blocks, run_plan.variant_policy,
-                       run_plan.attention_scaling)  # fmt: skip
+                       run_plan.attention_scaling, run_plan.reads_variant_spread)  # fmt: skip
 
 
 def _parallel_positions(segments: Sequence[Segment]) -> list[int | None]:

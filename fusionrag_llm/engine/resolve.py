@@ -60,6 +60,8 @@ class _Placed:
     alternatives: list[Alternative] = field(default_factory=list)
     # variant_policy="cfo": chunk start -> (Cache Fix Overhead of the variant serving it, its token order)
     craft: dict[int, tuple[float, tuple[int, ...]]] = field(default_factory=dict)
+    # variant_policy="blend" for a selector that reads it: (slots, each token's fused/plain spread)
+    spread: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     new_variants: list[NewVariant] = field(default_factory=list)
 
 
@@ -106,9 +108,14 @@ class ContextResolver:
                 else:
                     entry = self._chunk_entry(segment, counts, context_plan)
                 plain = self._plain_alternative(segment, entry, context_plan, ahead[index], counts)
+                spread = None
                 if plain is not None and context_plan.variant_policy == "blend":
-                    entry, plain = blend_entry(entry, plain, cache.keys.device, cache.keys.dtype), None
+                    entry, spread = blend_entry(entry, plain, cache.keys.device, cache.keys.dtype,
+                                                spread=context_plan.variant_spread)  # fmt: skip
+                    plain = None
                 slots = self._place(cache, entry, segment.first_position)
+                if spread is not None:
+                    placed.spread.append((slots, spread))
                 if plain is not None:
                     placed.alternatives.append(Alternative(segment.first_position, slots, entry, plain))
                 if segment.exact_plain:  # exact KV: nothing to recompute, and its path block is known
@@ -343,4 +350,13 @@ def _layout(context_plan: ContextPlan, placed: _Placed, cache: KVCache) -> Reque
         positions=cache.positions[:n].clone() if parallel else None,
         chunk_fix=tuple(fix for fix, _ in craft),
         chunk_order=tuple(order for _, order in craft),
+        variant_spread=_variant_spread(placed, n, device) if context_plan.variant_spread else None,
     )
+
+
+def _variant_spread(placed: _Placed, n: int, device: torch.device) -> torch.Tensor:
+    """[n] each prompt slot's fused/plain spread (``entry_spread``); NaN where no blend was placed."""
+    spread = torch.full((n,), float("nan"), dtype=torch.float32, device=device)
+    for slots, values in placed.spread:
+        spread[slots] = values.to(device)
+    return spread

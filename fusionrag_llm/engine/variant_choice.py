@@ -18,6 +18,8 @@ fused entry under every policy.
 * ``"blend"``: no choice and no forward: every such chunk is placed from ``blend_entry``, its K/V
   ``VARIANT_BLEND`` times its fused entry's plus the rest times its plain entry's, mixed before
   placement (rotary embedding is linear, so the placed keys are the mix of the two placed ones).
+  A selector that asks for it (``SelectorSpec.reads_variant_spread``) also gets each blended token's
+  ``entry_spread`` in ``RequestLayout.variant_spread``.
 """
 
 from __future__ import annotations
@@ -82,13 +84,33 @@ def probe_variants(model, alternatives: list[Alternative], layout: RequestLayout
         _keep(model, cache, alt, counts, plain=to_plain < VARIANT_PROBE_MARGIN * to_fused)
 
 
-def blend_entry(fused: KVEntry, plain: KVEntry, device: torch.device, dtype: torch.dtype) -> KVEntry:
+def blend_entry(fused: KVEntry, plain: KVEntry, device: torch.device, dtype: torch.dtype,
+                spread: bool = False) -> tuple[KVEntry, torch.Tensor | None]:  # fmt: skip
     """variant_policy="blend" (see the module docstring): an entry of the chunk, unpacked on ``device``
-    in ``dtype``, with ``fused``'s meta (the chunk stays counted as a fused hit)."""
+    in ``dtype``, with ``fused``'s meta (the chunk stays counted as a fused hit); with ``spread``, also
+    ``entry_spread`` of the two (else None)."""
     fused_keys, fused_values = kv_tensors(fused, device, dtype)
     plain_keys, plain_values = kv_tensors(plain, device, dtype)
-    return KVEntry(fused.token_ids, torch.lerp(plain_keys, fused_keys, VARIANT_BLEND),
-                   torch.lerp(plain_values, fused_values, VARIANT_BLEND), fused.meta)  # fmt: skip
+    blended = KVEntry(fused.token_ids, torch.lerp(plain_keys, fused_keys, VARIANT_BLEND),
+                      torch.lerp(plain_values, fused_values, VARIANT_BLEND), fused.meta)  # fmt: skip
+    if not spread:
+        return blended, None
+    return blended, entry_spread(fused_keys, fused_values, plain_keys, plain_values)
+
+
+def entry_spread(fused_keys: torch.Tensor, fused_values: torch.Tensor, plain_keys: torch.Tensor,
+                 plain_values: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """[T] how far a chunk's fused and plain entries lie apart at each token: the L2 distance of their
+    K and V over the upper half of the layers and every head (keys before rotary embedding, which
+    keeps distances, so the value holds wherever the chunk is placed). The more a token's KV depends
+    on what precedes the chunk, the less its blended KV can be trusted (selector
+    ``query_guided_spread``)."""
+    upper = slice(fused_keys.shape[0] // 2, fused_keys.shape[0])
+    total = torch.zeros(fused_keys.shape[2], dtype=torch.float32, device=fused_keys.device)
+    for layer in range(*upper.indices(fused_keys.shape[0])):
+        total += squared_distance(fused_keys[layer], plain_keys[layer])
+        total += squared_distance(fused_values[layer], plain_values[layer])
+    return total.sqrt()
 
 
 def _keep(model, cache: KVCache, alt: Alternative, counts: ResolveCounts, *, plain: bool) -> None:

@@ -26,6 +26,10 @@ class RequestLayout:
     # variant serving it (0 for exact KV) and its tokens' order, most contextualised first (() = unknown)
     chunk_fix: tuple[float, ...] = ()
     chunk_order: tuple[tuple[int, ...], ...] = ()
+    # variant_policy="blend", for a selector that reads it: [N] per prompt slot, how far the chunk's
+    # fused and plain entries lie apart at that token (``engine/variant_choice.entry_spread``), NaN
+    # where no blend was placed; None: not measured
+    variant_spread: torch.Tensor | None = None
 
     def step(self, slots: torch.Tensor, **kw) -> ForwardPass:
         positions = slots if self.positions is None else self.positions[slots]

@@ -30,6 +30,7 @@ from fusionrag_llm.fusion.scorers import (
     query_guided_variants,
     random_order,
     two_stage,
+    variant_spread,
 )
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.models.llama import DecoderLM, ForwardOutput, ForwardPass
@@ -49,6 +50,8 @@ class SelectorSpec:
     scores_from: Callable[[ScoringInput, ForwardOutput], torch.Tensor] | None = None  # ... and its reading
     # which slots the scores choose (default: the ``k`` highest); may return fewer than ``k``
     pick: Callable[[RequestLayout, torch.Tensor, int], torch.Tensor] | None = None
+    # reads ``layout.variant_spread`` (measured only for it, under variant_policy="blend")
+    reads_variant_spread: bool = False
 
     @property
     def selects(self) -> bool:
@@ -64,6 +67,12 @@ SELECTORS: dict[str, SelectorSpec] = {
         SelectorSpec("query_guided_layers", query_guided.layers_scores, True,
                      "the question's attention averaged over the upper half of the layers",
                      query_guided.layers_pass, query_guided.layers_scores_from),
+        SelectorSpec("query_guided_spread", query_guided_variants.spread_scores, True,
+                     "the question's attention over the upper layers times how far each blended token's fused and plain entries lie apart",
+                     query_guided.layers_pass, query_guided_variants.spread_from, reads_variant_spread=True),
+        SelectorSpec("variant_spread", variant_spread.scores, False,
+                     "how far each blended token's fused and plain entries lie apart (no forward pass)",
+                     reads_variant_spread=True),
         SelectorSpec("query_guided_groups", query_guided_variants.groups, True,
                      "the question's last-layer attention, recomputing whole 8-token groups (CacheClip)",
                      query_guided.scoring_pass, query_guided_variants.groups_from),

@@ -29,7 +29,7 @@ def test_every_row_is_consistent_and_runs_on_this_engine():
 @pytest.mark.parametrize("knobs, message", [
     (dict(method="magic"), "valid methods: full_attention, full_reuse, cacheblend, fusionrag, fusionrag_paper, a3, epic, cacheclip, cache_craft, ape"),
     (dict(method="fusionrag", kv_variant="mixed"), "valid: plain, fused"),
-    (dict(method="fusionrag", selector="best"), "valid selectors: query_guided, query_guided_layers, query_guided_groups, query_guided_per_chunk, query_guided_two_stage, query_guided_kv_union, kv_deviation, early_attention, auxiliary_attention, cache_craft, chunk_starts, random, oracle, oracle_attention, none"),
+    (dict(method="fusionrag", selector="best"), "valid selectors: query_guided, query_guided_layers, query_guided_spread, variant_spread, query_guided_groups, query_guided_per_chunk, query_guided_two_stage, query_guided_kv_union, kv_deviation, early_attention, auxiliary_attention, cache_craft, chunk_starts, random, oracle, oracle_attention, none"),
     (dict(method="fusionrag", recompute_ratio=1.5), r"recompute_ratio must be a number in \[0, 1\]"),
     (dict(method="fusionrag", recompute_ratio=True), r"recompute_ratio must be a number in \[0, 1\]"),
     (dict(method="fusionrag", seed=-1), "seed must be an int >= 0"),

@@ -5,15 +5,17 @@ same forward, and follows its own rule."""
 import pytest
 import torch
 
-from fusionrag_llm import FusionRAG, RAGRequest
+from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest
 from fusionrag_llm.engine.methods import plan_run
 from fusionrag_llm.fusion.layout import RequestLayout, ScoringInput
+from fusionrag_llm.engine.variant_choice import entry_spread
 from fusionrag_llm.fusion.scorers import oracle, query_guided
+from fusionrag_llm.fusion.scorers import variant_spread
 from fusionrag_llm.fusion.scorers.shaping import group_ids, in_groups, per_chunk, rank_union
 from fusionrag_llm.fusion.selectors import Selection, select_many, select_tokens
 
 VARIANTS = ["query_guided_layers", "query_guided_groups", "query_guided_per_chunk", "query_guided_kv_union",
-            "query_guided_two_stage"]
+            "query_guided_two_stage", "query_guided_spread", "variant_spread"]
 CHUNKS = [
     "The river Sel floods the lower town of Brightwater every spring after the snow melts in the hills.",
     "Brightwater's mayor in 1901 was Ida Renn, who built the first stone embankment along the river.",
@@ -59,9 +61,10 @@ def rag():
     return rag
 
 
-def assembled(rag, selector):
+def assembled(rag, selector, variant_policy=None):
     engine = rag.engine
-    seq = engine._sequence(rag.segments(REQUEST), plan_run("fusionrag", 0.2, selector=selector), 2)
+    run = plan_run("fusionrag", 0.2, selector=selector, variant_policy=variant_policy)
+    seq = engine._sequence(rag.segments(REQUEST), run, 2)
     work = engine._assemble(seq)
     return Selection(selector, work.k, seq.cache, work.resolved.layout)
 
@@ -140,3 +143,55 @@ def test_two_stages_take_the_first_reading_then_the_reading_after_recomputing_it
     cache.keys[:], cache.values[:], cache.valid[:], cache.positions[:] = saved  # the assembled cache again
     picked = select_tokens("query_guided_two_stage", job.k, model, cache, lay)
     assert job.k >= 4 and picked.tolist() == expected.tolist()
+
+
+def test_spread_weighs_the_attention_by_each_tokens_spread_over_the_mean():
+    lay = layout([(2, 6), (8, 12)])  # 8 reused tokens
+    lay.variant_spread = torch.full((15,), float("nan"))
+    lay.variant_spread[2:6] = torch.tensor([1.0, 3.0, 0.0, 4.0])  # the second chunk was not blended
+    scores = torch.full((8,), 2.0)
+    assert variant_spread.weigh(scores, lay).tolist() == [1.0, 3.0, 0.0, 4.0, 2.0, 2.0, 2.0, 2.0]  # mean spread 2; unknown: x1
+    alone = variant_spread.scores(ScoringInput(None, None, lay))
+    assert alone.tolist() == [0.5, 1.5, 0.0, 2.0, 1.0, 1.0, 1.0, 1.0]
+    lay.variant_spread = None
+    assert torch.equal(variant_spread.weigh(scores, lay), scores)
+
+
+def test_the_layout_holds_the_spread_of_every_blended_chunk_for_the_selector_that_reads_it(rag):
+    lay = assembled(rag, "query_guided_spread").layout
+    spread = lay.variant_spread
+    assert spread.shape == lay.token_ids.shape and not bool(torch.isfinite(spread[lay.fresh_slots]).any())
+    entries = {}
+    for key in rag.store.keys():
+        entry = rag.store.get(key, copy=False)[0]
+        entries[(entry.token_ids, entry.meta.get("variant"))] = entry
+    blended = 0
+    for start, end in lay.chunk_spans:
+        ids = tuple(lay.token_ids[start:end].tolist())
+        if bool(torch.isfinite(spread[start:end]).all()):
+            fused, plain = entries[(ids, "fused")], entries[(ids, "plain")]
+            expected = entry_spread(fused.keys, fused.values, plain.keys, plain.values)
+            assert torch.allclose(spread[start:end], expected) and bool((expected > 0).all())
+            blended += 1
+        else:
+            assert not bool(torch.isfinite(spread[start:end]).any())
+    assert blended >= 1
+    assert assembled(rag, "query_guided_layers").layout.variant_spread is None  # measured only when read
+
+
+@pytest.mark.parametrize("selector", ["query_guided_spread", "variant_spread"])
+@pytest.mark.parametrize("knobs", [dict(variant_policy="always"), dict(kv_variant="plain")])
+def test_the_spread_selectors_need_the_blend(selector, knobs):
+    with pytest.raises(FusionRAGError, match=f"selector '{selector}' reads .* only variant_policy 'blend' measures"):
+        plan_run("fusionrag", 0.2, selector=selector, **knobs)
+
+def test_the_spread_is_the_upper_layers_kv_distance_per_token():
+    layers, heads, tokens, dim = 4, 2, 3, 8
+    plain_keys, plain_values = torch.randn(layers, heads, tokens, dim), torch.randn(layers, heads, tokens, dim)
+    fused_keys, fused_values = plain_keys.clone(), plain_values.clone()
+    fused_keys[2:, :, 1] += 1.0  # token 1's keys at the upper half
+    fused_values[3, :, 2] -= 2.0  # token 2's values at the last layer
+    fused_keys[:2] += 5.0  # the lower half does not count
+    spread = entry_spread(fused_keys, fused_values, plain_keys, plain_values)
+    expected = torch.tensor([0.0, (2 * heads * dim) ** 0.5, (heads * dim * 4.0) ** 0.5])
+    assert torch.allclose(spread, expected)
