@@ -89,10 +89,14 @@ def parse_method(spec: str) -> BenchMethod:
     if colon:
         if policy not in VARIANT_POLICIES:
             raise ValueError(f"unknown variant policy in {spec!r}: use one of {', '.join(VARIANT_POLICIES)}")
-        found = parse_method(base)
-        return BenchMethod(spec, found.method, found.kv_variant, found.selector, policy)
+        return BenchMethod(spec, *_method_parts(base), policy)  # validated with the policy
+    return BenchMethod(spec, *_method_parts(spec))
+
+
+def _method_parts(spec: str) -> tuple[str, str | None, str | None]:
+    """(method, kv_variant, selector) of a name or '<kv_variant>+<selector>', not yet validated together."""
     if spec in METHODS:
-        return BenchMethod(spec, spec)
+        return spec, None, None
     variant, plus, selector = spec.partition("+")
     if not plus or variant not in KV_VARIANTS or selector not in SELECTORS:
         raise ValueError(
@@ -100,7 +104,7 @@ def parse_method(spec: str) -> BenchMethod:
             f"'<kv_variant>+<selector>' with kv_variant in {{{', '.join(KV_VARIANTS)}}} "
             f"and selector in {{{', '.join(SELECTORS)}}}, e.g. 'fused+kv_deviation'"
         )
-    return BenchMethod(spec, "fusionrag_paper", variant, selector)
+    return "fusionrag_paper", variant, selector
 
 
 def parse_methods(text: str) -> tuple[BenchMethod, ...]:

@@ -59,6 +59,10 @@ def test_benchmarks_spell_a_policy_after_a_colon():
     method = parse_method("fusionrag:overlap")
     assert (method.label, method.method, method.variant_policy) == ("fusionrag:overlap", "fusionrag", "overlap")
     assert parse_method("fused+kv_deviation:overlap").selector == "kv_deviation"
+    spread = parse_method("fused+query_guided_spread:blend")  # a selector valid only under its policy
+    assert (spread.selector, spread.variant_policy) == ("query_guided_spread", "blend")
+    with pytest.raises(ValueError, match="only variant_policy 'blend' measures"):
+        parse_method("fused+query_guided_spread")
     with pytest.raises(ValueError, match="variant policy"):
         parse_method("fusionrag:never")
 
