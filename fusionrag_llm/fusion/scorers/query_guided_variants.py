@@ -43,4 +43,3 @@ def spread_from(inp: ScoringInput, out: ForwardOutput) -> torch.Tensor:
 
 def spread_scores(inp: ScoringInput) -> torch.Tensor:
     return variant_spread.weigh(query_guided.layers_scores(inp), inp.layout)
-
