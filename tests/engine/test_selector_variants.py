@@ -7,10 +7,9 @@ import torch
 
 from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest
 from fusionrag_llm.engine.methods import plan_run
-from fusionrag_llm.fusion.layout import RequestLayout, ScoringInput
 from fusionrag_llm.engine.variant_choice import entry_spread
-from fusionrag_llm.fusion.scorers import oracle, query_guided
-from fusionrag_llm.fusion.scorers import variant_spread
+from fusionrag_llm.fusion.layout import RequestLayout, ScoringInput
+from fusionrag_llm.fusion.scorers import oracle, query_guided, variant_spread
 from fusionrag_llm.fusion.scorers.shaping import group_ids, in_groups, per_chunk, rank_union
 from fusionrag_llm.fusion.selectors import Selection, select_many, select_tokens
 
@@ -184,6 +183,7 @@ def test_the_layout_holds_the_spread_of_every_blended_chunk_for_the_selector_tha
 def test_the_spread_selectors_need_the_blend(selector, knobs):
     with pytest.raises(FusionRAGError, match=f"selector '{selector}' reads .* only variant_policy 'blend' measures"):
         plan_run("fusionrag", 0.2, selector=selector, **knobs)
+
 
 def test_the_spread_is_the_upper_layers_kv_distance_per_token():
     layers, heads, tokens, dim = 4, 2, 3, 8
