@@ -105,12 +105,10 @@ def entry_spread(fused_keys: torch.Tensor, fused_values: torch.Tensor, plain_key
     keeps distances, so the value holds wherever the chunk is placed). The more a token's KV depends
     on what precedes the chunk, the less its blended KV can be trusted (selector
     ``query_guided_spread``)."""
-    upper = slice(fused_keys.shape[0] // 2, fused_keys.shape[0])
-    total = torch.zeros(fused_keys.shape[2], dtype=torch.float32, device=fused_keys.device)
-    for layer in range(*upper.indices(fused_keys.shape[0])):
-        total += squared_distance(fused_keys[layer], plain_keys[layer])
-        total += squared_distance(fused_values[layer], plain_values[layer])
-    return total.sqrt()
+    upper = fused_keys.shape[0] // 2  # [layers, heads, T, d] -> the upper layers as more heads
+    keys = squared_distance(fused_keys[upper:].flatten(0, 1), plain_keys[upper:].flatten(0, 1))
+    values = squared_distance(fused_values[upper:].flatten(0, 1), plain_values[upper:].flatten(0, 1))
+    return (keys + values).sqrt()
 
 
 def _keep(model, cache: KVCache, alt: Alternative, counts: ResolveCounts, *, plain: bool) -> None:

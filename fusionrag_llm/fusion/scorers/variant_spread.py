@@ -26,8 +26,8 @@ def weigh(scores: torch.Tensor, layout: RequestLayout) -> torch.Tensor:
 
 
 def scores(inp: ScoringInput) -> torch.Tensor:
-    relative = _relative(inp.layout, inp.layout.reused_slots.device)
     reused = inp.layout.reused_slots
+    relative = _relative(inp.layout, reused.device)
     return torch.zeros(len(reused), device=reused.device) if relative is None else relative
 
 
