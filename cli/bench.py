@@ -68,7 +68,7 @@ def _lengths(ctx, param, value):
 dataset_option = click.option("--dataset", default=None, callback=_dataset,
                               help="'synthetic' or a MuSiQue-format JSON file [default: ../shared/data/musique_dev.json].")  # fmt: skip
 methods_option = click.option("--methods", default=DEFAULT_METHODS, show_default=True, callback=_methods,
-                              help="Methods, or ablations '<plain|fused>+<selector>', each optionally with ':<variant_policy>' and '@<decode KV budget>' (e.g. a3@64); full_attention and full_reuse are always run.")  # fmt: skip
+                              help="Methods, or ablations '<plain|fused>+<selector>', each optionally with ':<variant_policy>', '~<kv_shift>' (e.g. fusionrag~0) and '@<decode KV budget>' (e.g. a3@64); full_attention and full_reuse are always run.")  # fmt: skip
 neighbors_option = click.option("--neighbors", default=10, show_default=True, type=click.IntRange(0), help="Fusion neighbours per chunk.")
 seed_option = click.option("--seed", default=0, show_default=True, type=int, help="Synthetic data and random-selector seed.")
 store_option = click.option("--store", default=None, type=click.Path(file_okay=False),

@@ -28,8 +28,11 @@ from fusionrag_llm.cli.options import (
 @click.option("--decode-kv-budget", default=None, type=click.IntRange(1), metavar="N",
               help="A3's decode KV eviction: after the prefill every layer and kv-head keeps only N chunk tokens "
                    "(plus the text outside chunks and the last 32 prompt tokens). Default: off.")  # fmt: skip
+@click.option("--kv-shift", default=None, type=click.FloatRange(0, 1), metavar="SHARE",
+              help="Share of each chunk's recomputed tokens' K/V change its reused tokens take, from the upper half "
+                   "of the layers up (0 = off). Default: the method's own.")  # fmt: skip
 def query(question, model, store, remote, device, dtype, method, ratio, top_k, max_new_tokens, show_chunks, fused_order,
-          decode_kv_budget, kv_codec, craft_variants, layerwise_load) -> None:  # fmt: skip
+          decode_kv_budget, kv_shift, kv_codec, craft_variants, layerwise_load) -> None:  # fmt: skip
     """Answer QUESTION over the chunks ingested into the store."""
     from fusionrag_llm.ingest.pipeline import answer
 
@@ -38,7 +41,7 @@ def query(question, model, store, remote, device, dtype, method, ratio, top_k, m
                    craft_variants=craft_variants, layerwise_load=layerwise_load)  # fmt: skip
     try:
         out, hits = answer(rag, question, top_k=top_k, method=method, recompute_ratio=ratio, max_new_tokens=max_new_tokens,
-                           decode_kv_budget=decode_kv_budget)  # fmt: skip
+                           decode_kv_budget=decode_kv_budget, kv_shift=kv_shift)  # fmt: skip
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
     if show_chunks:

@@ -271,6 +271,7 @@ class FusionRAG:
     def stream(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
                max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
                seed: int = 0, variant_policy: str | None = None, decode_kv_budget: int | DecodeEviction | None = None,
+               kv_shift: float | None = None,
                stop: str | Sequence[str] | None = None,
                ignore_eos: bool = False, sampling: SamplingParams | dict | None = None,
                reorder: bool = False) -> GenerationStream:  # fmt: skip
@@ -281,7 +282,7 @@ class FusionRAG:
         >>> "".join(stream) == stream.text and len(stream.token_ids) <= 3
         True
         """
-        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy, decode_kv_budget)
+        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy, decode_kv_budget, kv_shift)
         request = self.ordered(request) if _check_reorder(reorder) else request
         return self.engine.stream(self._locked_segments(request), plan, max_new_tokens, stop=() if stop is None else stop,
                                   ignore_eos=ignore_eos, sampling=sampling)
@@ -289,6 +290,7 @@ class FusionRAG:
     def generate(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
                  max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
                  seed: int = 0, variant_policy: str | None = None, decode_kv_budget: int | DecodeEviction | None = None,
+               kv_shift: float | None = None,
                stop: str | Sequence[str] | None = None,
                  ignore_eos: bool = False, sampling: SamplingParams | dict | None = None, n: int = 1,
                  reorder: bool = False) -> Generation:  # fmt: skip
@@ -308,6 +310,9 @@ class FusionRAG:
         tokens, and the ``decode_kv_budget`` chunk tokens those last tokens attend to most (SnapKV's rule;
         a ``DecodeEviction`` sets window, kernel and pooling too). ``stats.decode_kv_tokens`` and
         ``stats.evicted_kv_tokens`` give what each head kept and dropped.
+        ``kv_shift`` (a share in [0, 1]; default the method's own, 0.5 for ``fusionrag``, 0 = off): from
+        the upper half of the layers up, each chunk's reused tokens move by that share of the mean K/V
+        change of its recomputed tokens (README, "kv_shift").
         ``stop``: a string or up to 16 strings that end the answer where one first appears (the
         answer is cut before it; ``out.finish_reason`` is then ``"stop"``). ``ignore_eos=True`` decodes
         all ``max_new_tokens`` past the model's end-of-turn tokens (for timing a fixed answer length).
@@ -324,7 +329,7 @@ class FusionRAG:
         >>> a.token_ids == b.token_ids
         True
         """
-        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy, decode_kv_budget)
+        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy, decode_kv_budget, kv_shift)
         request = self.ordered(request) if _check_reorder(reorder) else request
         return self.engine.generate(self._locked_segments(request), plan, max_new_tokens, stop=() if stop is None else stop,
                                     ignore_eos=ignore_eos, sampling=sampling, n=n)
@@ -332,7 +337,8 @@ class FusionRAG:
     def generate_many(self, requests: Sequence[Request], method: str = "fusionrag", recompute_ratio: float = 0.15,
                       max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
                       seed: int = 0, variant_policy: str | None = None,
-                      decode_kv_budget: int | DecodeEviction | None = None, lookahead: int = 4,
+                      decode_kv_budget: int | DecodeEviction | None = None, kv_shift: float | None = None,
+                      lookahead: int = 4,
                       stop: str | Sequence[str] | None = None, ignore_eos: bool = False,
                       sampling: SamplingParams | dict | None = None, reorder: bool = False) -> list[Generation]:  # fmt: skip
         """Answer several requests as one batch: their prefills are admitted together and every
@@ -344,7 +350,7 @@ class FusionRAG:
         thread while the engine computes: each result's ``stats.prefetch_s`` is that loading and
         ``stats.wait_s`` the part of it the engine still had to wait for.
         """
-        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy, decode_kv_budget)
+        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy, decode_kv_budget, kv_shift)
         if _check_reorder(reorder):
             requests = [self.ordered(request) for request in requests]
         batch = [(self._locked_segments(request), plan, max_new_tokens) for request in requests]
@@ -373,12 +379,12 @@ class FusionRAG:
     def logits(self, request: Request, continuation_ids: Sequence[int], method: str = "fusionrag",
                recompute_ratio: float = 0.15, *, kv_variant: str | None = None, selector: str | None = None,
                seed: int = 0, variant_policy: str | None = None,
-               decode_kv_budget: int | DecodeEviction | None = None) -> torch.Tensor:  # fmt: skip
+               decode_kv_budget: int | DecodeEviction | None = None, kv_shift: float | None = None) -> torch.Tensor:  # fmt: skip
         """Teacher-forced logits ``[len(continuation_ids) + 1, vocab]`` (float32) for fidelity measurements.
 
         ``continuation_ids`` must be ints in ``[0, vocab)``; anything else is refused before any compute.
         """
-        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy, decode_kv_budget)
+        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy, decode_kv_budget, kv_shift)
         return self.engine.logits(self._locked_segments(request), continuation_ids, plan)  # checks the ids first
 
 

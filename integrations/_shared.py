@@ -20,7 +20,8 @@ from fusionrag_llm import FusionRAG, IngestReport, SamplingParams, check_run_opt
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "smollm2-135m"
-RUN_OPTIONS = ("method", "recompute_ratio", "kv_variant", "selector", "seed", "variant_policy", "decode_kv_budget")  # check_run_options' knobs
+RUN_OPTIONS = ("method", "recompute_ratio", "kv_variant", "selector", "seed", "variant_policy", "decode_kv_budget",
+               "kv_shift")  # check_run_options' knobs
 # SamplingParams' knobs the adapters take by name (its seed is the call's seed; do_sample is transformers')
 SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
                     "presence_penalty", "do_sample")  # fmt: skip

@@ -85,6 +85,7 @@ class _FusionRAGSettings(BaseModel):
     selector: Optional[str] = None
     variant_policy: Optional[str] = None  # "always" (the engine's default) or "overlap"
     decode_kv_budget: Optional[int] = None  # A3's decode KV eviction: chunk tokens kept per head; None: off
+    kv_shift: Optional[float] = None  # share of a chunk's recomputed K/V change its reused tokens take; None: the method's
     # LangChain's standard parameters, kept to be read back: a local engine sends no request to time out or retry
     timeout: Optional[float] = None
     max_retries: Optional[int] = None
@@ -133,7 +134,8 @@ class _FusionRAGSettings(BaseModel):
     def _run_options(self) -> dict[str, Any]:
         options = {"method": self.method, "recompute_ratio": self.recompute_ratio}
         overrides = {"seed": self.seed, "kv_variant": self.kv_variant, "selector": self.selector,
-                     "variant_policy": self.variant_policy, "decode_kv_budget": self.decode_kv_budget}  # fmt: skip
+                     "variant_policy": self.variant_policy, "decode_kv_budget": self.decode_kv_budget,
+                     "kv_shift": self.kv_shift}  # fmt: skip
         return {**options, **{name: value for name, value in overrides.items() if value is not None}}
 
     def _sampling_settings(self) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from fusionrag_llm.engine.turn_cache import EXACT, TurnCache, namespace_of
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.craft import FocusTracker
+from fusionrag_llm.fusion.kv_shift import ChunkShift
 from fusionrag_llm.fusion.request_variants import VARIANT_LOG, RequestVariants, check_craft_variants
 from fusionrag_llm.fusion.scorers.auxiliary_attention import check_layers
 from fusionrag_llm.fusion.selectors import Selection, select_many
@@ -312,6 +313,10 @@ class LLMEngine:
         _count_tokens(stats, layout, selected)
         stats.computed_tokens += len(work.recompute)
         work.forward = self.runner.recompute_pass(layout, work.recompute, capture_raw_kv=work.exact)
+        if work.seq.plan.kv_shift and not work.exact:  # the reused tokens follow their chunk's recomputed ones
+            shift = ChunkShift(self.model, layout, work.seq.cache.positions, work.recompute, selected,
+                               work.seq.plan.kv_shift, self.model.cfg.num_layers // 2)  # fmt: skip
+            work.forward.shift = shift if shift.active else None
         if work.seq.plan.early_stop and not work.exact:  # Cache-Craft: stop recomputing unfocused chunks
             droppable = torch.isin(work.recompute, selected)
             work.forward.observe = FocusTracker(work.recompute, layout.suffix_slots, layout.chunk_spans, droppable,

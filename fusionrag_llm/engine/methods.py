@@ -54,6 +54,9 @@ VARIANT_CHECK_LAYER = 1
 VARIANT_PROBE_STRIDE = 16
 VARIANT_PROBE_MARGIN = 1.5
 VARIANT_BLEND = 0.5
+# ``kv_shift``: at every layer from the upper half up, the tokens a chunk keeps reused move by this share
+# of the mean K/V change of its recomputed tokens (``fusion/kv_shift.py``); 0 turns it off.
+KV_SHIFT = 0.5
 # Stages beyond resolve -> select -> sparse prefill -> decode that this engine runs today.
 # Chunk boundaries: every selector gets each chunk's span in the request layout. Auxiliary model:
 # the first layers of the main model (``FusionRAG(auxiliary=...)``), run by the selector. Parallel
@@ -95,6 +98,8 @@ class MethodSpec:
     early_stop: bool = False
     # the method's own variant policy (one of VARIANT_POLICIES) when it reuses fused entries
     variant_policy: str = "always"
+    # the method's own share of the recomputed tokens' K/V change given to the rest of their chunk
+    kv_shift: float = 0.0
 
     def __post_init__(self) -> None:
         if self.variant_policy not in VARIANT_POLICIES:
@@ -154,6 +159,8 @@ class RunPlan:
     variant_policy: str = "always"
     # A3's decode KV eviction (``models/kv_eviction.py``) after the prefill; None: the cache is kept whole
     decode_eviction: DecodeEviction | None = None
+    # the share of each chunk's recomputed tokens' K/V change its reused tokens take (``fusion/kv_shift.py``)
+    kv_shift: float = 0.0
 
     @property
     def reuses_chunks(self) -> bool:
@@ -187,11 +194,13 @@ class RunPlan:
 
 def check_run_options(*, method: str, recompute_ratio: float, kv_variant: str | None = None,
                       selector: str | None = None, seed: int = 0, variant_policy: str | None = None,
-                      decode_kv_budget: int | DecodeEviction | None = None) -> RunPlan:  # fmt: skip
+                      decode_kv_budget: int | DecodeEviction | None = None, kv_shift: float | None = None) -> RunPlan:  # fmt: skip
     """Validate a run's knobs; ``kv_variant``/``selector`` override the method's own (ablations);
     ``variant_policy`` (fused entries only) is one of ``VARIANT_POLICIES``, default the method's own;
     ``decode_kv_budget`` (default None: off) turns on A3's decode KV eviction: an int is the chunk
-    tokens every layer and kv-head keeps after the prefill, a ``DecodeEviction`` sets all its knobs.
+    tokens every layer and kv-head keeps after the prefill, a ``DecodeEviction`` sets all its knobs;
+    ``kv_shift`` (a share in [0, 1], default the method's own, 0 = off) moves each chunk's reused
+    tokens by that share of its recomputed tokens' K/V change (``fusion/kv_shift.py``).
 
     >>> check_run_options(method="a3", recompute_ratio=0.15, decode_kv_budget=128).decode_eviction.budget
     128
@@ -205,6 +214,7 @@ def check_run_options(*, method: str, recompute_ratio: float, kv_variant: str | 
         selector_spec(selector)
     _check_ratio(recompute_ratio)
     _check_seed(seed)
+    _check_share("kv_shift", kv_shift)
     _check_stages(spec)
     eviction = decode_eviction(decode_kv_budget)
     if eviction is not None and spec.attention_scaling:
@@ -226,16 +236,20 @@ def check_run_options(*, method: str, recompute_ratio: float, kv_variant: str | 
     if SELECTORS[chosen].reads_variant_spread and policy != "blend":
         raise FusionRAGError(f"selector {chosen!r} reads how far each chunk's fused and plain entries lie apart, "
                              f"which only variant_policy 'blend' measures; this run's policy is {policy!r}")  # fmt: skip
-    return RunPlan(method, variant, chosen, ratio, seed, policy, eviction)
+    shift = spec.kv_shift if kv_shift is None else float(kv_shift)
+    if shift and (spec.early_stop or policy in CFO_POLICIES):
+        raise FusionRAGError(f"kv_shift does not apply to {method} with variant_policy {policy!r} (its prefill stops "
+                             f"recomputing tokens part way, or keeps the request's KV as chunk variants); use kv_shift=0")  # fmt: skip
+    return RunPlan(method, variant, chosen, ratio, seed, policy, eviction, shift if SELECTORS[chosen].selects else 0.0)
 
 
 def plan_run(method: str, recompute_ratio: float, kv_variant: str | None = None,
              selector: str | None = None, seed: int = 0, variant_policy: str | None = None,
-             decode_kv_budget: int | DecodeEviction | None = None) -> RunPlan:  # fmt: skip
+             decode_kv_budget: int | DecodeEviction | None = None, kv_shift: float | None = None) -> RunPlan:  # fmt: skip
     """Positional form of :func:`check_run_options` (the facade's call sites)."""
     return check_run_options(method=method, recompute_ratio=recompute_ratio, kv_variant=kv_variant,
                              selector=selector, seed=seed, variant_policy=variant_policy,
-                             decode_kv_budget=decode_kv_budget)  # fmt: skip
+                             decode_kv_budget=decode_kv_budget, kv_shift=kv_shift)  # fmt: skip
 
 
 def _method(name: str) -> MethodSpec:
@@ -253,6 +267,11 @@ def _check_choice(knob: str, value: str | None, allowed: tuple[str, ...]) -> Non
 def _check_ratio(value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         raise FusionRAGError(f"recompute_ratio must be a number in [0, 1], got {value!r}")
+
+
+def _check_share(knob: str, value: float | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1):
+        raise FusionRAGError(f"{knob} must be a number in [0, 1] (0 = off), got {value!r}")
 
 
 def _check_seed(value: int) -> None:

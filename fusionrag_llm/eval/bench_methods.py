@@ -5,14 +5,18 @@ A benchmark method is an engine method (``full_attention``, ``full_reuse``, ``ca
 ``fused+kv_deviation``, ``plain+query_guided``): the paper's method (``fusionrag_paper``, whose
 variant policy is ``"always"``) with its KV variant and selector overridden.
 Either may end in ``:<variant_policy>`` (e.g. ``fusionrag:overlap``) to choose between a chunk's
-fused and plain entries per request (``VARIANT_POLICIES``), and in ``@<budget>`` (e.g. ``a3@64``) to
-evict decode KV down to that many chunk tokens per layer and kv-head (``decode_kv_budget``).
+fused and plain entries per request (``VARIANT_POLICIES``), then in ``~<share>`` (e.g. ``fusionrag~0``)
+to set ``kv_shift`` (the share of a chunk's recomputed tokens' K/V change its reused tokens take; 0 =
+off), and in ``@<budget>`` (e.g. ``a3@64``) to evict decode KV down to that many chunk tokens per
+layer and kv-head (``decode_kv_budget``).
 
 Example:
     >>> [m.label for m in parse_methods("cacheblend,fused+kv_deviation")]
     ['full_attention', 'full_reuse', 'cacheblend', 'fused+kv_deviation']
     >>> parse_method("a3@64").decode_kv_budget
     64
+    >>> parse_method("fusionrag~0").kv_shift
+    0.0
     >>> parse_ratios("0.15,0,1")
     (0.0, 0.15, 1.0)
 """
@@ -36,6 +40,7 @@ class BenchMethod:
     selector: str | None = None
     variant_policy: str | None = None
     decode_kv_budget: int | None = None
+    kv_shift: float | None = None
 
     def __post_init__(self) -> None:
         self.plan(0.0)  # the engine's validator: a bad name fails here, before any run
@@ -57,7 +62,7 @@ class BenchMethod:
 
     def overrides(self) -> dict:
         return {"kv_variant": self.kv_variant, "selector": self.selector, "variant_policy": self.variant_policy,
-                "decode_kv_budget": self.decode_kv_budget}  # fmt: skip
+                "decode_kv_budget": self.decode_kv_budget, "kv_shift": self.kv_shift}  # fmt: skip
 
     @property
     def needs_variant_notes(self) -> bool:
@@ -76,7 +81,7 @@ def parse_method(spec: str) -> BenchMethod:
 
     Example:
         >>> parse_method("plain+query_guided")
-        BenchMethod(label='plain+query_guided', method='fusionrag_paper', kv_variant='plain', selector='query_guided', variant_policy=None, decode_kv_budget=None)
+        BenchMethod(label='plain+query_guided', method='fusionrag_paper', kv_variant='plain', selector='query_guided', variant_policy=None, decode_kv_budget=None, kv_shift=None)
     """
     spec = spec.strip()
     base, at, budget = spec.rpartition("@")
@@ -84,7 +89,18 @@ def parse_method(spec: str) -> BenchMethod:
         if not budget.isdigit() or int(budget) < 1:
             raise ValueError(f"bad decode KV budget in {spec!r}: '@' must be followed by an int >= 1, e.g. 'a3@64'")
         found = parse_method(base)
-        return BenchMethod(spec, found.method, found.kv_variant, found.selector, found.variant_policy, int(budget))
+        return BenchMethod(spec, found.method, found.kv_variant, found.selector, found.variant_policy, int(budget),
+                           found.kv_shift)  # fmt: skip
+    base, tilde, share = spec.rpartition("~")
+    if tilde:
+        try:
+            value = float(share)
+        except ValueError:
+            value = -1.0
+        if not 0 <= value <= 1:
+            raise ValueError(f"bad kv_shift in {spec!r}: '~' must be followed by a number in [0, 1], e.g. 'fusionrag~0'")
+        found = parse_method(base)
+        return BenchMethod(spec, found.method, found.kv_variant, found.selector, found.variant_policy, kv_shift=value)
     base, colon, policy = spec.partition(":")
     if colon:
         if policy not in VARIANT_POLICIES:

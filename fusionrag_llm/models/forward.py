@@ -39,11 +39,15 @@ class ForwardPass:
     # called like ``score_window``: measures the notes of the chunk variants a request makes
     # (Cache-Craft, ``fusion/request_variants.VariantRecorder``)
     record: Any = None
+    # called as shift(layer, cache, keys, values) with the step's new K/V rows once the layer's stored KV
+    # is in the cache, before they are written: moves the reused KV of the chunks whose tokens the step
+    # recomputes (``fusion/kv_shift.ChunkShift``)
+    shift: Any = None
 
     def narrowed(self, keep: torch.Tensor) -> "ForwardPass":
         """The same step with only the ``keep`` rows (no observer: it has decided)."""
-        if self.capture_raw_kv or self.capture_query_layers:
-            raise ValueError("a step that captures K/V or queries cannot drop rows part way")
+        if self.capture_raw_kv or self.capture_query_layers or self.shift is not None:
+            raise ValueError("a step that captures K/V or queries, or shifts reused KV, cannot drop rows part way")
         logit_rows = None
         if self.logit_rows is not None:
             if not bool(keep[self.logit_rows].all()):
@@ -97,6 +101,8 @@ class BatchContext:
         outputs = []
         for step, cache, meta, (start, end) in zip(self.steps, self.caches, self.metas, self.spans):
             cache.ready(layer)  # stored KV loading layer by layer: this layer's is in before it is read
+            if step.shift is not None:
+                step.shift(layer, cache, k[:, start:end], v[:, start:end])
             cache.keys[layer][:, step.slots] = k[:, start:end]
             cache.values[layer][:, step.slots] = v[:, start:end]
             if cache.decode_keys is not None:  # decode steps keep the mirror equal; other writes drop it

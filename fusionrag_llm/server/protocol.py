@@ -5,7 +5,7 @@ Requests are pydantic models: types are checked by pydantic, ranges by the engin
 the same words. Fields of the OpenAI API this engine cannot honour (tools, logprobs, JSON mode) are
 refused with a 400 that says so; unknown fields are ignored, as OpenAI-compatible servers do.
 FusionRAG's own options travel as extra body fields (``method``, ``recompute_ratio``, ``kv_variant``,
-``selector``, ``variant_policy``, ``decode_kv_budget``), as do vLLM's sampling extras (``top_k``, ``min_p``,
+``selector``, ``variant_policy``, ``decode_kv_budget``, ``kv_shift``), as do vLLM's sampling extras (``top_k``, ``min_p``,
 ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``).
 """
 
@@ -24,7 +24,7 @@ from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.request import TextPrompt
 from fusionrag_llm.server.engine_loop import Prepared
 
-RUN_FIELDS = ("method", "recompute_ratio", "kv_variant", "selector", "variant_policy", "decode_kv_budget")
+RUN_FIELDS = ("method", "recompute_ratio", "kv_variant", "selector", "variant_policy", "decode_kv_budget", "kv_shift")
 
 
 class Unsupported(FusionRAGError):
@@ -64,6 +64,7 @@ class _Options(BaseModel):
     selector: Optional[str] = None
     variant_policy: Optional[str] = None
     decode_kv_budget: Optional[int] = None  # A3's decode KV eviction: chunk tokens kept per head; None: off
+    kv_shift: Optional[float] = None  # share of a chunk's recomputed K/V change its reused tokens take; None: the method's
 
     def prepared(self, request: Any) -> Prepared:
         """The engine call this asks for; bad values raise ``FusionRAGError`` (a 400)."""

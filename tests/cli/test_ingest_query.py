@@ -76,6 +76,11 @@ def test_bad_inputs_fail_cleanly_and_lose_nothing(corpus, tmp_path):
     assert other.exit_code != 0 and "was built with model 'tiny'" in other.output
     assert len(DocumentIndex(FileRecordLog(tmp_path / "store", DOCUMENTS_LOG))) == 3  # nothing already ingested was lost
     assert run("query", "What does Marovia export?", "--model", "tiny", "--store", store, "--max-new-tokens", "2").exit_code == 0
+    shifted = run("query", "What does Marovia export?", "--model", "tiny", "--store", store, "--max-new-tokens", "2",
+                  "--kv-shift", "0")  # fmt: skip
+    assert shifted.exit_code == 0, shifted.output
+    bad_share = run("query", "What does Marovia export?", "--model", "tiny", "--store", store, "--kv-shift", "2")
+    assert bad_share.exit_code != 0 and "--kv-shift" in bad_share.output
 
 
 def test_query_on_an_empty_store_and_cache_clear(tmp_path):

@@ -1,4 +1,4 @@
-"""The server takes decode_kv_budget (A3's decode KV eviction) as an extra body field, like the
+"""The server takes decode_kv_budget (A3's decode KV eviction) and kv_shift as extra body fields, like the
 other run options: the answer equals the library's with the same budget, a bad value is a 400."""
 
 import httpx
@@ -21,3 +21,15 @@ def test_the_budget_reaches_the_engine(served):
     bad = httpx.post(f"{served.url}/chat/completions", json={"model": "tiny", "messages": messages,
                                                              "decode_kv_budget": 0})  # fmt: skip
     assert bad.status_code == 400 and "budget must be an int >= 1" in bad.text
+
+
+def test_the_kv_shift_reaches_the_engine(served):
+    client = openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "Documents:\n" + "\n\n".join(CHUNKS) + "\n\nQuestion: Who kept the log?"}]
+    for share in (0, 1):
+        reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6,
+                                               extra_body={"recompute_ratio": 0.3, "kv_shift": share})  # fmt: skip
+        expected = served.rag.generate(messages, recompute_ratio=0.3, max_new_tokens=6, kv_shift=share)
+        assert reply.choices[0].message.content == expected.text
+    bad = httpx.post(f"{served.url}/chat/completions", json={"model": "tiny", "messages": messages, "kv_shift": 1.5})
+    assert bad.status_code == 400 and "kv_shift must be a number in [0, 1]" in bad.text

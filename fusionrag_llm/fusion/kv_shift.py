@@ -1,0 +1,76 @@
+"""Spreading what the sparse prefill learns about a chunk to the chunk's other tokens (``kv_shift``).
+
+A reused chunk's KV was computed after other text than this prompt puts before it. The sparse
+prefill recomputes some of its tokens over this prompt; at each layer, the change in their K/V
+(new minus reused) measures how this prompt's context moves that chunk's KV there. Part of that
+change is shared by the whole chunk (its tokens read the same text before it), so the tokens left
+reused get ``share`` times the mean change of their chunk's recomputed tokens, at every layer from
+``from_layer`` up, before the layer's attention reads the cache.
+
+Keys are compared without their rotary rotation (each token sits at its own position) and the mean
+change is rotated to each token's position before it is added. A chunk none of whose tokens is
+recomputed keeps its reused KV. Nothing changes at r = 0 (nothing recomputed) or r = 1 (nothing
+left reused).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fusionrag_llm.fusion.layout import RequestLayout
+from fusionrag_llm.models.kv_cache import KVCache
+
+class ChunkShift:
+    """The ``ForwardPass.shift`` of one request's sparse prefill over ``recompute`` (sorted slots).
+
+    Called as ``shift(layer, cache, keys, values)`` with the step's new rotated keys and values
+    ``[kv_heads, len(recompute), head_dim]`` once the layer's stored KV is in the cache and before
+    they are written there: it reads the recomputed tokens' reused K/V, then shifts the others.
+    """
+
+    def __init__(self, model, layout: RequestLayout, positions: torch.Tensor, recompute: torch.Tensor,
+                 selected: torch.Tensor, share: float, from_layer: int) -> None:  # fmt: skip
+        self.model, self.share, self.from_layer = model, float(share), int(from_layer)
+        reused = layout.reused_slots.to(recompute.device)
+        chunk_of = _chunk_of(positions[reused], layout.chunk_spans)  # -1: in no chunk span
+        picked = torch.isin(reused, selected.to(recompute.device)) & (chunk_of >= 0)
+        chunks = len(layout.chunk_spans)
+        has_pick = torch.zeros(chunks + 1, dtype=torch.bool, device=recompute.device)
+        has_pick[chunk_of[picked] + 1] = True
+        left = ~picked & (chunk_of >= 0) & has_pick[chunk_of + 1]
+        self.picked, self.picked_chunk = reused[picked], chunk_of[picked]
+        self.picked_rows = torch.searchsorted(recompute, self.picked)  # their rows in the step
+        self.left, self.left_chunk = reused[left], chunk_of[left]
+        self.picked_positions, self.left_positions = positions[self.picked], positions[self.left]
+        ones = torch.ones(len(self.picked), device=recompute.device)
+        self.counts = torch.zeros(chunks, device=recompute.device).index_add_(0, self.picked_chunk, ones).clamp(min=1)
+
+    @property
+    def active(self) -> bool:
+        """Whether any reused token is shifted (else the prefill need not call it)."""
+        return self.share > 0 and len(self.left) > 0 and self.from_layer < self.model.cfg.num_layers
+
+    def __call__(self, layer: int, cache: KVCache, keys: torch.Tensor, values: torch.Tensor) -> None:
+        if layer < self.from_layer or not len(self.left):
+            return
+        rows = self.picked_rows
+        shift_v = self._chunk_mean(values[:, rows].float() - cache.values[layer][:, self.picked].float())
+        cache.values[layer][:, self.left] += (self.share * shift_v[:, self.left_chunk]).to(cache.values.dtype)
+        # rotation is linear: un-rotate the change itself, rotate each chunk's mean to each token's position
+        change = self.model.rotate(keys[:, rows].float() - cache.keys[layer][:, self.picked].float(), -self.picked_positions)
+        moved = self.model.rotate(self._chunk_mean(change)[:, self.left_chunk].contiguous(), self.left_positions)
+        cache.keys[layer][:, self.left] += (self.share * moved).to(cache.keys.dtype)
+
+    def _chunk_mean(self, change: torch.Tensor) -> torch.Tensor:
+        """[kv_heads, picked, d] -> the mean over each chunk's picked tokens, [kv_heads, chunks, d]."""
+        heads, _, dim = change.shape
+        total = torch.zeros(heads, len(self.counts), dim, device=change.device)
+        return total.index_add_(1, self.picked_chunk, change) / self.counts.view(1, -1, 1)
+
+
+def _chunk_of(positions: torch.Tensor, spans) -> torch.Tensor:
+    """For each position, the index of the ``[start, end)`` span holding it, or -1."""
+    chunk = torch.full_like(positions, -1)
+    for index, (start, end) in enumerate(spans):
+        chunk[(positions >= start) & (positions < end)] = index
+    return chunk
