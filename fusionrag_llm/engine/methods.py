@@ -126,7 +126,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("cacheblend", "plain", "kv_deviation", "plain KV, recompute the tokens whose layer-1 KV drifts most"),
         MethodSpec("fusionrag", "fused", "query_guided_layers",
                    "each chunk's fused and plain KV blended, recompute the tokens the question attends to most over "
-                   "the upper layers", variant_policy="blend"),
+                   "the upper layers; the rest of each chunk moved by half its recomputed tokens' mean K/V change",
+                   variant_policy="blend", kv_shift=KV_SHIFT),
         MethodSpec("fusionrag_paper", "fused", "query_guided",
                    "fused KV, recompute the tokens the question attends to most at the last layer (the paper)"),
         MethodSpec("a3", "plain", "early_attention", "plain KV; layer 0 for all tokens, then the tokens the question attends to most at layer 1 (A3)"),

@@ -20,6 +20,7 @@ import torch
 from fusionrag_llm.fusion.layout import RequestLayout
 from fusionrag_llm.models.kv_cache import KVCache
 
+
 class ChunkShift:
     """The ``ForwardPass.shift`` of one request's sparse prefill over ``recompute`` (sorted slots).
 
@@ -42,6 +43,10 @@ class ChunkShift:
         self.picked_rows = torch.searchsorted(recompute, self.picked)  # their rows in the step
         self.left, self.left_chunk = reused[left], chunk_of[left]
         self.picked_positions, self.left_positions = positions[self.picked], positions[self.left]
+        # the rotary tables of both sets, once for every layer (the Triton rotary kernel makes its own)
+        torch_rotary = getattr(model, "kernels", "torch") != "triton"
+        self.unrotate = model.rotary_cos_sin(-self.picked_positions) if torch_rotary else None
+        self.rerotate = model.rotary_cos_sin(self.left_positions) if torch_rotary else None
         ones = torch.ones(len(self.picked), device=recompute.device)
         self.counts = torch.zeros(chunks, device=recompute.device).index_add_(0, self.picked_chunk, ones).clamp(min=1)
 
@@ -54,12 +59,13 @@ class ChunkShift:
         if layer < self.from_layer or not len(self.left):
             return
         rows = self.picked_rows
-        shift_v = self._chunk_mean(values[:, rows].float() - cache.values[layer][:, self.picked].float())
-        cache.values[layer][:, self.left] += (self.share * shift_v[:, self.left_chunk]).to(cache.values.dtype)
+        shift_v = self._chunk_mean((values[:, rows] - cache.values[layer][:, self.picked]).float())
+        cache.values[layer][:, self.left] += self.share * shift_v[:, self.left_chunk].to(cache.values.dtype)
         # rotation is linear: un-rotate the change itself, rotate each chunk's mean to each token's position
-        change = self.model.rotate(keys[:, rows].float() - cache.keys[layer][:, self.picked].float(), -self.picked_positions)
-        moved = self.model.rotate(self._chunk_mean(change)[:, self.left_chunk].contiguous(), self.left_positions)
-        cache.keys[layer][:, self.left] += (self.share * moved).to(cache.keys.dtype)
+        change = keys[:, rows] - cache.keys[layer][:, self.picked]
+        change = self.model.rotate(change, -self.picked_positions, self.unrotate).float()
+        moved = self._chunk_mean(change)[:, self.left_chunk].to(cache.keys.dtype)
+        cache.keys[layer][:, self.left] += self.share * self.model.rotate(moved, self.left_positions, self.rerotate)
 
     def _chunk_mean(self, change: torch.Tensor) -> torch.Tensor:
         """[kv_heads, picked, d] -> the mean over each chunk's picked tokens, [kv_heads, chunks, d]."""
