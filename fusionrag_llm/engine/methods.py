@@ -237,8 +237,9 @@ def check_run_options(*, method: str, recompute_ratio: float, kv_variant: str | 
     if SELECTORS[chosen].reads_variant_spread and policy != "blend":
         raise FusionRAGError(f"selector {chosen!r} reads how far each chunk's fused and plain entries lie apart, "
                              f"which only variant_policy 'blend' measures; this run's policy is {policy!r}")  # fmt: skip
-    shift = spec.kv_shift if kv_shift is None else float(kv_shift)
-    if shift and (spec.early_stop or policy in CFO_POLICIES):
+    shifts = not (spec.early_stop or policy in CFO_POLICIES)  # else the method's own share is off
+    shift = (spec.kv_shift if shifts else 0.0) if kv_shift is None else float(kv_shift)
+    if shift and not shifts:
         raise FusionRAGError(f"kv_shift does not apply to {method} with variant_policy {policy!r} (its prefill stops "
                              f"recomputing tokens part way, or keeps the request's KV as chunk variants); use kv_shift=0")  # fmt: skip
     return RunPlan(method, variant, chosen, ratio, seed, policy, eviction, shift if SELECTORS[chosen].selects else 0.0)

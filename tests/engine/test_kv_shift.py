@@ -90,6 +90,8 @@ def test_the_share_is_refused_where_the_prefill_drops_rows_or_keeps_variants():
     with pytest.raises(FusionRAGError, match="kv_shift does not apply to fusionrag_paper with variant_policy 'cfo'"):
         check_run_options(method="fusionrag_paper", recompute_ratio=0.15, variant_policy="cfo", kv_shift=0.5)
     assert check_run_options(method="cache_craft", recompute_ratio=0.15).kv_shift == 0.0
+    # a method's own share gives way to a policy it does not apply to; only an explicit one is refused
+    assert check_run_options(method="fusionrag", recompute_ratio=0.15, variant_policy="cfo").kv_shift == 0.0
     # nothing is recomputed: nothing to spread
     assert check_run_options(method="full_reuse", recompute_ratio=0.15, kv_shift=0.5).kv_shift == 0.0
     assert check_run_options(method="full_attention", recompute_ratio=1.0, kv_shift=0.5).kv_shift == 0.0

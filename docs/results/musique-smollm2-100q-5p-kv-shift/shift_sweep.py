@@ -4,7 +4,7 @@ Runs ``fusionrag bench quality`` with the engine's sparse prefill patched so tha
 SHIFT_FROM up, each chunk's reused tokens take SHIFT_SHARE x the mean change of the chunk's recomputed
 tokens' values (SHIFT_PARTS=v) or keys and values (SHIFT_PARTS=kv; keys compared un-rotated). With
 SHIFT_PARTS=kv and SHIFT_FROM = half the layers it computes what ``kv_shift=SHIFT_SHARE`` computes
-(matched to 1e-7 per question); the other settings are the forms the sweep set aside.
+(matched to 2e-7 in KL per question); the other settings are the forms the sweep set aside.
 
     SHIFT_SHARE=0.5 SHIFT_PARTS=kv SHIFT_FROM=15 python shift_sweep.py bench quality --methods fusionrag~0 ...
 """
