@@ -271,8 +271,7 @@ class FusionRAG:
     def stream(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
                max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
                seed: int = 0, variant_policy: str | None = None, decode_kv_budget: int | DecodeEviction | None = None,
-               kv_shift: float | None = None,
-               stop: str | Sequence[str] | None = None,
+               kv_shift: float | None = None, stop: str | Sequence[str] | None = None,
                ignore_eos: bool = False, sampling: SamplingParams | dict | None = None,
                reorder: bool = False) -> GenerationStream:  # fmt: skip
         """Like ``generate``, but iterate the result for text deltas as they are decoded.
@@ -290,8 +289,7 @@ class FusionRAG:
     def generate(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
                  max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
                  seed: int = 0, variant_policy: str | None = None, decode_kv_budget: int | DecodeEviction | None = None,
-               kv_shift: float | None = None,
-               stop: str | Sequence[str] | None = None,
+                 kv_shift: float | None = None, stop: str | Sequence[str] | None = None,
                  ignore_eos: bool = False, sampling: SamplingParams | dict | None = None, n: int = 1,
                  reorder: bool = False) -> Generation:  # fmt: skip
         """Answer ``request``; ``out.stats`` holds TTFT, its parts and token counts.

@@ -104,6 +104,8 @@ class MethodSpec:
     def __post_init__(self) -> None:
         if self.variant_policy not in VARIANT_POLICIES:
             raise FusionRAGError(f"method {self.name!r}: variant_policy {self.variant_policy!r} is not one of {VARIANT_POLICIES}")
+        if not 0 <= self.kv_shift <= 1:
+            raise FusionRAGError(f"method {self.name!r}: kv_shift {self.kv_shift!r} is not in [0, 1]")
         if self.kv_variant is not None and self.kv_variant not in KV_VARIANTS:
             raise FusionRAGError(f"method {self.name!r}: kv_variant {self.kv_variant!r} is not one of {KV_VARIANTS}")
         if selector_spec(self.selector).selects and self.kv_variant is None:
