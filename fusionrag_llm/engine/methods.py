@@ -215,9 +215,10 @@ def check_run_options(*, method: str, recompute_ratio: float, kv_variant: str | 
     _check_choice("variant_policy", variant_policy, VARIANT_POLICIES)
     if selector is not None:
         selector_spec(selector)
-    _check_ratio(recompute_ratio)
+    _check_fraction("recompute_ratio", recompute_ratio)
     _check_seed(seed)
-    _check_share("kv_shift", kv_shift)
+    if kv_shift is not None:  # None: the method's own
+        _check_fraction("kv_shift", kv_shift)
     _check_stages(spec)
     eviction = decode_eviction(decode_kv_budget)
     if eviction is not None and spec.attention_scaling:
@@ -268,14 +269,9 @@ def _check_choice(knob: str, value: str | None, allowed: tuple[str, ...]) -> Non
         raise FusionRAGError(f"unknown {knob} {value!r}; valid: {', '.join(allowed)}")
 
 
-def _check_ratio(value: float) -> None:
+def _check_fraction(knob: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise FusionRAGError(f"recompute_ratio must be a number in [0, 1], got {value!r}")
-
-
-def _check_share(knob: str, value: float | None) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1):
-        raise FusionRAGError(f"{knob} must be a number in [0, 1] (0 = off), got {value!r}")
+        raise FusionRAGError(f"{knob} must be a number in [0, 1], got {value!r}")
 
 
 def _check_seed(value: int) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from fusionrag_llm.fusion.layout import RequestLayout
+from fusionrag_llm.fusion.scorers.shaping import chunk_of
 from fusionrag_llm.models.kv_cache import KVCache
 
 
@@ -33,22 +34,19 @@ class ChunkShift:
                  selected: torch.Tensor, share: float, from_layer: int) -> None:  # fmt: skip
         self.model, self.share, self.from_layer = model, float(share), int(from_layer)
         reused = layout.reused_slots.to(recompute.device)
-        chunk_of = _chunk_of(positions[reused], layout.chunk_spans)  # -1: in no chunk span
-        picked = torch.isin(reused, selected.to(recompute.device)) & (chunk_of >= 0)
-        chunks = len(layout.chunk_spans)
-        has_pick = torch.zeros(chunks + 1, dtype=torch.bool, device=recompute.device)
-        has_pick[chunk_of[picked] + 1] = True
-        left = ~picked & (chunk_of >= 0) & has_pick[chunk_of + 1]
-        self.picked, self.picked_chunk = reused[picked], chunk_of[picked]
+        chunk = chunk_of(layout).to(recompute.device)  # every reused slot lies in one chunk
+        picked = torch.isin(reused, selected.to(recompute.device))
+        counts = torch.bincount(chunk[picked], minlength=max(len(layout.chunk_spans), 1))
+        left = ~picked & (counts[chunk] > 0)  # a chunk with nothing recomputed keeps its KV
+        self.picked, self.picked_chunk = reused[picked], chunk[picked]
         self.picked_rows = torch.searchsorted(recompute, self.picked)  # their rows in the step
-        self.left, self.left_chunk = reused[left], chunk_of[left]
+        self.left, self.left_chunk = reused[left], chunk[left]
         self.picked_positions, self.left_positions = positions[self.picked], positions[self.left]
         # the rotary tables of both sets, once for every layer (the Triton rotary kernel makes its own)
         torch_rotary = getattr(model, "kernels", "torch") != "triton"
         self.unrotate = model.rotary_cos_sin(-self.picked_positions) if torch_rotary else None
         self.rerotate = model.rotary_cos_sin(self.left_positions) if torch_rotary else None
-        ones = torch.ones(len(self.picked), device=recompute.device)
-        self.counts = torch.zeros(chunks, device=recompute.device).index_add_(0, self.picked_chunk, ones).clamp(min=1)
+        self.counts = counts.clamp(min=1).float()
 
     @property
     def active(self) -> bool:
@@ -56,7 +54,7 @@ class ChunkShift:
         return self.share > 0 and len(self.left) > 0 and self.from_layer < self.model.cfg.num_layers
 
     def __call__(self, layer: int, cache: KVCache, keys: torch.Tensor, values: torch.Tensor) -> None:
-        if layer < self.from_layer or not len(self.left):
+        if layer < self.from_layer:
             return
         rows = self.picked_rows
         shift_v = self._chunk_mean((values[:, rows] - cache.values[layer][:, self.picked]).float())
@@ -73,10 +71,3 @@ class ChunkShift:
         total = torch.zeros(heads, len(self.counts), dim, device=change.device)
         return total.index_add_(1, self.picked_chunk, change) / self.counts.view(1, -1, 1)
 
-
-def _chunk_of(positions: torch.Tensor, spans) -> torch.Tensor:
-    """For each position, the index of the ``[start, end)`` span holding it, or -1."""
-    chunk = torch.full_like(positions, -1)
-    for index, (start, end) in enumerate(spans):
-        chunk[(positions >= start) & (positions < end)] = index
-    return chunk
