@@ -8,7 +8,9 @@ is (``worse_than_full_reuse``: KL above Full Reuse's on the same question by mor
 method did not (``answer_lost``). For fused entries it also says how much of each chunk's fusion
 context is in the prompt: the share of a chunk's neighbours (the chunks its fused entry was
 computed after) that are among the request's chunks (``neighbour_overlap``, one value per question:
-the mean over its chunks that have a fused entry).
+the mean over its chunks that have a fused entry). ``greedy_agreement`` says where greedy answers
+part from Full Attention's: the share of questions whose first k generated tokens are Full
+Attention's, for k = 1, 2, 4, ... and the whole answer (greedy EM).
 """
 
 from __future__ import annotations
@@ -68,6 +70,38 @@ def distribution(records: list[dict]) -> list[dict]:
             "compared": len(paired),
         })  # fmt: skip
     return rows
+
+
+def greedy_agreement(records: list[dict]) -> list[dict]:
+    """Per (method, ratio), in the records' order: the share of questions whose greedy answer begins
+    with Full Attention's first k tokens (``shares``, k = 1, 2, 4, ... below the longest reference
+    answer) and equals it whole (``whole``, the greedy EM). An answer that ends before k tokens agrees
+    through k only if the other ends with it, so ``whole`` is the share that agrees through every k."""
+    reference = {r["qid"]: list(r["token_ids"]) for r in records if r["method"] == "full_attention"}
+    longest = max((len(ids) for ids in reference.values()), default=0)
+    lengths = [1 << i for i in range(longest.bit_length()) if 1 << i < longest]
+    groups: dict[tuple, list[dict]] = {}
+    for record in records:
+        if record["qid"] in reference:
+            groups.setdefault((record["method"], record["ratio"]), []).append(record)
+    rows = []
+    for (method, ratio), mine in groups.items():
+        pairs = [(list(r["token_ids"]), reference[r["qid"]]) for r in mine]
+        rows.append({
+            "method": method, "ratio": ratio, "questions": len(pairs),
+            "shares": {str(k): sum(ids[:k] == ref[:k] for ids, ref in pairs) / len(pairs) for k in lengths},
+            "whole": sum(ids == ref for ids, ref in pairs) / len(pairs),
+        })  # fmt: skip
+    return rows
+
+
+def greedy_agreement_markdown(rows: list[dict]) -> str:
+    lengths = list(rows[0]["shares"]) if rows else []
+    headers = ["method", "ratio", "n", *(f"first {k}" for k in lengths), "whole answer"]
+    table = [[r["method"], "-" if r["ratio"] is None else f"{r['ratio']:g}", r["questions"],
+              *(fmt(r["shares"][k]) for k in lengths), fmt(r["whole"])] for r in rows]  # fmt: skip
+    return ("## Greedy agreement by answer length\n\nShare of questions whose greedy answer begins with Full "
+            "Attention's first k tokens; 'whole answer' is the greedy EM.\n\n" + markdown_table(headers, table) + "\n")
 
 
 def distribution_markdown(rows: list[dict]) -> str:

@@ -61,7 +61,8 @@ def test_writes_json_table_and_plots(synthetic_run):
 
 def test_json_content(synthetic_run):
     data = json.loads((synthetic_run[0] / "quality.json").read_text())
-    assert set(data) == {"config", "machine", "run", "aggregates", "distribution", "per_question", "records"}
+    assert set(data) == {"config", "machine", "run", "aggregates", "distribution", "greedy_agreement", "per_question",
+                         "records"}  # fmt: skip
     assert data["config"]["methods"][:2] == ["full_attention", "full_reuse"] and data["config"]["ratios"] == [0.0, 0.15]
     assert {"platform", "cpu_count", "torch"} <= set(data["machine"])
     assert data["run"]["computed"] == len(data["records"]) == 2 * (2 + 4 * 2)
@@ -79,6 +80,9 @@ def test_json_content(synthetic_run):
     spread = {(row["method"], row["ratio"]): row for row in data["distribution"]}
     assert spread[("full_reuse", None)]["worse_than_full_reuse"] == 0 and spread[("full_attention", None)]["kl_max"] == 0
     rows = _rows(data)
+    for row in data["greedy_agreement"]:  # its whole-answer share is the table's greedy EM
+        assert row["whole"] == rows[(row["method"], row["ratio"])]["greedy_em"]
+        assert list(row["shares"].values()) == sorted(row["shares"].values(), reverse=True) and row["shares"]["1"] >= row["whole"]
     fa, fr = rows[("full_attention", None)], rows[("full_reuse", None)]
     assert fa["kl"] == 0 and fa["first_token"] == 1 and fa["greedy_em"] == 1
     assert fa["norm_kl"] == 1 and fr["norm_kl"] == 0 and fr["kl"] > 0

@@ -3,7 +3,8 @@
 import pytest
 
 from fusionrag_llm import FusionRAG
-from fusionrag_llm.eval.quality_diagnostics import distribution, neighbour_overlap, per_question
+from fusionrag_llm.eval.quality_diagnostics import (distribution, greedy_agreement, greedy_agreement_markdown,
+                                                    neighbour_overlap, per_question)
 
 
 def _record(qid, method, ratio, kl, greedy_em=1.0):
@@ -27,6 +28,21 @@ def test_distribution_counts_the_questions_a_method_makes_worse_than_full_reuse(
     assert fusion["worse_than_full_reuse"] == 2  # q2 and q4; q3 is a tie within the tolerance
     assert fusion["answer_lost"] == 1  # q2: Full Reuse kept FA's answer there; q3 both lost it
     assert rows[("full_reuse", None)]["worse_than_full_reuse"] == 0
+
+
+def test_greedy_agreement_counts_the_questions_that_begin_with_full_attentions_tokens():
+    def answer(qid, method, ids):
+        return {"qid": qid, "method": method, "ratio": None if method != "fusionrag" else 0.15, "token_ids": ids}
+
+    records = [answer("q1", "full_attention", [1, 2, 3, 4, 5]), answer("q2", "full_attention", [7, 8]),
+               answer("q1", "fusionrag", [1, 2, 3, 9, 5]), answer("q2", "fusionrag", [7, 8, 2]),
+               answer("q3", "fusionrag", [4])]  # fmt: skip
+    rows = {row["method"]: row for row in greedy_agreement(records)}
+    # k = 1, 2, 4 lie below the longest reference (5 tokens); q2 ended after 2 tokens where fusionrag went on
+    assert rows["fusionrag"]["shares"] == {"1": 1.0, "2": 1.0, "4": 0.0} and rows["fusionrag"]["whole"] == 0.0
+    assert rows["fusionrag"]["questions"] == 2  # q3 has no Full Attention answer
+    assert rows["full_attention"]["shares"] == {"1": 1.0, "2": 1.0, "4": 1.0} and rows["full_attention"]["whole"] == 1.0
+    assert "| fusionrag | 0.15 | 2 | 1.000 | 1.000 | 0.000 | 0.000 |" in greedy_agreement_markdown(list(rows.values()))
 
 
 def test_per_question_rows_list_every_method():
