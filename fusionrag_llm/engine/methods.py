@@ -71,6 +71,11 @@ APE_TEMPERATURE = 0.9
 APE_SCALE = 0.9
 
 
+def _check_fraction(knob: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise FusionRAGError(f"{knob} must be a number in [0, 1], got {value!r}")
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """One method as data; every stage flag is off for a method the plain pipeline runs."""
@@ -104,8 +109,7 @@ class MethodSpec:
     def __post_init__(self) -> None:
         if self.variant_policy not in VARIANT_POLICIES:
             raise FusionRAGError(f"method {self.name!r}: variant_policy {self.variant_policy!r} is not one of {VARIANT_POLICIES}")
-        if not 0 <= self.kv_shift <= 1:
-            raise FusionRAGError(f"method {self.name!r}: kv_shift {self.kv_shift!r} is not in [0, 1]")
+        _check_fraction(f"method {self.name!r}: kv_shift", self.kv_shift)
         if self.kv_variant is not None and self.kv_variant not in KV_VARIANTS:
             raise FusionRAGError(f"method {self.name!r}: kv_variant {self.kv_variant!r} is not one of {KV_VARIANTS}")
         if selector_spec(self.selector).selects and self.kv_variant is None:
@@ -267,11 +271,6 @@ def _method(name: str) -> MethodSpec:
 def _check_choice(knob: str, value: str | None, allowed: tuple[str, ...]) -> None:
     if value is not None and value not in allowed:
         raise FusionRAGError(f"unknown {knob} {value!r}; valid: {', '.join(allowed)}")
-
-
-def _check_fraction(knob: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise FusionRAGError(f"{knob} must be a number in [0, 1], got {value!r}")
 
 
 def _check_seed(value: int) -> None:

@@ -53,11 +53,8 @@ def per_question(records: list[dict]) -> list[dict]:
 def distribution(records: list[dict]) -> list[dict]:
     """Per (method, ratio), in the records' order: the per-question KL distribution and the harm counts."""
     baseline = {r["qid"]: r for r in records if r["method"] == "full_reuse"}
-    groups: dict[tuple, list[dict]] = {}
-    for record in records:
-        groups.setdefault((record["method"], record["ratio"]), []).append(record)
     rows = []
-    for (method, ratio), mine in groups.items():
+    for (method, ratio), mine in _by_run(records).items():
         kls = sorted(r["kl"] for r in mine)
         worst = max(mine, key=lambda r: r["kl"])
         paired = [(r, baseline[r["qid"]]) for r in mine if r["qid"] in baseline]
@@ -80,13 +77,11 @@ def greedy_agreement(records: list[dict]) -> list[dict]:
     reference = {r["qid"]: list(r["token_ids"]) for r in records if r["method"] == "full_attention"}
     longest = max((len(ids) for ids in reference.values()), default=0)
     lengths = [1 << i for i in range(longest.bit_length()) if 1 << i < longest]
-    groups: dict[tuple, list[dict]] = {}
-    for record in records:
-        if record["qid"] in reference:
-            groups.setdefault((record["method"], record["ratio"]), []).append(record)
     rows = []
-    for (method, ratio), mine in groups.items():
-        pairs = [(list(r["token_ids"]), reference[r["qid"]]) for r in mine]
+    for (method, ratio), mine in _by_run(records).items():
+        pairs = [(list(r["token_ids"]), reference[r["qid"]]) for r in mine if r["qid"] in reference]
+        if not pairs:
+            continue
         rows.append({
             "method": method, "ratio": ratio, "questions": len(pairs),
             "shares": {str(k): sum(ids[:k] == ref[:k] for ids, ref in pairs) / len(pairs) for k in lengths},
@@ -137,6 +132,14 @@ def plot_per_question(records: list[dict], path: Path, title: str) -> Path:
     ax.set_title(title)
     ax.grid(alpha=0.3, axis="y")
     return _save(fig, plt, path)
+
+
+def _by_run(records: list[dict]) -> dict[tuple, list[dict]]:
+    """The records of each (method, ratio), in the records' order."""
+    groups: dict[tuple, list[dict]] = {}
+    for record in records:
+        groups.setdefault((record["method"], record["ratio"]), []).append(record)
+    return groups
 
 
 def _label(method: str, ratio: float | None) -> str:

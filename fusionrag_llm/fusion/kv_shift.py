@@ -70,4 +70,3 @@ class ChunkShift:
         heads, _, dim = change.shape
         total = torch.zeros(heads, len(self.counts), dim, device=change.device)
         return total.index_add_(1, self.picked_chunk, change) / self.counts.view(1, -1, 1)
-

@@ -21,8 +21,8 @@ def table(path):
 
 
 def run(reference, dataset, limit, out, dtype):
-    from fusionrag_llm import FusionRAG
-    from fusionrag_llm.eval.bench_quality import _request
+    from fusionrag_llm import FusionRAG, RAGRequest
+    from fusionrag_llm.eval.bench_data import chunk_texts
     from fusionrag_llm.eval.datasets import load_musique
 
     records = json.load(open(reference))["records"]
@@ -33,7 +33,7 @@ def run(reference, dataset, limit, out, dtype):
         for ex in load_musique(dataset, limit=limit, passages=5):
             if ex.id in done:
                 continue
-            stream = rag.stream(_request(ex), "full_attention", 1.0, 16, seed=0)
+            stream = rag.stream(RAGRequest(chunks=chunk_texts(ex), question=ex.question), "full_attention", 1.0, 16, seed=0)
             for _ in stream:
                 pass
             f.write(json.dumps({"qid": ex.id, "token_ids": list(stream.token_ids), "ref": fa[ex.id]}) + "\n")
