@@ -5,7 +5,10 @@ reference distribution. Each (method, ratio) then answers greedily (F1/EM agains
 first-token agreement and greedy exact match against the reference answer, TTFT) and is teacher
 forced on the reference answer (mean KL(FA || method) over the rows that predict its tokens; the
 first row alone when the reference answer is empty), reusing the prefill that produced its answer.
-Each record also carries the question's ``neighbour_overlap`` (``eval/quality_diagnostics.py``).
+Each record also carries the question's ``neighbour_overlap`` (``eval/quality_diagnostics.py``);
+Full Attention's its ``margins`` (top-1 minus top-2 probability at each answer token: how near each
+of its greedy choices was to a tie), every other method's its ``parting_gap`` (where its greedy
+answer parts from Full Attention's, its probability of its own token minus that of theirs).
 Records go to a :class:`PartialLog` as they are made, so a re-run with the same configuration
 skips them.
 """
@@ -22,7 +25,8 @@ from fusionrag_llm.eval.bench_data import chunk_texts, passage_pool
 from fusionrag_llm.eval.bench_methods import BenchMethod, jobs, needs_variant_notes
 from fusionrag_llm.eval.datasets import QAExample
 from fusionrag_llm.eval.kv_footprint import footprint
-from fusionrag_llm.eval.metrics import exact_match, f1_score, first_token_agreement, greedy_exact_match, mean_kl
+from fusionrag_llm.eval.metrics import (choice_gap, exact_match, f1_score, first_token_agreement, greedy_exact_match,
+                                        mean_kl, parting_position, top_margins)
 from fusionrag_llm.eval.partial_log import PartialLog
 from fusionrag_llm.eval.quality_diagnostics import neighbour_overlap
 from fusionrag_llm.engine.kv_codecs import check_kv_codec
@@ -163,13 +167,26 @@ def _run_question(rag, ex: QAExample, todo: list, config: QualityConfig, log: Pa
     for method, ratio in todo:
         if method.label == fa.label:
             record = _record(ex, method, ratio, out, ref_ids, kl=0.0)
+            record["margins"] = [round(m, 5) for m in top_margins(ref_logits)]
         else:
             gen = _answer(rag, request, method, ratio, config)
-            record = _record(ex, method, ratio, gen, ref_ids, kl=mean_kl(ref_logits, gen.score(ref_ids)))
+            logits = gen.score(ref_ids)
+            record = _record(ex, method, ratio, gen, ref_ids, kl=mean_kl(ref_logits, logits))
+            record["parting_gap"] = _parting_gap(logits, ref_ids, list(gen.token_ids))
         record["neighbour_overlap"] = overlap
         log.append(record)
         computed += 1
     return computed
+
+
+def _parting_gap(logits, ref_ids: list[int], ids: list[int]) -> float | None:
+    """How much the method preferred its own token to Full Attention's where its greedy answer parts
+    from it (its probability minus theirs, on the same prefix); None when the answers agree or one
+    ends there."""
+    at = parting_position(ref_ids, ids)
+    if at is None or at >= min(len(ref_ids), len(ids)):
+        return None
+    return round(choice_gap(logits[at], ids[at], ref_ids[at]), 5)
 
 
 def _answer(rag, request, method: BenchMethod, ratio, config: QualityConfig):

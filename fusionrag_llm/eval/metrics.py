@@ -186,6 +186,44 @@ def greedy_exact_match(
     return float(_as_ids(ref_ids, "ref_ids") == _as_ids(ids, "ids"))
 
 
+def parting_position(ref_ids: Sequence[int] | torch.Tensor, ids: Sequence[int] | torch.Tensor) -> int | None:
+    """The first position at which two generations differ (one may end there); None when equal.
+
+    Example:
+        >>> parting_position([5, 7, 9], [5, 8, 9]), parting_position([5, 7], [5, 7, 2]), parting_position([5], [5])
+        (1, 2, None)
+    """
+    ref, got = _as_ids(ref_ids, "ref_ids"), _as_ids(ids, "ids")
+    if ref == got:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
+
+
+def top_margins(logits: torch.Tensor) -> list[float]:
+    """Per row of ``[n, vocab]`` logits, the top-1 minus the top-2 probability: how far the greedy
+    choice was from a tie (0: a tie; near 1: no contest).
+
+    Example:
+        >>> [round(m, 3) for m in top_margins(torch.tensor([[0.0, 0.0, -50.0], [5.0, 0.0, 0.0]]))]
+        [0.0, 0.98]
+    """
+    if logits.dim() != 2 or logits.shape[-1] < 2:
+        raise ValueError(f"logits must be [n, vocab] with vocab >= 2, got shape {tuple(logits.shape)}")
+    top = torch.softmax(logits.double(), dim=-1).topk(2, dim=-1).values
+    return (top[:, 0] - top[:, 1]).tolist()
+
+
+def choice_gap(logits_row: torch.Tensor, chosen: int, other: int) -> float:
+    """The probability of ``chosen`` minus that of ``other`` under one row of logits ``[vocab]``.
+
+    Example:
+        >>> round(choice_gap(torch.tensor([2.0, 0.0, 0.0]), 0, 1), 3)
+        0.68
+    """
+    probs = torch.softmax(logits_row.double(), dim=-1)
+    return float(probs[chosen] - probs[other])
+
+
 def _is_real(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 

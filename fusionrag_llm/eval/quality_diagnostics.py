@@ -10,7 +10,10 @@ context is in the prompt: the share of a chunk's neighbours (the chunks its fuse
 computed after) that are among the request's chunks (``neighbour_overlap``, one value per question:
 the mean over its chunks that have a fused entry). ``greedy_agreement`` says where greedy answers
 part from Full Attention's: the share of questions whose first k generated tokens are Full
-Attention's, for k = 1, 2, 4, ... and the whole answer (greedy EM).
+Attention's, for k = 1, 2, 4, ... and the whole answer (greedy EM). ``partings`` says how near a tie
+Full Attention's own choice was at the token where each answer parts from it (its top-1 minus top-2
+probability there, against the same over all its answer tokens), and how strongly the method
+preferred its own token.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import math
 import statistics
 from pathlib import Path
 
+from fusionrag_llm.eval.metrics import parting_position
 from fusionrag_llm.eval.results import fmt, markdown_table
 
 HARM_TOLERANCE = 1e-4  # KL differences below this are ties (float noise between two exact paths)
+NEAR_TIE = 0.1  # Full Attention's top-1 minus top-2 probability below this: a near tie
 
 
 def neighbour_overlap(rag, texts: list[str]) -> float | None:
@@ -97,6 +102,54 @@ def greedy_agreement_markdown(rows: list[dict]) -> str:
               *(fmt(r["shares"][k]) for k in lengths), fmt(r["whole"])] for r in rows]  # fmt: skip
     return ("## Greedy agreement by answer length\n\nShare of questions whose greedy answer begins with Full "
             "Attention's first k tokens; 'whole answer' is the greedy EM.\n\n" + markdown_table(headers, table) + "\n")
+
+
+def partings(records: list[dict]) -> dict | None:
+    """Where greedy answers part from Full Attention's, how close its own choice was there.
+
+    Needs Full Attention's records with ``margins`` (None when none has them: logs written before
+    they were recorded). ``fa_near_tie_share``: the share of all of Full Attention's answer tokens
+    whose margin is below ``NEAR_TIE``. Per (method, ratio): ``parted`` answers (of ``questions``), the
+    share of those whose parting token is such a near tie for Full Attention, the median margin there
+    and the median ``parting_gap`` (how strongly the method preferred its own token).
+    """
+    margins = {r["qid"]: (list(r["token_ids"]), r["margins"]) for r in records
+               if r["method"] == "full_attention" and r.get("margins") is not None}  # fmt: skip
+    if not margins:
+        return None
+    every = [m for _, ms in margins.values() for m in ms]
+    rows = []
+    for (method, ratio), mine in _by_run(records).items():
+        mine = [r for r in mine if r["qid"] in margins and method != "full_attention"]
+        if not mine:
+            continue
+        at = [(r, parting_position(margins[r["qid"]][0], r["token_ids"])) for r in mine]
+        parted = [(r, p) for r, p in at if p is not None]
+        there = [margins[r["qid"]][1][p] for r, p in parted if p < len(margins[r["qid"]][1])]
+        gaps = [r["parting_gap"] for r, _ in parted if r.get("parting_gap") is not None]
+        rows.append({
+            "method": method, "ratio": ratio, "questions": len(mine), "parted": len(parted),
+            "near_tie_share": sum(m < NEAR_TIE for m in there) / len(there) if there else math.nan,
+            "fa_margin_median": statistics.median(there) if there else math.nan,
+            "gap_median": statistics.median(gaps) if gaps else math.nan,
+        })  # fmt: skip
+    return {"near_tie": NEAR_TIE, "fa_near_tie_share": sum(m < NEAR_TIE for m in every) / max(len(every), 1),
+            "rows": rows}  # fmt: skip
+
+
+def partings_markdown(summary: dict | None) -> str:
+    if summary is None:
+        return ""
+    headers = ["method", "ratio", "n", "answers that part", "FA near tie there", "FA margin there (median)",
+               "method's own gap there (median)"]  # fmt: skip
+    table = [[r["method"], "-" if r["ratio"] is None else f"{r['ratio']:g}", r["questions"], r["parted"],
+              fmt(r["near_tie_share"]), fmt(r["fa_margin_median"], 3), fmt(r["gap_median"], 3)]
+             for r in summary["rows"]]  # fmt: skip
+    return ("## Where greedy answers part\n\nAt the token where a method's greedy answer first differs from Full "
+            "Attention's: Full Attention's top-1 minus top-2 probability there ('near tie': below "
+            f"{summary['near_tie']:g}; {fmt(summary['fa_near_tie_share'])} of all of Full Attention's answer tokens "
+            "are near ties), and the method's probability of its own token minus that of Full Attention's.\n\n"
+            + markdown_table(headers, table) + "\n")  # fmt: skip
 
 
 def distribution_markdown(rows: list[dict]) -> str:

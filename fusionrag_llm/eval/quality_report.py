@@ -17,7 +17,8 @@ from fusionrag_llm.eval.bench_methods import BenchMethod, jobs
 from fusionrag_llm.eval.metrics import normalized_score
 from fusionrag_llm.eval.plots import plot_vs_ratio
 from fusionrag_llm.eval.quality_diagnostics import (distribution, distribution_markdown, greedy_agreement,
-                                                    greedy_agreement_markdown, per_question, plot_per_question)
+                                                    greedy_agreement_markdown, partings, partings_markdown,
+                                                    per_question, plot_per_question)
 from fusionrag_llm.eval.results import fmt, markdown_table, mean, ms, write_json
 
 MEAN_FIELDS = ("f1", "em", "first_token", "greedy_em", "kl", "ttft_s", "load_s", "select_s", "prefill_s",
@@ -75,12 +76,14 @@ def write_quality(out_dir: Path, config: dict, machine: dict, run: dict, records
     """quality.json, quality.md, quality_kl.png, quality_f1.png and quality_kl_per_question.png in
     ``out_dir``; the JSON and the table include the per-question diagnostics."""
     out_dir = Path(out_dir)
-    spread, agreement = distribution(records), greedy_agreement(records)
+    spread, agreement, parts = distribution(records), greedy_agreement(records), partings(records)
     data = {"config": config, "machine": machine, "run": run, "aggregates": rows, "distribution": spread,
-            "greedy_agreement": agreement, "per_question": per_question(records), "records": records}  # fmt: skip
+            "greedy_agreement": agreement, "partings": parts, "per_question": per_question(records),
+            "records": records}  # fmt: skip
     paths = [write_json(out_dir / "quality.json", data)]
     (out_dir / "quality.md").write_text(quality_markdown(rows, config, machine) + "\n" + distribution_markdown(spread)
-                                        + "\n" + greedy_agreement_markdown(agreement))  # fmt: skip
+                                        + "\n" + greedy_agreement_markdown(agreement) + "\n"
+                                        + partings_markdown(parts))  # fmt: skip
     paths.append(out_dir / "quality.md")
     title = f"{config['model']}, {len({r['qid'] for r in records})} questions"
     paths.append(plot_vs_ratio(rows, "kl", "mean KL(FA || method)", out_dir / "quality_kl.png", title))

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from fusionrag_llm import FusionRAG
 from fusionrag_llm.cli.main import cli
 from fusionrag_llm.eval.datasets import default_musique_path
+from fusionrag_llm.eval.metrics import parting_position
 
 METHODS = "full_attention,full_reuse,cacheblend,fusionrag,fused+kv_deviation,plain+query_guided"
 SYNTHETIC = ["bench", "quality", "--dataset", "synthetic", "--limit", "2", "--passages", "3", "--words-per-passage",
@@ -61,8 +62,8 @@ def test_writes_json_table_and_plots(synthetic_run):
 
 def test_json_content(synthetic_run):
     data = json.loads((synthetic_run[0] / "quality.json").read_text())
-    assert set(data) == {"config", "machine", "run", "aggregates", "distribution", "greedy_agreement", "per_question",
-                         "records"}  # fmt: skip
+    assert set(data) == {"config", "machine", "run", "aggregates", "distribution", "greedy_agreement", "partings",
+                         "per_question", "records"}  # fmt: skip
     assert data["config"]["methods"][:2] == ["full_attention", "full_reuse"] and data["config"]["ratios"] == [0.0, 0.15]
     assert {"platform", "cpu_count", "torch"} <= set(data["machine"])
     assert data["run"]["computed"] == len(data["records"]) == 2 * (2 + 4 * 2)
@@ -83,6 +84,18 @@ def test_json_content(synthetic_run):
     for row in data["greedy_agreement"]:  # its whole-answer share is the table's greedy EM
         assert row["whole"] == rows[(row["method"], row["ratio"])]["greedy_em"]
         assert list(row["shares"].values()) == sorted(row["shares"].values(), reverse=True) and row["shares"]["1"] >= row["whole"]
+    answers = {(r["qid"], r["method"], r["ratio"]): r for r in data["records"]}
+    for record in data["records"]:
+        fa_record = answers[(record["qid"], "full_attention", None)]
+        assert len(fa_record["margins"]) == len(fa_record["token_ids"]) and all(0 <= m <= 1 for m in fa_record["margins"])
+        if record["method"] != "full_attention":  # a gap exactly where the greedy answer parts from FA's
+            at = parting_position(fa_record["token_ids"], record["token_ids"])
+            both = at is not None and at < min(len(record["token_ids"]), len(fa_record["token_ids"]))
+            assert (record["parting_gap"] is not None) == both
+            assert record["parting_gap"] is None or -1e-4 <= record["parting_gap"] <= 1  # its own greedy choice
+    parted = {(row["method"], row["ratio"]): row["parted"] for row in data["partings"]["rows"]}
+    assert all(parted[key] == round(row["questions"] * (1 - row["greedy_em"])) for key, row in rows.items()
+               if key[0] != "full_attention")  # fmt: skip
     fa, fr = rows[("full_attention", None)], rows[("full_reuse", None)]
     assert fa["kl"] == 0 and fa["first_token"] == 1 and fa["greedy_em"] == 1
     assert fa["norm_kl"] == 1 and fr["norm_kl"] == 0 and fr["kl"] > 0

@@ -169,3 +169,15 @@ def test_normalized_score_rejects_bad_numbers():
 def test_docstring_examples_run(module):
     result = doctest.testmod(module)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_parting_position_and_margins():
+    assert metrics.parting_position([], []) is None and metrics.parting_position([], [3]) == 0
+    assert metrics.parting_position(torch.tensor([1, 2]), [1, 3]) == 1
+    margins = metrics.top_margins(torch.tensor([[1.0, 1.0], [0.0, math.log(3.0)]]))
+    assert margins == pytest.approx([0.0, 0.5])  # probabilities 0.5/0.5 and 0.25/0.75
+    assert metrics.choice_gap(torch.tensor([0.0, math.log(3.0)]), 0, 1) == pytest.approx(-0.5)
+    with pytest.raises(ValueError, match=r"\[n, vocab\] with vocab >= 2"):
+        metrics.top_margins(torch.zeros(3))
+    with pytest.raises(ValueError, match="ids must be a sequence of token ids"):
+        metrics.parting_position([1], "1")

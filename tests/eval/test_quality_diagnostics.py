@@ -4,7 +4,7 @@ import pytest
 
 from fusionrag_llm import FusionRAG
 from fusionrag_llm.eval.quality_diagnostics import (distribution, greedy_agreement, greedy_agreement_markdown,
-                                                    neighbour_overlap, per_question)
+                                                    neighbour_overlap, partings, partings_markdown, per_question)
 
 
 def _record(qid, method, ratio, kl, greedy_em=1.0):
@@ -43,6 +43,28 @@ def test_greedy_agreement_counts_the_questions_that_begin_with_full_attentions_t
     assert rows["fusionrag"]["questions"] == 2  # q3 has no Full Attention answer
     assert rows["full_attention"]["shares"] == {"1": 1.0, "2": 1.0, "4": 1.0} and rows["full_attention"]["whole"] == 1.0
     assert "| fusionrag | 0.15 | 2 | 1.000 | 1.000 | 0.000 | 0.000 |" in greedy_agreement_markdown(list(rows.values()))
+
+
+def test_partings_read_full_attentions_margin_where_each_answer_parts():
+    def answer(qid, method, ids, **extra):
+        return {"qid": qid, "method": method, "ratio": None if method == "full_attention" else 0.15, "token_ids": ids, **extra}
+
+    records = [answer("q1", "full_attention", [1, 2, 3, 4], margins=[0.9, 0.8, 0.05, 0.7]),
+               answer("q2", "full_attention", [7, 8], margins=[0.02, 0.6]),
+               answer("q3", "full_attention", [5], margins=[0.5]),
+               answer("q1", "fusionrag", [1, 2, 9, 4], parting_gap=0.04),  # parts at a near tie (0.05)
+               answer("q2", "fusionrag", [7, 6], parting_gap=0.3),  # parts where FA was sure (0.6)
+               answer("q3", "fusionrag", [5], parting_gap=None),  # agrees
+               answer("q4", "fusionrag", [1], parting_gap=0.2)]  # no Full Attention answer: not counted
+    summary = partings(records)
+    assert summary["fa_near_tie_share"] == pytest.approx(2 / 7)  # 0.05 and 0.02 of FA's 7 answer tokens
+    (row,) = summary["rows"]
+    assert (row["method"], row["questions"], row["parted"]) == ("fusionrag", 3, 2)
+    assert row["near_tie_share"] == 0.5 and row["fa_margin_median"] == pytest.approx((0.05 + 0.6) / 2)
+    assert row["gap_median"] == pytest.approx((0.04 + 0.3) / 2)
+    assert "| fusionrag | 0.15 | 3 | 2 | 0.500 | 0.325 | 0.170 |" in partings_markdown(summary)
+    # logs written before margins were recorded: nothing to say, and no table
+    assert partings([dict(r, margins=None) for r in records]) is None and partings_markdown(None) == ""
 
 
 def test_per_question_rows_list_every_method():
