@@ -120,11 +120,12 @@ def partings(records: list[dict]) -> dict | None:
     every = [m for _, ms in margins.values() for m in ms]
     rows = []
     for (method, ratio), mine in _by_run(records).items():
-        mine = [r for r in mine if r["qid"] in margins and method != "full_attention"]
-        if not mine:
+        mine = [r for r in mine if r["qid"] in margins]
+        if method == "full_attention" or not mine:
             continue
         at = [(r, parting_position(margins[r["qid"]][0], r["token_ids"])) for r in mine]
         parted = [(r, p) for r, p in at if p is not None]
+        # an answer that goes on after Full Attention's ended parts where Full Attention has no margin
         there = [margins[r["qid"]][1][p] for r, p in parted if p < len(margins[r["qid"]][1])]
         gaps = [r["parting_gap"] for r, _ in parted if r.get("parting_gap") is not None]
         rows.append({
