@@ -13,6 +13,7 @@ import statistics
 import sys
 
 from fusionrag_llm.eval.metrics import normalized_score, parting_position
+from fusionrag_llm.eval.quality_diagnostics import HARM_TOLERANCE
 from fusionrag_llm.eval.results import fmt, markdown_table
 
 
@@ -38,7 +39,7 @@ def main(shift_json: str, high_log: str, bf16_jsonl: str) -> None:
         rows.append([label, "-" if kls is None else fmt(statistics.mean(kls), 4),
                      "-" if kls is None else fmt(normalized_score(statistics.mean(kls), fr_kl, 0.0)),
                      "-" if kls is None else fmt(max(kls), 3),
-                     "-" if kls is None else sum(mine[q]["kl"] > fr[q]["kl"] + 1e-4 for q in qids),
+                     "-" if kls is None else sum(mine[q]["kl"] > fr[q]["kl"] + HARM_TOLERANCE for q in qids),
                      *(fmt(sum(p is None or p >= k for p in parts) / len(qids), 2) for k in (1, 4, 8, 12)),
                      fmt(sum(p is None for p in parts) / len(qids), 2)])  # fmt: skip
     print(f"{len(qids)} questions\n")
