@@ -17,7 +17,6 @@ import hashlib
 import os
 import random
 
-
 from fusionrag_llm.cli.main import main
 from fusionrag_llm.fusion.entry_compute import EntryComputer
 from fusionrag_llm.storage import KVEntry
