@@ -30,16 +30,17 @@ _EXPORTS = {
     "RAGRequest": "fusionrag_llm.request",
     "RAGSession": "fusionrag_llm.session",
     "TextPrompt": "fusionrag_llm.request",
-    "KV_VARIANTS": "fusionrag_llm.engine.methods",
     "FUSED_ORDERS": "fusionrag_llm.fusion.fused_order",
     "DEFAULT_FUSED_ORDER": "fusionrag_llm.fusion.fused_order",
-    "METHODS": "fusionrag_llm.engine.methods",
-    "MethodSpec": "fusionrag_llm.engine.methods",
-    "RunPlan": "fusionrag_llm.engine.methods",
-    "check_run_options": "fusionrag_llm.engine.methods",
+    "Method": "fusionrag_llm.methods",
+    "MethodRun": "fusionrag_llm.methods",
+    "Prefill": "fusionrag_llm.methods",
+    "RunPlan": "fusionrag_llm.methods",
+    "get_method": "fusionrag_llm.methods",
+    "method_names": "fusionrag_llm.methods",
+    "register_method": "fusionrag_llm.methods",
+    "LayerHook": "fusionrag_llm.models.forward",
     "DecodeEviction": "fusionrag_llm.models.kv_eviction",
-    "SELECTORS": "fusionrag_llm.fusion.selectors",
-    "SelectorSpec": "fusionrag_llm.fusion.selectors",
     "DEFAULT_MODEL": "fusionrag_llm.models.default_model",
     "MissingDependencyError": "fusionrag_llm.errors",
     "KV_CODECS": "fusionrag_llm.engine.kv_codecs",
@@ -69,14 +70,14 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from fusionrag_llm.engine.kv_codecs import DEFAULT_KV_CODEC, KV_CODECS
     from fusionrag_llm.engine.store_codec import recorded_kv_codec
     from fusionrag_llm.engine.llm_engine import Generation
-    from fusionrag_llm.engine.methods import KV_VARIANTS, METHODS, MethodSpec, RunPlan, check_run_options
     from fusionrag_llm.engine.sampling import SamplingParams
     from fusionrag_llm.engine.stats import GenerationStats
     from fusionrag_llm.errors import FusionRAGError, MissingDependencyError
     from fusionrag_llm.fusion.catalog import CATALOG_FILE, CatalogWriteError, registered_chunk_count
     from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER, FUSED_ORDERS
     from fusionrag_llm.fusion.offline import IngestionWriteError, IngestReport
-    from fusionrag_llm.fusion.selectors import SELECTORS, SelectorSpec
+    from fusionrag_llm.methods import Method, MethodRun, Prefill, RunPlan, get_method, method_names, register_method
+    from fusionrag_llm.models.forward import LayerHook
     from fusionrag_llm.models.default_model import DEFAULT_MODEL
     from fusionrag_llm.models.kv_eviction import DecodeEviction
     from fusionrag_llm.request import PromptFormat, RAGRequest, TextPrompt

@@ -10,7 +10,6 @@ import torch
 
 from fusionrag_llm.engine.llm_engine import Generation, LLMEngine
 from fusionrag_llm.engine.streaming import GenerationStream
-from fusionrag_llm.engine.methods import METHODS, DecodeEviction, plan_run
 from fusionrag_llm.engine.context_index import ContextIndex, order_hint
 from fusionrag_llm.engine.sampling import SamplingParams
 from fusionrag_llm.engine.turn_cache import TurnCache
@@ -20,6 +19,7 @@ from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.fused_order import check_fused_order
 from fusionrag_llm.fusion.offline import IngestReport, add_chunks
 from fusionrag_llm.ingest.embeddings import Embedder
+from fusionrag_llm.methods import Method, make_plan, method_names
 from fusionrag_llm.models.default_model import DEFAULT_MODEL
 from fusionrag_llm.models.fingerprint import fingerprint_of
 from fusionrag_llm.models.loader import LoadedModel, load_model
@@ -47,8 +47,6 @@ class FusionRAG:
     >>> out.stats.path_hits, out.stats.recomputed_tokens > 0  # a new store keeps bf16 entries: both reused
     ({'exact': 0, 'chunk': 2, 'miss': 0}, True)
     """
-
-    methods = tuple(METHODS)
 
     def __init__(self, loaded: LoadedModel, store: StoreSpec = None, embedder: Embedder | None = None,
                  prefix_cache: bool = True, store_dtype: str | torch.dtype | None = None,
@@ -268,12 +266,9 @@ class FusionRAG:
         chunk = self._catalog.get(text)
         return None if chunk is None else chunk.token_ids
 
-    def stream(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
-               max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
-               seed: int = 0, variant_policy: str | None = None, decode_kv_budget: int | DecodeEviction | None = None,
-               kv_shift: float | None = None, stop: str | Sequence[str] | None = None,
-               ignore_eos: bool = False, sampling: SamplingParams | dict | None = None,
-               reorder: bool = False) -> GenerationStream:  # fmt: skip
+    def stream(self, request: Request, method: str | Method = "fusionrag", recompute_ratio: float | None = None,
+               max_new_tokens: int = 32, *, stop: str | Sequence[str] | None = None,
+               sampling: SamplingParams | dict | None = None) -> GenerationStream:  # fmt: skip
         """Like ``generate``, but iterate the result for text deltas as they are decoded.
 
         >>> rag = FusionRAG.from_pretrained("tiny")
@@ -281,45 +276,23 @@ class FusionRAG:
         >>> "".join(stream) == stream.text and len(stream.token_ids) <= 3
         True
         """
-        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy, decode_kv_budget, kv_shift)
-        request = self.ordered(request) if _check_reorder(reorder) else request
-        return self.engine.stream(self._locked_segments(request), plan, max_new_tokens, stop=() if stop is None else stop,
-                                  ignore_eos=ignore_eos, sampling=sampling)
+        plan = make_plan(method, recompute_ratio)
+        return self.engine.stream(self._locked_segments(request), plan, max_new_tokens, stop=_stops(stop),
+                                  sampling=sampling)  # fmt: skip
 
-    def generate(self, request: Request, method: str = "fusionrag", recompute_ratio: float = 0.15,
-                 max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
-                 seed: int = 0, variant_policy: str | None = None, decode_kv_budget: int | DecodeEviction | None = None,
-                 kv_shift: float | None = None, stop: str | Sequence[str] | None = None,
-                 ignore_eos: bool = False, sampling: SamplingParams | dict | None = None, n: int = 1,
-                 reorder: bool = False) -> Generation:  # fmt: skip
+    def generate(self, request: Request, method: str | Method = "fusionrag", recompute_ratio: float | None = None,
+                 max_new_tokens: int = 32, *, stop: str | Sequence[str] | None = None,
+                 sampling: SamplingParams | dict | None = None, n: int = 1) -> Generation:  # fmt: skip
         """Answer ``request``; ``out.stats`` holds TTFT, its parts and token counts.
 
-        ``method``: one of ``FusionRAG.methods``; ``kv_variant`` (plain|fused) and ``selector``
-        (query_guided|kv_deviation|random|oracle|oracle_attention|none) override the method's own for ablations.
-        ``variant_policy`` (fused entries; default: the method's own, ``"blend"`` for ``fusionrag``):
-        ``"always"`` (the paper, ``fusionrag_paper``) serves each chunk from its fused entry whenever one
-        is stored; ``"overlap"`` only when at least half of the chunks it was fused after are in this
-        request, else from its plain entry (``stats.fused_declined`` counts those); ``"check"``,
-        ``"probe"`` and ``"cfo"`` choose per chunk from this prompt; ``"blend"`` serves the mean of the
-        fused and plain KV (README, "variant_policy"); under check, probe and blend a chunk whose
-        neighbours are all ahead of it in their fused order keeps its fused entry (``stats.fused_in_context``).
-        ``decode_kv_budget`` (default None: off; any method but ape): A3's decode KV eviction after the
-        prefill: every layer and kv-head keeps the prompt text outside the chunks, the last 32 prompt
-        tokens, and the ``decode_kv_budget`` chunk tokens those last tokens attend to most (SnapKV's rule;
-        a ``DecodeEviction`` sets window, kernel and pooling too). ``stats.decode_kv_tokens`` and
-        ``stats.evicted_kv_tokens`` give what each head kept and dropped.
-        ``kv_shift`` (a share in [0, 1]; default the method's own, 0.5 for ``fusionrag``, 0 = off): from
-        the upper half of the layers up, each chunk's reused tokens move by that share of the mean K/V
-        change of its recomputed tokens (README, "kv_shift").
-        ``stop``: a string or up to 16 strings that end the answer where one first appears (the
-        answer is cut before it; ``out.finish_reason`` is then ``"stop"``). ``ignore_eos=True`` decodes
-        all ``max_new_tokens`` past the model's end-of-turn tokens (for timing a fixed answer length).
-        ``sampling``: how tokens are chosen, a ``SamplingParams`` or a dict of its fields
-        (``temperature``, ``top_p``, ``top_k``, ``min_p``, the repetition / frequency / presence
-        penalties, ``seed``, ``stop_token_ids``); default greedy. ``n``: answers to draw from one
-        prefill (``out.others`` holds answers 2..n). ``seed`` (above) seeds the ``random`` selector only.
-        ``reorder`` (a ``RAGRequest``): RAGBoost's context ordering (``ordered``), so requests that share
-        chunks share a prompt prefix whose KV is cached.
+        ``method``: a name of ``method_names()`` or a ``Method`` (with options, e.g.
+        ``get_method("a3", decode_kv_budget=128)``); ``recompute_ratio``: the share of reused chunk
+        tokens recomputed, default the method's own (0.15 for ``fusionrag``). ``stop``: a string or up
+        to 16 strings that end the answer where one first appears (``out.finish_reason`` is then
+        ``"stop"``). ``sampling``: a ``SamplingParams`` or a dict of its fields (``temperature``,
+        ``top_p``, ``top_k``, ``min_p``, the penalties, ``seed``, ``stop_token_ids``, ``ignore_eos``);
+        default greedy. ``n``: answers drawn from one prefill (``out.others`` holds answers 2..n).
+        RAGBoost's context ordering is ``rag.generate(rag.ordered(request))``.
 
         >>> rag = FusionRAG.from_pretrained("tiny")
         >>> a = rag.generate("Say hi", method="full_attention", max_new_tokens=4, sampling={"temperature": 0.8, "seed": 7})
@@ -327,33 +300,26 @@ class FusionRAG:
         >>> a.token_ids == b.token_ids
         True
         """
-        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy, decode_kv_budget, kv_shift)
-        request = self.ordered(request) if _check_reorder(reorder) else request
-        return self.engine.generate(self._locked_segments(request), plan, max_new_tokens, stop=() if stop is None else stop,
-                                    ignore_eos=ignore_eos, sampling=sampling, n=n)
+        plan = make_plan(method, recompute_ratio)
+        return self.engine.generate(self._locked_segments(request), plan, max_new_tokens, stop=_stops(stop),
+                                    sampling=sampling, n=n)  # fmt: skip
 
-    def generate_many(self, requests: Sequence[Request], method: str = "fusionrag", recompute_ratio: float = 0.15,
-                      max_new_tokens: int = 32, *, kv_variant: str | None = None, selector: str | None = None,
-                      seed: int = 0, variant_policy: str | None = None,
-                      decode_kv_budget: int | DecodeEviction | None = None, kv_shift: float | None = None,
-                      lookahead: int = 4,
-                      stop: str | Sequence[str] | None = None, ignore_eos: bool = False,
-                      sampling: SamplingParams | dict | None = None, reorder: bool = False) -> list[Generation]:  # fmt: skip
+    def generate_many(self, requests: Sequence[Request], method: str | Method = "fusionrag",
+                      recompute_ratio: float | None = None, max_new_tokens: int = 32, *,
+                      stop: str | Sequence[str] | None = None,
+                      sampling: SamplingParams | dict | None = None) -> list[Generation]:  # fmt: skip
         """Answer several requests as one batch: their prefills are admitted together and every
         decode step runs all unfinished answers in one forward. Results come in request order and
         equal answering each alone (greedy decoding; with a seeded ``sampling``, each request draws
         from its own stream).
 
-        The entries of the next ``lookahead`` waiting requests load from the store on a background
-        thread while the engine computes: each result's ``stats.prefetch_s`` is that loading and
-        ``stats.wait_s`` the part of it the engine still had to wait for.
+        The entries of the next waiting requests load from the store on a background thread while
+        the engine computes: each result's ``stats.prefetch_s`` is that loading and ``stats.wait_s``
+        the part of it the engine still had to wait for.
         """
-        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy, decode_kv_budget, kv_shift)
-        if _check_reorder(reorder):
-            requests = [self.ordered(request) for request in requests]
+        plan = make_plan(method, recompute_ratio)
         batch = [(self._locked_segments(request), plan, max_new_tokens) for request in requests]
-        return self.engine.generate_many(batch, lookahead=lookahead, stop=() if stop is None else stop,
-                                         ignore_eos=ignore_eos, sampling=sampling)
+        return self.engine.generate_many(batch, stop=_stops(stop), sampling=sampling)
 
     def ordered(self, request: RAGRequest) -> RAGRequest:
         """``request`` as RAGBoost orders it (``engine/context_index.py``): the chunks that earlier ordered
@@ -374,15 +340,13 @@ class FusionRAG:
         note = "\n".join(filter(None, [request.note, order_hint(order, request.format.doc_label)])) or None
         return replace(request, chunks=[request.chunks[index] for index in order], note=note)
 
-    def logits(self, request: Request, continuation_ids: Sequence[int], method: str = "fusionrag",
-               recompute_ratio: float = 0.15, *, kv_variant: str | None = None, selector: str | None = None,
-               seed: int = 0, variant_policy: str | None = None,
-               decode_kv_budget: int | DecodeEviction | None = None, kv_shift: float | None = None) -> torch.Tensor:  # fmt: skip
+    def logits(self, request: Request, continuation_ids: Sequence[int], method: str | Method = "fusionrag",
+               recompute_ratio: float | None = None) -> torch.Tensor:  # fmt: skip
         """Teacher-forced logits ``[len(continuation_ids) + 1, vocab]`` (float32) for fidelity measurements.
 
         ``continuation_ids`` must be ints in ``[0, vocab)``; anything else is refused before any compute.
         """
-        plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy, decode_kv_budget, kv_shift)
+        plan = make_plan(method, recompute_ratio)
         return self.engine.logits(self._locked_segments(request), continuation_ids, plan)  # checks the ids first
 
 
@@ -393,10 +357,8 @@ def turn_cache(gib: float) -> TurnCache | None:
     return TurnCache(int(gib * 2**30)) if gib > 0 else None
 
 
-def _check_reorder(value: bool) -> bool:
-    if not isinstance(value, bool):
-        raise FusionRAGError(f"reorder must be True or False, got {value!r}")
-    return value
+def _stops(stop: str | Sequence[str] | None) -> str | Sequence[str]:
+    return () if stop is None else stop
 
 
 def _auxiliary(value, loaded: LoadedModel):

@@ -23,7 +23,6 @@ from typing import Sequence as Seq
 import torch
 
 from fusionrag_llm.engine.decode import check_token_ids
-from fusionrag_llm.engine.methods import METHODS, RunPlan
 from fusionrag_llm.engine.model_runner import ModelRunner
 from fusionrag_llm.engine.prefetch import Prefetcher
 from fusionrag_llm.engine.resolve import ContextResolver, Preloaded, ResolvedContext
@@ -35,17 +34,16 @@ from fusionrag_llm.engine.streaming import GenerationStream, IncrementalText
 from fusionrag_llm.engine.turn_cache import EXACT, TurnCache, namespace_of
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
-from fusionrag_llm.fusion.craft import FocusTracker
-from fusionrag_llm.fusion.kv_shift import ChunkShift
 from fusionrag_llm.fusion.request_variants import VARIANT_LOG, RequestVariants, check_craft_variants
+from fusionrag_llm.fusion.layout import ScoringInput
 from fusionrag_llm.fusion.scorers.auxiliary_attention import check_layers
-from fusionrag_llm.fusion.selectors import Selection, select_many
+from fusionrag_llm.methods.base import MethodRun, Prefill, RunPlan, select_many
 from fusionrag_llm.models.llama import ForwardOutput, ForwardPass
 from fusionrag_llm.models.loader import LoadedModel, check_auxiliary_model
 from fusionrag_llm.request import Segment, prompt_ids, split_segments
 from fusionrag_llm.storage import KVEntry
 
-__all__ = ["METHODS", "Generation", "LLMEngine", "SchedulerConfig"]
+__all__ = ["Generation", "LLMEngine", "SchedulerConfig"]
 
 
 @dataclass
@@ -73,6 +71,8 @@ class PrefillWork:
     recompute: torch.Tensor | None = None  # sorted slots run through the model
     exact: bool = False  # every context token is exact after this pass (its path blocks can be stored)
     chosen: float = 0.0
+    prefill: Prefill | None = None  # what the method's run sees
+    run: MethodRun | None = None  # the method's state for this request (its hooks, its work after)
 
 
 class LLMEngine:
@@ -123,13 +123,12 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the step API
     def add_request(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, *, stop: Seq[str] = (),
-                    prefetch: int = 0, preloaded: Preloaded | None = None, ignore_eos: bool = False,
+                    prefetch: int = 0, preloaded: Preloaded | None = None,
                     sampling: SamplingParams | dict | None = None, n: int = 1) -> Sequence:  # fmt: skip
         """Queue a request; returns its sequence (``request_id``, ``token_ids``, ``finished``, ``stats``).
 
         ``stop``: strings that end decoding once the answer contains one (the answer is cut before
-        it). ``ignore_eos``: decode all ``max_new_tokens`` past the model's end tokens (benchmarks).
-        ``prefetch``: load its chunk entries on the loader thread once it is within this many
+        it). ``prefetch``: load its chunk entries on the loader thread once it is within this many
         places of the head of the queue (0: load them when it is admitted). ``sampling``: how tokens
         are chosen (``SamplingParams`` or a dict of its fields; default greedy). ``n``: answers to
         draw; answers 2..n fork from the first after its prefill (``seq.forks``), so the prompt is
@@ -139,15 +138,13 @@ class LLMEngine:
             raise FusionRAGError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
             raise FusionRAGError(f"n must be an int in [1, {MAX_N}], got {n!r}")
-        if not isinstance(ignore_eos, bool):
-            raise FusionRAGError(f"ignore_eos must be True or False, got {ignore_eos!r}")
         sampling = SamplingParams.of(sampling)
         extra_stops = check_token_ids(sampling.stop_token_ids, self.model.cfg.vocab_size, "stop_token_ids")
         seq = self._sequence(segments, plan, max_new_tokens)
         seq.stop_strings, seq.prefetch, seq.preloaded = check_stop(stop), prefetch, preloaded
         seq.sampling, seq.n = sampling, n
         seq.generator = sampling.generator(self.model.device)
-        seq.stop_ids = frozenset(extra_stops) | (frozenset() if ignore_eos else seq.stop_ids)
+        seq.stop_ids = frozenset(extra_stops) | (frozenset() if sampling.ignore_eos else seq.stop_ids)
         if self.turns is not None:
             self._read_earlier_turn(seq)
         seq.context_plan = self.resolver().plan(seq.segments, plan)  # keys once, for prefetch and assembly
@@ -175,7 +172,7 @@ class LLMEngine:
         plan, keys = seq.plan, self.entries.keys
         if not self._turns_apply(plan):
             return
-        namespaces = [EXACT] if _exact_plan(plan) else [EXACT, namespace_of(plan)]
+        namespaces = [EXACT] if plan.exact else [EXACT, namespace_of(plan)]
         hit = self.turns.lookup(seq.prompt_ids, namespaces, limit=seq.num_prompt_tokens - 1)
         length = 0 if hit is None else _chunk_aligned(seq.segments, hit.length)
         if not length:
@@ -203,7 +200,8 @@ class LLMEngine:
         """Whether runs under ``plan`` read and keep turn KV: not when chunks share positions or see
         rescaled attention (no prefix of such a context is a plain path), nor in a store that keeps no
         exact path blocks (a quantizing codec's)."""
-        return not plan.parallel_positions and plan.attention_scaling is None and self.entries.keys.exact_blocks
+        method = plan.method
+        return not method.parallel_positions and method.attention_scaling is None and self.entries.keys.exact_blocks
 
     def abort(self, request_id: int) -> bool:
         """Stop a waiting or running request (and its forks); it finishes with reason ``"abort"``."""
@@ -250,7 +248,7 @@ class LLMEngine:
     def _sequence(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int) -> Sequence:
         ids = prompt_ids(segments)
         self.check_fits(len(ids), max_new_tokens)
-        stats = GenerationStats(method=plan.method, recompute_ratio=plan.recompute_ratio, prompt_tokens=len(ids))
+        stats = GenerationStats(method=plan.name, recompute_ratio=plan.recompute_ratio, prompt_tokens=len(ids))
         return Sequence(next(self._request_ids), list(segments), plan, max_new_tokens, ids,
                         self.tokenizer.stop_ids, stats=stats)  # fmt: skip
 
@@ -261,8 +259,8 @@ class LLMEngine:
         if not work:
             return []
         started = time.perf_counter()
-        jobs = [Selection(w.seq.plan.selector, w.k, w.seq.cache, w.resolved.layout, w.seq.plan.seed, self.auxiliary_layers,
-                          self.auxiliary_model)
+        jobs = [(w.seq.plan.method, w.k, ScoringInput(self.model, w.seq.cache, w.resolved.layout, self.auxiliary_layers,
+                                                      w.k, self.auxiliary_model))
                 for w in work]  # fmt: skip
         picks = select_many(jobs, self.model)
         chosen = time.perf_counter()
@@ -312,41 +310,25 @@ class LLMEngine:
         work.exact = len(selected) == len(layout.reused_slots) and work.seq.kv_namespace is None
         _count_tokens(stats, layout, selected)
         stats.computed_tokens += len(work.recompute)
-        work.forward = self.runner.recompute_pass(layout, work.recompute, capture_raw_kv=work.exact)
-        if work.seq.plan.kv_shift and not work.exact:  # the reused tokens follow their chunk's recomputed ones
-            shift = ChunkShift(self.model, layout, work.seq.cache.positions, work.recompute, selected,
-                               work.seq.plan.kv_shift, self.model.cfg.num_layers // 2)  # fmt: skip
-            work.forward.shift = shift if shift.active else None
-        if work.seq.plan.early_stop and not work.exact:  # Cache-Craft: stop recomputing unfocused chunks
-            droppable = torch.isin(work.recompute, selected)
-            work.forward.observe = FocusTracker(work.recompute, layout.suffix_slots, layout.chunk_spans, droppable,
-                                                self.model.kernels)  # fmt: skip
-        # Cache-Craft (``craft_variants``) keeps the KV this request gives chunks after new prefixes
-        work.forward.record = work.resolver.variant_recorder(work.resolved)
-        if work.seq.plan.decode_eviction is not None:  # A3's decode KV eviction reads the prefill's attention
-            work.forward.score_window = self.runner.window_scores(layout, work.recompute, work.seq.plan.decode_eviction)
+        work.prefill = Prefill(self.model, layout, work.seq.cache, work.recompute, selected, work.exact,
+                               stats.method_stats, work.resolver, work.resolved)  # fmt: skip
+        work.run = work.seq.plan.method.start(work.prefill)
+        work.forward = self.runner.recompute_pass(layout, work.recompute, capture_raw_kv=work.exact,
+                                                  hooks=tuple(work.run.hooks))  # fmt: skip
 
     def _finish_prefill(self, work: PrefillWork, out: ForwardOutput) -> None:
         seq = work.seq
         seq.cache.settle()  # the prefill read every layer: what is left of the layer feed is bookkeeping
         # whose KV its context now holds: exact (any later request may read it) or this plan's own
-        exact = work.exact and seq.plan.attention_scaling is None
+        exact = work.exact and seq.plan.method.attention_scaling is None
         seq.kv_namespace = EXACT if exact else namespace_of(seq.plan)
         if work.exact:
             work.resolver.store_exact_blocks(work.resolved, work.recompute, out.raw_keys, out.raw_values, seq.prompt_ids)
         done = time.perf_counter()
         seq.stats.prefill_s, seq.stats.ttft_s = done - work.chosen, done - work.started
         seq.prompt_logits, seq.first_token_at = out.logits[-1], done
-        if work.forward.record is not None:  # before any eviction: the variants are the whole chunks' KV
-            seq.stats.variants_made = work.resolver.store_request_variants(work.resolved, seq.cache, work.forward.record)
-        tracker = work.forward.observe
-        if isinstance(tracker, FocusTracker):
-            seq.stats.stop_layer, seq.stats.stopped_tokens = tracker.cutoff, tracker.dropped
-            seq.stats.focused_chunks = None if tracker.focused is None else len(tracker.focused)
-        if work.forward.score_window is not None:  # after the first token's logits, as A3 evicts
-            kept = self.runner.evict(seq.cache, work.resolved.layout, work.forward.score_window, seq.plan.decode_eviction)
-            seq.cache = seq.cache if kept is None else kept
-            seq.stats.decode_kv_tokens, seq.stats.evicted_kv_tokens = seq.cache.length, seq.cache.evicted
+        kept = work.run.after_prefill(work.prefill)  # e.g. write-back, decode KV eviction
+        seq.cache = seq.cache if kept is None else kept
         seq.forks = [self._fork(seq, index) for index in range(1, seq.n)]
 
     def _answer_so_far(self, seq: Sequence) -> str:
@@ -375,14 +357,13 @@ class LLMEngine:
                 raise seq.error
 
     def generate(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, preloaded: Preloaded | None = None,
-                 stop: Seq[str] = (), ignore_eos: bool = False, sampling=None, n: int = 1) -> Generation:  # fmt: skip
-        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, preloaded=preloaded, ignore_eos=ignore_eos,
-                               sampling=sampling, n=n)  # fmt: skip
+                 stop: Seq[str] = (), sampling=None, n: int = 1) -> Generation:  # fmt: skip
+        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, preloaded=preloaded, sampling=sampling, n=n)
         self.run_until_finished([seq])
         return self.generation(seq)
 
     def generate_many(self, requests: Seq[tuple[Seq[Segment], RunPlan, int]], lookahead: int = 4,
-                      stop: Seq[str] = (), ignore_eos: bool = False, sampling=None) -> list[Generation]:  # fmt: skip
+                      stop: Seq[str] = (), sampling=None) -> list[Generation]:  # fmt: skip
         """Run ``(segments, plan, max_new_tokens)`` requests as one batch, in order of the results.
 
         Every request is checked before any is queued; entries of the next ``lookahead`` waiting
@@ -391,16 +372,15 @@ class LLMEngine:
         checked = [(list(segments), plan, max_new) for segments, plan, max_new in requests]
         for segments, _, max_new in checked:
             self.check_fits(len(prompt_ids(segments)), max_new)
-        seqs = [self.add_request(segments, plan, max_new, stop=stop, prefetch=lookahead, ignore_eos=ignore_eos,
-                                 sampling=sampling) for segments, plan, max_new in checked]  # fmt: skip
+        seqs = [self.add_request(segments, plan, max_new, stop=stop, prefetch=lookahead, sampling=sampling)
+                for segments, plan, max_new in checked]  # fmt: skip
         self.run_until_finished(seqs)
         return [self.generation(seq) for seq in seqs]
 
     def stream(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, preloaded: Preloaded | None = None,
-               stop: Seq[str] = (), ignore_eos: bool = False, sampling=None) -> GenerationStream:  # fmt: skip
+               stop: Seq[str] = (), sampling=None) -> GenerationStream:  # fmt: skip
         """Prefill now; iterate the returned stream for text deltas."""
-        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, preloaded=preloaded, ignore_eos=ignore_eos,
-                               sampling=sampling)  # fmt: skip
+        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, preloaded=preloaded, sampling=sampling)
         while seq.status is Status.WAITING:
             self.step()
         if seq.error is not None:
@@ -434,11 +414,6 @@ def _chunk_aligned(segments: Seq[Segment], length: int) -> int:
             return start
         start = end
     return length
-
-
-def _exact_plan(plan: RunPlan) -> bool:
-    """Whether a run under ``plan`` computes exact KV for every token (it reads exact KV only)."""
-    return not plan.reuses_chunks or (plan.recompute_ratio >= 1.0 and plan.selector != "none")
 
 
 def _count_tokens(stats: GenerationStats, layout, selected: torch.Tensor) -> None:

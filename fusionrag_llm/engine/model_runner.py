@@ -14,9 +14,8 @@ import torch
 from fusionrag_llm.engine.sampling import SamplingState, next_tokens
 from fusionrag_llm.engine.sequence import Sequence
 from fusionrag_llm.fusion.placement import position_free_kv
-from fusionrag_llm.fusion.selectors import RequestLayout
+from fusionrag_llm.fusion.layout import RequestLayout
 from fusionrag_llm.models.kv_cache import KVCache
-from fusionrag_llm.models.kv_eviction import DecodeEviction, WindowScores, keep_index
 from fusionrag_llm.models.llama import DecoderLM, ForwardOutput, ForwardPass
 
 
@@ -27,10 +26,11 @@ class ModelRunner:
     def new_cache(self, capacity: int) -> KVCache:
         return self.model.new_cache(capacity)
 
-    def recompute_pass(self, layout: RequestLayout, recompute: torch.Tensor, capture_raw_kv: bool) -> ForwardPass:
+    def recompute_pass(self, layout: RequestLayout, recompute: torch.Tensor, capture_raw_kv: bool,
+                       hooks: tuple = ()) -> ForwardPass:  # fmt: skip
         """The sparse prefill: the recompute set (sorted slots), logits of the last prompt token only."""
         last_row = torch.tensor([len(recompute) - 1], device=recompute.device)
-        return layout.step(recompute, logit_rows=last_row, capture_raw_kv=capture_raw_kv)
+        return layout.step(recompute, logit_rows=last_row, capture_raw_kv=capture_raw_kv, hooks=hooks)
 
     def decode_pass(self, seq: Sequence) -> ForwardPass:
         """Feed the sequence's last token at its position, into the next free slot of its cache."""
@@ -46,26 +46,6 @@ class ModelRunner:
         if len(passes) == 1:
             return [self.model(passes[0], caches[0])]
         return self.model.forward_batch(passes, caches)
-
-    def window_scores(self, layout: RequestLayout, recompute: torch.Tensor, settings: DecodeEviction) -> WindowScores:
-        """The prefill's observer for decode KV eviction: its window is the last ``settings.window``
-        prompt tokens, fewer when not all of them run in the prefill (their queries are needed)."""
-        n, tail = len(layout.token_ids), 0
-        while tail < min(settings.window, len(recompute)) and int(recompute[-1 - tail]) == n - 1 - tail:
-            tail += 1
-        return WindowScores(n - max(tail, 1), self.model.cfg.num_layers)
-
-    def evict(self, cache: KVCache, layout: RequestLayout, scores: WindowScores,
-              settings: DecodeEviction) -> KVCache | None:  # fmt: skip
-        """The request cache after decode KV eviction (a new, smaller one), or None when the budget
-        holds every chunk token. Chunk tokens before the window may go; every other prompt token stays."""
-        n = cache.length
-        candidates = torch.zeros(n, dtype=torch.bool, device=cache.keys.device)
-        for start, end in layout.chunk_spans:
-            candidates[start:end] = True
-        candidates[scores.window_start :] = False
-        index = keep_index(torch.stack(scores.scores), candidates, cache.valid[:n], settings)
-        return None if index is None else cache.compact(index)
 
     def fed_kv(self, cache: KVCache, start: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Raw (position-free) K and V of the tokens fed into ``cache`` from ``start`` on, ``[layers,

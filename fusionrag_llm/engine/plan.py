@@ -8,12 +8,12 @@ each chunk together with the text before it. A block's key chains on the key bef
 hashes each prompt token once whatever the number of boundaries.
 
 Example:
-    >>> from fusionrag_llm.engine.methods import plan_run
+    >>> from fusionrag_llm.methods import make_plan
     >>> from fusionrag_llm.fusion.entry_keys import EntryKeys
     >>> from fusionrag_llm.request import Segment
     >>> keys = EntryKeys("ab" * 32, s0_ids=(1, 2), lossless=True)
     >>> segments = [Segment("prefix", "", (1, 2)), Segment("chunk", "", (7, 8)), Segment("suffix", "", (9,))]
-    >>> plan = plan_context(segments, plan_run("fusionrag", 0.1), keys, prefix_cache=True)
+    >>> plan = plan_context(segments, make_plan("fusionrag", 0.1), keys, prefix_cache=True)
     >>> [(b.segment, b.start, b.end) for b in plan.boundaries]
     [(0, 0, 2), (1, 2, 4)]
     >>> [c.variant for c in plan.segments[1].candidates]  # right after S0: its plain entry is exact
@@ -25,10 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from fusionrag_llm.engine.methods import BOTH_ENTRY_POLICIES, RunPlan
 from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.fusion.catalog import chunk_id_of
 from fusionrag_llm.fusion.entry_keys import EntryKeys, TokenIds
+from fusionrag_llm.methods.base import RunPlan
 from fusionrag_llm.request import Segment
 
 
@@ -73,9 +73,8 @@ class ContextPlan:
     boundaries: tuple[Boundary, ...]
     prompt_ids: TokenIds
     exact_blocks: bool  # the store keeps exact path blocks; False: none, exact prefixes in memory
-    variant_policy: str = "always"  # RunPlan.variant_policy
-    attention_scaling: tuple[float, float] | None = None  # RunPlan.attention_scaling
-    variant_spread: bool = False  # RunPlan.reads_variant_spread: measure each blended token's spread
+    chunk_kv: str | None = "plain"  # the method's ``chunk_kv``: which stored variant serves each chunk
+    attention_scaling: tuple[float, float] | None = None  # the method's (temperature, scale) on chunk attention
 
     @property
     def chunk_ids(self) -> frozenset[str]:
@@ -87,13 +86,13 @@ class ContextPlan:
 
     def prefetch_keys(self) -> list[tuple[str, TokenIds]]:
         """(key, token ids) of every entry assembly reads first: path blocks, then chunks' first choices,
-        and, under a policy that reads both (``BOTH_ENTRY_POLICIES``), the plain entry behind a fused one.
+        and, under ``chunk_kv="blend"`` (which reads both), the plain entry behind a fused one.
 
         Otherwise fallbacks (a chunk's plain entry behind its fused one) are read only on a miss, so
         they are not fetched ahead: that would load two entries for every chunk that has its first choice.
         """
         wanted = {b.key: self.block_ids(b) for b in self.boundaries}
-        both = self.variant_policy in BOTH_ENTRY_POLICIES
+        both = self.chunk_kv == "blend"
         for segment in self.segments:
             if segment.candidates:
                 wanted.setdefault(segment.candidates[0].key, segment.token_ids)
@@ -110,8 +109,9 @@ class ResolveCounts:
     tier_hits: dict[str, int] = field(default_factory=dict)
     variant_hits: dict[str, int] = field(default_factory=lambda: {"fused": 0, "plain": 0})
     computed_tokens: int = 0  # tokens run through the model to make missing entries
-    fused_declined: int = 0  # fused entries found but not used (the variant policy chose plain)
-    fused_in_context: int = 0  # fused entries served alone: their neighbours were ahead in placement order
+    # the method's chunk choice: fused entries found but not served (``fused_declined``, Cache-Craft's
+    # choice) or served alone because the prompt holds their neighbours (``fused_in_context``, the blend)
+    method: dict[str, int] = field(default_factory=dict)
 
     def merge_into(self, stats: GenerationStats) -> None:
         for mine, theirs in ((self.path_hits, stats.path_hits), (self.tier_hits, stats.tier_hits),
@@ -119,8 +119,8 @@ class ResolveCounts:
             for name, count in mine.items():
                 theirs[name] = theirs.get(name, 0) + count
         stats.computed_tokens += self.computed_tokens
-        stats.fused_declined += self.fused_declined
-        stats.fused_in_context += self.fused_in_context
+        for name, count in self.method.items():
+            stats.method_stats[name] = stats.method_stats.get(name, 0) + count
 
 
 def plan_context(segments: Sequence[Segment], run_plan: RunPlan, keys: EntryKeys, prefix_cache: bool) -> ContextPlan:
@@ -129,7 +129,7 @@ def plan_context(segments: Sequence[Segment], run_plan: RunPlan, keys: EntryKeys
         raise ValueError("a context needs at least its prefix segment")
     spans = _spans(segments)
     ids = tuple(token for segment in segments for token in segment.token_ids)
-    parallel = run_plan.parallel_positions
+    parallel = run_plan.method.parallel_positions
     # chunks sharing positions: no exact path after the prefix can serve them
     boundaries = _boundaries(segments, spans, ids, keys, prefix_cache and not parallel)
     positions = _parallel_positions(segments) if parallel else [None] * len(segments)
@@ -142,8 +142,8 @@ def plan_context(segments: Sequence[Segment], run_plan: RunPlan, keys: EntryKeys
         chunk_id = chunk_id_of(segment.text) if segment.kind == "chunk" else None
         planned.append(PlannedSegment(segment.kind, tuple(segment.token_ids), start, end, ends.get(index),
                                       candidates, index == exact, chunk_id, positions[index]))  # fmt: skip
-    return ContextPlan(tuple(planned), tuple(boundaries), ids, keys.exact_blocks, run_plan.variant_policy,
-                       run_plan.attention_scaling, run_plan.reads_variant_spread)  # fmt: skip
+    return ContextPlan(tuple(planned), tuple(boundaries), ids, keys.exact_blocks, run_plan.method.chunk_kv,
+                       run_plan.method.attention_scaling)  # fmt: skip
 
 
 def _parallel_positions(segments: Sequence[Segment]) -> list[int | None]:
@@ -205,6 +205,6 @@ def _candidates(segment: Segment, run_plan: RunPlan, keys: EntryKeys, first: boo
     the first chunk after S0: plain only."""
     if segment.kind != "chunk" or not run_plan.reuses_chunks:
         return ()
-    variant = "plain" if first else run_plan.kv_variant
+    variant = "plain" if first or run_plan.method.chunk_kv == "plain" else "fused"
     order = (variant, "plain") if variant != "plain" else ("plain",)
     return tuple(ChunkCandidate(name, keys.key(segment.token_ids, name)) for name in order)

@@ -18,8 +18,7 @@ from typing import Sequence
 
 import torch
 
-from fusionrag_llm.engine.methods import BOTH_ENTRY_POLICIES, CFO_POLICIES, VARIANT_MIN_OVERLAP, RunPlan
-from fusionrag_llm.engine.variant_choice import Alternative, blend_entry, check_variants, probe_variants
+from fusionrag_llm.engine.blend import blend_entry
 from fusionrag_llm.engine.plan import Boundary, ContextPlan, PlannedSegment, ResolveCounts, plan_context
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.craft import VariantNotes, fix_overhead, fused_notes, plain_notes
@@ -27,7 +26,8 @@ from fusionrag_llm.fusion.fused_order import context_in_place
 from fusionrag_llm.fusion.layer_feed import LayerFeed
 from fusionrag_llm.fusion.placement import place_entry
 from fusionrag_llm.fusion.request_variants import RequestVariants, StoredVariant, VariantRecorder, recorder_for, store_variants
-from fusionrag_llm.fusion.selectors import RequestLayout
+from fusionrag_llm.fusion.layout import RequestLayout
+from fusionrag_llm.methods.base import RunPlan
 from fusionrag_llm.models.kv_cache import AttentionScaling, KVCache
 from fusionrag_llm.request import Segment
 from fusionrag_llm.storage import KVEntry
@@ -56,12 +56,8 @@ class _Placed:
     fresh: list[torch.Tensor]  # tokens computed in the prefill
     suffix: list[torch.Tensor]
     missed: list[torch.Tensor] = field(default_factory=list)  # reused chunk tokens whose entry was computed now
-    # variant_policy="check"/"probe": chunks placed fused whose plain entry is the alternative
-    alternatives: list[Alternative] = field(default_factory=list)
-    # variant_policy="cfo": chunk start -> (Cache Fix Overhead of the variant serving it, its token order)
+    # chunk_kv="cfo": chunk start -> (Cache Fix Overhead of the variant serving it, its token order)
     craft: dict[int, tuple[float, tuple[int, ...]]] = field(default_factory=dict)
-    # variant_policy="blend" for a selector that reads it: (slots, each token's fused/plain spread)
-    spread: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     new_variants: list[NewVariant] = field(default_factory=list)
 
 
@@ -97,27 +93,20 @@ class ContextResolver:
         first = context_plan.boundaries[matched - 1].segment + 1 if matched else 1
         placed = _Placed([], [], [])
         ahead = _chunks_ahead(context_plan)
-        if self.variants is not None and context_plan.variant_policy in CFO_POLICIES:
+        cfo = context_plan.chunk_kv == "cfo"
+        if self.variants is not None and cfo:
             self.variants.refresh()  # what other processes listed since, once per request
         for index, segment in enumerate(context_plan.segments[first:], start=first):
             if segment.candidates:
                 misses = counts.path_hits["miss"]
-                if context_plan.variant_policy in CFO_POLICIES and not segment.exact_plain:
-                    exact_only = context_plan.variant_policy == "cfo_exact"
-                    entry = self._craft_entry(segment, counts, ahead[index], placed, exact_only)
+                if cfo and not segment.exact_plain:
+                    entry = self._craft_entry(segment, counts, ahead[index], placed)
                 else:
-                    entry = self._chunk_entry(segment, counts, context_plan)
+                    entry = self._chunk_entry(segment, counts)
                 plain = self._plain_alternative(segment, entry, context_plan, ahead[index], counts)
-                spread = None
-                if plain is not None and context_plan.variant_policy == "blend":
-                    entry, spread = blend_entry(entry, plain, cache.keys.device, cache.keys.dtype,
-                                                spread=context_plan.variant_spread)  # fmt: skip
-                    plain = None
+                if plain is not None:  # chunk_kv="blend"
+                    entry = blend_entry(entry, plain, cache.keys.device, cache.keys.dtype)
                 slots = self._place(cache, entry, segment.first_position)
-                if spread is not None:
-                    placed.spread.append((slots, spread))
-                if plain is not None:
-                    placed.alternatives.append(Alternative(segment.first_position, slots, entry, plain))
                 if segment.exact_plain:  # exact KV: nothing to recompute, and its path block is known
                     matched += 1 if segment.path_key is not None else 0
                 else:
@@ -132,21 +121,17 @@ class ContextResolver:
         if self._feed is not None:
             cache.feed, self._feed = self._feed, None
             cache.feed.start()
-        if placed.alternatives:
-            cache.settle()  # the variant choice reads the placed KV itself
-            choose = probe_variants if context_plan.variant_policy == "probe" else check_variants
-            choose(self.model, placed.alternatives, layout, cache, counts)
         return ResolvedContext(layout, list(context_plan.boundaries), matched, placed.new_variants), counts
 
     def _plain_alternative(self, segment: PlannedSegment, entry: KVEntry, context_plan: ContextPlan,
                            ahead: list[str], counts: ResolveCounts) -> KVEntry | None:  # fmt: skip
-        """Under variant_policy="check", "probe" or "blend", the stored plain entry of a chunk served by
-        its fused one ("blend" mixes the two before placing); None also when the request holds the
-        fused entry's own context (``ahead``: the chunks before it), which then serves alone (counted)."""
-        if context_plan.variant_policy not in BOTH_ENTRY_POLICIES or entry.meta.get("variant") != "fused":
+        """Under chunk_kv="blend", the stored plain entry of a chunk served by its fused one (the two are
+        mixed before placing); None also when the request holds the fused entry's own context
+        (``ahead``: the chunks before it), which then serves alone (counted)."""
+        if context_plan.chunk_kv != "blend" or entry.meta.get("variant") != "fused":
             return None
         if context_in_place(entry.meta, ahead):
-            counts.fused_in_context += 1
+            counts.method["fused_in_context"] = counts.method.get("fused_in_context", 0) + 1
             return None
         plain = segment.candidates[-1]  # the last candidate is always plain
         found = self._fetch(plain.key, segment.token_ids, plain.variant) if plain.variant == "plain" else None
@@ -197,25 +182,19 @@ class ContextResolver:
             return self._feed.place(entry, start_position)
         return place_entry(self.model, cache, entry, start_position)
 
-    def _chunk_entry(self, segment: PlannedSegment, counts: ResolveCounts, context_plan: ContextPlan) -> KVEntry:
-        """The first of the segment's candidates the store has (and the variant policy accepts), else
-        its plain entry computed and stored."""
+    def _chunk_entry(self, segment: PlannedSegment, counts: ResolveCounts) -> KVEntry:
+        """The first of the segment's candidates the store has, else its plain entry computed and stored."""
         for candidate in segment.candidates:
             found = self._fetch(candidate.key, segment.token_ids, candidate.variant)
-            if found is not None and candidate.variant == "fused" and not _fusion_fits(found[0], context_plan):
-                counts.fused_declined += 1
-                continue
             if found is not None:
                 return self._hit(segment, counts, candidate.variant, found)
         return self._computed_plain(segment, counts)
 
-    def _craft_entry(self, segment: PlannedSegment, counts: ResolveCounts, ahead: list[str], placed: _Placed,
-                     exact_only: bool = False) -> KVEntry:  # fmt: skip
-        """variant_policy="cfo" (Cache-Craft, ``fusion/craft.py``): of the chunk's variants (fused,
+    def _craft_entry(self, segment: PlannedSegment, counts: ResolveCounts, ahead: list[str], placed: _Placed) -> KVEntry:
+        """chunk_kv="cfo" (Cache-Craft, ``fusion/craft.py``): of the chunk's variants (fused,
         plain, and those requests made, ``fusion/request_variants.py``), the one with the lowest Cache
         Fix Overhead given the chunks ``ahead`` of it; ties: a request's, then fused, then plain. The
-        plain one's overhead needs no data, so it is read only when it wins (or the others are missing).
-        ``exact_only`` ("cfo_exact"): a request-made variant is a choice only after exactly its prefix."""
+        plain one's overhead needs no data, so it is read only when it wins (or the others are missing)."""
         fused, notes = None, None
         if segment.candidates[0].variant == "fused":
             fused = self._fetch(segment.candidates[0].key, segment.token_ids, "fused")
@@ -226,7 +205,7 @@ class ContextResolver:
         plain_fix = fix_overhead(plain_notes(), ahead)
         choices: list[tuple[float, int, StoredVariant | str]] = [(plain_fix, 2, "plain")]
         choices += [(fix_overhead(notes, ahead), 1, "fused")] if notes is not None else []
-        choices += [(fix_overhead(v.notes(), ahead), 0, v) for v in made if not exact_only or v.prefix == tuple(ahead)]
+        choices += [(fix_overhead(v.notes(), ahead), 0, v) for v in made]
         if self.variants is not None and tuple(ahead) not in {(), *(v.prefix for v in made),
                                                                *([notes.prefix] if notes is not None else [])}:
             placed.new_variants.append((segment, tuple(ahead), served_order))
@@ -246,7 +225,7 @@ class ContextResolver:
         plain = segment.candidates[-1]
         found = self._fetch(plain.key, segment.token_ids, "plain")
         if fused is not None:
-            counts.fused_declined += 1
+            counts.method["fused_declined"] = counts.method.get("fused_declined", 0) + 1
         return self._computed_plain(segment, counts) if found is None else self._hit(segment, counts, "plain", found)
 
     @staticmethod
@@ -296,17 +275,6 @@ class ContextResolver:
         return stored
 
 
-def _fusion_fits(entry: KVEntry, context_plan: ContextPlan) -> bool:
-    """Whether the variant policy lets a fused entry serve this request (``engine/methods.py``)."""
-    if context_plan.variant_policy != "overlap":
-        return True
-    neighbours = entry.meta.get("neighbours") or []  # a chunk after all of them (context_in_place) passes
-    if not neighbours:
-        return True  # fused after S0 alone: nothing of another chunk in it
-    present = sum(n in context_plan.chunk_ids for n in neighbours)
-    return present / len(neighbours) >= VARIANT_MIN_OVERLAP
-
-
 def _chunks_ahead(context_plan: ContextPlan) -> dict[int, list[str]]:
     """For each segment index, the catalog ids of the chunks before it in the prompt, in order."""
     ahead, seen = {}, []
@@ -337,7 +305,7 @@ def _layout(context_plan: ContextPlan, placed: _Placed, cache: KVCache) -> Reque
     n = len(context_plan.prompt_ids)
     parallel = any(segment.position is not None for segment in context_plan.segments)
     chunks = [seg for seg in context_plan.segments if seg.kind == "chunk"]
-    # variant_policy="cfo": each chunk's overhead and token order (exact chunks: none to fix)
+    # chunk_kv="cfo": each chunk's overhead and token order (exact chunks: none to fix)
     craft = [placed.craft.get(seg.start, (0.0, ())) for seg in chunks] if placed.craft else []
     return RequestLayout(
         token_ids=torch.tensor(context_plan.prompt_ids, device=device),
@@ -350,13 +318,4 @@ def _layout(context_plan: ContextPlan, placed: _Placed, cache: KVCache) -> Reque
         positions=cache.positions[:n].clone() if parallel else None,
         chunk_fix=tuple(fix for fix, _ in craft),
         chunk_order=tuple(order for _, order in craft),
-        variant_spread=_variant_spread(placed, n, device) if context_plan.variant_spread else None,
     )
-
-
-def _variant_spread(placed: _Placed, n: int, device: torch.device) -> torch.Tensor:
-    """[n] each prompt slot's fused/plain spread (``entry_spread``); NaN where no blend was placed."""
-    spread = torch.full((n,), float("nan"), dtype=torch.float32, device=device)
-    for slots, values in placed.spread:
-        spread[slots] = values.to(device)
-    return spread

@@ -49,6 +49,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # [-2, 2]
     seed: int | None = None  # None: a fresh draw each request
     stop_token_ids: tuple[int, ...] = ()  # token ids that end the answer besides the model's own
+    ignore_eos: bool = False  # decode all max_new_tokens past the model's end tokens (timing a fixed length)
 
     def __post_init__(self) -> None:
         checks = {
@@ -72,6 +73,8 @@ class SamplingParams:
         seed = self.seed
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= seed < 2**63):
             raise FusionRAGError(f"seed must be None or an int in [0, 2**63), got {seed!r:.40}")
+        if not isinstance(self.ignore_eos, bool):
+            raise FusionRAGError(f"ignore_eos must be True or False, got {self.ignore_eos!r:.40}")
         stop = self.stop_token_ids
         if isinstance(stop, (str, bytes, Mapping)) or not hasattr(stop, "__iter__"):
             raise FusionRAGError(f"stop_token_ids must be a list of token ids, got {type(stop).__name__}")

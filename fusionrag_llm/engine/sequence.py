@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from fusionrag_llm.engine.methods import RunPlan
+from fusionrag_llm.methods.base import RunPlan
 from fusionrag_llm.engine.sampling import GREEDY, SamplingParams
 from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.request import Segment

@@ -31,23 +31,12 @@ class GenerationStats:
     path_hits: dict[str, int] = field(default_factory=lambda: {"exact": 0, "chunk": 0, "miss": 0})
     tier_hits: dict[str, int] = field(default_factory=lambda: {"device": 0, "host": 0, "disk": 0})
     variant_hits: dict[str, int] = field(default_factory=lambda: {"fused": 0, "plain": 0})  # chunk hits by variant
-    fused_declined: int = 0  # fused entries found but not used: the variant policy chose the plain one
-    # fused entries served alone whatever the policy: every neighbour they were computed after was ahead
-    # of the chunk in this prompt, in the order they were placed (``fusion/fused_order.context_in_place``)
-    fused_in_context: int = 0
-    # Cache-Craft's early stop: the layer after which unfocused chunks were no longer recomputed (None:
-    # never), how many chunks stayed focused, and the recomputed tokens that stopped there
-    stop_layer: int | None = None
-    focused_chunks: int | None = None
-    stopped_tokens: int = 0
     # retrieved chunks (registered) that a framework adapter found the prompt not to hold as registered
     # text (e.g. rewritten by a template), so they were not reused; 0 where no adapter checked
     unmatched_chunks: int = 0
-    # decode KV eviction (``decode_kv_budget``): prompt KV slots each layer and kv-head kept for decoding
-    # and how many it dropped; None / 0 when the run did not evict
-    decode_kv_tokens: int | None = None
-    evicted_kv_tokens: int = 0
-    variants_made: int = 0  # Cache-Craft's request-made chunk variants this request stored (``craft_variants``)
+    # the method's own counters (``fusionrag_llm/methods``): e.g. Cache-Craft's ``stop_layer``, A3's
+    # ``evicted_kv_tokens``, the blend's ``fused_in_context``; empty for a method that keeps none
+    method_stats: dict = field(default_factory=dict)
 
     @property
     def decode_tokens_per_s(self) -> float:

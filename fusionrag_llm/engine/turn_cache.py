@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from dataclasses import astuple, dataclass, replace
+from dataclasses import astuple, dataclass
 from typing import Sequence
 
 import torch
@@ -29,9 +29,7 @@ EXACT = "exact"
 
 def namespace_of(plan) -> str:
     """The namespace a run under ``plan`` reads besides ``"exact"`` (and writes when not exact)."""
-    # decode KV eviction changes no prompt KV (it runs after the prefill), so it is not part of the namespace
-    plain = replace(plan, decode_eviction=None) if getattr(plan, "decode_eviction", None) is not None else plan
-    return "plan:" + repr(astuple(plain))
+    return "plan:" + repr((plan.name, astuple(plan.method), plan.recompute_ratio))
 
 
 def block_key(namespace: str, previous: str | None, token_ids: Sequence[int]) -> str:

@@ -35,6 +35,7 @@ import torch
 
 from fusionrag_llm.kernels.dispatch import critical_scores
 from fusionrag_llm.models.attention import attend, causal_tail_start
+from fusionrag_llm.models.forward import LayerHook
 
 logger = logging.getLogger(__name__)
 PLAIN_CCI = 0.5  # sigmoid(0): no prefix chunk, no outside attention
@@ -92,14 +93,12 @@ def fused_notes(meta: dict, length: int) -> VariantNotes:
     return notes
 
 
-class NotesRecorder:
-    """Measures a variant's notes during the forward that computes it (``ForwardPass.observe``).
+class NotesRecorder(LayerHook):
+    """Measures a variant's notes during the forward that computes it (a ``LayerHook``).
 
     The chunk's tokens are the step's rows; ``prefix_spans`` are the cache slots of each prefix
     chunk. At every layer, the rows' attention weights (averaged over heads) give that layer's
     inter / intra sums; ``notes`` turns the per-layer sums into the variant's notes."""
-
-    keep = None  # never narrows the forward
 
     def __init__(self, prefix: Sequence[str], prefix_spans: Sequence[tuple[int, int]], chunk_span: tuple[int, int]):
         self.prefix, self.prefix_spans, self.chunk_span = tuple(prefix), list(prefix_spans), chunk_span
@@ -108,7 +107,7 @@ class NotesRecorder:
         self.inter = torch.zeros(len(self.prefix_spans), dtype=torch.float64)
         self.outside: torch.Tensor | None = None  # per chunk token, attention to the prefix chunks
 
-    def __call__(self, layer: int, q: torch.Tensor, cache, step) -> None:
+    def after_write(self, layer: int, q: torch.Tensor, cache, step) -> None:
         spans = [*self.prefix_spans, self.chunk_span]
         mass = span_attention(q, cache, layer, step, spans).mean(dim=0).double().cpu()  # [n, prefix chunks + 1]
         n = mass.shape[0]
@@ -229,8 +228,8 @@ def focused_chunks(cumulative: Sequence[float]) -> frozenset[int]:
     return frozenset(order[:best])
 
 
-class FocusTracker:
-    """Adaptive early recompute termination (section 3.2.2) during a sparse prefill (``ForwardPass.observe``).
+class FocusTracker(LayerHook):
+    """Adaptive early recompute termination (section 3.2.2) during a sparse prefill (a ``LayerHook``).
 
     At every layer the question's attention to each chunk is added up; once the focused set
     (``focused_chunks``) has stayed the same for ``window`` layers, ``keep`` marks the step's rows to
@@ -249,7 +248,7 @@ class FocusTracker:
         self.cutoff: int | None = None
         self.focused: frozenset[int] | None = None
 
-    def __call__(self, layer: int, q: torch.Tensor, cache, step) -> None:
+    def after_write(self, layer: int, q: torch.Tensor, cache, step) -> None:
         if self.keep is not None or len(self.spans) < 3:
             return
         n = cache.length

@@ -116,7 +116,7 @@ class EntryComputer:
         ids = torch.tensor(token_ids, device=device)
         recorder = NotesRecorder([used[i] for i in order], spans, (context, context + len(ids))) if notes else None
         step = ForwardPass(ids, torch.arange(context, context + len(ids), device=device), cache.reserve(len(ids)),
-                           logit_rows=ids[:0], capture_raw_kv=True, observe=recorder)  # fmt: skip
+                           logit_rows=ids[:0], capture_raw_kv=True, hooks=(recorder,) if recorder is not None else ())  # fmt: skip
         out = self.model(step, cache)
         extra = {META_KEY: recorder.notes().to_meta()} if recorder is not None else {}
         meta = self.keys.meta("fused", neighbours=used, requested=list(neighbour_ids), **extra)

@@ -19,13 +19,14 @@ import torch
 
 from fusionrag_llm.fusion.layout import RequestLayout
 from fusionrag_llm.fusion.scorers.shaping import chunk_of
+from fusionrag_llm.models.forward import LayerHook
 from fusionrag_llm.models.kv_cache import KVCache
 
 
-class ChunkShift:
-    """The ``ForwardPass.shift`` of one request's sparse prefill over ``recompute`` (sorted slots).
+class ChunkShift(LayerHook):
+    """A ``LayerHook`` of one request's sparse prefill over ``recompute`` (sorted slots).
 
-    Called as ``shift(layer, cache, keys, values)`` with the step's new rotated keys and values
+    ``before_write(layer, cache, keys, values)`` gets the step's new rotated keys and values
     ``[kv_heads, len(recompute), head_dim]`` once the layer's stored KV is in the cache and before
     they are written there: it reads the recomputed tokens' reused K/V, then shifts the others.
     """
@@ -53,7 +54,9 @@ class ChunkShift:
         """Whether any reused token is shifted (else the prefill need not call it)."""
         return self.share > 0 and len(self.left) > 0 and self.from_layer < self.model.cfg.num_layers
 
-    def __call__(self, layer: int, cache: KVCache, keys: torch.Tensor, values: torch.Tensor) -> None:
+    writes_kv = True
+
+    def before_write(self, layer: int, cache: KVCache, keys: torch.Tensor, values: torch.Tensor) -> None:
         if layer < self.from_layer:
             return
         rows = self.picked_rows

@@ -22,14 +22,10 @@ class RequestLayout:
     missed_slots: torch.Tensor | None = None  # reused chunk tokens whose entry this request computed (a miss)
     prefix_length: int = 0  # slots [0, prefix_length) hold segment 0 (the shared prefix S0 when canonical)
     positions: torch.Tensor | None = None  # [N] each prompt slot's position; None: slot == position
-    # variant_policy="cfo" (Cache-Craft), per chunk of ``chunk_spans``: the Cache Fix Overhead of the
+    # chunk_kv="cfo" (Cache-Craft), per chunk of ``chunk_spans``: the Cache Fix Overhead of the
     # variant serving it (0 for exact KV) and its tokens' order, most contextualised first (() = unknown)
     chunk_fix: tuple[float, ...] = ()
     chunk_order: tuple[tuple[int, ...], ...] = ()
-    # variant_policy="blend", for a selector that reads it: [N] per prompt slot, how far the chunk's
-    # fused and plain entries lie apart at that token (``engine/variant_choice.entry_spread``), NaN
-    # where no blend was placed; None: not measured
-    variant_spread: torch.Tensor | None = None
 
     def step(self, slots: torch.Tensor, **kw) -> ForwardPass:
         positions = slots if self.positions is None else self.positions[slots]
@@ -43,7 +39,6 @@ class ScoringInput:
     model: DecoderLM
     cache: KVCache  # the assembled request cache (reused chunk KV in place)
     layout: RequestLayout
-    seed: int = 0
     auxiliary_layers: int | None = None  # CacheClip's auxiliary model: this many layers of the main one
     k: int | None = None  # how many tokens the run will recompute (a scorer that works in stages reads it)
     auxiliary_model: DecoderLM | None = None  # CacheClip's auxiliary model when it is a separate one

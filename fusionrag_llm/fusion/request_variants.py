@@ -43,6 +43,7 @@ from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.craft import VariantNotes, span_attention
 from fusionrag_llm.fusion.placement import position_free_kv
 from fusionrag_llm.ingest.jsonl import parse_line, whole_lines
+from fusionrag_llm.models.forward import LayerHook
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.storage import KVEntry, RecordLog
 
@@ -173,8 +174,8 @@ class RequestVariants:
         return dropped
 
 
-class VariantRecorder:
-    """Inter/intra attention of the rows a sparse prefill computes for chosen chunks (``ForwardPass.record``).
+class VariantRecorder(LayerHook):
+    """Inter/intra attention of the rows a sparse prefill computes for chosen chunks (a ``LayerHook``).
 
     ``targets``: for each chunk to record, its slot span and the spans of the chunks in front of
     it (its prefix, in prompt order). At every layer each target's computed rows give that layer's
@@ -190,7 +191,7 @@ class VariantRecorder:
         self.outside: torch.Tensor | None = None  # per slot: attention to its chunk's prefix chunks, all layers
         self.computed: torch.Tensor | None = None  # per slot: computed by the prefill (at some layer)
 
-    def __call__(self, layer: int, q: torch.Tensor, cache, step) -> None:
+    def after_write(self, layer: int, q: torch.Tensor, cache, step) -> None:
         inside = [(t, (step.slots >= self.spans[t][0]) & (step.slots < self.spans[t][1])) for t in self.targets]
         rows = torch.zeros_like(step.slots, dtype=torch.bool)
         for _, mask in inside:

@@ -164,8 +164,8 @@ class DecodeProgram:
         """The step is one the compiled call computes exactly like the layer-by-layer forward."""
         kind = self._kind(batch.caches[0])  # every sequence's attention reads the same precision
         for step, cache, meta in zip(batch.steps, batch.caches, batch.metas):
-            if not (step.decode and len(step.token_ids) == 1 and step.groups is None and step.observe is None
-                    and step.score_window is None and step.record is None and not step.capture_raw_kv
+            if not (step.decode and len(step.token_ids) == 1 and step.groups is None and not step.hooks
+                    and not step.capture_raw_kv
                     and not step.capture_query_layers):  # fmt: skip
                 return False
             if getattr(meta, "tail_start", None) is None or cache.scaling is not None or cache.feed is not None:

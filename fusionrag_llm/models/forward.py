@@ -17,6 +17,26 @@ import torch
 from fusionrag_llm.models.kv_cache import KVCache
 
 
+class LayerHook:
+    """A method's work inside every layer of a prefill; both calls default to nothing.
+
+    ``before_write`` sees the step's new K/V rows ([kv_heads, n, d], rotated) once the layer's stored
+    KV is in the cache and before the rows are written (``writes_kv``: it changes the cache there).
+    ``after_write`` sees the rotated queries [heads, n, d] once they are. A hook that sets ``keep`` to a
+    [n] bool mask makes the later layers run only those rows (the others keep the KV they have); rows
+    with logits must be kept.
+    """
+
+    keep: torch.Tensor | None = None
+    writes_kv = False
+
+    def before_write(self, layer: int, cache: KVCache, keys: torch.Tensor, values: torch.Tensor) -> None:
+        pass
+
+    def after_write(self, layer: int, queries: torch.Tensor, cache: KVCache, step: "ForwardPass") -> None:
+        pass
+
+
 @dataclass
 class ForwardPass:
     """One sequence's part of a forward call."""
@@ -29,24 +49,12 @@ class ForwardPass:
     capture_raw_kv: bool = False  # return pre-rotary keys and values of the n tokens, all layers
     groups: torch.Tensor | None = None  # [n] int32 attention groups (see KVCache.attention_mask)
     decode: bool = False  # a decode step: may read the quantized weights (``DecoderLM.quantize_linears``)
-    # called as observe(layer, rotated queries [heads, n, d], cache, step) once the layer's K/V are in the
-    # cache; once its ``keep`` attribute is a [n] bool mask, the later layers run only those rows (the
-    # others keep the KV they have there). Rows with logits must be kept.
-    observe: Any = None
-    # called like ``observe`` at every layer, and kept when rows are dropped: reads the layer's
-    # attention from the prompt's last tokens for decode KV eviction (``models/kv_eviction.WindowScores``)
-    score_window: Any = None
-    # called like ``score_window``: measures the notes of the chunk variants a request makes
-    # (Cache-Craft, ``fusion/request_variants.VariantRecorder``)
-    record: Any = None
-    # called as shift(layer, cache, keys, values) with the step's new K/V rows once the layer's stored KV
-    # is in the cache, before they are written: moves the reused KV of the chunks whose tokens the step
-    # recomputes (``fusion/kv_shift.ChunkShift``)
-    shift: Any = None
+    # a method's per-layer work in this step (``LayerHook``), in the order given
+    hooks: tuple["LayerHook", ...] = ()
 
     def narrowed(self, keep: torch.Tensor) -> "ForwardPass":
-        """The same step with only the ``keep`` rows (no observer: it has decided)."""
-        if self.capture_raw_kv or self.capture_query_layers or self.shift is not None:
+        """The same step with only the ``keep`` rows (without the hook that decided it)."""
+        if self.capture_raw_kv or self.capture_query_layers or any(hook.writes_kv for hook in self.hooks):
             raise ValueError("a step that captures K/V or queries, or shifts reused KV, cannot drop rows part way")
         logit_rows = None
         if self.logit_rows is not None:
@@ -57,7 +65,7 @@ class ForwardPass:
             raise ValueError("a step that returns logits for every row cannot drop rows")
         groups = None if self.groups is None else self.groups[keep]
         return ForwardPass(self.token_ids[keep], self.positions[keep], self.slots[keep], logit_rows,
-                           groups=groups, decode=self.decode, score_window=self.score_window, record=self.record)  # fmt: skip
+                           groups=groups, decode=self.decode, hooks=tuple(h for h in self.hooks if h.keep is None))  # fmt: skip
 
 
 @dataclass
@@ -101,22 +109,12 @@ class BatchContext:
         outputs = []
         for step, cache, meta, (start, end) in zip(self.steps, self.caches, self.metas, self.spans):
             cache.ready(layer)  # stored KV loading layer by layer: this layer's is in before it is read
-            if step.shift is not None:
-                step.shift(layer, cache, k[:, start:end], v[:, start:end])
+            for hook in step.hooks:
+                hook.before_write(layer, cache, k[:, start:end], v[:, start:end])
             cache.keys[layer][:, step.slots] = k[:, start:end]
             cache.values[layer][:, step.slots] = v[:, start:end]
-            if cache.decode_keys is not None:  # decode steps keep the mirror equal; other writes drop it
-                if step.decode:
-                    cache.decode_keys[layer][:, step.slots] = k[:, start:end].to(cache.decode_keys.dtype)
-                    cache.decode_values[layer][:, step.slots] = v[:, start:end].to(cache.decode_values.dtype)
-                else:
-                    cache.drop_mirror()
-            if step.observe is not None:
-                step.observe(layer, q[:, start:end], cache, step)
-            if step.score_window is not None:
-                step.score_window(layer, q[:, start:end], cache, step)
-            if step.record is not None:
-                step.record(layer, q[:, start:end], cache, step)
+            for hook in step.hooks:
+                hook.after_write(layer, q[:, start:end], cache, step)
             outputs.append(self.attention(q[:, start:end], cache, layer, step, meta))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
 

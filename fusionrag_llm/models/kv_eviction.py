@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from fusionrag_llm.errors import FusionRAGError
+from fusionrag_llm.models.forward import LayerHook
 from fusionrag_llm.models.kv_cache import KVCache
 
 POOLINGS = ("max", "avg")
@@ -67,15 +68,15 @@ def decode_eviction(value) -> DecodeEviction | None:
     return DecodeEviction(value)
 
 
-class WindowScores:
-    """Called by every layer of the prefill (``ForwardPass.score_window``) once its K/V are in the
+class WindowScores(LayerHook):
+    """A ``LayerHook`` of the prefill: at every layer, once its K/V are in the
     cache: records, per kv-head, the attention each slot gets from the window's queries."""
 
     def __init__(self, window_start: int, num_layers: int):
         self.window_start = window_start  # the window: the step's tokens at positions >= this
         self.scores: list[torch.Tensor | None] = [None] * num_layers  # per layer [kv_heads, length] float32
 
-    def __call__(self, layer: int, q: torch.Tensor, cache: KVCache, step) -> None:
+    def after_write(self, layer: int, q: torch.Tensor, cache: KVCache, step) -> None:
         rows = torch.nonzero(step.positions >= self.window_start).flatten()
         self.scores[layer] = window_attention(q[:, rows], cache, layer, step.positions[rows])
 

@@ -274,13 +274,13 @@ class DecoderLM(nn.Module):
         )
 
     def _narrow(self, batch: BatchContext, x: torch.Tensor) -> tuple[BatchContext, torch.Tensor]:
-        """Drop the rows an observer no longer wants (``ForwardPass.observe``) before the next layer."""
-        decided = [getattr(step.observe, "keep", None) is not None for step in batch.steps]
+        """Drop the rows a hook no longer wants (``LayerHook.keep``) before the next layer."""
+        decided = [_keep(step) is not None for step in batch.steps]
         if not any(decided):
             return batch, x
         steps, rows = [], []
         for step, done, (start, end) in zip(batch.steps, decided, batch.spans):
-            keep = step.observe.keep if done else None
+            keep = _keep(step) if done else None
             steps.append(step.narrowed(keep) if done else step)
             rows.append(torch.arange(start, end, device=x.device) if keep is None
                         else torch.nonzero(keep).flatten() + start)  # fmt: skip
@@ -319,7 +319,7 @@ class DecoderLM(nn.Module):
         if self.compiled_decode and program is not None and program.takes(batch) and program.current():
             x = program.run(x, batch)
         else:
-            narrowing = any(step.observe is not None for step in steps)
+            narrowing = any(step.hooks for step in steps)
             for block in self.model.layers:
                 x = block(x, batch)
                 if narrowing:
@@ -336,3 +336,8 @@ class DecoderLM(nn.Module):
             else:
                 out.raw_keys = out.raw_values = None
         return batch.outputs
+
+
+def _keep(step: ForwardPass) -> torch.Tensor | None:
+    """The rows a hook of ``step`` keeps from the next layer on (None: all)."""
+    return next((hook.keep for hook in step.hooks if hook.keep is not None), None)

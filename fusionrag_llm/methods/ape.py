@@ -1,0 +1,18 @@
+"""APE: plain chunk KV, every chunk at the positions right after the prefix (as if encoded alone), and
+the computed tokens' attention to the chunks sharpened by a temperature and scaled as a whole.
+Nothing is recomputed. Defaults as APE's comparisons report them (temperature 0.9, scale 0.9)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusionrag_llm.methods.base import Method
+
+
+@dataclass(frozen=True)
+class APE(Method):
+    name = "ape"
+    description = "plain KV, every chunk at the positions right after the prefix, attention to chunks sharpened and scaled (APE)"
+    default_ratio = 0.0
+    parallel_positions = True
+    attention_scaling = (0.9, 0.9)
