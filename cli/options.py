@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from fusionrag_llm import DEFAULT_KV_CODEC, DEFAULT_MODEL, FUSED_ORDERS, KV_CODECS, METHODS
+from fusionrag_llm import DEFAULT_KV_CODEC, DEFAULT_MODEL, FUSED_ORDERS, KV_CODECS, method_names
 
 model_option = click.option(
     "--model", default=DEFAULT_MODEL, show_default=True,
@@ -52,9 +52,9 @@ def kv_codec_option(default: str | None = None, why: str = ""):
 
 
 def method_options(command):
-    command = click.option("--ratio", default=0.15, show_default=True, type=click.FloatRange(0, 1),
-                           help="Share of reused context tokens to recompute.")(command)  # fmt: skip
-    return click.option("--method", default="fusionrag", show_default=True, type=click.Choice(list(METHODS)),
+    command = click.option("--ratio", default=None, type=click.FloatRange(0, 1),
+                           help="Share of reused context tokens to recompute. Default: the method's own.")(command)  # fmt: skip
+    return click.option("--method", default="fusionrag", show_default=True, type=click.Choice(list(method_names())),
                         help="How chunk KV is reused and which tokens are recomputed (see the README's table).")(command)  # fmt: skip
 
 

@@ -25,14 +25,8 @@ from fusionrag_llm.cli.options import (
 @kv_codec_option()
 @craft_variants_option
 @layerwise_load_option
-@click.option("--decode-kv-budget", default=None, type=click.IntRange(1), metavar="N",
-              help="A3's decode KV eviction: after the prefill every layer and kv-head keeps only N chunk tokens "
-                   "(plus the text outside chunks and the last 32 prompt tokens). Default: off.")  # fmt: skip
-@click.option("--kv-shift", default=None, type=click.FloatRange(0, 1), metavar="SHARE",
-              help="Share of each chunk's recomputed tokens' K/V change its reused tokens take, from the upper half "
-                   "of the layers up (0 = off). Default: the method's own.")  # fmt: skip
 def query(question, model, store, remote, device, dtype, method, ratio, top_k, max_new_tokens, show_chunks, fused_order,
-          decode_kv_budget, kv_shift, kv_codec, craft_variants, layerwise_load) -> None:  # fmt: skip
+          kv_codec, craft_variants, layerwise_load) -> None:  # fmt: skip
     """Answer QUESTION over the chunks ingested into the store."""
     from fusionrag_llm.ingest.pipeline import answer
 
@@ -40,8 +34,7 @@ def query(question, model, store, remote, device, dtype, method, ratio, top_k, m
     rag = load_rag(model, device, dtype, store, fused_order=fused_order, remote=remote, kv_codec=kv_codec,
                    craft_variants=craft_variants, layerwise_load=layerwise_load)  # fmt: skip
     try:
-        out, hits = answer(rag, question, top_k=top_k, method=method, recompute_ratio=ratio, max_new_tokens=max_new_tokens,
-                           decode_kv_budget=decode_kv_budget, kv_shift=kv_shift)  # fmt: skip
+        out, hits = answer(rag, question, top_k=top_k, method=method, recompute_ratio=ratio, max_new_tokens=max_new_tokens)
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
     if show_chunks:
@@ -56,11 +49,11 @@ def query(question, model, store, remote, device, dtype, method, ratio, top_k, m
                           f"{s.recomputed_tokens} recomputed + {s.missed_tokens + s.fresh_tokens} computed "
                           f"({s.missed_tokens} of chunks not stored yet, {s.fresh_tokens} of other text)"),
         ("chunks", ", ".join(f"{k} {v}" for k, v in s.path_hits.items())),
-        ("variants", ", ".join(f"{k} {v}" for k, v in s.variant_hits.items()) + f"; {s.variants_made} made"),
+        ("variants", ", ".join(f"{k} {v}" for k, v in s.variant_hits.items())),
         ("decode", f"{s.generated_tokens} tokens in {s.decode_s:.2f} s"),
     ]
-    if s.decode_kv_tokens is not None:
-        rows.append(("decode KV", f"{s.decode_kv_tokens} prompt tokens per head kept, {s.evicted_kv_tokens} evicted"))
+    if s.method_stats:
+        rows.append((s.method, ", ".join(f"{k} {v}" for k, v in s.method_stats.items())))
     click.echo("")
     for name, value in rows:
         click.echo(f"{name:>14}  {value}")

@@ -34,9 +34,9 @@ def serve(model, store, remote, device, dtype, host, port, served_model_name, ma
           turn_cache_gib, fused_order, kv_codec, craft_variants, layerwise_load) -> None:  # fmt: skip
     """Serve /v1/chat/completions, /v1/completions, /v1/models and /v1/chunks (OpenAI-compatible).
 
-    Extra body fields choose the reuse method per request: method, recompute_ratio, kv_variant,
-    selector, variant_policy. Register chunks with POST /v1/chunks {"texts": [...]} or with
-    `fusionrag ingest --store` on the same store before starting.
+    Extra body fields choose the reuse method per request: method, recompute_ratio, method_options.
+    Register chunks with POST /v1/chunks {"texts": [...]} or with `fusionrag ingest --store` on the
+    same store before starting.
     """
     from fusionrag_llm.server import serve as run_server
 

@@ -28,7 +28,7 @@ _LOCAL = "the engine runs in this process: no API, server or credentials"
 _PLACED = "the engine was placed when it was loaded; pass a loaded FusionRAG engine as rag="
 _CONTEXT = "the context window is fixed by the model; max_tokens sets the answer's length"
 _BAG = ("options are named arguments here (method, recompute_ratio, max_tokens, stop, seed, temperature, top_p, "
-        "top_k, min_p, the penalties, kv_variant, selector, variant_policy, decode_kv_budget, kv_shift)")  # fmt: skip
+        "top_k, min_p, the penalties, method_options)")  # fmt: skip
 _SCHEMA = "no constrained decoding: ask for JSON in the prompt and parse it with JsonOutputParser"
 # Settings with a meaning elsewhere but not here: (neutral values, accepted as no-ops; why the rest is refused).
 _UNSUPPORTED: dict[str, tuple[tuple, str]] = {
@@ -53,8 +53,7 @@ _UNSUPPORTED: dict[str, tuple[tuple, str]] = {
 _IGNORED = {"api_key": _LOCAL}
 
 # Per call (invoke keyword arguments, bind): these options, with the spellings of max_tokens and the sampling knobs.
-_CALL_FIELDS = ("max_tokens", "method", "recompute_ratio", "kv_variant", "selector", "seed", "variant_policy", "decode_kv_budget",
-                "kv_shift", *SAMPLING_OPTIONS)  # fmt: skip
+_CALL_FIELDS = ("max_tokens", "method", "recompute_ratio", "method_options", "seed", *SAMPLING_OPTIONS)
 _CALL_SPELLINGS = {name: field for name, field in _SPELLINGS.items() if field in _CALL_FIELDS}
 
 

@@ -15,19 +15,19 @@ import uuid
 import weakref
 from typing import Any, AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence, TypeVar
 
-from fusionrag_llm import FusionRAG, IngestReport, SamplingParams, check_run_options
+from fusionrag_llm import FusionRAG, IngestReport, SamplingParams, get_method
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "smollm2-135m"
-RUN_OPTIONS = ("method", "recompute_ratio", "kv_variant", "selector", "seed", "variant_policy", "decode_kv_budget",
-               "kv_shift")  # check_run_options' knobs
+RUN_OPTIONS = ("method", "recompute_ratio", "method_options")  # the method, its ratio and its own options
 # SamplingParams' knobs the adapters take by name (its seed is the call's seed; do_sample is transformers')
 SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
                     "presence_penalty", "do_sample")  # fmt: skip
-CALL_OPTIONS = (*RUN_OPTIONS[:2], "max_new_tokens", *RUN_OPTIONS[2:], *SAMPLING_OPTIONS)
+CALL_OPTIONS = (*RUN_OPTIONS[:2], "max_new_tokens", *RUN_OPTIONS[2:], "seed", *SAMPLING_OPTIONS)
 SAMPLING_SPELLINGS = {"repeat_penalty": "repetition_penalty"}  # Ollama's and llama.cpp's name
-_NONE_IS_UNSET = (*SAMPLING_OPTIONS, "seed")  # None: not given (the setting, else the engine's default)
+# None: not given (the setting, else the engine's default; the ratio: the method's own)
+_NONE_IS_UNSET = (*SAMPLING_OPTIONS, "seed", "recompute_ratio", "method_options")
 
 T = TypeVar("T")
 _ITEM, _END, _ERROR = range(3)
@@ -56,12 +56,17 @@ def check_rag(value: Any) -> FusionRAG | None:
     return value
 
 
-def check_run(options: Mapping[str, Any]) -> None:
-    """The engine's own validator over the run knobs in ``options`` (method, ratio, ablation overrides).
+def check_run(options: Mapping[str, Any]) -> Any:
+    """The method the run knobs in ``options`` name, checked by the engine (method, its options, ratio).
 
     It raises ``FusionRAGError``, a ``ValueError``, which is what the frameworks' validators expect.
     """
-    check_run_options(**{name: options[name] for name in RUN_OPTIONS if name in options})
+    extra = options.get("method_options") or {}
+    if not isinstance(extra, Mapping):
+        raise ValueError(f"method_options must be a mapping of the method's options, got {type(extra).__name__}")
+    method = get_method(options.get("method", "fusionrag"), **extra)
+    method.check_ratio(options.get("recompute_ratio"))
+    return method
 
 
 def check_max_new_tokens(value: int) -> int:
@@ -80,16 +85,17 @@ def call_options(defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -> d
     given = {name: value for name, value in overrides.items() if value is not None or name not in _NONE_IS_UNSET}
     options = {name: value for name, value in {**defaults, **given}.items()
                if value is not None or name not in _NONE_IS_UNSET}  # fmt: skip
-    check_run(options)
+    options["method"] = check_run(options)
+    options.pop("method_options", None)
     check_max_new_tokens(options["max_new_tokens"])
     knobs = {name: options.pop(name) for name in SAMPLING_OPTIONS if name in options}
-    return {**options, "sampling": sampling_params(knobs, options.get("seed"))}
+    return {**options, "sampling": sampling_params(knobs, options.pop("seed", None))}
 
 
 def sampling_params(knobs: Mapping[str, Any], seed: int | None) -> SamplingParams:
     """The engine's sampling for ``knobs`` (``SAMPLING_OPTIONS``), seeded by the call's ``seed``.
 
-    One seed for both: it seeds the ``random`` selector and the draws. ``do_sample=False`` decodes
+    ``do_sample=False`` decodes
     greedily whatever the temperature (as in transformers); ``do_sample=True`` needs a temperature > 0.
     Bad values raise the engine's ``FusionRAGError`` (a ``ValueError``) naming the allowed range.
     """

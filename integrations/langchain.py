@@ -11,8 +11,7 @@ retrieved documents into the prompt, and the engine finds them there by content.
 
 Stats of every call: ``generation_info`` (LLM), ``response_metadata["fusionrag_stats"]`` and
 ``usage_metadata`` (chat model), so callbacks see them too. Decoding is greedy unless ``temperature`` > 0;
-``top_p``, ``top_k``, ``min_p``, the repetition / frequency / presence penalties and ``seed`` (which
-also seeds the ``random`` selector) are the engine's ``SamplingParams``, set on the model or per call.
+``top_p``, ``top_k``, ``min_p``, the repetition / frequency / presence penalties and ``seed`` are the engine's ``SamplingParams``, set on the model or per call.
 ``stop`` sequences cut the answer (the model stops decoding at the first one).
 Async calls (``ainvoke``, ``abatch``, ``astream``) run the engine on worker threads, whose requests
 it batches; the LLM's sync ``batch`` answers its prompts as one engine batch. ``get_num_tokens*`` count
@@ -68,7 +67,8 @@ class _FusionRAGSettings(BaseModel):
     rag: Optional[Any] = Field(default=None, exclude=True, description="A FusionRAG engine; None: load model_name.")
     model_name: str = Field(default=_shared.DEFAULT_MODEL_NAME, alias="model", description="Model to load when rag is None.")
     method: str = "fusionrag"
-    recompute_ratio: float = 0.15
+    recompute_ratio: Optional[float] = None  # None: the method's own
+    method_options: Optional[dict[str, Any]] = None  # the method's own options, e.g. {"decode_kv_budget": 128} for a3
     max_tokens: int = 32
     stop: Optional[list[str]] = None
     # Sampling (the engine's SamplingParams; None: its default, greedy). Numbers only: True is no temperature.
@@ -80,12 +80,7 @@ class _FusionRAGSettings(BaseModel):
     frequency_penalty: Optional[float] = Field(default=None, strict=True)
     presence_penalty: Optional[float] = Field(default=None, strict=True)
     do_sample: Optional[bool] = Field(default=None, strict=True)  # False: greedy whatever the temperature
-    seed: Optional[int] = Field(default=None, description="Seeds sampling and the random selector; None: a fresh draw.")
-    kv_variant: Optional[str] = None  # ablation overrides of the method's own choices
-    selector: Optional[str] = None
-    variant_policy: Optional[str] = None  # "always" (the engine's default) or "overlap"
-    decode_kv_budget: Optional[int] = None  # A3's decode KV eviction: chunk tokens kept per head; None: off
-    kv_shift: Optional[float] = None  # share of a chunk's recomputed K/V change its reused tokens take; None: the method's
+    seed: Optional[int] = Field(default=None, description="Seeds sampling; None: a fresh draw.")
     # LangChain's standard parameters, kept to be read back: a local engine sends no request to time out or retry
     timeout: Optional[float] = None
     max_retries: Optional[int] = None
@@ -132,11 +127,9 @@ class _FusionRAGSettings(BaseModel):
         raise unsupported_feature("Structured output (with_structured_output)")
 
     def _run_options(self) -> dict[str, Any]:
-        options = {"method": self.method, "recompute_ratio": self.recompute_ratio}
-        overrides = {"seed": self.seed, "kv_variant": self.kv_variant, "selector": self.selector,
-                     "variant_policy": self.variant_policy, "decode_kv_budget": self.decode_kv_budget,
-                     "kv_shift": self.kv_shift}  # fmt: skip
-        return {**options, **{name: value for name, value in overrides.items() if value is not None}}
+        options = {"method": self.method, "recompute_ratio": self.recompute_ratio,
+                   "method_options": self.method_options, "seed": self.seed}  # fmt: skip
+        return {name: value for name, value in options.items() if value is not None}
 
     def _sampling_settings(self) -> dict[str, Any]:
         settings = {name: getattr(self, name) for name in _shared.SAMPLING_OPTIONS}

@@ -91,7 +91,7 @@ class FusionRAGLLM(CustomLLM):
     method=..., recompute_ratio=..., max_new_tokens=...)`` overrides the settings for one call;
     ``generate_kwargs`` holds defaults for every call. ``temperature`` > 0 samples; ``additional_kwargs``
     holds the other sampling options (``top_p``, ``top_k``, ``min_p``, the repetition / frequency /
-    presence penalties, ``seed``, which also seeds the ``random`` selector), and ``generate_kwargs`` and
+    presence penalties, ``seed``), and ``generate_kwargs`` and
     each call take them too; ``do_sample=False`` decodes greedily whatever the temperature.
     ``system_prompt`` is sent as the chat's system message by ``complete(prompt)``.
 
@@ -104,8 +104,11 @@ class FusionRAGLLM(CustomLLM):
 
     rag: Optional[Any] = Field(default=None, exclude=True, description="A FusionRAG engine; None: load model_name.")
     model_name: str = Field(default=_shared.DEFAULT_MODEL_NAME, description="Model to load when rag is None.")
-    method: str = Field(default="fusionrag", description="One of fusionrag_llm.METHODS.")
-    recompute_ratio: float = Field(default=0.15, description="Share of reused chunk tokens recomputed, in [0, 1].")
+    method: str = Field(default="fusionrag", description="One of fusionrag_llm.method_names().")
+    recompute_ratio: Optional[float] = Field(default=None, description="Share of reused chunk tokens recomputed, in "
+                                             "[0, 1]; None: the method's own.")
+    method_options: Optional[dict[str, Any]] = Field(default=None, description="The method's own options, e.g. "
+                                                     "{'decode_kv_budget': 128} for a3.")
     max_new_tokens: int = Field(default=32, description="Most tokens generated per call (alias max_tokens).")
     temperature: Optional[float] = Field(default=0.0, strict=True, description="0 or None: greedy; > 0 samples.")
     additional_kwargs: dict[str, Any] = Field(
@@ -186,7 +189,8 @@ class FusionRAGLLM(CustomLLM):
         return self.rag is None or _has_chat_template(self.rag)
 
     def _fields(self) -> dict:
-        return {"method": self.method, "recompute_ratio": self.recompute_ratio, "max_new_tokens": self.max_new_tokens,
+        return {"method": self.method, "recompute_ratio": self.recompute_ratio, "method_options": self.method_options,
+                "max_new_tokens": self.max_new_tokens,
                 "temperature": self.temperature}  # fmt: skip
 
     def _options(self, kwargs: dict) -> dict:

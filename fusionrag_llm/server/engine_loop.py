@@ -39,7 +39,6 @@ class Prepared:
     stop: tuple[str, ...]
     sampling: Any  # SamplingParams
     n: int = 1
-    ignore_eos: bool = False
 
 
 DEFAULT_MAX_TOKENS = 512
@@ -166,7 +165,7 @@ class EngineLoop:
             room = self.rag.context_window - sum(len(segment.token_ids) for segment in segments)
             max_new = max(1, min(DEFAULT_MAX_TOKENS, room))
         return self.engine.add_request(segments, prepared.plan, max_new, stop=prepared.stop,
-                                       sampling=prepared.sampling, n=prepared.n, ignore_eos=prepared.ignore_eos)  # fmt: skip
+                                       sampling=prepared.sampling, n=prepared.n)  # fmt: skip
 
     def _apply_aborts(self) -> None:
         while True:

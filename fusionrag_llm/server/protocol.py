@@ -1,11 +1,11 @@
 """The OpenAI-compatible request and response shapes, and their translation to engine calls.
 
 Requests are pydantic models: types are checked by pydantic, ranges by the engine's own validators
-(``SamplingParams``, ``check_run_options``), so the server and the library refuse the same values with
+(``SamplingParams``, the methods' ``make_plan``), so the server and the library refuse the same values with
 the same words. Fields of the OpenAI API this engine cannot honour (tools, logprobs, JSON mode) are
 refused with a 400 that says so; unknown fields are ignored, as OpenAI-compatible servers do.
-FusionRAG's own options travel as extra body fields (``method``, ``recompute_ratio``, ``kv_variant``,
-``selector``, ``variant_policy``, ``decode_kv_budget``, ``kv_shift``), as do vLLM's sampling extras (``top_k``, ``min_p``,
+FusionRAG's own options travel as extra body fields (``method``, ``recompute_ratio``, ``method_options``),
+as do vLLM's sampling extras (``top_k``, ``min_p``,
 ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``).
 """
 
@@ -18,14 +18,11 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from fusionrag_llm.engine.llm_engine import MAX_N, check_stop
-from fusionrag_llm.engine.methods import check_run_options
 from fusionrag_llm.engine.sampling import SAMPLING_FIELDS, SamplingParams
 from fusionrag_llm.errors import FusionRAGError
+from fusionrag_llm.methods import get_method, make_plan
 from fusionrag_llm.request import TextPrompt
 from fusionrag_llm.server.engine_loop import Prepared
-
-RUN_FIELDS = ("method", "recompute_ratio", "kv_variant", "selector", "variant_policy", "decode_kv_budget", "kv_shift")
-
 
 class Unsupported(FusionRAGError):
     """A field of the OpenAI API that this server cannot honour."""
@@ -57,14 +54,10 @@ class _Options(BaseModel):
     top_logprobs: Optional[int] = None
     logit_bias: Optional[dict[str, float]] = None
     user: Optional[str] = None
-    # FusionRAG's own
+    # FusionRAG's own: the method, its ratio (None: the method's own) and its options (e.g. A3's decode_kv_budget)
     method: str = "fusionrag"
-    recompute_ratio: float = 0.15
-    kv_variant: Optional[str] = None
-    selector: Optional[str] = None
-    variant_policy: Optional[str] = None
-    decode_kv_budget: Optional[int] = None  # A3's decode KV eviction: chunk tokens kept per head; None: off
-    kv_shift: Optional[float] = None  # share of a chunk's recomputed K/V change its reused tokens take; None: the method's
+    recompute_ratio: Optional[float] = None
+    method_options: Optional[dict[str, Any]] = None
 
     def prepared(self, request: Any) -> Prepared:
         """The engine call this asks for; bad values raise ``FusionRAGError`` (a 400)."""
@@ -72,12 +65,11 @@ class _Options(BaseModel):
             raise Unsupported("logprobs are not supported by this server")
         if self.logit_bias:
             raise Unsupported("logit_bias is not supported by this server")
-        run = {name: getattr(self, name) for name in RUN_FIELDS}
-        plan = check_run_options(**run)
+        plan = make_plan(get_method(self.method, **(self.method_options or {})), self.recompute_ratio)
         given = {name: getattr(self, name) for name in SAMPLING_FIELDS if getattr(self, name) is not None}
         sampling = SamplingParams(**given)
         return Prepared(request, plan, self.max_completion_tokens or self.max_tokens, check_stop(self.stop),
-                        sampling, self.n, self.ignore_eos)  # fmt: skip
+                        sampling, self.n)  # fmt: skip
 
     @property
     def include_usage(self) -> bool:
