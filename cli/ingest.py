@@ -6,7 +6,6 @@ import click
 
 from fusionrag_llm.cli.options import (device_option, dtype_option, kv_codec_option, load_rag, model_option, remote_option,
                                        store_option, user_errors, workers_option)  # fmt: skip
-from fusionrag_llm import DEFAULT_FUSED_ORDER, FUSED_ORDERS
 
 
 @click.command()
@@ -21,12 +20,9 @@ from fusionrag_llm import DEFAULT_FUSED_ORDER, FUSED_ORDERS
 @click.option("--no-fuse", is_flag=True, help="Store plain entries only.")
 @click.option("--variant-notes", is_flag=True,
               help="Fused entries also keep the notes the cache_craft method reads (about 70% more time per fused entry).")
-@click.option("--fused-order", default=DEFAULT_FUSED_ORDER, show_default=True, type=click.Choice(FUSED_ORDERS),
-              help="How a fused entry's neighbours are laid out before its chunk: most similar first (the paper's), "
-                   "most similar last (right before the chunk), or in the order the chunks were read.")
 @workers_option
 @kv_codec_option()
-def ingest(paths, model, store, remote, device, dtype, neighbors, max_words, no_fuse, variant_notes, fused_order, workers,
+def ingest(paths, model, store, remote, device, dtype, neighbors, max_words, no_fuse, variant_notes, workers,
            kv_codec) -> None:  # fmt: skip
     """Ingest text and markdown files (folders are searched for *.txt, *.md, *.rst). Resumable."""
     from fusionrag_llm.ingest.pipeline import ingest_paths
@@ -34,7 +30,7 @@ def ingest(paths, model, store, remote, device, dtype, neighbors, max_words, no_
     rag = load_rag(model, device, dtype, store, remote=remote, kv_codec=kv_codec)
     try:
         summary = ingest_paths(rag, paths, max_words=max_words, neighbors=neighbors, fuse=not no_fuse,
-                               variant_notes=variant_notes, fused_order=fused_order, workers=workers)  # fmt: skip
+                               variant_notes=variant_notes, workers=workers)  # fmt: skip
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{summary.files} files, {summary.chunks} chunks ({summary.new_chunks} new): "

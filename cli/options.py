@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from fusionrag_llm import DEFAULT_KV_CODEC, DEFAULT_MODEL, FUSED_ORDERS, KV_CODECS, method_names
+from fusionrag_llm import DEFAULT_KV_CODEC, DEFAULT_MODEL, KV_CODECS, method_names
 
 model_option = click.option(
     "--model", default=DEFAULT_MODEL, show_default=True,
@@ -17,11 +17,6 @@ remote_option = click.option(
          "(default: $FUSIONRAG_REMOTE; unreachable: logged, local tiers only).",
 )  # fmt: skip
 device_option = click.option("--device", default=None, help="'cpu' or 'cuda' (default: cuda when available).")
-fused_order_option = click.option(
-    "--fused-order", default=None, type=click.Choice(list(FUSED_ORDERS)),
-    help="Layout of the fused entries to read, as ingested with `fusionrag ingest --fused-order` (default: the one "
-         "layout the store's catalog records, else the default).",
-)  # fmt: skip
 craft_variants_option = click.option(
     "--craft-variants", default=0, show_default=True, type=click.IntRange(0), metavar="M",
     help="Cache-Craft's request-made variants: cache_craft requests store a chunk's KV after new prefixes and "

@@ -5,13 +5,12 @@ from __future__ import annotations
 import click
 
 from fusionrag_llm.cli.options import (
-    craft_variants_option, device_option, dtype_option, fused_order_option, kv_codec_option, layerwise_load_option,
+    craft_variants_option, device_option, dtype_option, kv_codec_option, layerwise_load_option,
     load_rag, method_options, model_option, remote_option, store_option, user_errors,
 )
 
 
 @click.command()
-@fused_order_option
 @click.argument("question")
 @model_option
 @store_option
@@ -25,13 +24,13 @@ from fusionrag_llm.cli.options import (
 @kv_codec_option()
 @craft_variants_option
 @layerwise_load_option
-def query(question, model, store, remote, device, dtype, method, ratio, top_k, max_new_tokens, show_chunks, fused_order,
+def query(question, model, store, remote, device, dtype, method, ratio, top_k, max_new_tokens, show_chunks,
           kv_codec, craft_variants, layerwise_load) -> None:  # fmt: skip
     """Answer QUESTION over the chunks ingested into the store."""
     from fusionrag_llm.ingest.pipeline import answer
 
     _require_store(store)
-    rag = load_rag(model, device, dtype, store, fused_order=fused_order, remote=remote, kv_codec=kv_codec,
+    rag = load_rag(model, device, dtype, store, remote=remote, kv_codec=kv_codec,
                    craft_variants=craft_variants, layerwise_load=layerwise_load)  # fmt: skip
     try:
         out, hits = answer(rag, question, top_k=top_k, method=method, recompute_ratio=ratio, max_new_tokens=max_new_tokens)

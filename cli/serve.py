@@ -5,13 +5,12 @@ from __future__ import annotations
 import click
 
 from fusionrag_llm.cli.options import (
-    craft_variants_option, device_option, dtype_option, fused_order_option, kv_codec_option, layerwise_load_option,
+    craft_variants_option, device_option, dtype_option, kv_codec_option, layerwise_load_option,
     load_rag, model_option, remote_option, store_option,
 )
 
 
 @click.command()
-@fused_order_option
 @model_option
 @store_option
 @remote_option
@@ -31,7 +30,7 @@ from fusionrag_llm.cli.options import (
 @craft_variants_option
 @layerwise_load_option
 def serve(model, store, remote, device, dtype, host, port, served_model_name, max_num_seqs, max_waiting, request_timeout,
-          turn_cache_gib, fused_order, kv_codec, craft_variants, layerwise_load) -> None:  # fmt: skip
+          turn_cache_gib, kv_codec, craft_variants, layerwise_load) -> None:  # fmt: skip
     """Serve /v1/chat/completions, /v1/completions, /v1/models and /v1/chunks (OpenAI-compatible).
 
     Extra body fields choose the reuse method per request: method, recompute_ratio, method_options.
@@ -40,7 +39,7 @@ def serve(model, store, remote, device, dtype, host, port, served_model_name, ma
     """
     from fusionrag_llm.server import serve as run_server
 
-    rag = load_rag(model, device, dtype, store, turn_cache_gib=turn_cache_gib, fused_order=fused_order,
+    rag = load_rag(model, device, dtype, store, turn_cache_gib=turn_cache_gib,
                    remote=remote, kv_codec=kv_codec, craft_variants=craft_variants,
                    layerwise_load=layerwise_load)  # fmt: skip
     click.echo(f"serving {served_model_name or rag.model_name!r} on http://{host}:{port}/v1", err=True)

@@ -30,8 +30,6 @@ _EXPORTS = {
     "RAGRequest": "fusionrag_llm.request",
     "RAGSession": "fusionrag_llm.session",
     "TextPrompt": "fusionrag_llm.request",
-    "FUSED_ORDERS": "fusionrag_llm.fusion.fused_order",
-    "DEFAULT_FUSED_ORDER": "fusionrag_llm.fusion.fused_order",
     "Method": "fusionrag_llm.methods",
     "MethodRun": "fusionrag_llm.methods",
     "Prefill": "fusionrag_llm.methods",
@@ -74,7 +72,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from fusionrag_llm.engine.stats import GenerationStats
     from fusionrag_llm.errors import FusionRAGError, MissingDependencyError
     from fusionrag_llm.fusion.catalog import CATALOG_FILE, CatalogWriteError, registered_chunk_count
-    from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER, FUSED_ORDERS
     from fusionrag_llm.fusion.offline import IngestionWriteError, IngestReport
     from fusionrag_llm.methods import Method, MethodRun, Prefill, RunPlan, get_method, method_names, register_method
     from fusionrag_llm.models.forward import LayerHook

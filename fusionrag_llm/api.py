@@ -16,7 +16,6 @@ from fusionrag_llm.engine.turn_cache import TurnCache
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion.catalog import CATALOG_FILE, ChunkCatalog, chunk_id_of
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
-from fusionrag_llm.fusion.fused_order import check_fused_order
 from fusionrag_llm.fusion.offline import IngestReport, add_chunks
 from fusionrag_llm.ingest.embeddings import Embedder
 from fusionrag_llm.methods import Method, make_plan, method_names
@@ -51,7 +50,7 @@ class FusionRAG:
     def __init__(self, loaded: LoadedModel, store: StoreSpec = None, embedder: Embedder | None = None,
                  prefix_cache: bool = True, store_dtype: str | torch.dtype | None = None,
                  auxiliary: "int | str | Path | LoadedModel | FusionRAG | None" = None,
-                 turn_cache_gib: float = 0.0, fused_order: str | None = None, remote: str | None = None,
+                 turn_cache_gib: float = 0.0, remote: str | None = None,
                  kv_codec: str | None = None, craft_variants: int = 0,
                  layerwise_load: bool | None = None):  # fmt: skip
         self._loaded = loaded
@@ -61,11 +60,6 @@ class FusionRAG:
         s0_ids = self.segments(RAGRequest(chunks=["-"], question="-"))[0].token_ids
         self._entries = ChunkEntries(loaded.model, self.store, fingerprint, s0_ids)
         self._catalog = ChunkCatalog(self.store.record_log(CATALOG_FILE), self.tokenizer.encode)
-        if fused_order is None:  # the layout the store's fused entries were ingested with, when they agree
-            layouts = {record.fused_order for record in self._catalog.fused_records()}
-            fused_order = layouts.pop() if len(layouts) == 1 else None
-        if fused_order is not None:
-            self._entries.use_fused_order(fused_order)
         self.context_index = ContextIndex()  # reorder=True: the orders earlier requests were given
         self.engine = LLMEngine(loaded, self._entries, prefix_cache=prefix_cache, auxiliary=_auxiliary(auxiliary, loaded),
                                 turns=turn_cache(turn_cache_gib), craft_variants=craft_variants,
@@ -86,7 +80,6 @@ class FusionRAG:
         decode_weights: str | None = None,
         decode_kv: str | None = None,
         turn_cache_gib: float = 0.0,
-        fused_order: str | None = None,
         remote: str | None = None,
         kv_codec: str | None = None,
         craft_variants: int = 0,
@@ -112,9 +105,7 @@ class FusionRAG:
         prompts); default ``$FUSIONRAG_DECODE_KV`` or ``"model"``. ``turn_cache_gib``: host memory for
         multi-turn reuse (0: off): every finished request's KV is kept by token blocks, so a request
         whose prompt starts with an earlier prompt and answer (a chat's next turn) computes only
-        the rest (``stats.turn_tokens``; ``engine/turn_cache.py``). ``fused_order``: the layout of the
-        fused entries to read (and write), as ingested with ``add_chunks(fused_order=)``; default the
-        one layout the store's catalog records, else the paper's ``"similar_first"``. ``remote``: a
+        the rest (``stats.turn_tokens``; ``engine/turn_cache.py``). ``remote``: a
         Redis/Valkey URL (``redis://host:6379/0``) for a KV tier shared with other engines, after the
         disk; default ``$FUSIONRAG_REMOTE`` (none).
         ``kv_codec``: how the store keeps chunk KV: ``"float32"``,
@@ -133,7 +124,7 @@ class FusionRAG:
         loaded = load_model(name_or_path, device=device, dtype=dtype, kernels=kernels, decode_weights=decode_weights,
                             decode_kv=decode_kv)  # fmt: skip
         return cls(loaded, store=store, embedder=embedder, prefix_cache=prefix_cache, store_dtype=store_dtype,
-                   auxiliary=auxiliary, turn_cache_gib=turn_cache_gib, fused_order=fused_order, remote=remote,
+                   auxiliary=auxiliary, turn_cache_gib=turn_cache_gib, remote=remote,
                    kv_codec=kv_codec, craft_variants=craft_variants, layerwise_load=layerwise_load)  # fmt: skip
 
     @property
@@ -162,32 +153,25 @@ class FusionRAG:
 
     def add_chunks(self, texts: Sequence[str], fuse: bool = True, neighbors: int = 10,
                    embeddings=None, progress: bool = False, variant_notes: bool = False,
-                   fused_order: str | None = None, workers: int | None = None) -> list[str]:  # fmt: skip
+                   workers: int | None = None) -> list[str]:  # fmt: skip
         """Offline stage: store plain (and fused) entries of ``texts``; returns their chunk ids.
 
         ``embeddings`` ([len(texts), dim]) skip the embedding model (e.g. a vector store's own).
         ``variant_notes``: fused entries also carry the notes the ``cache_craft`` method reads (about
-        70% more time per fused entry). ``fused_order``: how a fused entry's neighbours are laid out
-        before its chunk: ``"similar_first"`` (the paper's, the default), ``"similar_last"`` or
-        ``"corpus"`` (``fusion/fused_order.py``); this engine reads fused entries of that layout
-        from then on (None: the layout it reads now). Calling it again with the same texts computes nothing.
+        70% more time per fused entry). Calling it again with the same texts computes nothing.
         ``workers``: compute the entries in that many Ray worker processes writing into this engine's
         store folder (the ``distributed`` extra; ``engine/ray_ingest.py``); None: in this process.
         """
         return self.ingest(texts, fuse=fuse, neighbors=neighbors, embeddings=embeddings, progress=progress,
-                           variant_notes=variant_notes, fused_order=fused_order, workers=workers).chunk_ids  # fmt: skip
+                           variant_notes=variant_notes, workers=workers).chunk_ids  # fmt: skip
 
     def ingest(self, texts: Sequence[str], fuse: bool = True, neighbors: int = 10,
                embeddings=None, progress: bool = False, variant_notes: bool = False,
-               fused_order: str | None = None, workers: int | None = None) -> IngestReport:  # fmt: skip
+               workers: int | None = None) -> IngestReport:  # fmt: skip
         """``add_chunks`` that also says how many entries it computed."""
         if not isinstance(variant_notes, bool):
             raise FusionRAGError(f"variant_notes must be True or False, got {variant_notes!r}")
-        if fused_order is not None:
-            check_fused_order(fused_order)
         with self.engine.lock:  # not between two steps of requests other threads are running
-            if fused_order is not None:
-                self._entries.use_fused_order(fused_order)
             if workers is not None:
                 from fusionrag_llm.engine.ray_ingest import ingest_with_workers  # Ray only when asked for
 

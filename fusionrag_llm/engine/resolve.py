@@ -18,11 +18,10 @@ from typing import Sequence
 
 import torch
 
-from fusionrag_llm.engine.blend import blend_entry
+from fusionrag_llm.engine.blend import blend_entry, context_in_place
 from fusionrag_llm.engine.plan import Boundary, ContextPlan, PlannedSegment, ResolveCounts, plan_context
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.craft import VariantNotes, fix_overhead, fused_notes, plain_notes
-from fusionrag_llm.fusion.fused_order import context_in_place
 from fusionrag_llm.fusion.layer_feed import LayerFeed
 from fusionrag_llm.fusion.placement import place_entry
 from fusionrag_llm.fusion.request_variants import RequestVariants, StoredVariant, VariantRecorder, recorder_for, store_variants

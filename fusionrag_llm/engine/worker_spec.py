@@ -76,7 +76,6 @@ class EngineSpec:
     device: str
     dtype: str
     kernels: str
-    fused_order: str
     fingerprint: str
     storage_key: str
     s0_ids: tuple[int, ...]
@@ -94,7 +93,7 @@ class EngineSpec:
         if Path(name).expanduser().exists():  # a folder or file: workers may run in another folder
             name = str(Path(name).expanduser().resolve())
         model = loaded.model
-        return cls(name, str(model.device), str(model.dtype).removeprefix("torch."), model.kernels, entries.fused_order,
+        return cls(name, str(model.device), str(model.dtype).removeprefix("torch."), model.kernels,
                    fingerprint_of(loaded.name, loaded.source, loaded.hf_config, loaded.tokenizer.hf, model.dtype),
                    entries.fingerprint, tuple(entries.s0_ids), StoreSettings.of(entries.store), threads)  # fmt: skip
 
@@ -107,7 +106,7 @@ class EngineSpec:
             raise FusionRAGError(f"the worker loaded {self.model!r} as another model than the engine's "
                                  f"(fingerprint {fingerprint} != {self.fingerprint}); are its files changing?")  # fmt: skip
         store = self.store.open(loaded.model.device)
-        entries = ChunkEntries(loaded.model, store, fingerprint, self.s0_ids, self.fused_order)
+        entries = ChunkEntries(loaded.model, store, fingerprint, self.s0_ids)
         if entries.fingerprint != self.storage_key:
             raise FusionRAGError(f"the worker's store at {self.store.folder} keys entries as {entries.fingerprint}, "
                                  f"the engine as {self.storage_key}")  # fmt: skip

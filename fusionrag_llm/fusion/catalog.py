@@ -37,7 +37,6 @@ import numpy as np
 
 from fusionrag_llm.fusion.chunk_finder import ChunkFinder
 from fusionrag_llm.errors import FusionRAGError
-from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER, UNTAGGED_FUSED_ORDER
 from fusionrag_llm.ingest.jsonl import parse_line, whole_lines, why_unreadable, write_problem
 from fusionrag_llm.ingest.neighbours import NeighbourIndex
 from fusionrag_llm.storage import AppendSession, FileRecordLog, MemoryRecordLog, RecordLog
@@ -55,6 +54,10 @@ def chunk_id_of(text: str) -> str:
 class CatalogWriteError(FusionRAGError):
     """The chunk catalog could not be appended to (read-only store, permissions, full disk)."""
 
+
+# the layout of the neighbours before a fused entry's chunk: most similar first (the paper's); records of
+# other layouts, which earlier versions could write, are read but serve nothing
+PAPER_LAYOUT = "similar_first"
 
 @dataclass(frozen=True)
 class RegisteredChunk:
@@ -91,7 +94,7 @@ class FusedRecord:
     view: int
     floor: float | None
     notes: bool = False  # the entry carries Cache-Craft's notes (``fusion/craft.py``)
-    fused_order: str = DEFAULT_FUSED_ORDER  # the neighbours' layout (also in ``key``)
+    fused_order: str = PAPER_LAYOUT  # the neighbours' layout: the paper's (records of others serve nothing)
 
     def to_json(self) -> str:
         return json.dumps({"fused": self.key, "chunk": self.chunk_id, "count": self.count,
@@ -113,7 +116,7 @@ class FusedRecord:
         notes = record.get("notes", False)  # records written before notes existed have none
         if not isinstance(notes, bool):
             raise ValueError("notes must be true or false")
-        layout = record.get("fused_order", UNTAGGED_FUSED_ORDER)  # records older than layouts: the paper's
+        layout = record.get("fused_order", PAPER_LAYOUT)  # records older than layouts: the paper's
         if not isinstance(layout, str):
             raise ValueError("fused_order must be a string")
         return cls(record["fused"], record["chunk"], count, tuple(ids[0]), tuple(ids[1]), view, floor, notes, layout)

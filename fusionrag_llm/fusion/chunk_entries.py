@@ -14,7 +14,6 @@ from typing import Sequence
 from fusionrag_llm.fusion.entry_compute import PREFIX_MEMO_SIZE, EntryComputer
 from fusionrag_llm.fusion.entry_keys import EntryKeys, TokenIds, storage_fingerprint
 from fusionrag_llm.fusion.entry_store import EntryStore, Found
-from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER, check_fused_order
 from fusionrag_llm.fusion.placement import place_entry
 from fusionrag_llm.models.llama import DecoderLM
 from fusionrag_llm.storage import KVEntry, TieredStore
@@ -24,32 +23,14 @@ __all__ = ["PREFIX_MEMO_SIZE", "ChunkEntries", "EntryComputer", "EntryKeys", "En
 
 
 class ChunkEntries:
-    """Chunk entries of one model in one store, keyed by content (model, S0, tokens, variant).
+    """Chunk entries of one model in one store, keyed by content (model, S0, tokens, variant)."""
 
-    ``fused_order``: the layout of the fused entries written and read (``fusion/fused_order.py``).
-    """
-
-    def __init__(self, model: DecoderLM, store: TieredStore, fingerprint: str, s0_ids: TokenIds,
-                 fused_order: str = DEFAULT_FUSED_ORDER):  # fmt: skip
+    def __init__(self, model: DecoderLM, store: TieredStore, fingerprint: str, s0_ids: TokenIds):
         self.model = model
         self.store = store
-        self._use(EntryKeys.for_store(fingerprint, s0_ids, model.dtype, store.storage_dtype, store.codec_id,
-                                      check_fused_order(fused_order)))  # fmt: skip
-
-    def _use(self, keys: EntryKeys) -> None:
-        self.keys = keys
-        self.entry_store = EntryStore(self.store, keys)
-        self.computer = EntryComputer(self.model, keys, self.entry_store)
-
-    @property
-    def fused_order(self) -> str:
-        return self.keys.fused_order
-
-    def use_fused_order(self, fused_order: str) -> None:
-        """Write and read fused entries of ``fused_order`` from now on (entries of other layouts stay
-        stored under their own keys and serve nothing here)."""
-        if check_fused_order(fused_order) != self.keys.fused_order:
-            self._use(self.keys.with_fused_order(fused_order))
+        self.keys = EntryKeys.for_store(fingerprint, s0_ids, model.dtype, store.storage_dtype, store.codec_id)
+        self.entry_store = EntryStore(self.store, self.keys)
+        self.computer = EntryComputer(self.model, self.keys, self.entry_store)
 
     @property
     def lossless(self) -> bool:

@@ -18,7 +18,6 @@ import torch
 from fusionrag_llm.fusion.craft import META_KEY, NotesRecorder
 from fusionrag_llm.fusion.entry_keys import EntryKeys, TokenIds
 from fusionrag_llm.fusion.entry_store import EntryStore
-from fusionrag_llm.fusion.fused_order import placement_order
 from fusionrag_llm.fusion.placement import place_entry
 from fusionrag_llm.models.llama import DecoderLM, ForwardPass
 from fusionrag_llm.storage import KVEntry
@@ -93,28 +92,26 @@ class EntryComputer:
         return [KVEntry(c, k.clone(), v.clone(), self.keys.meta("plain")) for c, k, v in zip(batch, keys, values)]
 
     def compute_fused(self, token_ids: TokenIds, neighbours: Sequence[KVEntry], neighbour_ids: Sequence[str],
-                      notes: bool = False, rows: Sequence[int] | None = None) -> KVEntry:  # fmt: skip
+                      notes: bool = False) -> KVEntry:  # fmt: skip
         """The chunk's KV computed after S0 and ``neighbours`` (given most similar first) at consecutive
-        positions, laid out as ``keys.fused_order`` says (``fusion/fused_order.py``).
+        positions, the most similar first (the paper's layout).
 
-        ``rows``: the neighbours' catalog rows (registration order), which the ``corpus`` layout reads.
         ``notes``: also measure Cache-Craft's notes on it (``fusion/craft.py``; kept in its meta). They
         cost one more attention pass per layer, about 70% more time for a 600-token chunk after nine."""
         s0, _ = self.prefix_entry(self.keys.s0_ids)
         neighbours = self._fitting(token_ids, neighbours)
         used = list(neighbour_ids[: len(neighbours)])
-        order = placement_order(self.keys.fused_order, _rows(rows, len(neighbour_ids))[: len(neighbours)])
         context = len(self.keys.s0_ids) + sum(len(n.token_ids) for n in neighbours)
         cache = self.model.new_cache(context + len(token_ids))
         place_entry(self.model, cache, s0, 0)
         position, spans = len(self.keys.s0_ids), []
-        for neighbour in (neighbours[i] for i in order):
+        for neighbour in neighbours:
             place_entry(self.model, cache, neighbour, position)
             spans.append((position, position + len(neighbour.token_ids)))
             position += len(neighbour.token_ids)
         device = self.model.device
         ids = torch.tensor(token_ids, device=device)
-        recorder = NotesRecorder([used[i] for i in order], spans, (context, context + len(ids))) if notes else None
+        recorder = NotesRecorder(used, spans, (context, context + len(ids))) if notes else None
         step = ForwardPass(ids, torch.arange(context, context + len(ids), device=device), cache.reserve(len(ids)),
                            logit_rows=ids[:0], capture_raw_kv=True, hooks=(recorder,) if recorder is not None else ())  # fmt: skip
         out = self.model(step, cache)
@@ -129,15 +126,6 @@ class EntryComputer:
         while kept and len(self.keys.s0_ids) + sum(len(n.token_ids) for n in kept) + len(token_ids) > window:
             kept.pop()  # drop the least similar first
         return kept
-
-
-def _rows(rows: Sequence[int] | None, count: int) -> list[int]:
-    """The neighbours' catalog rows; without them, their given order stands in (``corpus`` needs them)."""
-    if rows is None:
-        return list(range(count))
-    if len(rows) != count:
-        raise ValueError(f"rows: one per neighbour id is needed, got {len(rows)} for {count}")
-    return list(rows)
 
 
 def _batches(chunks: Sequence[TokenIds], max_tokens: int) -> list[list[TokenIds]]:

@@ -4,9 +4,8 @@ Plain Python over ints and strings, so the resolve plan and the offline stage ca
 a request or an ingestion touches without a model or a tensor. What an entry claims to be is
 checked on every read, not only its bytes: the store binds each entry to its key, and the entry's
 meta names its variant and the model fingerprint, so an entry filed under the wrong variant or
-written by another model is a miss. A fused entry's key and meta also name its neighbours' layout
-(``fused_order``, ``fusion/fused_order.py``); the default layout's keys are those of entries written
-before layouts existed, whose meta names none, so an existing store stays valid.
+written by another model is a miss. Fused entries are laid out as the paper does (most similar
+neighbour first); one whose meta names another layout (earlier versions could write them) is a miss.
 
 A store that keeps chunk entries in a lossy dtype (``kv_codec="bf16"`` under float32 compute) or
 through a quantizing codec (``kv_codec="int8"``, ...; the codec id fixes its settings) gets a
@@ -20,8 +19,6 @@ Example:
     False
     >>> keys.path_block_key(None, (1, 2)) == keys.path_key((1, 2))
     True
-    >>> keys.key((7, 8), "fused") == keys.with_fused_order("similar_last").key((7, 8), "fused")
-    False
     >>> bf16 = EntryKeys.for_store("ab" * 32, (1, 2), torch.float32, torch.bfloat16)
     >>> bf16.key((7, 8), "plain") == keys.key((7, 8), "plain"), bf16.path_key((1, 2)) == keys.path_key((1, 2))
     (False, True)
@@ -33,12 +30,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER, UNTAGGED_FUSED_ORDER, check_fused_order
 from fusionrag_llm.storage import KVEntry, chunk_key
 from fusionrag_llm.storage.keys import path_block_key, path_key
 
@@ -64,8 +60,7 @@ class EntryKeys:
     """Keys and meta of the entries one model writes to one store, after the canonical prefix S0.
 
     ``fingerprint`` is the storage fingerprint of chunk entries (see ``for_store``); ``lossless``:
-    chunk entries keep the compute dtype's exact numbers; ``fused_order``: the layout of the fused
-    entries written and read (``fusion/fused_order.py``); ``block_fingerprint``: the fingerprint of
+    chunk entries keep the compute dtype's exact numbers; ``block_fingerprint``: the fingerprint of
     exact path blocks kept in the compute dtype beside approximate chunk entries (None: a lossless
     store's blocks share ``fingerprint``, a quantizing codec's store keeps none).
     """
@@ -73,25 +68,16 @@ class EntryKeys:
     fingerprint: str
     s0_ids: TokenIds
     lossless: bool
-    fused_order: str = DEFAULT_FUSED_ORDER
     block_fingerprint: str | None = None
-
-    def __post_init__(self) -> None:
-        check_fused_order(self.fused_order)
-
-    def with_fused_order(self, fused_order: str) -> "EntryKeys":
-        """The same scheme for fused entries of another layout."""
-        return replace(self, fused_order=fused_order)
 
     @classmethod
     def for_store(cls, fingerprint: str, s0_ids: Sequence[int], model_dtype: torch.dtype,
-                  storage_dtype: torch.dtype | None, codec_id: str = RAW_CODEC,
-                  fused_order: str = DEFAULT_FUSED_ORDER) -> "EntryKeys":  # fmt: skip
+                  storage_dtype: torch.dtype | None, codec_id: str = RAW_CODEC) -> "EntryKeys":  # fmt: skip
         """A codec other than the raw one may be lossy, so its entries never serve as exact path blocks."""
         lossless = storage_dtype in (None, model_dtype) and codec_id == RAW_CODEC
         blocks = fingerprint if not lossless and codec_id == RAW_CODEC else None
         fingerprint = storage_fingerprint(fingerprint, model_dtype, storage_dtype, codec_id)
-        return cls(fingerprint, tuple(s0_ids), lossless, fused_order, blocks)
+        return cls(fingerprint, tuple(s0_ids), lossless, blocks)
 
     @property
     def exact_blocks(self) -> bool:
@@ -104,18 +90,12 @@ class EntryKeys:
 
     def key(self, token_ids: Sequence[int], variant: str) -> str:
         """Key of the chunk's ``variant`` entry (computed after S0)."""
-        return chunk_key(self.fingerprint, self.s0_ids, token_ids, variant, self._fusion(variant))
+        return chunk_key(self.fingerprint, self.s0_ids, token_ids, variant, None)
 
     def request_key(self, token_ids: Sequence[int], prefix: Sequence[str]) -> str:
         """Key of the chunk's KV as a request computed it after the chunks ``prefix`` (catalog ids, in
         order): Cache-Craft's request-made variant (``fusion/request_variants.py``)."""
         return chunk_key(self.fingerprint, self.s0_ids, token_ids, "request", {"prefix": list(prefix)})
-
-    def _fusion(self, variant: str) -> dict | None:
-        # the paper's layout adds nothing, so entries stored before layouts existed keep their keys
-        if variant != "fused" or self.fused_order == UNTAGGED_FUSED_ORDER:
-            return None
-        return {"fused_order": self.fused_order}
 
     def path_block_key(self, previous: str | None, token_ids: Sequence[int]) -> str:
         """Key of the path block ``token_ids`` right after the block keyed ``previous`` (None: position 0)."""
@@ -126,10 +106,8 @@ class EntryKeys:
         return path_key(self._owner("path"), *blocks)
 
     def meta(self, variant: str, **extra) -> dict:
-        """Meta of an entry this engine writes: what it is and which model computed it (and, for a
-        fused entry, the layout of its neighbours)."""
-        layout = {"fused_order": self.fused_order} if variant == "fused" else {}
-        return {"variant": variant, "model": self._owner(variant), **layout, **extra}
+        """Meta of an entry this engine writes: what it is and which model computed it."""
+        return {"variant": variant, "model": self._owner(variant), **extra}
 
     def accepts(self, entry: KVEntry, key: str, variant: str) -> bool:
         """Whether a stored entry is what ``key`` asked for: its variant and model, not only its bytes."""
@@ -138,9 +116,8 @@ class EntryKeys:
             logger.warning("store entry %s claims variant %r of model %.12s, expected %r of %.12s; treated as a miss",
                            key, claimed[0], claimed[1], variant, self._owner(variant))  # fmt: skip
             return False
-        layout = entry.meta.get("fused_order", UNTAGGED_FUSED_ORDER)  # entries older than layouts: the paper's
-        if variant == "fused" and layout != self.fused_order:
-            logger.warning("store entry %s is a fused entry of layout %r, expected %r; treated as a miss",
-                           key, layout, self.fused_order)  # fmt: skip
+        layout = entry.meta.get("fused_order", "similar_first")  # the paper's layout names none
+        if variant == "fused" and layout != "similar_first":
+            logger.warning("store entry %s is a fused entry of layout %r, not the paper's; treated as a miss", key, layout)
             return False
         return True

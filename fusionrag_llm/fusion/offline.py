@@ -227,8 +227,7 @@ def _has_notes(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredCh
 def _store_fused(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, near: Neighbourhood,
                  report: IngestReport, notes: bool = False) -> None:  # fmt: skip
     plain = [_plain_entry(entries, neighbour, report) for neighbour in near.chunks]
-    rows = [neighbour.row for neighbour in near.chunks]  # registration order, for the ``corpus`` layout
-    entry = entries.computer.compute_fused(chunk.token_ids, plain, list(near.ids), notes=notes, rows=rows)
+    entry = entries.computer.compute_fused(chunk.token_ids, plain, list(near.ids), notes=notes)
     stored = _put(entries, entry, "fused")
     report.fused_computed += 1
     if stored:  # a record of an entry the store refused would claim it current
@@ -239,8 +238,7 @@ def _record(entries: ChunkEntries, chunk: RegisteredChunk, near: Neighbourhood, 
     """The record of ``entry``, the chunk's fused entry computed after ``near``."""
     key = entries.keys.key(chunk.token_ids, "fused")
     used = tuple(entry.meta.get("neighbours", near.ids))
-    return FusedRecord(key, chunk.chunk_id, near.count, near.ids, used, near.view, near.floor, META_KEY in entry.meta,
-                       entries.keys.fused_order)  # fmt: skip
+    return FusedRecord(key, chunk.chunk_id, near.count, near.ids, used, near.view, near.floor, META_KEY in entry.meta)
 
 
 def _is_current(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, near: Neighbourhood) -> bool:

@@ -52,18 +52,17 @@ def _embedding_dim() -> int:
 
 def ingest_paths(rag: FusionRAG, paths: Sequence[str | Path], max_words: int = 200, neighbors: int = 10,
                  fuse: bool = True, progress: bool = True, variant_notes: bool = False,
-                 fused_order: str | None = None, workers: int | None = None) -> IngestSummary:  # fmt: skip
+                 workers: int | None = None) -> IngestSummary:  # fmt: skip
     """Ingest text/markdown files and folders; every file is read and checked before anything is stored.
 
-    Chunks are registered in reading order (files in the order given, folders sorted), the order the
-    ``corpus`` layout of fused entries (``fused_order``, see ``FusionRAG.ingest``) places neighbours in.
+    Chunks are registered in reading order (files in the order given, folders sorted).
     ``workers``: compute the entries in that many Ray worker processes (``FusionRAG.ingest``)."""
     chunks = load_chunks(paths, max_words)
     index = document_index(rag)
     new = [c for c in dict.fromkeys(chunks) if c.text not in index]
     new = list({c.text: c for c in new}.values())  # the same text in two files is one chunk
     if workers is not None:
-        return _ingest_with_workers(rag, chunks, new, index, neighbors, fuse, progress, variant_notes, fused_order,
+        return _ingest_with_workers(rag, chunks, new, index, neighbors, fuse, progress, variant_notes,
                                     workers)  # fmt: skip
     embed = default_embedder()
     plain = 0
@@ -77,20 +76,20 @@ def ingest_paths(rag: FusionRAG, paths: Sequence[str | Path], max_words: int = 2
         texts = list(dict.fromkeys(c.text for c in chunks))
         vectors = np.stack([index.vector_of(t) for t in texts])
         fused = rag.ingest(texts, fuse=True, neighbors=neighbors, embeddings=vectors, progress=progress,
-                           variant_notes=variant_notes, fused_order=fused_order).fused_computed  # fmt: skip
+                           variant_notes=variant_notes).fused_computed  # fmt: skip
     files = len({c.source for c in chunks})
     return IngestSummary(files, len(chunks), len(new), plain, fused)
 
 
 def _ingest_with_workers(rag: FusionRAG, chunks: list, new: list, index: DocumentIndex, neighbors: int, fuse: bool,
-                         progress: bool, notes: bool, fused_order: str | None, workers: int) -> IngestSummary:  # fmt: skip
+                         progress: bool, notes: bool, workers: int) -> IngestSummary:  # fmt: skip
     """All chunks in one call to the workers (their models load once), then the new ones' index lines."""
     texts = list(dict.fromkeys(c.text for c in chunks))
     new_vectors = normalized(default_embedder()([c.text for c in new]), len(new)) if new else None
     embedded = dict(zip((c.text for c in new), new_vectors)) if new else {}
     vectors = np.stack([embedded[t] if t in embedded else index.vector_of(t) for t in texts])
     report = rag.ingest(texts, fuse=fuse, neighbors=neighbors, embeddings=vectors, progress=progress,
-                        variant_notes=notes, fused_order=fused_order, workers=workers)  # fmt: skip
+                        variant_notes=notes, workers=workers)  # fmt: skip
     if new:
         index.add([c.text for c in new], [c.source for c in new], new_vectors)
     return IngestSummary(len({c.source for c in chunks}), len(chunks), len(new), report.plain_computed,
