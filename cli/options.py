@@ -67,6 +67,6 @@ def load_rag(model: str, device: str | None, dtype: str | None, store=None, **op
 
     options = {k: v for k, v in options.items() if k != "remote" or v is not None}
     try:
-        return FusionRAG.from_pretrained(model, device=device, dtype=dtype, store=store, **options)
+        return FusionRAG.from_pretrained(model, device=device, dtype=dtype, store=store, options=options)
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None

@@ -30,6 +30,7 @@ _EXPORTS = {
     "RAGRequest": "fusionrag_llm.request",
     "RAGSession": "fusionrag_llm.session",
     "TextPrompt": "fusionrag_llm.request",
+    "EngineOptions": "fusionrag_llm.options",
     "Method": "fusionrag_llm.methods",
     "MethodRun": "fusionrag_llm.methods",
     "Prefill": "fusionrag_llm.methods",
@@ -75,6 +76,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from fusionrag_llm.fusion.offline import IngestionWriteError, IngestReport
     from fusionrag_llm.methods import Method, MethodRun, Prefill, RunPlan, get_method, method_names, register_method
     from fusionrag_llm.models.forward import LayerHook
+    from fusionrag_llm.options import EngineOptions
     from fusionrag_llm.models.default_model import DEFAULT_MODEL
     from fusionrag_llm.models.kv_eviction import DecodeEviction
     from fusionrag_llm.request import PromptFormat, RAGRequest, TextPrompt

@@ -23,6 +23,7 @@ from fusionrag_llm.models.default_model import DEFAULT_MODEL
 from fusionrag_llm.models.fingerprint import fingerprint_of
 from fusionrag_llm.models.loader import LoadedModel, load_model
 from fusionrag_llm.models.tokenizer import ChatPart
+from fusionrag_llm.options import EngineOptions
 from fusionrag_llm.request import RAGRequest, Segment, TextPrompt, build_segments, validate_messages
 from fusionrag_llm.engine.store import StoreSpec, open_store
 
@@ -48,84 +49,37 @@ class FusionRAG:
     """
 
     def __init__(self, loaded: LoadedModel, store: StoreSpec = None, embedder: Embedder | None = None,
-                 prefix_cache: bool = True, store_dtype: str | torch.dtype | None = None,
-                 auxiliary: "int | str | Path | LoadedModel | FusionRAG | None" = None,
-                 turn_cache_gib: float = 0.0, remote: str | None = None,
-                 kv_codec: str | None = None, craft_variants: int = 0,
-                 layerwise_load: bool | None = None):  # fmt: skip
+                 options: EngineOptions | dict | None = None):  # fmt: skip
+        options = EngineOptions.of(options)
         self._loaded = loaded
-        self.store = open_store(store, loaded.model.device, store_dtype, remote=remote, kv_codec=kv_codec)
+        self.store = open_store(store, loaded.model.device, None, remote=options.remote, kv_codec=options.kv_codec)
         self.embedder = embedder
         fingerprint = fingerprint_of(loaded.name, loaded.source, loaded.hf_config, loaded.tokenizer.hf, loaded.model.dtype)
         s0_ids = self.segments(RAGRequest(chunks=["-"], question="-"))[0].token_ids
         self._entries = ChunkEntries(loaded.model, self.store, fingerprint, s0_ids)
         self._catalog = ChunkCatalog(self.store.record_log(CATALOG_FILE), self.tokenizer.encode)
         self.context_index = ContextIndex()  # reorder=True: the orders earlier requests were given
-        self.engine = LLMEngine(loaded, self._entries, prefix_cache=prefix_cache, auxiliary=_auxiliary(auxiliary, loaded),
-                                turns=turn_cache(turn_cache_gib), craft_variants=craft_variants,
-                                layerwise_load=layerwise_load)  # fmt: skip
+        self.engine = LLMEngine(loaded, self._entries, prefix_cache=options.prefix_cache,
+                                auxiliary=_auxiliary(options.auxiliary, loaded), turns=turn_cache(options.turn_cache_gib),
+                                craft_variants=options.craft_variants, layerwise_load=options.layerwise_load)  # fmt: skip
 
     @classmethod
-    def from_pretrained(
-        cls,
-        name_or_path: str | Path = DEFAULT_MODEL,
-        device: str | torch.device | None = None,
-        dtype: str | torch.dtype | None = None,
-        store: StoreSpec = None,
-        embedder: Embedder | None = None,
-        prefix_cache: bool = True,
-        store_dtype: str | torch.dtype | None = None,
-        kernels: str | None = None,
-        auxiliary: "int | str | Path | LoadedModel | FusionRAG | None" = None,
-        decode_weights: str | None = None,
-        decode_kv: str | None = None,
-        turn_cache_gib: float = 0.0,
-        remote: str | None = None,
-        kv_codec: str | None = None,
-        craft_variants: int = 0,
-        layerwise_load: bool | None = None,
-    ) -> "FusionRAG":
+    def from_pretrained(cls, name_or_path: str | Path = DEFAULT_MODEL, *, device: str | torch.device | None = None,
+                        dtype: str | torch.dtype | None = None, store: StoreSpec = None,
+                        embedder: Embedder | None = None,
+                        options: EngineOptions | dict | None = None) -> "FusionRAG":  # fmt: skip
         """Load a model and open its KV store.
 
         ``name_or_path``: ``"smollm2-135m"`` (default), ``"tiny"``, a model folder, a ``.gguf`` file
         or a hub id. ``store``: a folder (default: ``$FUSIONRAG_STORE`` or the user cache),
-        ``":memory:"``, or a ``TieredStore``. ``prefix_cache``: also store and reuse exact KV of
-        whole chunk paths (the alternative path). ``store_dtype``: keep entries in another dtype
-        (e.g. ``"float16"`` while computing in float32). ``kernels``: ``"auto"`` (Triton on CUDA),
-        ``"torch"`` or ``"triton"``; default ``$FUSIONRAG_KERNELS`` or auto. ``auxiliary``: CacheClip's
-        auxiliary model: a separate model of the same tokenizer (a name, path, ``FusionRAG`` or loaded
-        model, put on this model's device and dtype), or an int: how many layers of this model it keeps
-        (default: a quarter of them).
-        ``decode_weights``: what decode steps read on CPU: ``"float"``, or 8-bit / 4-bit GGUF-style
-        blocks ``"q8"`` / ``"q4"`` (faster; prefills and stored entries stay float); default
-        ``$FUSIONRAG_DECODE_WEIGHTS`` or ``"auto"``: the blocks only where they hold the weights' own
-        numbers (the default model, converted from its GGUF file), so answers do not change.
-        ``decode_kv``: what decode steps read the request's KV as on CPU: ``"model"`` (the float32
-        cache) or ``"float16"`` / ``"bfloat16"`` (a copy at half the bytes; faster decoding after long
-        prompts); default ``$FUSIONRAG_DECODE_KV`` or ``"model"``. ``turn_cache_gib``: host memory for
-        multi-turn reuse (0: off): every finished request's KV is kept by token blocks, so a request
-        whose prompt starts with an earlier prompt and answer (a chat's next turn) computes only
-        the rest (``stats.turn_tokens``; ``engine/turn_cache.py``). ``remote``: a
-        Redis/Valkey URL (``redis://host:6379/0``) for a KV tier shared with other engines, after the
-        disk; default ``$FUSIONRAG_REMOTE`` (none).
-        ``kv_codec``: how the store keeps chunk KV: ``"float32"``,
-        ``"bf16"``, ``"fp16"``, quantized ``"int8"``, ``"fp8"``, ``"int4"``, or ``"model"`` (the compute
-        dtype, exact); default: the codec the store folder records, ``"bf16"`` for a new folder,
-        ``"model"`` for ``":memory:"``; part of every entry key (README, "Compressed KV entries").
-        Give it or ``store_dtype``, not both. ``craft_variants``: Cache-Craft's chunk variants made by requests
-        (0: off; M: about M per chunk kept, the least reused dropped): a ``cache_craft`` request that
-        serves a chunk after chunks none of its variants was computed after stores the chunk's KV as it
-        computed it, and later ``cache_craft`` requests choose among all of a chunk's variants
-        (``fusion/request_variants.py``; README, "Cache-Craft's request-made variants").
-        ``layerwise_load``: Cache-Craft's layer-wise preloading: a request's stored KV reaches its cache
-        layer by layer on a CUDA stream of its own while the forward computes the layers before
-        (``fusion/layer_feed.py``); default on for a CUDA model, off on the CPU (nothing to overlap).
+        ``":memory:"``, or a ``TieredStore``. ``embedder``: the chunk embedding model (default: the
+        packaged all-MiniLM-L6-v2). ``options``: every other setting, an ``EngineOptions`` or a dict of
+        its fields (kernels, CPU decoding, the prefix and turn caches, the store's codec and remote tier).
         """
-        loaded = load_model(name_or_path, device=device, dtype=dtype, kernels=kernels, decode_weights=decode_weights,
-                            decode_kv=decode_kv)  # fmt: skip
-        return cls(loaded, store=store, embedder=embedder, prefix_cache=prefix_cache, store_dtype=store_dtype,
-                   auxiliary=auxiliary, turn_cache_gib=turn_cache_gib, remote=remote,
-                   kv_codec=kv_codec, craft_variants=craft_variants, layerwise_load=layerwise_load)  # fmt: skip
+        options = EngineOptions.of(options)
+        loaded = load_model(name_or_path, device=device, dtype=dtype, kernels=options.kernels,
+                            decode_weights=options.decode_weights, decode_kv=options.decode_kv)  # fmt: skip
+        return cls(loaded, store=store, embedder=embedder, options=options)
 
     @property
     def parts(self) -> EngineParts:
@@ -153,8 +107,9 @@ class FusionRAG:
 
     def add_chunks(self, texts: Sequence[str], fuse: bool = True, neighbors: int = 10,
                    embeddings=None, progress: bool = False, variant_notes: bool = False,
-                   workers: int | None = None) -> list[str]:  # fmt: skip
-        """Offline stage: store plain (and fused) entries of ``texts``; returns their chunk ids.
+                   workers: int | None = None) -> IngestReport:  # fmt: skip
+        """Offline stage: store plain (and fused) entries of ``texts``; returns their chunk ids (an
+        ``IngestReport``: a list of the ids, with ``plain_computed`` and ``fused_computed``).
 
         ``embeddings`` ([len(texts), dim]) skip the embedding model (e.g. a vector store's own).
         ``variant_notes``: fused entries also carry the notes the ``cache_craft`` method reads (about
@@ -162,13 +117,6 @@ class FusionRAG:
         ``workers``: compute the entries in that many Ray worker processes writing into this engine's
         store folder (the ``distributed`` extra; ``engine/ray_ingest.py``); None: in this process.
         """
-        return self.ingest(texts, fuse=fuse, neighbors=neighbors, embeddings=embeddings, progress=progress,
-                           variant_notes=variant_notes, workers=workers).chunk_ids  # fmt: skip
-
-    def ingest(self, texts: Sequence[str], fuse: bool = True, neighbors: int = 10,
-               embeddings=None, progress: bool = False, variant_notes: bool = False,
-               workers: int | None = None) -> IngestReport:  # fmt: skip
-        """``add_chunks`` that also says how many entries it computed."""
         if not isinstance(variant_notes, bool):
             raise FusionRAGError(f"variant_notes must be True or False, got {variant_notes!r}")
         with self.engine.lock:  # not between two steps of requests other threads are running

@@ -23,7 +23,7 @@ class RAGSession:
     """Ask questions over chunks turn after turn; ``messages`` holds the chat so far.
 
     >>> from fusionrag_llm import FusionRAG
-    >>> rag = FusionRAG.from_pretrained("tiny", turn_cache_gib=0.1)
+    >>> rag = FusionRAG.from_pretrained("tiny", options={"turn_cache_gib": 0.1})
     >>> session = RAGSession(rag)
     >>> _ = session.ask(["Paris is in France."], "Where is Paris?", max_new_tokens=2)
     >>> _ = session.ask(["Paris is in France.", "Lyon is too."], "And Lyon?", max_new_tokens=2)

@@ -242,7 +242,7 @@ def register_texts(rag: FusionRAG, texts: Sequence[str], embeddings=None, fuse: 
     if not keep:
         return IngestReport(chunk_ids=[])
     vectors = [embeddings[index] for index in keep] if embeddings is not None else None
-    return rag.ingest([texts[index].strip() for index in keep], fuse=fuse, neighbors=neighbors, embeddings=vectors,
+    return rag.add_chunks([texts[index].strip() for index in keep], fuse=fuse, neighbors=neighbors, embeddings=vectors,
                       progress=progress)  # fmt: skip
 
 

@@ -50,12 +50,29 @@ logger = logging.getLogger(__name__)
 MAX_RECOMPUTES = 100  # of one fused entry while other processes keep registering closer chunks
 
 
-@dataclass
-class IngestReport:
-    chunk_ids: list[str]
-    plain_computed: int = 0
-    fused_computed: int = 0  # includes stale fused entries of other chunks refreshed by this call
-    seconds: dict[str, float] = field(default_factory=dict)  # per stage, where the caller timed them
+class IngestReport(list):
+    """The chunk ids an ingestion registered, in the order of its texts, and what it computed.
+
+    A list, so ``ids = rag.add_chunks(texts)`` reads as the ids; the counts are attributes.
+
+        >>> report = IngestReport(["a", "b"], plain_computed=2)
+        >>> report == ["a", "b"], report.chunk_ids, report.plain_computed, report.fused_computed
+        (True, ['a', 'b'], 2, 0)
+    """
+
+    def __init__(self, chunk_ids=(), plain_computed: int = 0, fused_computed: int = 0, seconds: dict | None = None):
+        super().__init__(chunk_ids)
+        self.plain_computed = plain_computed
+        self.fused_computed = fused_computed  # includes stale fused entries of other chunks refreshed by this call
+        self.seconds = {} if seconds is None else seconds  # per stage, where the caller timed them
+
+    @property
+    def chunk_ids(self) -> list[str]:
+        return list(self)
+
+    def __repr__(self) -> str:
+        return (f"IngestReport({list(self)!r}, plain_computed={self.plain_computed}, "
+                f"fused_computed={self.fused_computed})")  # fmt: skip
 
 
 class IngestionWriteError(FusionRAGError):

@@ -69,13 +69,13 @@ def ingest_paths(rag: FusionRAG, paths: Sequence[str | Path], max_words: int = 2
     for start in tqdm(range(0, len(new), BATCH), desc="chunks", unit="batch", disable=not progress):
         batch = new[start : start + BATCH]
         vectors = normalized(embed([c.text for c in batch]), len(batch))
-        plain += rag.ingest([c.text for c in batch], fuse=False, embeddings=vectors).plain_computed
+        plain += rag.add_chunks([c.text for c in batch], fuse=False, embeddings=vectors).plain_computed
         index.add([c.text for c in batch], [c.source for c in batch], vectors)
     fused = 0
     if fuse:
         texts = list(dict.fromkeys(c.text for c in chunks))
         vectors = np.stack([index.vector_of(t) for t in texts])
-        fused = rag.ingest(texts, fuse=True, neighbors=neighbors, embeddings=vectors, progress=progress,
+        fused = rag.add_chunks(texts, fuse=True, neighbors=neighbors, embeddings=vectors, progress=progress,
                            variant_notes=variant_notes).fused_computed  # fmt: skip
     files = len({c.source for c in chunks})
     return IngestSummary(files, len(chunks), len(new), plain, fused)
@@ -88,7 +88,7 @@ def _ingest_with_workers(rag: FusionRAG, chunks: list, new: list, index: Documen
     new_vectors = normalized(default_embedder()([c.text for c in new]), len(new)) if new else None
     embedded = dict(zip((c.text for c in new), new_vectors)) if new else {}
     vectors = np.stack([embedded[t] if t in embedded else index.vector_of(t) for t in texts])
-    report = rag.ingest(texts, fuse=fuse, neighbors=neighbors, embeddings=vectors, progress=progress,
+    report = rag.add_chunks(texts, fuse=fuse, neighbors=neighbors, embeddings=vectors, progress=progress,
                         variant_notes=notes, workers=workers)  # fmt: skip
     if new:
         index.add([c.text for c in new], [c.source for c in new], new_vectors)

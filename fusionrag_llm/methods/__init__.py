@@ -27,10 +27,10 @@ from fusionrag_llm.methods.cacheclip import CacheClip
 from fusionrag_llm.methods.epic import Epic
 from fusionrag_llm.methods.full_attention import FullAttention
 from fusionrag_llm.methods.full_reuse import FullReuse
-from fusionrag_llm.methods.fusionrag import FusionRAG
+from fusionrag_llm.methods.fusionrag import FusionRAGBlend
 from fusionrag_llm.methods.fusionrag_paper import FusionRAGPaper
 
-_BUILT_IN = (FullAttention, FullReuse, CacheBlend, FusionRAG, FusionRAGPaper, A3, Epic, CacheClip, CacheCraft, APE)
+_BUILT_IN = (FullAttention, FullReuse, CacheBlend, FusionRAGBlend, FusionRAGPaper, A3, Epic, CacheClip, CacheCraft, APE)
 _REGISTRY: dict[str, type[Method]] = {}
 
 

@@ -18,7 +18,7 @@ from fusionrag_llm.methods.base import Method, MethodRun, Prefill, check_fractio
 
 
 @dataclass(frozen=True)
-class FusionRAG(Method):
+class FusionRAGBlend(Method):
     name = "fusionrag"
     description = ("each chunk's fused and plain KV blended, recompute the tokens the question attends to most over "
                    "the upper layers; the rest of each chunk moved by half its recomputed tokens' mean K/V change")
