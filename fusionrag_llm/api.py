@@ -17,7 +17,7 @@ from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion.catalog import CATALOG_FILE, ChunkCatalog, chunk_id_of
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.offline import IngestReport, add_chunks
-from fusionrag_llm.ingest.embeddings import Embedder
+from fusionrag_llm.fusion.embeddings import Embedder
 from fusionrag_llm.methods import Method, make_plan, method_names
 from fusionrag_llm.models.default_model import DEFAULT_MODEL
 from fusionrag_llm.models.fingerprint import fingerprint_of

@@ -38,7 +38,7 @@ from fusionrag_llm.fusion.catalog import CatalogWriteError, ChunkCatalog, Regist
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.offline import (IngestReport, fuse_chunk, missing_plain, register_chunks, stale_chunks,
                                           store_plain, validate_neighbors, validate_texts, wrap_write_errors)  # fmt: skip
-from fusionrag_llm.ingest.embeddings import Embedder
+from fusionrag_llm.fusion.embeddings import Embedder
 from fusionrag_llm.models.loader import LoadedModel
 from fusionrag_llm.storage import StoreWriteError
 

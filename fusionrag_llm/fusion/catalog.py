@@ -37,8 +37,8 @@ import numpy as np
 
 from fusionrag_llm.fusion.chunk_finder import ChunkFinder
 from fusionrag_llm.errors import FusionRAGError
-from fusionrag_llm.ingest.jsonl import parse_line, whole_lines, why_unreadable, write_problem
-from fusionrag_llm.ingest.neighbours import NeighbourIndex
+from fusionrag_llm.fusion.jsonl import parse_line, whole_lines, why_unreadable, write_problem
+from fusionrag_llm.fusion.neighbours import NeighbourIndex
 from fusionrag_llm.storage import AppendSession, FileRecordLog, MemoryRecordLog, RecordLog
 
 logger = logging.getLogger(__name__)

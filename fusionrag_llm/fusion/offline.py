@@ -43,7 +43,7 @@ from fusionrag_llm.fusion.craft import META_KEY
 from fusionrag_llm.fusion.catalog import (CatalogWriteError, ChunkCatalog, FusedRecord, Neighbourhood,
                                           RegisteredChunk, chunk_id_of)  # fmt: skip
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
-from fusionrag_llm.ingest.embeddings import Embedder, default_embedder, normalized
+from fusionrag_llm.fusion.embeddings import Embedder, default_embedder, normalized
 from fusionrag_llm.storage import KVEntry, StoreWriteError
 
 logger = logging.getLogger(__name__)

@@ -42,7 +42,7 @@ from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.craft import VariantNotes, span_attention
 from fusionrag_llm.fusion.placement import position_free_kv
-from fusionrag_llm.ingest.jsonl import parse_line, whole_lines
+from fusionrag_llm.fusion.jsonl import parse_line, whole_lines
 from fusionrag_llm.models.forward import LayerHook
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.storage import KVEntry, RecordLog

@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from fusionrag_llm.errors import FusionRAGError, require
-from fusionrag_llm.ingest.jsonl import parse_line, whole_lines, why_unreadable, write_problem
+from fusionrag_llm.fusion.jsonl import parse_line, whole_lines, why_unreadable, write_problem
 from fusionrag_llm.storage import AppendSession, RecordLog
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.ingest.doc_index import DOCUMENTS_LOG, LEGACY_FOLDER, DocumentIndex, IndexMeta
 from fusionrag_llm.ingest.documents import load_chunks
-from fusionrag_llm.ingest.embeddings import DEFAULT_EMBEDDING_NAME, default_embedder, normalized
+from fusionrag_llm.fusion.embeddings import DEFAULT_EMBEDDING_NAME, default_embedder, normalized
 from fusionrag_llm.request import RAGRequest
 
 if TYPE_CHECKING:  # the facade is passed in: ingest sits below it (fusion uses ingest's helpers)
