@@ -1,1 +1,1 @@
-"""Offline side: embeddings, neighbour search, chunking."""
+"""The document pipeline above the facade: files to chunks, the document index, retrieve-and-answer."""
