@@ -78,7 +78,7 @@ class FusionRAG:
         """
         options = EngineOptions.of(options)
         loaded = load_model(name_or_path, device=device, dtype=dtype, kernels=options.kernels,
-                            decode_weights=options.decode_weights, decode_kv=options.decode_kv)  # fmt: skip
+                            decode_weights=options.decode_weights)  # fmt: skip
         return cls(loaded, store=store, embedder=embedder, options=options)
 
     @property

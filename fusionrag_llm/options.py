@@ -9,7 +9,7 @@ field is an error that lists the known ones.
     >>> EngineOptions.of({"turn_cache": 1})
     Traceback (most recent call last):
     ...
-    fusionrag_llm.errors.FusionRAGError: unknown engine option(s) turn_cache; known: kernels, decode_weights, decode_kv, prefix_cache, turn_cache_gib, kv_codec, remote, auxiliary, craft_variants, layerwise_load
+    fusionrag_llm.errors.FusionRAGError: unknown engine option(s) turn_cache; known: kernels, decode_weights, prefix_cache, turn_cache_gib, kv_codec, remote, auxiliary, craft_variants, layerwise_load
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ class EngineOptions:
     * ``decode_weights``: what decode steps read on CPU: ``"float"``, or 8-bit / 4-bit GGUF-style blocks
       ``"q8"`` / ``"q4"``; default ``$FUSIONRAG_DECODE_WEIGHTS`` or ``"auto"`` (blocks only where they hold
       the weights' own numbers, so answers do not change; docs/cpu.md).
-    * ``decode_kv``: what decode steps read the request's KV as on CPU: ``"model"``, ``"float16"`` or
-      ``"bfloat16"`` (a half-size copy); default ``$FUSIONRAG_DECODE_KV`` or ``"model"`` (docs/cpu.md).
     * ``prefix_cache``: also store and reuse exact KV of whole chunk paths (the alternative path).
     * ``turn_cache_gib``: host memory for multi-turn reuse (0: off): a request whose prompt starts with an
       earlier prompt and answer computes only the rest (``stats.turn_tokens``; docs/store.md).
@@ -47,7 +45,6 @@ class EngineOptions:
 
     kernels: str | None = None
     decode_weights: str | None = None
-    decode_kv: str | None = None
     prefix_cache: bool = True
     turn_cache_gib: float = 0.0
     kv_codec: str | None = None
@@ -62,7 +59,7 @@ class EngineOptions:
                 raise FusionRAGError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.layerwise_load is not None and not isinstance(self.layerwise_load, bool):
             raise FusionRAGError(f"layerwise_load must be True, False or None (auto), got {self.layerwise_load!r}")
-        for name in ("kernels", "decode_weights", "decode_kv", "kv_codec", "remote"):
+        for name in ("kernels", "decode_weights", "kv_codec", "remote"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise FusionRAGError(f"{name} must be a string or None, got {value!r}")

@@ -317,67 +317,6 @@ static void project(const fr_qweight *parts, int64_t count, const float *x, int6
     for (int64_t i = 0; i < count; i++) qlinear(&parts[i], x, rows, y + (i ? first + (i - 1) * size : 0), width, xs);
 }
 
-/* The request KV that attention reads: the float32 cache, or a 16-bit copy of it that decode steps
-   keep (DecoderLM.decode_kv): IEEE half floats (builds with F16C) or bfloat16. */
-#define FR_KV_F32 0
-#define FR_KV_F16 1
-#define FR_KV_BF16 2
-
-static inline float bf16_to_float(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-/* round to nearest even, as torch's .to(torch.bfloat16) */
-static inline uint16_t float_to_bf16(float x) {
-    uint32_t bits;
-    memcpy(&bits, &x, sizeof bits);
-    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((bits >> 16) | 0x40);  /* NaN stays NaN */
-    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-}
-
-/* element i of a KV row block of `kind` */
-static inline float kv_at(const void *kv, int64_t i, int kind) {
-    if (kind == FR_KV_F32) return ((const float *)kv)[i];
-    if (kind == FR_KV_BF16) return bf16_to_float(((const uint16_t *)kv)[i]);
-    return half(((const uint16_t *)kv)[i]);
-}
-
-/* 1 where this build reads and writes half-float KV copies (F16C), else 0; bfloat16 always */
-int fr_kv_half_supported(void) {
-#if defined(__F16C__)
-    return 1;
-#else
-    return 0;
-#endif
-}
-
-/* element i of `kind` set to x (the copy of a new token's K/V) */
-static inline void kv_store(void *kv, int64_t i, float x, int kind) {
-    if (kind == FR_KV_F32)
-        ((float *)kv)[i] = x;
-    else if (kind == FR_KV_BF16)
-        ((uint16_t *)kv)[i] = float_to_bf16(x);
-#if defined(__F16C__)
-    else
-        ((uint16_t *)kv)[i] = _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT);
-#endif
-}
-
-#if defined(__AVX512F__)
-/* elements [i, i + 16) of `kind` as floats */
-static inline __m512 kv_load16(const void *kv, int64_t i, int kind) {
-    if (kind == FR_KV_F32) return _mm512_loadu_ps((const float *)kv + i);
-    __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)kv + i));
-    if (kind == FR_KV_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-    return _mm512_cvtph_ps(raw);
-}
-#endif
-
-static inline size_t kv_size(int kind) { return kind == FR_KV_F32 ? sizeof(float) : sizeof(uint16_t); }
-
 #define FR_KEYS 512    /* keys per attention task */
 #define FR_GROUP 16    /* most query heads per key/value head */
 
@@ -395,7 +334,7 @@ static inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 e) {
 /* nv = d / 16 vectors per head (a constant where inlined): four query heads at a time in registers,
    four keys at a time reduced together */
 static inline __attribute__((always_inline)) void key_scores_avx512(
-        const float *q, int64_t group, const void *keys, int kind, int64_t start, int64_t count, int64_t nv,
+        const float *q, int64_t group, const float *keys, int64_t start, int64_t count, int64_t nv,
         float scale, float score[][FR_KEYS]) {
     const __m128 scale4 = _mm_set1_ps(scale);
     for (int64_t h0 = 0; h0 < group; h0 += 4) {
@@ -409,7 +348,7 @@ static inline __attribute__((always_inline)) void key_scores_avx512(
             __m512 acc[4][4];
             for (int64_t i = 0; i < 4; i++) {
                 __m512 kv[8];
-                for (int64_t c = 0; c < nv; c++) kv[c] = kv_load16(keys, k + i * nv * 16 + c * 16, kind);
+                for (int64_t c = 0; c < nv; c++) kv[c] = _mm512_loadu_ps(keys + k + i * nv * 16 + c * 16);
                 for (int64_t h = 0; h < 4; h++) {
                     __m512 a = _mm512_mul_ps(qv[h][0], kv[0]);
                     for (int64_t c = 1; c < nv; c++) a = _mm512_fmadd_ps(qv[h][c], kv[c], a);
@@ -422,8 +361,8 @@ static inline __attribute__((always_inline)) void key_scores_avx512(
         for (; j < count; j++) {
             int64_t k = (start + j) * nv * 16;
             for (int64_t h = 0; h < nh; h++) {
-                __m512 a = _mm512_mul_ps(qv[h][0], kv_load16(keys, k, kind));
-                for (int64_t c = 1; c < nv; c++) a = _mm512_fmadd_ps(qv[h][c], kv_load16(keys, k + c * 16, kind), a);
+                __m512 a = _mm512_mul_ps(qv[h][0], _mm512_loadu_ps(keys + k));
+                for (int64_t c = 1; c < nv; c++) a = _mm512_fmadd_ps(qv[h][c], _mm512_loadu_ps(keys + k + c * 16), a);
                 score[h0 + h][j] = _mm512_reduce_add_ps(a) * scale;
             }
         }
@@ -432,28 +371,27 @@ static inline __attribute__((always_inline)) void key_scores_avx512(
 
 /* acc (d = 16 nv floats) = sum_j p[j] v_j over keys [start, start + count) */
 static inline __attribute__((always_inline)) void weighted_values_avx512(
-        const float *p, const void *values, int kind, int64_t start, int64_t count, int64_t nv, float *acc) {
+        const float *p, const float *values, int64_t start, int64_t count, int64_t nv, float *acc) {
     __m512 sum[8];
     for (int64_t c = 0; c < nv; c++) sum[c] = _mm512_setzero_ps();
     for (int64_t j = 0; j < count; j++) {
         __m512 w = _mm512_set1_ps(p[j]);
         int64_t v = (start + j) * nv * 16;
-        for (int64_t c = 0; c < nv; c++) sum[c] = _mm512_fmadd_ps(w, kv_load16(values, v + c * 16, kind), sum[c]);
+        for (int64_t c = 0; c < nv; c++) sum[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(values + v + c * 16), sum[c]);
     }
     for (int64_t c = 0; c < nv; c++) _mm512_storeu_ps(acc + c * 16, sum[c]);
 }
 #endif
 
 /* Scores of keys [start, start + count) for `group` query heads: score[h][j] = q_h . k_j * scale. */
-static void key_scores(const float *q, int64_t group, const void *keys, int kind, int64_t start, int64_t count,
+static void key_scores(const float *q, int64_t group, const float *keys, int64_t start, int64_t count,
                        int64_t d, float scale, float score[][FR_KEYS]) {
 #if defined(__AVX512F__)
-    if (d == 64) { key_scores_avx512(q, group, keys, kind, start, count, 4, scale, score); return; }
-    if (d == 128) { key_scores_avx512(q, group, keys, kind, start, count, 8, scale, score); return; }
+    if (d == 64) { key_scores_avx512(q, group, keys, start, count, 4, scale, score); return; }
+    if (d == 128) { key_scores_avx512(q, group, keys, start, count, 8, scale, score); return; }
 #endif
-    float key[512];
     for (int64_t j = 0; j < count; j++) {
-        for (int64_t t = 0; t < d; t++) key[t] = kv_at(keys, (start + j) * d + t, kind);
+        const float *key = keys + (start + j) * d;
         for (int64_t h = 0; h < group; h++) {
             const float *qh = q + h * d;
             float s = 0.0f;
@@ -464,24 +402,24 @@ static void key_scores(const float *q, int64_t group, const void *keys, int kind
     }
 }
 
-static void weighted_values(const float *p, const void *values, int kind, int64_t start, int64_t count, int64_t d,
+static void weighted_values(const float *p, const float *values, int64_t start, int64_t count, int64_t d,
                             float *acc) {
 #if defined(__AVX512F__)
-    if (d == 64) { weighted_values_avx512(p, values, kind, start, count, 4, acc); return; }
-    if (d == 128) { weighted_values_avx512(p, values, kind, start, count, 8, acc); return; }
+    if (d == 64) { weighted_values_avx512(p, values, start, count, 4, acc); return; }
+    if (d == 128) { weighted_values_avx512(p, values, start, count, 8, acc); return; }
 #endif
     memset(acc, 0, sizeof(float) * (size_t)d);
     for (int64_t j = 0; j < count; j++)
-        for (int64_t t = 0; t < d; t++) acc[t] += p[j] * kv_at(values, (start + j) * d + t, kind);
+        for (int64_t t = 0; t < d; t++) acc[t] += p[j] * values[(start + j) * d + t];
 }
 
 /* One task of a decode step's attention: the query heads of one kv head of one sequence over keys
    [start, end); writes per head its largest score, the sum of weights and the weighted values. */
-static void attend_part(const float *q, int64_t group, const void *keys, const void *values, int kind, int64_t start,
+static void attend_part(const float *q, int64_t group, const float *keys, const float *values, int64_t start,
                         int64_t end, int64_t d, float scale, float *part) {
     float score[FR_GROUP][FR_KEYS];
     int64_t count = end - start;
-    key_scores(q, group, keys, kind, start, count, d, scale, score);
+    key_scores(q, group, keys, start, count, d, scale, score);
     for (int64_t h = 0; h < group; h++) {
         float top = score[h][0], total = 0.0f;
         for (int64_t j = 1; j < count; j++) top = score[h][j] > top ? score[h][j] : top;
@@ -493,7 +431,7 @@ static void attend_part(const float *q, int64_t group, const void *keys, const v
         float *out = part + h * (d + 2);
         out[0] = top;
         out[1] = total;
-        weighted_values(score[h], values, kind, start, count, d, out + 2);
+        weighted_values(score[h], values, start, count, d, out + 2);
     }
 }
 
@@ -519,19 +457,15 @@ static void merge_parts(const float *parts, int64_t n, int64_t group, int64_t d,
  * x [rows, hidden]: the tokens' embeddings in, the last layer's output out. cos, sin [rows, head_dim]:
  * the rotary tables at each token's position. keys[r], values[r]: sequence r's cache, [layers, kv_heads,
  * capacity[r], head_dim] float32, whose slots [0, length[r]) it attends to; the token's own K/V are
- * written at slot length[r] - 1 first. With copy_kind FR_KV_F16 or FR_KV_BF16, copy_keys[r] and
- * copy_values[r] are a 16-bit copy of that cache (same shape): the token's K/V are written there too
- * (rounded to nearest even) and attention reads the copy instead. Returns 0, 1 when memory could not be had, 2 for a shape or weight
+ * written at slot length[r] - 1 first. Returns 0, 1 when memory could not be had, 2 for a shape or weight
  * this build does not take (more than FR_GROUP query heads per kv head, head_dim above 512 or odd, tiled
  * weights without AVX-512).
  */
 int fr_decode_layers(const fr_model *model, int64_t rows, float *x, const float *cos, const float *sin,
-                     float *const *keys, float *const *values, const int64_t *capacity, const int64_t *length,
-                     int copy_kind, void *const *copy_keys, void *const *copy_values) {
+                     float *const *keys, float *const *values, const int64_t *capacity, const int64_t *length) {
     int64_t hidden = model->hidden, heads = model->heads, kvh = model->kv_heads, d = model->head_dim;
     int64_t inter = model->intermediate, group = heads / kvh, width = (heads + 2 * kvh) * d;
     if (group > FR_GROUP || d > 512 || d % 2) return 2;
-    if (copy_kind == FR_KV_F16 && !fr_kv_half_supported()) return 2;
     for (int64_t l = 0; l < model->layers; l++) {
         const fr_layer *layer = model->layer + l;
         for (int p = 0; p < 7; p++)
@@ -578,19 +512,13 @@ int fr_decode_layers(const fr_model *model, int64_t rows, float *x, const float 
                 size_t at = (size_t)(((l * kvh + g) * cap + slot) * d);
                 memcpy(keys[r] + at, row + (heads + g) * d, sizeof(float) * (size_t)d);
                 memcpy(values[r] + at, row + (heads + kvh + g) * d, sizeof(float) * (size_t)d);
-                for (int64_t c = 0; copy_kind != FR_KV_F32 && c < d; c++) {
-                    kv_store(copy_keys[r], (int64_t)at + c, row[(heads + g) * d + c], copy_kind);
-                    kv_store(copy_values[r], (int64_t)at + c, row[(heads + kvh + g) * d + c], copy_kind);
-                }
             }
         }
         #pragma omp parallel for schedule(dynamic, 1)
         for (int64_t i = 0; i < tasks; i++) {
             int64_t r = task_row[i], g = task_head[i], s = task_start[i], e = s + FR_KEYS;
-            size_t base = (size_t)((l * kvh + g) * capacity[r] * d) * kv_size(copy_kind);  /* bytes */
-            const char *k = (const char *)(copy_kind == FR_KV_F32 ? (void *)keys[r] : copy_keys[r]) + base;
-            const char *v = (const char *)(copy_kind == FR_KV_F32 ? (void *)values[r] : copy_values[r]) + base;
-            attend_part(qkv + r * width + g * group * d, group, k, v, copy_kind, s, e < length[r] ? e : length[r], d,
+            size_t base = (size_t)((l * kvh + g) * capacity[r] * d);
+            attend_part(qkv + r * width + g * group * d, group, keys[r] + base, values[r] + base, s, e < length[r] ? e : length[r], d,
                         scale, parts + i * group * (d + 2));
         }
         for (int64_t i = 0; i < tasks;) {  /* each (sequence, kv head)'s tasks are consecutive */

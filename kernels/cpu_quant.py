@@ -267,9 +267,7 @@ def _open(path: Path) -> ctypes.CDLL:
     lib.fr_quant_has_avx2.restype = ctypes.c_int
     lib.fr_decode_layers.restype = ctypes.c_int
     lib.fr_decode_layers.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                     ctypes.c_void_p, ctypes.c_void_p]  # fmt: skip
-    lib.fr_kv_half_supported.restype = ctypes.c_int
+                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]  # fmt: skip
     return lib
 
 

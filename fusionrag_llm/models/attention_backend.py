@@ -55,9 +55,6 @@ class TorchAttention:
         if cache.scaling is not None:
             return _scaled(q, cache, layer, meta)
         n = cache.length
-        if step.decode and cache.decode_keys is not None:  # the lower-precision copy (DecoderLM.decode_kv)
-            keys, values = cache.decode_keys[layer, :, :n], cache.decode_values[layer, :, :n]
-            return attend(q.to(keys.dtype), keys, values, meta.mask, meta.tail_start, meta.sorted_positions).to(q.dtype)
         return attend(q, cache.keys[layer, :, :n], cache.values[layer, :, :n], meta.mask, meta.tail_start,
                       meta.sorted_positions)  # fmt: skip
 

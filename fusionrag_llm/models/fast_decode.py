@@ -18,9 +18,7 @@ take its plainest path; anything else runs layer by layer as before:
 * the model is float32 on the CPU with the torch attention backend; each decoder linear is read as
   its quantized copy where it has one (``DecoderLM.quantize_linears``: "auto" on a GGUF model), else
   as its float32 weight;
-* the cache is float32 without APE scaling or KV still arriving. With a decode KV copy
-  (``decode_kv="float16"`` or ``"bfloat16"``) the new token's K/V are written to both and attention
-  reads the copy, as layer by layer (a float16 copy needs a build with F16C).
+* the cache is float32 without APE scaling or KV still arriving.
 """
 
 from __future__ import annotations
@@ -38,7 +36,6 @@ if TYPE_CHECKING:
 
 
 _MOST_GROUP, _MOST_HEAD_DIM = 16, 512  # FR_GROUP and the rotary buffer of cpu_kernels.c
-_KV_FLOAT32, _KV_FLOAT16, _KV_BFLOAT16 = 0, 1, 2  # FR_KV_F32, FR_KV_F16, FR_KV_BF16 of cpu_kernels.c
 
 
 class _Weight(ctypes.Structure):
@@ -89,7 +86,6 @@ class DecodeProgram:
     def __init__(self, model, library: ctypes.CDLL):
         cfg = model.cfg
         self._library = library
-        self._half_kv = bool(library.fr_kv_half_supported())  # asked once: _kind runs every step
         # (layer, its quantized copy or None, its weight, the weight's data pointer and version when the
         # copy was made, or now for a float weight)
         self._linears: list[tuple[Linear, object, torch.Tensor, int, int]] = []
@@ -138,20 +134,6 @@ class DecodeProgram:
             return None
         return cls(model, library)
 
-    def _kind(self, cache) -> int | None:
-        """What attention reads of ``cache`` as the C code of its precision: the float32 cache, or its
-        decode KV copy; None for a copy this build does not read."""
-        copy = cache.decode_keys
-        if copy is None:
-            return _KV_FLOAT32
-        if not (copy.is_contiguous() and cache.decode_values.is_contiguous()):
-            return None
-        if copy.dtype == torch.bfloat16:
-            return _KV_BFLOAT16
-        if copy.dtype == torch.float16 and self._half_kv:
-            return _KV_FLOAT16
-        return None
-
     def current(self) -> bool:
         """Every weight it points at is still the model's, unchanged since it was quantized or, for a float
         weight, since the program was built (``Linear.quantized``'s test, without the module attribute
@@ -162,7 +144,6 @@ class DecodeProgram:
 
     def takes(self, batch: BatchContext) -> bool:
         """The step is one the compiled call computes exactly like the layer-by-layer forward."""
-        kind = self._kind(batch.caches[0])  # every sequence's attention reads the same precision
         for step, cache, meta in zip(batch.steps, batch.caches, batch.metas):
             if not (step.decode and len(step.token_ids) == 1 and step.groups is None and not step.hooks
                     and not step.capture_raw_kv
@@ -171,8 +152,6 @@ class DecodeProgram:
             if getattr(meta, "tail_start", None) is None or cache.scaling is not None or cache.feed is not None:
                 return False
             if cache.keys.dtype != torch.float32 or not cache.keys.is_contiguous():
-                return False
-            if kind is None or self._kind(cache) != kind:
                 return False
             if not cache.values.is_contiguous() or int(step.slots[0]) != cache.length - 1:
                 return False
@@ -188,12 +167,9 @@ class DecodeProgram:
         values = pointers(*(cache.values.data_ptr() for cache in batch.caches))
         capacity = torch.tensor([cache.capacity for cache in batch.caches], dtype=torch.int64)
         length = torch.tensor([cache.length for cache in batch.caches], dtype=torch.int64)
-        kind = self._kind(batch.caches[0])  # one for all: ``takes`` checked
-        copy_keys = pointers(*(c.decode_keys.data_ptr() for c in batch.caches)) if kind != _KV_FLOAT32 else None
-        copy_values = pointers(*(c.decode_values.data_ptr() for c in batch.caches)) if kind != _KV_FLOAT32 else None
         status = self._library.fr_decode_layers(ctypes.byref(self._model), rows, x.data_ptr(), cos.data_ptr(),
-                                                sin.data_ptr(), keys, values, capacity.data_ptr(), length.data_ptr(),
-                                                kind, copy_keys, copy_values)  # fmt: skip
+                                                sin.data_ptr(), keys, values, capacity.data_ptr(),
+                                                length.data_ptr())  # fmt: skip
         if status == 1:
             raise MemoryError("decode step: no memory for the compiled layers' work buffers")
         if status:

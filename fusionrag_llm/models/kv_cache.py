@@ -32,10 +32,6 @@ class KVCache:
     groups: torch.Tensor  # [capacity] int32; group 0 is seen by all, others only by their own group
     length: int = 0  # slots [0, length) are in use
     scaling: AttentionScaling | None = None  # None: plain softmax attention
-    # A lower-precision copy of keys/values that decode steps read (``DecoderLM.decode_kv``); it exists
-    # only while it equals the full-precision cache rounded, and any other write drops it.
-    decode_keys: torch.Tensor | None = None
-    decode_values: torch.Tensor | None = None
     # prompt tokens each (layer, kv-head) dropped by decode KV eviction (``compact``); 0: none. An
     # evicted cache holds different tokens per head, so it is no prefix another request can read.
     evicted: int = 0
@@ -73,17 +69,8 @@ class KVCache:
             groups=torch.zeros(capacity, dtype=torch.int32, device=device),
         )
 
-    def mirror(self, dtype: torch.dtype) -> None:
-        """Make (once) the ``dtype`` copy of keys and values that decode steps read."""
-        self.settle()
-        if self.decode_keys is None or self.decode_keys.dtype != dtype:
-            self.decode_keys, self.decode_values = self.keys.to(dtype), self.values.to(dtype)
-
-    def drop_mirror(self) -> None:
-        self.decode_keys = self.decode_values = None
-
     def fork(self) -> "KVCache":
-        """An independent copy (its own buffers; the decode mirror is not copied), e.g. for a second
+        """An independent copy (its own buffers), e.g. for a second
         answer to the same prompt."""
         self.settle()
         return KVCache(self.keys.clone(), self.values.clone(), self.positions.clone(), self.valid.clone(),

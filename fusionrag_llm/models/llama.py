@@ -39,7 +39,6 @@ logger = logging.getLogger(__name__)
 # per layer, 4-bit or 8-bit blocks only where they hold the weight's own numbers (a model converted
 # from a GGUF file), else float: faster decoding that changes nothing.
 DECODE_WEIGHTS = ("auto", "float", "q8", "q4")
-DECODE_KV = ("model", "float16", "bfloat16")
 
 
 class RMSNorm(nn.Module):
@@ -136,7 +135,6 @@ class DecoderLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryTable(cfg.rope, cfg.head_dim)
         self.kernels = "torch"
-        self._decode_kv: torch.dtype | None = None  # see set_decode_kv
         self._decode_program: DecodeProgram | None = None  # see quantize_linears
         # decode steps on the CPU run their layers in one compiled call where they can
         # (models/fast_decode.py, built by quantize_linears); False: layer by layer from Python, as
@@ -188,23 +186,6 @@ class DecoderLM(nn.Module):
         self._decode_program = DecodeProgram.build(self)
         return count
 
-    def set_decode_kv(self, kv: str) -> str:
-        """Let decode steps read the request's KV as ``kv`` ("model": the cache's own precision, or
-        "float16" / "bfloat16"): a copy made at the first decode step and kept equal as it grows, read
-        at half the bytes of float32. The float32 cache itself is kept (teacher-forced scoring and
-        stored entries use it). Applies to float32 models on CPU with torch attention; returns what
-        decode steps read now."""
-        if kv not in DECODE_KV:
-            raise ValueError(f"decode KV must be one of {', '.join(DECODE_KV)}, got {kv!r}")
-        usable = self.device.type == "cpu" and self.dtype == torch.float32 and self.kernels == "torch"
-        self._decode_kv = getattr(torch, kv) if kv != "model" and usable else None
-        return self.decode_kv
-
-    @property
-    def decode_kv(self) -> str:
-        """What decode steps read the request KV as: "model" (the cache itself), "float16" or "bfloat16"."""
-        return "model" if self._decode_kv is None else str(self._decode_kv).removeprefix("torch.")
-
     @property
     def decode_weights(self) -> str:
         """What decode steps read now: "float", "q8" or "q4" (the format of the first layer's weights)."""
@@ -250,10 +231,6 @@ class DecoderLM(nn.Module):
             cache.valid[step.slots] = True
             if step.groups is not None:
                 cache.groups[step.slots] = step.groups
-            if step.decode and self._decode_kv is not None:
-                cache.mirror(self._decode_kv)
-            elif step.decode:
-                cache.drop_mirror()
         outputs = [ForwardOutput(logits=torch.empty(0), raw_keys=[], raw_values=[]) for _ in steps]
         batch = self._context(list(steps), list(caches), outputs)
         ids = steps[0].token_ids if len(steps) == 1 else torch.cat([s.token_ids for s in steps])

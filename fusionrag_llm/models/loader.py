@@ -20,7 +20,7 @@ import torch
 
 from fusionrag_llm.errors import FusionRAGError, ModelNotFoundError
 from fusionrag_llm.models.config import config_from_hf
-from fusionrag_llm.models.llama import DECODE_KV, DECODE_WEIGHTS, DecoderLM
+from fusionrag_llm.models.llama import DECODE_WEIGHTS, DecoderLM
 from fusionrag_llm.models.tokenizer import ChatTokenizer
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 def load_model(name_or_path: str | Path, device=None, dtype=None, kernels: str | None = None,
-               decode_weights: str | None = None, decode_kv: str | None = None) -> LoadedModel:  # fmt: skip
+               decode_weights: str | None = None) -> LoadedModel:  # fmt: skip
     """Resolve ``name_or_path`` (see ``MODEL_NAMES``, a folder, a ``.gguf`` file or a hub id) and load it.
 
     An existing path always wins over a built-in name; built-in names match whole, ignoring case.
@@ -84,17 +84,12 @@ def load_model(name_or_path: str | Path, device=None, dtype=None, kernels: str |
     ``decode_weights``: what decode steps read on CPU, ``"auto"``, ``"float"``, ``"q8"`` or ``"q4"``
     (``DecoderLM.quantize_linears``); default ``$FUSIONRAG_DECODE_WEIGHTS`` or ``"auto"`` (4-bit or
     8-bit blocks only where they are the weights' own numbers, as in a model converted from a GGUF file).
-    ``decode_kv``: what decode steps read the request KV as, ``"model"``, ``"float16"`` or ``"bfloat16"``
-    (``DecoderLM.set_decode_kv``); default ``$FUSIONRAG_DECODE_KV`` or ``"model"``.
     """
     from fusionrag_llm.kernels.dispatch import resolve_backend
 
     decode_weights = decode_weights or os.environ.get("FUSIONRAG_DECODE_WEIGHTS") or "auto"
     if decode_weights not in DECODE_WEIGHTS:
         raise FusionRAGError(f"decode_weights must be one of {', '.join(DECODE_WEIGHTS)}, got {decode_weights!r}")
-    decode_kv = decode_kv or os.environ.get("FUSIONRAG_DECODE_KV") or "model"
-    if decode_kv not in DECODE_KV:
-        raise FusionRAGError(f"decode_kv must be one of {', '.join(DECODE_KV)}, got {decode_kv!r}")
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     try:
@@ -110,7 +105,6 @@ def load_model(name_or_path: str | Path, device=None, dtype=None, kernels: str |
     loaded.model.kernels = backend
     loaded.model.pack_linears()
     loaded.model.quantize_linears(decode_weights)
-    loaded.model.set_decode_kv(decode_kv)
     loaded.model.compiled_decode = compiled_decode_setting()
     return loaded
 
