@@ -22,7 +22,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 
 from fusionrag_llm import FusionRAG
 from fusionrag_llm.data import demo_corpus
-from fusionrag_llm.ingest.embeddings import default_embedder
+from fusionrag_llm.fusion.embeddings import default_embedder
 from fusionrag_llm.integrations.langchain import ChatFusionRAG, add_documents
 
 PROMPT = ChatPromptTemplate.from_messages([

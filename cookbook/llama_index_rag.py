@@ -24,7 +24,7 @@ from llama_index.core.node_parser import SentenceSplitter
 
 from fusionrag_llm import FusionRAG
 from fusionrag_llm.data import demo_corpus
-from fusionrag_llm.ingest.embeddings import default_embedder
+from fusionrag_llm.fusion.embeddings import default_embedder
 from fusionrag_llm.integrations.llama_index import FusionRAGIngestion, FusionRAGLLM
 
 
