@@ -267,7 +267,7 @@ class FusionRAG:
         (('A is 1.', 'B is 2.', 'C is 3.'), 'Please read the context in the following priority order: document 3 >> document 2 >> document 1 and answer the question.')
         """
         if not isinstance(request, RAGRequest):
-            raise FusionRAGError(f"reorder=True needs a RAGRequest (its chunks are what is reordered), got {type(request).__name__}")
+            raise FusionRAGError(f"ordered() needs a RAGRequest (its chunks are what is reordered), got {type(request).__name__}")
         order = self.context_index.order([chunk_id_of(chunk) for chunk in request.chunks])
         note = "\n".join(filter(None, [request.note, order_hint(order, request.format.doc_label)])) or None
         return replace(request, chunks=[request.chunks[index] for index in order], note=note)

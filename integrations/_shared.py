@@ -89,7 +89,8 @@ def call_options(defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -> d
     options.pop("method_options", None)
     check_max_new_tokens(options["max_new_tokens"])
     knobs = {name: options.pop(name) for name in SAMPLING_OPTIONS if name in options}
-    return {**options, "sampling": sampling_params(knobs, options.pop("seed", None))}
+    seed = options.pop("seed", None)
+    return {**options, "sampling": sampling_params(knobs, seed)}
 
 
 def sampling_params(knobs: Mapping[str, Any], seed: int | None) -> SamplingParams:

@@ -8,22 +8,27 @@ rank  units
 ====  =========================================================================================
 0     leaves: ``kernels`` (torch/triton), ``storage`` (torch/diskcache), ``data`` (bundled
       files); they import no other unit at all
-0     base modules anyone may import: ``errors``, ``paths``, ``request`` (they import only
-      each other)
-1     ``models`` (model runtime) and ``ingest`` (chunking, embeddings, FAISS: offline helpers)
-2     ``fusion`` (chunk entries, catalog, selectors, scorers)
-3     ``engine`` (resolve, select, sparse prefill, decode, methods registry)
-4     ``api`` (the ``FusionRAG`` facade) and ``session`` (multi-turn conversations over it)
-5     the package root ``fusionrag_llm`` (its public names, loaded lazily from ``_EXPORTS``) and
+0     base modules anyone may import: ``errors``, ``paths``, ``request``, ``options`` (the
+      engine's settings); they import only each other
+1     ``models`` (model runtime)
+2     ``fusion`` (chunk entries, catalog, embeddings and neighbour search, scorers, layer hooks
+      of the methods)
+3     ``methods`` (the ``Method`` protocol and one module per method, registered by name)
+4     ``engine`` (resolve, select, sparse prefill, decode); it reads the method protocol only
+      (``methods.base``), never a method's own module
+5     ``api`` (the ``FusionRAG`` facade) and ``session`` (multi-turn conversations over it)
+6     the package root ``fusionrag_llm`` (its public names, loaded lazily from ``_EXPORTS``),
       ``server`` (the OpenAI-compatible HTTP server, which drives the engine's step API itself)
-6     ``eval`` (benchmarks: an application of the facade)
-7     ``cli`` and ``integrations`` (the application layer)
+      and ``ingest`` (the document pipeline above the facade: files to chunks, the document
+      index, retrieve-and-answer)
+7     ``eval`` (benchmarks: an application of the facade)
+8     ``cli`` and ``integrations`` (the application layer)
 ====  =========================================================================================
 
 Imports are read with ``ast``: module-level and function-level imports both count, except those
 under ``if TYPE_CHECKING:``; the root's lazy export table counts as imports of the modules it names.
-The CLI and the adapters reach ``models``, ``fusion``, ``engine`` and ``api`` only through the
-root's public names.
+The CLI and the adapters reach ``models``, ``fusion``, ``methods``, ``engine`` and ``api`` only
+through the root's public names.
 """
 
 import ast
@@ -36,11 +41,11 @@ ROOT = Path(__file__).resolve().parents[1]
 MAPPED = {"kernels": "fusionrag_llm.kernels", "storage": "fusionrag_llm.storage",
           "integrations": "fusionrag_llm.integrations", "cli": "fusionrag_llm.cli"}  # fmt: skip
 PACKAGE = "fusionrag_llm"
-BASE = ("errors", "paths", "request")
+BASE = ("errors", "paths", "request", "options")
 LEAVES = ("kernels", "storage", "data")
-RANKS = {**dict.fromkeys(("errors", "paths", "request", "kernels", "storage", "data"), 0), "models": 1, "ingest": 1,
-         "fusion": 2, "engine": 3, "api": 4, "session": 4, PACKAGE: 5, "server": 5, "eval": 6, "cli": 7, "integrations": 7}  # fmt: skip
-INTERNALS = ("models", "fusion", "engine", "api")  # the CLI and adapters use the root's names instead
+RANKS = {**dict.fromkeys((*BASE, *LEAVES), 0), "models": 1, "fusion": 2, "methods": 3, "engine": 4, "api": 5,
+         "session": 5, PACKAGE: 6, "server": 6, "ingest": 6, "eval": 7, "cli": 8, "integrations": 8}  # fmt: skip
+INTERNALS = ("models", "fusion", "methods", "engine", "api")  # the CLI and adapters use the root's names instead
 # (importing unit, imported unit) edges that break the order in files owned elsewhere; each names its file.
 ALLOWED: set[tuple[str, str]] = set()
 
@@ -154,6 +159,13 @@ def test_imports_follow_the_layer_order():
     assert not bad, "imports against the layer order (see this module's docstring):\n" + "\n".join(bad)
 
 
+def test_the_engine_reads_only_the_method_protocol():
+    """The engine knows methods through ``methods.base`` alone: a method is a plug-in, not a branch."""
+    bad = [f"{module}:{line} imports {name}" for module, line, name in _all_imports()
+           if _unit(module) == "engine" and _unit(name) == "methods" and name != f"{PACKAGE}.methods.base"]  # fmt: skip
+    assert not bad, "the engine imports a method's own module (use the protocol in methods.base):\n" + "\n".join(bad)
+
+
 def _unit_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for module, _, name in _all_imports():
@@ -187,7 +199,7 @@ def test_no_import_cycles_between_subpackages():
     assert cycle is None, f"import cycle between subpackages: {' -> '.join(cycle)}"
 
 
-@pytest.mark.parametrize("unit", ["kernels", "fusion", "ingest"])
+@pytest.mark.parametrize("unit", ["kernels", "fusion", "methods", "ingest"])
 def test_no_import_cycles_between_modules_of(unit):
     graph: dict[str, set[str]] = {}
     for module, _, name in _all_imports():
@@ -221,7 +233,7 @@ def test_the_facade_loads_no_optional_dependency():
     import subprocess
     import sys
 
-    code = ("from fusionrag_llm import FusionRAG, RAGRequest, METHODS; import sys; "
+    code = ("from fusionrag_llm import FusionRAG, RAGRequest, method_names; import sys; "
             "print([m for m in ('faiss', 'llama_index', 'langchain_core', 'sentence_transformers') if m in sys.modules])")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

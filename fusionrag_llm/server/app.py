@@ -90,7 +90,7 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
     async def add_chunks(request: Request) -> dict[str, Any]:
         body = _parse(await _body(request), ChunksRequest)
         try:
-            report = await run_in_threadpool(rag.ingest, body.texts, fuse=body.fuse, neighbors=body.neighbors)
+            report = await run_in_threadpool(rag.add_chunks, body.texts, fuse=body.fuse, neighbors=body.neighbors)
         except FusionRAGError as exc:
             raise ApiError(400, str(exc)) from exc
         return {"object": "list", "data": [{"object": "chunk", "id": chunk_id} for chunk_id in report.chunk_ids],

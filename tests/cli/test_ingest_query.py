@@ -46,15 +46,6 @@ def test_ingest_then_query_then_resume(corpus, tmp_path):
     assert verify.exit_code == 0 and "0 corrupt" in verify.output
 
 
-def test_ingest_with_another_fused_order_fuses_again_beside_the_first(corpus, tmp_path):
-    store = str(tmp_path / "store")
-    assert run("ingest", str(corpus), "--model", "tiny", "--store", store, "--neighbors", "2").exit_code == 0
-    other = run("ingest", str(corpus), "--model", "tiny", "--store", store, "--neighbors", "2", "--fused-order", "similar_last")
-    assert "(0 new): 0 plain and 3 fused entries computed" in other.output  # its own entries; plain ones shared
-    bad = run("ingest", str(corpus), "--model", "tiny", "--store", store, "--fused-order", "sideways")
-    assert bad.exit_code != 0 and "'similar_first', 'similar_last', 'corpus'" in bad.output
-
-
 def test_bad_inputs_fail_cleanly_and_lose_nothing(corpus, tmp_path):
     store = str(tmp_path / "store")
     assert run("ingest", str(corpus), "--model", "tiny", "--store", store).exit_code == 0
@@ -76,11 +67,10 @@ def test_bad_inputs_fail_cleanly_and_lose_nothing(corpus, tmp_path):
     assert other.exit_code != 0 and "was built with model 'tiny'" in other.output
     assert len(DocumentIndex(FileRecordLog(tmp_path / "store", DOCUMENTS_LOG))) == 3  # nothing already ingested was lost
     assert run("query", "What does Marovia export?", "--model", "tiny", "--store", store, "--max-new-tokens", "2").exit_code == 0
-    shifted = run("query", "What does Marovia export?", "--model", "tiny", "--store", store, "--max-new-tokens", "2",
-                  "--kv-shift", "0")  # fmt: skip
-    assert shifted.exit_code == 0, shifted.output
-    bad_share = run("query", "What does Marovia export?", "--model", "tiny", "--store", store, "--kv-shift", "2")
-    assert bad_share.exit_code != 0 and "--kv-shift" in bad_share.output
+    bad_ratio = run("query", "What does Marovia export?", "--model", "tiny", "--store", store, "--ratio", "2")
+    assert bad_ratio.exit_code != 0 and "--ratio" in bad_ratio.output
+    bad_method = run("query", "What does Marovia export?", "--model", "tiny", "--store", store, "--method", "lego")
+    assert bad_method.exit_code != 0 and "'full_attention', 'full_reuse'" in bad_method.output
 
 
 def test_query_on_an_empty_store_and_cache_clear(tmp_path):
@@ -149,9 +139,9 @@ def test_query_with_cache_craft_variants_stores_one_then_reads_it(corpus, tmp_pa
            "--max-new-tokens", "2", "--method", "cache_craft", "--craft-variants", "5")  # fmt: skip
     first = run(*ask)
     assert first.exit_code == 0, first.output
-    assert "; 1 made" in first.output  # the second chunk came after a prefix no variant had
+    assert "variants_made 1" in first.output  # the second chunk came after a prefix no variant had
     again = run(*ask)
-    assert "request 1" in again.output and "; 0 made" in again.output
+    assert "request 1" in again.output and "variants_made" not in again.output  # nothing new to store
     bad = run(*ask[:-1], "-1")
     assert bad.exit_code != 0 and "-1" in bad.output
 

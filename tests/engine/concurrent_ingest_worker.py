@@ -25,12 +25,12 @@ def text_of(number: int) -> str:
 
 def main() -> None:
     folder, sync, name, numbers = sys.argv[1], sys.argv[2], sys.argv[3], [int(n) for n in sys.argv[4].split(",")]
-    rag = FusionRAG.from_pretrained("tiny", store=folder, prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=folder, options={"prefix_cache": False})
     if sync != "-":
         Path(sync, f"ready-{name}").touch()
         while not Path(sync, "go").exists():
             time.sleep(0.01)
-    report = rag.ingest([text_of(n) for n in numbers], neighbors=NEIGHBOURS, embeddings=VECTORS[numbers])
+    report = rag.add_chunks([text_of(n) for n in numbers], neighbors=NEIGHBOURS, embeddings=VECTORS[numbers])
     print(json.dumps({"plain": report.plain_computed, "fused": report.fused_computed}))
 
 

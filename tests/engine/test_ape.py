@@ -7,10 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest, check_run_options
-from fusionrag_llm.engine import methods
-from fusionrag_llm.engine.methods import plan_run
+from fusionrag_llm import FusionRAG, RAGRequest, get_method
+from fusionrag_llm.methods import make_plan
+from fusionrag_llm.methods.ape import APE
 from fusionrag_llm.models.attention import attend_scaled
+from method_spy import spy
 
 CHUNKS = [
     "The lighthouse at Keldmouth was designed by the engineer Tamsin Orrery in 1872.",
@@ -22,7 +23,7 @@ REQUEST = RAGRequest(chunks=CHUNKS, question="Where was the lighthouse designer 
 
 @pytest.fixture(scope="module")
 def rag():
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
     rag.add_chunks(CHUNKS, fuse=False, embeddings=[[1.0, 0.0], [0.0, 1.0], [0.7, 0.7]])
     return rag
 
@@ -50,12 +51,15 @@ def test_rescaled_attention_follows_the_formula_by_hand():
 
 
 def test_every_chunk_starts_right_after_the_prefix(rag):
-    engine = rag.engine
-    seq = engine._sequence(rag.segments(REQUEST), plan_run("ape", 0.0), 3)
-    engine._assemble(seq)
-    positions = seq.cache.positions
-    spans = [(s.start, s.end) for s in seq.context_plan.segments]
-    kinds = [s.kind for s in seq.context_plan.segments]
+    method, seen = spy("ape")
+    segments = rag.segments(REQUEST)
+    seq = rag.engine.add_request(segments, make_plan(method), 3)
+    rag.engine.run_until_finished([seq])
+    cache = seen[0].placed
+    positions = cache.positions
+    starts = [sum(len(s.token_ids) for s in segments[:i]) for i in range(len(segments) + 1)]
+    spans = list(zip(starts, starts[1:]))
+    kinds = [s.kind for s in segments]
     head = spans[0][1]
     assert kinds == ["prefix", "chunk", "text", "chunk", "text", "chunk", "suffix"]
     assert positions[:head].tolist() == list(range(head))
@@ -68,21 +72,27 @@ def test_every_chunk_starts_right_after_the_prefix(rag):
             assert positions[start:end].tolist() == list(range(after, after + end - start))
             after += end - start
     assert seq.prompt_end == after
-    scaled = seq.cache.scaling.slots[: seq.cache.length]
+    scaled = cache.scaling.slots[: cache.length]
     assert scaled.tolist() == [kind == "chunk" for (start, end), kind in zip(spans, kinds) for _ in range(start, end)]
-    assert seq.cache.scaling.temperature == methods.APE_TEMPERATURE == 0.9 and methods.APE_SCALE == 0.9
+    assert (cache.scaling.temperature, cache.scaling.scale) == APE.attention_scaling == (0.9, 0.9)
 
 
 def test_generated_tokens_continue_after_the_prompt(rag):
     engine = rag.engine
-    seq = engine.add_request(rag.segments(REQUEST), plan_run("ape", 0.0), 4)
+    seq = engine.add_request(rag.segments(REQUEST), make_plan("ape"), 4)
     engine.run_until_finished([seq])
     prompt = seq.num_prompt_tokens
     generated = seq.cache.positions[prompt : seq.cache.length].tolist()
     assert generated == list(range(seq.prompt_end, seq.prompt_end + len(generated))) and seq.prompt_end < prompt
 
 
-def test_without_scaling_one_chunk_is_full_reuse_and_several_are_not(rag, monkeypatch):
+class UnscaledAPE(APE):
+    """APE's layout without its attention scaling (temperature 1, scale 1)."""
+
+    attention_scaling = (1.0, 1.0)
+
+
+def test_without_scaling_one_chunk_is_full_reuse_and_several_are_not(rag):
     """Temperature 1 and scale 1 leave only the layout: with one chunk it is Full Reuse's (the
     logits match), with three the chunks overlap and the logits move; the paper's constants move
     even the one-chunk logits."""
@@ -92,14 +102,15 @@ def test_without_scaling_one_chunk_is_full_reuse_and_several_are_not(rag, monkey
     reuse_three = rag.logits(REQUEST, answer, method="full_reuse")
     scaled_one = rag.logits(one, answer, method="ape")
     assert (scaled_one - reuse_one).abs().max() > 1e-3
-    monkeypatch.setattr(methods, "APE_TEMPERATURE", 1.0)
-    monkeypatch.setattr(methods, "APE_SCALE", 1.0)
-    torch.testing.assert_close(rag.logits(one, answer, method="ape"), reuse_one, rtol=1e-4, atol=1e-4)
-    assert (rag.logits(REQUEST, answer, method="ape") - reuse_three).abs().max() > 1e-3
+    unscaled = UnscaledAPE()
+    torch.testing.assert_close(rag.logits(one, answer, method=unscaled), reuse_one, rtol=1e-4, atol=1e-4)
+    assert (rag.logits(REQUEST, answer, method=unscaled) - reuse_three).abs().max() > 1e-3
 
 
-def test_ape_recomputes_nothing_and_refuses_a_selector():
-    plan = check_run_options(method="ape", recompute_ratio=0.5)
-    assert (plan.recompute_ratio, plan.parallel_positions, plan.attention_scaling) == (0.0, True, (0.9, 0.9))
-    with pytest.raises(FusionRAGError, match="ape recomputes no chunk token .* selector does not apply"):
-        check_run_options(method="ape", recompute_ratio=0.5, selector="query_guided")
+def test_ape_recomputes_nothing_whatever_the_ratio(rag):
+    plan = make_plan("ape", 0.5)
+    method = get_method("ape")
+    assert (plan.recompute_ratio, method.parallel_positions, method.attention_scaling) == (0.0, True, (0.9, 0.9))
+    assert not method.selects and method.default_ratio == 0.0
+    out = rag.generate(REQUEST, method="ape", recompute_ratio=0.5, max_new_tokens=2)
+    assert out.stats.recompute_ratio == 0.0 and out.stats.recomputed_tokens == 0

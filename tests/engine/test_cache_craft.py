@@ -8,17 +8,18 @@ import math
 import pytest
 import torch
 
-from fusionrag_llm import FusionRAG, RAGRequest
-from fusionrag_llm.engine.methods import plan_run
+from fusionrag_llm import FusionRAG, RAGRequest, get_method
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion import craft
 from fusionrag_llm.fusion.catalog import chunk_id_of
-from fusionrag_llm.fusion.craft import (VariantNotes, adjusted_overlap, chunk_budgets, fix_overhead, focused_chunks,
-                                        kendall_distance, plain_notes)  # fmt: skip
-from fusionrag_llm.fusion.layout import RequestLayout
+from fusionrag_llm.fusion.craft import (FocusTracker, VariantNotes, adjusted_overlap, chunk_budgets, fix_overhead,
+                                        focused_chunks, kendall_distance, plain_notes)  # fmt: skip
+from fusionrag_llm.fusion.layout import RequestLayout, ScoringInput
 from fusionrag_llm.fusion.placement import place_entry
-from fusionrag_llm.fusion.selectors import select_tokens
+from fusionrag_llm.methods.base import select_many
+from fusionrag_llm.methods.cache_craft import CacheCraft
 from fusionrag_llm.models.forward import ForwardPass
+from method_spy import spy
 
 A, B, C, D, E = (
     "The lighthouse at Keldmouth was designed by the engineer Tamsin Orrery in 1872.",
@@ -72,24 +73,24 @@ def test_focused_chunks_are_algorithm_one():
 
 @pytest.fixture(scope="module")
 def rag():
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
     rag.add_chunks(list(EMBEDDINGS), embeddings=list(EMBEDDINGS.values()), neighbors=2, variant_notes=True)
     return rag
 
 
 def test_notes_are_stored_only_when_asked_and_added_to_entries_without_them():
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
     texts, vectors = list(EMBEDDINGS)[:3], list(EMBEDDINGS.values())[:3]
     rag.add_chunks(texts, embeddings=vectors, neighbors=2)
     without = fused_entry(rag, C)
     assert craft.META_KEY not in without.meta
-    again = rag.ingest(texts, embeddings=vectors, neighbors=2, variant_notes=True)
+    again = rag.add_chunks(texts, embeddings=vectors, neighbors=2, variant_notes=True)
     assert again.fused_computed == 3 and again.plain_computed == 0  # only the fused entries, once more
     noted = fused_entry(rag, C)
     assert craft.META_KEY in noted.meta and torch.equal(noted.keys, without.keys)  # same KV, notes added
-    assert rag.ingest(texts, embeddings=vectors, neighbors=2, variant_notes=True).fused_computed == 0
+    assert rag.add_chunks(texts, embeddings=vectors, neighbors=2, variant_notes=True).fused_computed == 0
     with pytest.raises(FusionRAGError, match="variant_notes must be True or False"):
-        rag.ingest(texts, embeddings=vectors, variant_notes="yes")
+        rag.add_chunks(texts, embeddings=vectors, variant_notes="yes")
 
 
 def fused_entry(rag, text):
@@ -139,25 +140,26 @@ def test_a_fused_entry_keeps_notes_measured_from_its_own_attention(rag):
 
 
 def assembled(rag, chunks, ratio=0.3):
-    engine = rag.engine
-    seq = engine._sequence(rag.segments(RAGRequest(chunks=chunks, question=QUESTION)), plan_run("cache_craft", ratio), 4)
-    work = engine._assemble(seq)
-    return work, work.resolved.layout
+    """Cache-Craft's run of the question over ``chunks``: its stats and the request layout it saw."""
+    method, seen = spy("cache_craft")
+    out = rag.generate(RAGRequest(chunks=chunks, question=QUESTION), method=method, recompute_ratio=ratio,
+                       max_new_tokens=1)  # fmt: skip
+    return out.stats, seen[0].layout
 
 
 def test_the_variant_whose_prefix_chunks_match_serves_the_chunk(rag):
     # C after its own neighbours in their fused order: beta' = 1, no fix needed, fused entry
-    work, layout = assembled(rag, [D, B, A, C])
+    stats, layout = assembled(rag, [D, B, A, C])
     assert layout.chunk_fix[3] == 0.0
-    assert work.seq.stats.variant_hits["fused"] >= 1
+    assert stats.variant_hits["fused"] >= 1
     # C after chunks it was not fused with: its fused entry's CFO (its CCI > 0.5) loses to plain's 0.5
     entry = fused_entry(rag, C)
     assert VariantNotes.from_meta(entry.meta, entry.meta["neighbours"], len(entry.token_ids)).cci > 0.5
-    work, layout = assembled(rag, [D, E, C])
+    stats, layout = assembled(rag, [D, E, C])
     assert layout.chunk_fix[2] == 0.5
-    assert work.seq.stats.fused_declined >= 1
+    assert stats.method_stats["fused_declined"] >= 1
     # the neighbours present in the other order: beta' = 0 (one discordant pair of one), plain again
-    work, layout = assembled(rag, [A, B, C])
+    stats, layout = assembled(rag, [A, B, C])
     assert layout.chunk_fix[2] == 0.5
     # notes that do not fit the entry are not read
     assert VariantNotes.from_meta(entry.meta, entry.meta["neighbours"], len(entry.token_ids) + 1) is None
@@ -165,8 +167,8 @@ def test_the_variant_whose_prefix_chunks_match_serves_the_chunk(rag):
 
 
 def test_the_first_chunk_after_the_prefix_is_exact_and_gets_no_budget(rag):
-    work, layout = assembled(rag, [C, D, E])
-    assert layout.chunk_fix[0] == 0.0 and work.seq.stats.path_hits["exact"] == 1
+    stats, layout = assembled(rag, [C, D, E])
+    assert layout.chunk_fix[0] == 0.0 and stats.path_hits["exact"] == 1
 
 
 def test_budgets_follow_the_variants_overheads_and_orders():
@@ -176,34 +178,47 @@ def test_budgets_follow_the_variants_overheads_and_orders():
     layout = RequestLayout(torch.zeros(33, dtype=torch.long), reused, fresh, fresh[-3:], spans,
                            chunk_fix=(0.5, 0.0, 1.0), chunk_order=((9, 8, 7, 6, 5, 4, 3, 2, 1, 0), (), ()))  # fmt: skip
     # k = 6 over overhead x length 5, 0, 6: shares 2.73, 0, 3.27 -> 2 + 1 (the larger remainder), 0, 3
-    picked = select_tokens("cache_craft", 6, None, None, layout).tolist()
+    picked = select_many([(get_method("cache_craft"), 6, ScoringInput(None, None, layout, k=6))], None)[0].tolist()
     assert picked == [9, 10, 11, 24, 25, 26]  # chunk 1 by its order (its last tokens), chunk 3 from its start
+
+
+class EveryOtherToken(CacheCraft):
+    """Cache-Craft recomputing every other reused token (its variants, notes and early stop unchanged)."""
+
+    def pick(self, layout, scores, k):
+        return layout.reused_slots[::2]
+
+
+class WithoutEarlyStop(EveryOtherToken):
+    def start(self, prefill):
+        run = super().start(prefill)
+        run.hooks = tuple(hook for hook in run.hooks if not isinstance(hook, FocusTracker))
+        return run
 
 
 def test_unfocused_chunks_stop_being_recomputed_after_the_cutoff(rag, monkeypatch):
     """With a window of one layer the focused set is decided at layer 0: the dropped tokens' KV is
     recomputed at layer 0 and keeps its reused value in every later layer."""
     monkeypatch.setattr(craft, "FOCUS_WINDOW", 1)
-    chunks, engine = [D, E, A, B, C], rag.engine
+    request = RAGRequest(chunks=[D, E, A, B, C], question=QUESTION)
 
-    def prefill(observe: bool):
-        work, layout = assembled(rag, chunks, ratio=0.5)
-        engine._plan_prefill(work, layout.reused_slots[::2])  # every other reused token
-        if not observe:
-            work.forward.observe = None
-        before = work.seq.cache.keys.clone()
-        out = engine.runner.run([work.forward], [work.seq.cache])[0]
-        return work, before, work.seq.cache.keys, out
+    def prefill(method):
+        method, seen = spy(method)
+        out = rag.generate(request, method=method, recompute_ratio=0.5, max_new_tokens=1)
+        return seen[0], seen[0].placed.keys, seen[0].prefill.cache.keys, out
 
-    work, before, after, out = prefill(observe=True)
-    tracker = work.forward.observe
-    assert tracker.cutoff == 0 and tracker.focused is not None and len(tracker.focused) < len(chunks)
-    dropped, kept = work.recompute[~tracker.keep], work.recompute[tracker.keep]
+    seen, before, after, out = prefill(EveryOtherToken())
+    tracker = seen.run.tracker
+    assert tracker.cutoff == 0 and tracker.focused is not None and len(tracker.focused) < 5
+    recompute = seen.prefill.recompute
+    dropped, kept = recompute[~tracker.keep], recompute[tracker.keep]
     assert len(dropped) > 0 and tracker.dropped == len(dropped)
+    assert out.stats.method_stats["stopped_tokens"] == len(dropped)
     assert torch.equal(after[1:, :, dropped], before[1:, :, dropped])  # later layers: the reused KV
     assert not torch.equal(after[1:, :, kept], before[1:, :, kept])  # the others were recomputed there
-    assert torch.isfinite(out.logits).all() and out.logits.shape[0] == 1
-    _, before, after, _ = prefill(observe=False)  # without the early stop the same tokens change
+    assert len(out.token_ids) == 1
+    seen, before, after, out = prefill(WithoutEarlyStop())  # without the early stop the same tokens change
+    assert torch.equal(seen.prefill.recompute, recompute) and out.stats.method_stats["stopped_tokens"] == 0
     assert not torch.equal(after[1:, :, dropped], before[1:, :, dropped])
 
 
@@ -211,10 +226,11 @@ def test_generate_reports_the_early_stop(rag, monkeypatch):
     monkeypatch.setattr(craft, "FOCUS_WINDOW", 1)
     out = rag.generate(RAGRequest(chunks=[D, E, A, B, C], question=QUESTION), method="cache_craft",
                        recompute_ratio=0.5, max_new_tokens=2)  # fmt: skip
-    assert out.stats.stop_layer == 0 and out.stats.focused_chunks >= 1 and out.stats.stopped_tokens > 0
+    counts = out.stats.method_stats
+    assert counts["stop_layer"] == 0 and counts["focused_chunks"] >= 1 and counts["stopped_tokens"] > 0
     exact = rag.generate(RAGRequest(chunks=[D, E, A, B, C], question=QUESTION), method="cache_craft",
                          recompute_ratio=1.0, max_new_tokens=2)  # fmt: skip
-    assert exact.stats.stop_layer is None and exact.stats.stopped_tokens == 0  # r = 1 stays exact
+    assert "stop_layer" not in exact.stats.method_stats  # r = 1 stays exact: no early stop was tracked
 
 
 def test_early_stops_in_one_batch_give_the_answers_of_one_by_one(rag, monkeypatch):
@@ -225,26 +241,22 @@ def test_early_stops_in_one_batch_give_the_answers_of_one_by_one(rag, monkeypatc
     knobs = dict(method="cache_craft", recompute_ratio=0.5, max_new_tokens=3)
     alone = [rag.generate(r, **knobs) for r in requests]
     together = rag.generate_many(requests, **knobs)
-    assert all(a.stats.stopped_tokens > 0 for a in alone)
+    assert all(a.stats.method_stats["stopped_tokens"] > 0 for a in alone)
     assert [t.token_ids for t in together] == [a.token_ids for a in alone]
-    assert [t.stats.stopped_tokens for t in together] == [a.stats.stopped_tokens for a in alone]
+    assert [t.stats.method_stats for t in together] == [a.stats.method_stats for a in alone]
 
 
-def test_the_cfo_policy_needs_fused_entries():
-    with pytest.raises(FusionRAGError, match="variant_policy 'cfo' chooses between fused and plain"):
-        plan_run("cacheblend", 0.1, variant_policy="cfo")
-    assert plan_run("cache_craft", 0.1).variant_policy == "cfo"
-    assert plan_run("cache_craft", 0.1, kv_variant="plain").variant_policy == "always"
-    assert plan_run("fusionrag", 0.1, variant_policy="cfo").variant_policy == "cfo"
+def test_cache_craft_chooses_its_variant_by_fix_overhead_and_reads_notes():
+    method = get_method("cache_craft")
+    assert (method.chunk_kv, method.offline_notes, method.selects) == ("cfo", True, True)
+    assert all(not get_method(name).offline_notes for name in ("fusionrag", "fusionrag_paper", "cacheblend", "a3"))
 
 
 def test_benchmarks_store_notes_only_for_methods_that_read_them():
     from fusionrag_llm.eval.bench_methods import needs_variant_notes, parse_methods
 
     assert needs_variant_notes(parse_methods("cache_craft"))
-    assert needs_variant_notes(parse_methods("fusionrag:cfo"))
-    assert not needs_variant_notes(parse_methods("fusionrag,cacheblend,fused+query_guided_layers,ape"))
-    assert not needs_variant_notes(parse_methods("plain+cache_craft"))  # plain entries carry no notes
+    assert not needs_variant_notes(parse_methods("fusionrag,fusionrag_paper,cacheblend,ape"))
 
 
 def test_the_cli_ingests_with_notes(tmp_path):
@@ -265,13 +277,13 @@ def test_the_cli_ingests_with_notes(tmp_path):
 
 
 def test_the_catalog_records_which_fused_entries_carry_notes():
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
     texts, vectors = list(EMBEDDINGS)[:3], list(EMBEDDINGS.values())[:3]
     rag.add_chunks(texts, embeddings=vectors, neighbors=2)
     catalog, keys = rag.parts.catalog, rag.parts.entries.keys
     key = keys.key(rag.tokenizer.encode(C), "fused")
     assert catalog.fused_record(key).notes is False
-    rag.ingest(texts, embeddings=vectors, neighbors=2, variant_notes=True)
+    rag.add_chunks(texts, embeddings=vectors, neighbors=2, variant_notes=True)
     record = catalog.fused_record(key)
     assert record.notes is True
     assert type(record).from_json(json.loads(record.to_json())) == record

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from fusionrag_llm import FusionRAG, RAGRequest
-from fusionrag_llm.engine.methods import plan_run
 from fusionrag_llm.fusion.layout import ScoringInput
 from fusionrag_llm.fusion.scorers import auxiliary_attention
 from fusionrag_llm.models.forward import ForwardPass
 from fusionrag_llm.models.loader import load_model
 from fusionrag_llm.models.tiny import byte_tokenizer
 from fusionrag_llm.models.tokenizer import ChatTokenizer
+from method_spy import spy
 
 CHUNKS = [
     "The lighthouse at Carrow Point was lit for the first time in 1862 by the harbour board.",
@@ -24,16 +24,18 @@ REQUEST = RAGRequest(chunks=[CHUNKS[2], CHUNKS[0], CHUNKS[1]], question="Who kep
 
 
 def _scores(rag):
+    """CacheClip's scores of the request's reused tokens over its cache as assembled."""
     engine = rag.engine
-    seq = engine._sequence(rag.segments(REQUEST), plan_run("cacheclip", 0.3), 1)
-    layout = engine._assemble(seq).resolved.layout
-    inp = ScoringInput(engine.model, seq.cache, layout, auxiliary_layers=engine.auxiliary_layers,
+    method, seen = spy("cacheclip")
+    rag.generate(REQUEST, method=method, recompute_ratio=0.3, max_new_tokens=1)
+    layout = seen[0].layout
+    inp = ScoringInput(engine.model, seen[0].placed, layout, auxiliary_layers=engine.auxiliary_layers,
                        auxiliary_model=engine.auxiliary_model)  # fmt: skip
     return auxiliary_attention.scores(inp), layout
 
 
 def _rag(auxiliary):
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False, auxiliary=auxiliary)
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False, "auxiliary": auxiliary})
     rag.add_chunks(CHUNKS, embeddings=[[1, 0.2], [0.9, 0.4], [0.7, 0.7]], neighbors=2)
     return rag
 
@@ -79,7 +81,7 @@ def test_a_separate_auxiliary_runs_every_entry_point_and_r1_stays_exact():
     assert out.stats.recomputed_tokens > 0
     assert "".join(rag.stream(REQUEST, method="cacheclip", recompute_ratio=0.6, max_new_tokens=4)) == out.text
     assert rag.generate_many([REQUEST], method="cacheclip", recompute_ratio=0.6, max_new_tokens=4)[0].token_ids == out.token_ids
-    engine = FusionRAG.from_pretrained("tiny", store=":memory:", auxiliary=rag)  # an engine: its model
+    engine = FusionRAG.from_pretrained("tiny", store=":memory:", options={"auxiliary": rag})  # an engine: its model
     assert engine.engine.auxiliary_model is rag.engine.model
 
 
@@ -89,4 +91,4 @@ def test_an_auxiliary_model_with_another_tokenizer_is_refused():
     other.add_tokens(["<extra>"])
     stranger = dataclasses.replace(loaded, name="stranger", tokenizer=ChatTokenizer(other))
     with pytest.raises(ValueError, match="the auxiliary model 'stranger' does not share the tokenizer of 'tiny'"):
-        FusionRAG.from_pretrained("tiny", store=":memory:", auxiliary=stranger)
+        FusionRAG.from_pretrained("tiny", store=":memory:", options={"auxiliary": stranger})

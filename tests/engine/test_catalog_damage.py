@@ -21,12 +21,13 @@ VECTORS = [[1.0, float(i), float(i % 2)] for i in range(5)]
 
 
 def ingested_store(folder, texts=TEXTS, vectors=VECTORS):
-    FusionRAG.from_pretrained("tiny", store=folder, prefix_cache=False).ingest(texts, neighbors=2, embeddings=vectors)
+    rag = FusionRAG.from_pretrained("tiny", store=folder, options={"prefix_cache": False})
+    rag.add_chunks(texts, neighbors=2, embeddings=vectors)
     return folder
 
 
 def open_rag(folder):
-    return FusionRAG.from_pretrained("tiny", store=folder, prefix_cache=False)
+    return FusionRAG.from_pretrained("tiny", store=folder, options={"prefix_cache": False})
 
 
 # ---------------------------------------------------------------------- damaged lines
@@ -53,7 +54,7 @@ def test_a_torn_last_line_does_not_swallow_the_next_registration(tmp_path):
     folder = ingested_store(tmp_path, TEXTS[:2], VECTORS[:2])
     with open(folder / CATALOG_FILE, "ab") as handle:
         handle.write(b'{"text": "a writer killed mid-wri')
-    open_rag(folder).ingest(TEXTS[2:4], neighbors=2, embeddings=VECTORS[2:4])
+    open_rag(folder).add_chunks(TEXTS[2:4], neighbors=2, embeddings=VECTORS[2:4])
     reopened = open_rag(folder)
     assert all(reopened.parts.catalog.get(t) is not None for t in TEXTS[:4])
     assert registered_chunk_count(folder) == 4
@@ -84,9 +85,9 @@ def test_a_read_only_catalog_is_read_and_queried_and_refuses_new_chunks_clearly(
     rag = open_rag(folder)
     out = rag.generate(RAGRequest(chunks=TEXTS[:3], question="How many boats?"), max_new_tokens=2)
     assert out.stats.path_hits["miss"] == 0 and len(rag.parts.catalog) == len(TEXTS)
-    assert rag.ingest(TEXTS, neighbors=2, embeddings=VECTORS).fused_computed == 0  # nothing to write: fine
+    assert rag.add_chunks(TEXTS, neighbors=2, embeddings=VECTORS).fused_computed == 0  # nothing to write: fine
     with pytest.raises(FusionRAGError) as caught:
-        rag.ingest(["A new passage about the lighthouse of the town."], embeddings=[[0.0, 1.0, 0.0]])
+        rag.add_chunks(["A new passage about the lighthouse of the town."], embeddings=[[0.0, 1.0, 0.0]])
     message = str(caught.value)
     assert str(folder) in message and errno.errorcode[code] in message
     assert "can still be opened and queried" in message
@@ -111,13 +112,13 @@ def test_a_full_disk_stops_ingestion_with_one_error_saying_what_was_kept(tmp_pat
     calls: list[bool] = []
     monkeypatch.setattr(rag.store, "put", failing_after(rag, allowed=3, calls=calls))
     with pytest.raises(FusionRAGError) as caught:
-        rag.ingest(TEXTS, neighbors=2, embeddings=VECTORS)
+        rag.add_chunks(TEXTS, neighbors=2, embeddings=VECTORS)
     message = str(caught.value)
     assert str(tmp_path) in message and "No space left on device" in message
     assert "3 plain and 0 fused entries" in message and "run the same call again" in message
     assert isinstance(caught.value.__cause__, StoreWriteError)
     monkeypatch.undo()
-    resumed = rag.ingest(TEXTS, neighbors=2, embeddings=VECTORS)
+    resumed = rag.add_chunks(TEXTS, neighbors=2, embeddings=VECTORS)
     assert (resumed.plain_computed, resumed.fused_computed) == (len(TEXTS) - 3, len(TEXTS))
 
 
@@ -126,5 +127,5 @@ def test_entry_writes_are_checked_only_where_there_is_a_disk(tmp_path, monkeypat
         rag = open_rag(store)
         calls: list[bool] = []
         monkeypatch.setattr(rag.store, "put", failing_after(rag, allowed=10**6, calls=calls))
-        rag.ingest(TEXTS[:2], neighbors=1, embeddings=VECTORS[:2])
+        rag.add_chunks(TEXTS[:2], neighbors=1, embeddings=VECTORS[:2])
         assert calls.count(True) == checked and len(calls) >= 4

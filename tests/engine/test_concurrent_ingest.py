@@ -39,7 +39,7 @@ def finish(process: subprocess.Popen) -> dict:
 
 
 def fused_entries(store: Path) -> dict[int, object]:
-    rag = FusionRAG.from_pretrained("tiny", store=store, prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=store, options={"prefix_cache": False})
     found = {}
     for number in range(COUNT):
         chunk = rag.parts.catalog.get(text_of(number))
@@ -72,8 +72,8 @@ def test_four_processes_leave_the_fused_entries_of_one(tmp_path):
     assert all(shared[n].bitwise_equal(expected[n]) for n in range(COUNT))
     assert all(len(expected[n].meta["neighbours"]) == NEIGHBOURS for n in range(COUNT))
 
-    again = FusionRAG.from_pretrained("tiny", store=tmp_path / "shared", prefix_cache=False)
-    report = again.ingest([text_of(n) for n in range(COUNT)], neighbors=NEIGHBOURS, embeddings=VECTORS)
+    again = FusionRAG.from_pretrained("tiny", store=tmp_path / "shared", options={"prefix_cache": False})
+    report = again.add_chunks([text_of(n) for n in range(COUNT)], neighbors=NEIGHBOURS, embeddings=VECTORS)
     assert (report.plain_computed, report.fused_computed) == (0, 0)
 
 
@@ -89,18 +89,18 @@ def neighbour_texts(rag: FusionRAG, text: str) -> list[str]:
 
 
 def test_a_chunk_registered_later_by_another_process_refreshes_earlier_fused_entries(tmp_path):
-    first = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False)
-    first.ingest([X, Z], neighbors=1, embeddings=[VX, VZ])
-    second = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False)
-    report = second.ingest([Y], neighbors=1, embeddings=[VY])
+    first = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False})
+    first.add_chunks([X, Z], neighbors=1, embeddings=[VX, VZ])
+    second = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False})
+    report = second.add_chunks([Y], neighbors=1, embeddings=[VY])
     assert neighbour_texts(second, X) == [Y] and neighbour_texts(second, Z) == [Y]  # not asked for, but stale
     assert report.fused_computed == 3  # Y; X and Z, whose nearest is now Y
-    assert first.ingest([X, Z], neighbors=1, embeddings=[VX, VZ]).fused_computed == 0
+    assert first.add_chunks([X, Z], neighbors=1, embeddings=[VX, VZ]).fused_computed == 0
 
 
 def test_an_entry_computed_from_an_older_view_is_computed_again_after_it_is_written(tmp_path, monkeypatch):
-    first = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False)
-    second = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False)
+    first = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False})
+    second = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False})
     compute_fused = EntryComputer.compute_fused
     seen = {}
 
@@ -108,12 +108,12 @@ def test_an_entry_computed_from_an_older_view_is_computed_again_after_it_is_writ
         # While the first engine computes X after Z, the second registers Y (closer to X) and
         # finishes; X has no record yet, so only the first engine can still put X right.
         if self is first.parts.entries.computer and "second" not in seen:
-            seen["second"] = second.ingest([Y], neighbors=1, embeddings=[VY])
+            seen["second"] = second.add_chunks([Y], neighbors=1, embeddings=[VY])
         elif self is first.parts.entries.computer and token_ids == first.parts.catalog.get(Z).token_ids:
             seen["X when Z starts"] = neighbour_texts(first, X)  # right away, not only at the end
         return compute_fused(self, token_ids, neighbours, neighbour_ids, **options)
 
     monkeypatch.setattr(EntryComputer, "compute_fused", other_process_meanwhile)
-    first.ingest([X, Z], neighbors=1, embeddings=[VX, VZ])
+    first.add_chunks([X, Z], neighbors=1, embeddings=[VX, VZ])
     assert seen["X when Z starts"] == [Y]
     assert neighbour_texts(first, X) == [Y] and neighbour_texts(first, Z) == [Y]

@@ -36,7 +36,7 @@ def test_the_order_hint_names_documents_in_their_original_ranking():
 
 @pytest.fixture(scope="module")
 def rag():
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", turn_cache_gib=0.1)
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"turn_cache_gib": 0.1})
     rag.add_chunks(CHUNKS, embeddings=[[1, n / 10] for n in range(10)], neighbors=2, fuse=False)
     return rag
 
@@ -46,27 +46,25 @@ def test_reordering_makes_requests_that_share_chunks_share_a_cached_prefix(rag):
     second = RAGRequest(chunks=[CHUNKS[2], CHUNKS[1], CHUNKS[5]], question="When was post 5 built?")
     plain = FusionRAG.from_pretrained("tiny", store=":memory:")
     plain.add_chunks(CHUNKS, embeddings=[[1, n / 10] for n in range(10)], neighbors=2, fuse=False)
-    plain.generate(first, method="full_attention", max_new_tokens=2, reorder=False)
-    as_retrieved = plain.generate(second, method="full_attention", max_new_tokens=2, reorder=False)
-    rag.generate(first, method="full_attention", max_new_tokens=2, reorder=True)
-    reordered = rag.generate(second, method="full_attention", max_new_tokens=2, reorder=True)
+    plain.generate(first, method="full_attention", max_new_tokens=2)
+    as_retrieved = plain.generate(second, method="full_attention", max_new_tokens=2)
+    rag.generate(rag.ordered(first), method="full_attention", max_new_tokens=2)
+    reordered = rag.generate(rag.ordered(second), method="full_attention", max_new_tokens=2)
     assert reordered.stats.exact_tokens > as_retrieved.stats.exact_tokens + 2 * 20  # two chunks' worth more
     text = rag.tokenizer.decode(reordered.prompt_ids)
     assert text.index(CHUNKS[1]) < text.index(CHUNKS[2]) < text.index(CHUNKS[5])
     assert "document 2 >> document 1 >> document 3" in text  # the retriever ranked post 2's fact first
 
 
-def test_reorder_is_checked_and_needs_a_rag_request(rag):
-    with pytest.raises(FusionRAGError, match="reorder must be True or False"):
-        rag.generate("hi", reorder="yes")
-    with pytest.raises(FusionRAGError, match="reorder=True needs a RAGRequest"):
-        rag.generate("hi", reorder=True)
+def test_ordering_needs_a_rag_request(rag):
+    with pytest.raises(FusionRAGError, match="needs a RAGRequest"):
+        rag.ordered("hi")
 
 
 def test_a_chunk_given_again_is_a_location_hint_and_the_turn_computes_only_new_tokens(rag):
     session = RAGSession(rag)
     session.ask([CHUNKS[6], CHUNKS[7]], "Which crew built post 6?", method="full_attention", max_new_tokens=3,
-                ignore_eos=True)  # fmt: skip
+                sampling={"ignore_eos": True})  # fmt: skip
     second = session.ask([CHUNKS[7], CHUNKS[8]], "And post 8?", method="full_attention", max_new_tokens=3)
     turn = session.messages[-2]["content"]
     assert "Please refer to [Doc_2] in the previous conversation." in turn and CHUNKS[7] not in turn

@@ -10,24 +10,30 @@ import pytest
 import torch
 
 from fusionrag_llm import FusionRAG, RAGRequest
-from fusionrag_llm.engine.methods import plan_run
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion.catalog import chunk_id_of
 from fusionrag_llm.fusion.craft import VariantNotes
 from fusionrag_llm.fusion.request_variants import VARIANT_LOG
 from fusionrag_llm.models.forward import ForwardPass
+from method_spy import spy
 
 from tests.engine.test_cache_craft import A, B, C, D, E, EMBEDDINGS, QUESTION
 
 
 def engine(store=":memory:", craft_variants=5):
-    rag = FusionRAG.from_pretrained("tiny", store=store, prefix_cache=False, craft_variants=craft_variants)
+    rag = FusionRAG.from_pretrained("tiny", store=store,
+                                    options={"prefix_cache": False, "craft_variants": craft_variants})
     rag.add_chunks(list(EMBEDDINGS), embeddings=list(EMBEDDINGS.values()), neighbors=2, variant_notes=True)
     return rag
 
 
 def ask(rag, chunks, ratio):
     return rag.generate(RAGRequest(chunks=chunks, question=QUESTION), "cache_craft", ratio, max_new_tokens=2)
+
+
+def made(out) -> int:
+    """The request-made variants a run stored (Cache-Craft's ``variants_made``; 0 when it kept none)."""
+    return out.stats.method_stats.get("variants_made", 0)
 
 
 def variant(rag, text, prefix):
@@ -58,7 +64,7 @@ def test_a_chunk_after_a_new_prefix_is_stored_as_the_request_computed_it():
     rag = engine()
     out = ask(rag, [D, E, C], 1.0)
     # D is first after the prefix (exact plain), E and C come after prefixes no variant was made after
-    assert out.stats.variants_made == 2
+    assert made(out) == 2
     assert variant(rag, C, [D, E]) is not None and variant(rag, E, [D]) is not None
     assert variant(rag, C, [E, D]) is None  # the prefix's order is part of the key
     exact, _, spans = exact_forward(rag, [D, E, C])
@@ -69,7 +75,7 @@ def test_a_chunk_after_a_new_prefix_is_stored_as_the_request_computed_it():
     torch.testing.assert_close(entry.values, exact.raw_values[:, :, start:end], atol=2e-5, rtol=1e-4)
     assert entry.meta["prefix"] == [chunk_id_of(D), chunk_id_of(E)]
     # the same request again makes none: its chunks' prefixes are known now
-    assert ask(rag, [D, E, C], 1.0).stats.variants_made == 0
+    assert made(ask(rag, [D, E, C], 1.0)) == 0
 
 
 def test_a_request_variant_keeps_notes_measured_from_its_own_attention():
@@ -101,9 +107,10 @@ def test_the_next_request_after_the_same_prefix_reads_it_with_nothing_to_fix():
     ask(rag, [D, E, C], 1.0)
     request = RAGRequest(chunks=[D, E, C], question=QUESTION)
     out = ask(rag, [D, E, C], 0.15)
-    assert out.stats.variant_hits.get("request") == 2 and out.stats.variants_made == 0
-    work = rag.engine._assemble(rag.engine._sequence(rag.segments(request), plan_run("cache_craft", 0.15), 2))
-    assert work.resolved.layout.chunk_fix[1:] == (0.0, 0.0)
+    assert out.stats.variant_hits.get("request") == 2 and made(out) == 0
+    method, seen = spy("cache_craft")
+    rag.generate(request, method, 0.15, max_new_tokens=1)
+    assert seen[0].layout.chunk_fix[1:] == (0.0, 0.0)
     # exact variants: the answer's logits are Full Attention's
     ids = list(out.token_ids)
     torch.testing.assert_close(rag.logits(request, ids, "cache_craft", 0.15), rag.logits(request, ids, "full_attention"),
@@ -117,7 +124,7 @@ def test_variants_made_at_a_low_ratio_serve_and_shared_entries_never_change():
               if entries.lookup(tuple(rag.tokenizer.encode(t)), v) is not None}  # fmt: skip
     before = {t: (e.keys.clone(), e.values.clone()) for t, e in before.items()}
     first = ask(rag, [D, E, C], 0.15)
-    assert first.stats.variants_made == 2
+    assert made(first) == 2
     again = ask(rag, [D, E, C], 0.15)
     assert again.stats.variant_hits.get("request") == 2
     for text, (keys, values) in before.items():
@@ -143,26 +150,27 @@ def test_another_process_on_the_store_reads_the_variants(tmp_path):
     ask(first, [D, E, C], 1.0)
     lines = [json.loads(line) for line in (tmp_path / "store" / VARIANT_LOG).read_text().splitlines()]
     assert {tuple(line["prefix"]) for line in lines} == {(chunk_id_of(D),), (chunk_id_of(D), chunk_id_of(E))}
-    other = FusionRAG.from_pretrained("tiny", store=tmp_path / "store", prefix_cache=False, craft_variants=5)
+    other = FusionRAG.from_pretrained("tiny", store=tmp_path / "store",
+                                      options={"prefix_cache": False, "craft_variants": 5})
     out = ask(other, [D, E, C], 0.15)
-    assert out.stats.variant_hits.get("request") == 2 and out.stats.variants_made == 0
+    assert out.stats.variant_hits.get("request") == 2 and made(out) == 0
 
 
 def test_variants_are_off_by_default_and_bad_values_are_refused(tmp_path):
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path / "store", prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path / "store", options={"prefix_cache": False})
     rag.add_chunks(list(EMBEDDINGS), embeddings=list(EMBEDDINGS.values()), neighbors=2, variant_notes=True)
-    assert ask(rag, [D, E, C], 0.3).stats.variants_made == 0
+    assert made(ask(rag, [D, E, C], 0.3)) == 0
     assert not (tmp_path / "store" / VARIANT_LOG).exists()
     for bad in (-1, True, 1.5, "5"):
         with pytest.raises(FusionRAGError, match="craft_variants must be an int >= 0"):
-            FusionRAG.from_pretrained("tiny", store=":memory:", craft_variants=bad)
+            FusionRAG.from_pretrained("tiny", store=":memory:", options={"craft_variants": bad})
 
 
 def test_other_methods_make_no_variants():
     rag = engine()
     for method in ("fusionrag", "full_reuse", "cacheblend"):
         out = rag.generate(RAGRequest(chunks=[D, E, C], question=QUESTION), method, 0.3, max_new_tokens=2)
-        assert out.stats.variants_made == 0
+        assert "variants_made" not in out.stats.method_stats
     assert len(rag.engine.variants) == 0
 
 
@@ -172,7 +180,8 @@ def test_a_damaged_listing_line_is_skipped(tmp_path):
     log = tmp_path / "store" / VARIANT_LOG
     log.write_bytes(log.read_bytes() + b'{"variant": "x", "model": "' + rag.parts.entries.fingerprint.encode()
                     + b'", "chunk": "c", "prefix": ["a"], "inter": [], "cci": 2}\nnot json\n')  # fmt: skip
-    other = FusionRAG.from_pretrained("tiny", store=tmp_path / "store", prefix_cache=False, craft_variants=5)
+    other = FusionRAG.from_pretrained("tiny", store=tmp_path / "store",
+                                      options={"prefix_cache": False, "craft_variants": 5})
     assert ask(other, [D, E, C], 0.3).stats.variant_hits.get("request") == 2
     assert len(other.engine.variants) == 2
 
@@ -183,18 +192,14 @@ def test_a_batch_makes_each_request_s_variants_and_answers_as_one_by_one():
     together = batch_rag.generate_many(requests, "cache_craft", 0.3, max_new_tokens=3)
     alone = [single_rag.generate(r, "cache_craft", 0.3, max_new_tokens=3) for r in requests]
     assert [g.token_ids for g in together] == [g.token_ids for g in alone]
-    assert [g.stats.variants_made for g in together] == [2, 2]
+    assert [made(g) for g in together] == [2, 2]
     assert len(batch_rag.engine.variants) == len(single_rag.engine.variants) == 4
 
 
-def test_cfo_reads_a_variant_whose_prefix_chunks_are_all_in_front_and_cfo_exact_only_its_own_prefix():
-    request = RAGRequest(chunks=[A, D, E, C], question=QUESTION)
-    hits = {}
-    for policy in ("cfo", "cfo_exact"):
-        rag = engine()
-        ask(rag, [D, E, C], 0.3)  # variants E after (D), C after (D, E)
-        out = rag.generate(request, "cache_craft", 0.3, max_new_tokens=2, variant_policy=policy)
-        hits[policy] = (out.stats.variant_hits.get("request", 0), out.stats.variants_made)
+def test_cfo_reads_a_variant_whose_prefix_chunks_are_all_in_front():
+    rag = engine()
+    ask(rag, [D, E, C], 0.3)  # variants E after (D), C after (D, E)
+    out = ask(rag, [A, D, E, C], 0.3)
     # C after (A, D, E): its (D, E) variant has beta' = 1, CFO 0 (E after (A, D) likewise); every
-    # prefix here is new, so each policy stores D, E and C after them
-    assert hits == {"cfo": (2, 3), "cfo_exact": (0, 3)}
+    # prefix here is new, so the run stores D, E and C after them
+    assert (out.stats.variant_hits.get("request", 0), made(out)) == (2, 3)

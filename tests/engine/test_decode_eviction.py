@@ -1,19 +1,19 @@
-"""A3's decode KV eviction (``decode_kv_budget``): which tokens each (layer, kv-head) keeps, against
-the window's attention computed here by hand; no eviction when the budget holds every chunk token; the
-first decode step over the compacted cache against explicit attention over the kept tokens only;
-every entry point; bad values; shared store entries untouched."""
+"""A3's decode KV eviction (``get_method("a3", decode_kv_budget=N)``): which tokens each (layer,
+kv-head) keeps, against the window's attention computed here by hand; no eviction when the budget holds
+every chunk token; the first decode step over the compacted cache against explicit attention over the
+kept tokens only; every entry point; bad values; shared store entries untouched."""
+
+from dataclasses import dataclass
 
 import pytest
 import torch
-import torch.nn.functional as F
-from click.testing import CliRunner
-from cli_store import cli_ingested_store
 
-from fusionrag_llm import DecodeEviction, FusionRAG, FusionRAGError, RAGRequest
-from fusionrag_llm.cli.main import cli
-from fusionrag_llm.engine.methods import plan_run
+from fusionrag_llm import DecodeEviction, FusionRAG, FusionRAGError, MethodRun, RAGRequest, get_method
+from fusionrag_llm.methods import make_plan
+from fusionrag_llm.methods.a3 import A3
 from fusionrag_llm.models.forward import ForwardPass
-from fusionrag_llm.models.kv_eviction import keep_index
+from fusionrag_llm.models.kv_cache import KVCache
+from fusionrag_llm.models.kv_eviction import decode_eviction, keep_index
 
 CHUNKS = [
     "The lighthouse at Keldmouth was designed by the engineer Tamsin Orrery in 1872.",
@@ -26,21 +26,55 @@ BUDGET = 20
 
 @pytest.fixture(scope="module")
 def rag():
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
     rag.add_chunks(CHUNKS, embeddings=[[1, 0.2], [0.9, 0.4], [0.7, 0.7]], neighbors=2)
     return rag
 
 
-def prefilled(rag, budget, method="a3", ratio=0.3):
-    """One request admitted and prefilled by the engine, stopped before its first decode step; also
-    returns a copy of its cache as the prefill left it (before any eviction)."""
-    engine = rag.engine
-    seq = engine._sequence(rag.segments(REQUEST), plan_run(method, ratio, decode_kv_budget=budget), 4)
-    work = engine._admit([seq])[0]
-    out = engine.runner.run([work.forward], [seq.cache])[0]
-    before = seq.cache.fork()
-    engine._finish_prefill(work, out)
-    return seq, work, before
+@dataclass
+class Evicted:
+    """What A3's run saw of one request: its prefill, its run (the window's scores), the cache the
+    prefill left (a copy, before eviction), and the compacted cache it decodes on with its length then."""
+
+    prefill: object
+    run: MethodRun
+    before: KVCache
+    kept: KVCache
+    kept_length: int
+
+    @property
+    def layout(self):
+        return self.prefill.layout
+
+
+RECORDED: list[Evicted] = []
+
+
+class _Recording(MethodRun):
+    def __init__(self, run: MethodRun):
+        self.run, self.hooks = run, run.hooks
+
+    def after_prefill(self, prefill):
+        before = prefill.cache.fork()
+        kept = self.run.after_prefill(prefill)
+        kept = prefill.cache if kept is None else kept
+        RECORDED.append(Evicted(prefill, self.run, before, kept, kept.length))
+        return kept
+
+
+class RecordingA3(A3):
+    """A3 as it is, recording each request's eviction in ``RECORDED``."""
+
+    def start(self, prefill):
+        return _Recording(super().start(prefill))
+
+
+def prefilled(rag, budget, ratio=0.3):
+    """One request answered by A3 with ``budget``: its output and what its run recorded."""
+    RECORDED.clear()
+    out = rag.generate(REQUEST, method=RecordingA3(decode_kv_budget=budget), recompute_ratio=ratio, max_new_tokens=4)
+    assert len(RECORDED) == 1
+    return out, RECORDED[0]
 
 
 def expected_keep(model, cache, layout, window, budget, kernel=7):
@@ -78,47 +112,51 @@ def expected_keep(model, cache, layout, window, budget, kernel=7):
 
 def test_each_head_keeps_the_tokens_its_window_attends_to_most(rag):
     model = rag.engine.model
-    seq, work, before = prefilled(rag, BUDGET)
-    layout = work.resolved.layout
+    out, seen = prefilled(rag, BUDGET)
+    layout, before = seen.layout, seen.before
     n, window = len(layout.token_ids), 32
     assert len(layout.suffix_slots) >= window  # the question is computed: the whole window is in the prefill
     expected, chunk = expected_keep(model, before, layout, window, BUDGET)
     protected = n - int(chunk.sum())
-    assert seq.cache.length == protected + BUDGET == seq.stats.decode_kv_tokens
-    assert seq.stats.evicted_kv_tokens == n - seq.cache.length > 0
+    assert seen.kept_length == protected + BUDGET == out.stats.method_stats["decode_kv_tokens"]
+    assert out.stats.method_stats["evicted_kv_tokens"] == n - seen.kept_length > 0
     # the kept KV is exactly the prefilled cache's KV at each head's expected slots
     index = torch.tensor(expected)  # [layers, kv_heads, kept]
     gathered = torch.gather(before.keys[:, :, :n], 2, index[..., None].expand(-1, -1, -1, before.keys.shape[3]))
-    torch.testing.assert_close(seq.cache.keys[:, :, : seq.cache.length], gathered, rtol=0, atol=0)
+    torch.testing.assert_close(seen.kept.keys[:, :, : seen.kept_length], gathered, rtol=0, atol=0)
     heads = [tuple(h) for layer in expected for h in layer]
     assert len(set(heads)) > 1  # heads do keep different tokens
-    assert seq.cache.capacity == seq.cache.length + seq.max_new_tokens  # the evicted slots are gone
+    assert seen.kept.capacity == seen.kept_length + 4  # the evicted slots are gone: room for the answer only
 
 
 def test_a_budget_holding_every_chunk_token_changes_nothing(rag):
-    seq, work, _ = prefilled(rag, 10_000)
-    assert seq.stats.evicted_kv_tokens == 0 and seq.stats.decode_kv_tokens == len(work.resolved.layout.token_ids)
-    kept = rag.logits(REQUEST, [65, 66, 67], method="a3", recompute_ratio=0.3, decode_kv_budget=10_000)
+    out, seen = prefilled(rag, 10_000)
+    counts = out.stats.method_stats
+    assert counts["evicted_kv_tokens"] == 0 and counts["decode_kv_tokens"] == len(seen.layout.token_ids)
+    roomy = get_method("a3", decode_kv_budget=10_000)
+    kept = rag.logits(REQUEST, [65, 66, 67], method=roomy, recompute_ratio=0.3)
     plain = rag.logits(REQUEST, [65, 66, 67], method="a3", recompute_ratio=0.3)
     torch.testing.assert_close(kept, plain, rtol=0, atol=0)
-    assert rag.generate(REQUEST, method="a3", max_new_tokens=6, decode_kv_budget=10_000).token_ids == \
+    assert rag.generate(REQUEST, method=roomy, max_new_tokens=6).token_ids == \
         rag.generate(REQUEST, method="a3", max_new_tokens=6).token_ids  # fmt: skip
+    assert rag.generate(REQUEST, method="a3", max_new_tokens=2).stats.method_stats == {}  # no budget: no eviction
 
 
 def test_the_first_decode_step_attends_over_the_kept_tokens_only(rag):
-    """Run the engine's first decode step on the compacted cache, and the same token on the full
-    prefilled cache with every evicted (layer, head, token) masked out by hand: same logits."""
+    """The engine's first decode step on the compacted cache (the logits after the first answer token),
+    and the same token on the full prefilled cache with every evicted (layer, head, token) masked out by
+    hand: same logits."""
     model = rag.engine.model
-    seq, work, before = prefilled(rag, BUDGET)
-    n, cfg = len(work.resolved.layout.token_ids), model.cfg
-    token = int(seq.prompt_logits.argmax())
-    seq.token_ids.append(token)
-    got = rag.engine.runner.run([rag.engine.runner.decode_pass(seq)], [seq.cache])[0].logits[-1]
+    out, seen = prefilled(rag, BUDGET)
+    before = seen.before
+    n, cfg = len(seen.layout.token_ids), model.cfg
+    token = out.token_ids[0]
+    got = rag.logits(REQUEST, [token], method=get_method("a3", decode_kv_budget=BUDGET), recompute_ratio=0.3)[-1]
 
     # explicit: the full prefilled cache, each (layer, kv-head) seeing only the slots it keeps
     kept = torch.zeros(cfg.num_layers, cfg.num_kv_heads, n, dtype=torch.bool)
-    index = keep_index(torch.stack(work.forward.score_window.scores), _candidates(work, n), before.valid[:n],
-                       seq.plan.decode_eviction)  # fmt: skip
+    index = keep_index(torch.stack(seen.run.scores.scores), _candidates(seen, n), before.valid[:n],
+                       decode_eviction(BUDGET))  # fmt: skip
     kept.scatter_(2, index, True)
     assert not bool(kept.all())
     explicit = _decode_with_masks(model, before, kept, token, n)
@@ -127,11 +165,11 @@ def test_the_first_decode_step_attends_over_the_kept_tokens_only(rag):
     assert not torch.allclose(_decode_with_masks(model, before, whole, token, n), got, atol=1e-4)  # eviction mattered
 
 
-def _candidates(work, n):
+def _candidates(seen, n):
     chunk = torch.zeros(n, dtype=torch.bool)
-    for start, end in work.resolved.layout.chunk_spans:
+    for start, end in seen.layout.chunk_spans:
         chunk[start:end] = True
-    chunk[work.forward.score_window.window_start :] = False
+    chunk[seen.run.scores.window_start :] = False
     return chunk
 
 
@@ -157,11 +195,10 @@ def _decode_with_masks(model, cache, kept, token, n):
     return model.lm_head(model.model.norm(x)).float()[0]
 
 
-@pytest.mark.parametrize("method", ["a3", "full_attention", "cacheblend", "cache_craft"])
-def test_every_entry_point_runs_with_eviction(rag, method):
-    knobs = dict(method=method, recompute_ratio=0.3, decode_kv_budget=BUDGET)
+def test_every_entry_point_runs_with_eviction(rag):
+    knobs = dict(method=get_method("a3", decode_kv_budget=BUDGET), recompute_ratio=0.3)
     alone = rag.generate(REQUEST, max_new_tokens=4, **knobs)
-    assert alone.stats.evicted_kv_tokens > 0 and alone.stats.decode_kv_tokens is not None
+    assert alone.stats.method_stats["evicted_kv_tokens"] > 0 and alone.stats.method_stats["decode_kv_tokens"] > 0
     streamed = "".join(rag.stream(REQUEST, max_new_tokens=4, **knobs))
     assert streamed == alone.text
     logits = rag.logits(REQUEST, alone.token_ids, **knobs)
@@ -175,15 +212,16 @@ def test_every_entry_point_runs_with_eviction(rag, method):
 
 def test_a_batch_mixes_evicting_and_whole_caches(rag):
     """generate_many batches decode steps of caches of different lengths: with and without eviction."""
-    evicting = rag.generate(REQUEST, method="a3", max_new_tokens=5, decode_kv_budget=BUDGET)
+    budgeted = get_method("a3", decode_kv_budget=BUDGET)
+    evicting = rag.generate(REQUEST, method=budgeted, max_new_tokens=5)
     whole = rag.generate(REQUEST, method="a3", max_new_tokens=5)
-    engine, plans = rag.engine, [plan_run("a3", 0.15, decode_kv_budget=BUDGET), plan_run("a3", 0.15)]
+    engine, plans = rag.engine, [make_plan(budgeted), make_plan("a3")]
     segments = rag.segments(REQUEST)
     seqs = [engine.add_request(segments, plan, 5) for plan in plans + plans]
     engine.run_until_finished(seqs)
     assert [s.token_ids for s in seqs] == [evicting.token_ids, whole.token_ids] * 2
-    assert [s.stats.evicted_kv_tokens > 0 for s in seqs] == [True, False, True, False]
-    many = rag.generate_many([REQUEST, REQUEST], method="a3", max_new_tokens=5, decode_kv_budget=BUDGET)
+    assert [s.stats.method_stats.get("evicted_kv_tokens", 0) > 0 for s in seqs] == [True, False, True, False]
+    many = rag.generate_many([REQUEST, REQUEST], method=budgeted, max_new_tokens=5)
     assert [o.token_ids for o in many] == [evicting.token_ids] * 2
 
 
@@ -191,8 +229,9 @@ def test_shared_store_entries_are_never_modified(rag):
     entries = rag.engine.entries
     before = {key: (e.keys.clone(), e.values.clone()) for key, e in _stored(entries)}
     assert before
-    rag.generate(REQUEST, method="a3", max_new_tokens=4, decode_kv_budget=5)
-    rag.generate_many([REQUEST], method="full_reuse", max_new_tokens=4, decode_kv_budget=5)
+    rag.generate(REQUEST, method=get_method("a3", decode_kv_budget=5), max_new_tokens=4)
+    rag.generate_many([REQUEST, REQUEST], method=get_method("a3", decode_kv_budget=5), recompute_ratio=0.0,
+                      max_new_tokens=4)  # fmt: skip
     after = dict(_stored(entries))
     for key, (keys, values) in before.items():
         assert torch.equal(after[key].keys, keys) and torch.equal(after[key].values, values)
@@ -210,9 +249,9 @@ def _stored(entries):
     (True, r"decode_kv_budget must be None"),
     ("64", r"decode_kv_budget must be None"),
 ])  # fmt: skip
-def test_bad_budgets_are_refused_naming_what_is_allowed(rag, value, message):
+def test_bad_budgets_are_refused_naming_what_is_allowed(value, message):
     with pytest.raises(ValueError, match=message):
-        rag.generate(REQUEST, method="a3", max_new_tokens=2, decode_kv_budget=value)
+        get_method("a3", decode_kv_budget=value)
 
 
 def test_bad_settings_and_methods_are_refused():
@@ -222,8 +261,10 @@ def test_bad_settings_and_methods_are_refused():
         DecodeEviction(8, pooling="mean")
     with pytest.raises(FusionRAGError, match=r"window must be an int >= 1"):
         DecodeEviction(8, window=0)
-    with pytest.raises(ValueError, match=r"does not apply to ape .* methods that take it: full_attention, .*a3"):
-        plan_run("ape", 0.0, decode_kv_budget=8)
+    for method in ("ape", "cacheblend", "full_attention"):  # A3's option, no other method's
+        with pytest.raises(FusionRAGError, match=f"unknown option.*decode_kv_budget for method '{method}'; it takes"):
+            get_method(method, decode_kv_budget=8)
+    assert get_method("a3", decode_kv_budget=DecodeEviction(8, window=4)).decode_kv_budget.window == 4
 
 
 def test_keep_index_pools_and_keeps_protected_slots():
@@ -245,18 +286,6 @@ def test_keep_index_pools_and_keeps_protected_slots():
     assert keep_index(scores, candidates, valid, DecodeEviction(8)) is None  # the budget holds every candidate
 
 
-def test_the_cli_query_takes_a_decode_kv_budget(tmp_path):
-    store = cli_ingested_store(tmp_path, CHUNKS)
-    runner = CliRunner()
-    base = ["query", "Where was the designer born?", "--model", "tiny", "--store", store, "--method", "a3",
-            "--ratio", "0.3", "--top-k", "3", "--max-new-tokens", "2"]  # fmt: skip
-    result = runner.invoke(cli, [*base, "--decode-kv-budget", "8"])
-    assert result.exit_code == 0, result.output
-    assert "decode KV" in result.output and "evicted" in result.output
-    bad = runner.invoke(cli, [*base, "--decode-kv-budget", "0"])
-    assert bad.exit_code != 0 and "decode-kv-budget" in bad.output
-
-
 def test_the_evicted_kv_is_freed_and_the_batch_decodes_on(rag):
     """After the step that prefilled and evicted, the prefill's full cache is gone (nothing holds it)
     and the sequence decodes on from its smaller cache."""
@@ -273,32 +302,13 @@ def test_the_evicted_kv_is_freed_and_the_batch_decodes_on(rag):
 
     engine.runner.new_cache = recording
     try:
-        seq = engine.add_request(rag.segments(REQUEST), plan_run("a3", 0.15, decode_kv_budget=BUDGET), 3)
+        seq = engine.add_request(rag.segments(REQUEST), make_plan(get_method("a3", decode_kv_budget=BUDGET)), 3)
         engine.step()
     finally:
         del engine.runner.new_cache
     gc.collect()
     assert len(made) == 1 and made[0]() is None  # the prompt's full KV was freed
     assert seq.cache.capacity == seq.cache.length + 3  # room for the answer only, no evicted slot
-    assert seq.stats.evicted_kv_tokens > 0
+    assert seq.stats.method_stats["evicted_kv_tokens"] > 0
     engine.run_until_finished([seq])
     assert len(seq.token_ids) == 3
-
-
-def test_eviction_reads_every_layer_when_cache_craft_stops_rows_part_way(monkeypatch):
-    """Cache-Craft drops rows part way through the prefill (here after layer 0: a focus window of one
-    layer); the window's scores must still come from every later layer (the hook stays on the
-    narrowed step), and the kept tokens are those scores' choice."""
-    from fusionrag_llm.fusion import craft
-
-    monkeypatch.setattr(craft, "FOCUS_WINDOW", 1)
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
-    rag.add_chunks(CHUNKS, embeddings=[[1, 0.2], [0.9, 0.4], [0.7, 0.7]], neighbors=2, variant_notes=True)
-    seq, work, before = prefilled(rag, BUDGET, method="cache_craft", ratio=0.5)
-    assert seq.stats.stop_layer == 0 and seq.stats.stopped_tokens > 0  # rows were dropped after layer 0
-    scores = work.forward.score_window.scores
-    assert all(layer is not None for layer in scores) and seq.stats.evicted_kv_tokens > 0
-    n = len(work.resolved.layout.token_ids)
-    index = keep_index(torch.stack(scores), _candidates(work, n), before.valid[:n], seq.plan.decode_eviction)
-    gathered = torch.gather(before.keys[:, :, :n], 2, index[..., None].expand(-1, -1, -1, before.keys.shape[3]))
-    torch.testing.assert_close(seq.cache.keys[:, :, : seq.cache.length], gathered, rtol=0, atol=0)

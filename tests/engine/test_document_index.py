@@ -123,14 +123,14 @@ def test_a_memory_store_keeps_the_index_for_every_engine_on_it(tmp_path):
     docs.mkdir()
     (docs / "harbour.md").write_text("The harbour of Quennel holds forty boats.")
     (docs / "river.md").write_text("The Zorblat river flows north through Marovia.")
-    writer = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
-    reader = FusionRAG.from_pretrained("tiny", store=writer.store, prefix_cache=False)
+    writer = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
+    reader = FusionRAG.from_pretrained("tiny", store=writer.store, options={"prefix_cache": False})
     summary = ingest_paths(writer, [docs], neighbors=1, progress=False)
     assert (summary.new_chunks, summary.plain_computed, summary.fused_computed) == (2, 2, 2)
     assert len(document_index(reader)) == 2 and not list(tmp_path.glob("*.jsonl"))
     out, hits = answer(reader, "Which river flows through Marovia?", top_k=1, max_new_tokens=2)
     assert hits[0][1].endswith("river.md") and out.stats.path_hits["miss"] == 0 and out.stats.missed_tokens == 0
-    other_store = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    other_store = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
     with pytest.raises(FusionRAGError, match="is empty; run 'fusionrag ingest PATH' first"):
         answer(other_store, "Which river?", top_k=1)
 

@@ -4,13 +4,12 @@ from the upper half of the layers up (``fusion/kv_shift.py``)."""
 import pytest
 import torch
 
-from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest
-from fusionrag_llm.engine.methods import METHODS, check_run_options, plan_run
-from fusionrag_llm.eval.bench_methods import parse_method
+from fusionrag_llm import FusionRAG, FusionRAGError, LayerHook, RAGRequest, get_method
 from fusionrag_llm.fusion.kv_shift import ChunkShift
 from fusionrag_llm.integrations.langchain import ChatFusionRAG
 from fusionrag_llm.integrations.llama_index import FusionRAGLLM
 from fusionrag_llm.models.forward import ForwardPass
+from method_spy import spy
 
 CHUNKS = [
     "The river Sel floods the lower town of Brightwater every spring after the snow melts in the hills.",
@@ -22,17 +21,18 @@ REQUEST = RAGRequest(chunks=CHUNKS, question="Who built the embankment, and when
 
 @pytest.fixture(scope="module")
 def rag():
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
     rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.8, 0.6], [0.6, 0.8]], neighbors=2)
     return rag
 
 
 def test_the_reused_tokens_of_a_chunk_move_by_the_share_of_its_recomputed_tokens_mean_change(rag):
-    engine = rag.engine
-    model = engine.model
-    seq = engine._sequence(rag.segments(REQUEST), plan_run("fusionrag", 0.2), 2)
-    layout = engine._assemble(seq).resolved.layout
-    cache, positions = seq.cache, seq.cache.positions
+    model = rag.engine.model
+    method, seen = spy("fusionrag")
+    rag.generate(REQUEST, method=method, recompute_ratio=0.2, max_new_tokens=1)
+    layout, cache = seen[0].layout, seen[0].placed
+    positions = cache.positions
+    assert any(isinstance(hook, ChunkShift) for hook in seen[0].run.hooks)  # the method shifts at r = 0.2
     (s1, e1), (s2, e2) = layout.chunk_spans[-2:]  # the two reused chunks (the first one is exact)
     chunk1 = layout.reused_slots[(positions[layout.reused_slots] >= s1) & (positions[layout.reused_slots] < e1)]
     chunk2 = layout.reused_slots[(positions[layout.reused_slots] >= s2) & (positions[layout.reused_slots] < e2)]
@@ -47,7 +47,7 @@ def test_the_reused_tokens_of_a_chunk_move_by_the_share_of_its_recomputed_tokens
     rows = torch.searchsorted(recompute, selected)
     for layer in (top - 1, top, model.cfg.num_layers - 1):
         keys, values = cache.keys[layer].clone(), cache.values[layer].clone()
-        shift(layer, cache, new_k, new_v)
+        shift.before_write(layer, cache, new_k, new_v)
         left = chunk1[~torch.isin(chunk1, selected)]
         untouched = torch.ones(keys.shape[1], dtype=torch.bool)
         if layer >= top:
@@ -66,61 +66,50 @@ def test_the_reused_tokens_of_a_chunk_move_by_the_share_of_its_recomputed_tokens
 
 def test_nothing_to_shift_at_either_end_of_the_ratio(rag):
     exact = rag.generate(REQUEST, method="full_attention", max_new_tokens=4).token_ids
-    assert rag.generate(REQUEST, method="fusionrag", recompute_ratio=1.0, kv_shift=0.5, max_new_tokens=4).token_ids == exact
-    at_zero = [rag.logits(REQUEST, [5, 6], method="fusionrag", recompute_ratio=0.0, kv_shift=share) for share in (0, 0.5)]
+    shifting = get_method("fusionrag", kv_shift=0.5)
+    assert rag.generate(REQUEST, method=shifting, recompute_ratio=1.0, max_new_tokens=4).token_ids == exact
+    at_zero = [rag.logits(REQUEST, [5, 6], method=get_method("fusionrag", kv_shift=share), recompute_ratio=0.0)
+               for share in (0, 0.5)]  # fmt: skip
     assert torch.equal(at_zero[0], at_zero[1])
 
 
 def test_the_shift_reaches_the_answer_and_follows_the_share(rag):
-    runs = [rag.logits(REQUEST, [5, 6], method="fusionrag", recompute_ratio=0.3, kv_shift=share) for share in (0, 0.5, 1)]
+    runs = [rag.logits(REQUEST, [5, 6], method=get_method("fusionrag", kv_shift=share), recompute_ratio=0.3)
+            for share in (0, 0.5, 1)]  # fmt: skip
     assert (runs[1] - runs[0]).abs().max() > 1e-4 and (runs[2] - runs[1]).abs().max() > 1e-4
     method_default = rag.logits(REQUEST, [5, 6], method="fusionrag", recompute_ratio=0.3)
-    assert torch.equal(method_default, runs[[0, 0.5, 1].index(METHODS["fusionrag"].kv_shift)])
+    assert get_method("fusionrag").kv_shift == 0.5 and torch.equal(method_default, runs[1])
 
 
 @pytest.mark.parametrize("value", [-0.1, 1.5, True, "half", float("nan")])
 def test_a_bad_share_is_refused_with_the_range(value):
     with pytest.raises(FusionRAGError, match=r"kv_shift must be a number in \[0, 1\]"):
-        check_run_options(method="fusionrag", recompute_ratio=0.15, kv_shift=value)
+        get_method("fusionrag", kv_shift=value)
 
 
-def test_the_share_is_refused_where_the_prefill_drops_rows_or_keeps_variants():
-    with pytest.raises(FusionRAGError, match="kv_shift does not apply to cache_craft"):
-        check_run_options(method="cache_craft", recompute_ratio=0.15, kv_shift=0.5)
-    with pytest.raises(FusionRAGError, match="kv_shift does not apply to fusionrag_paper with variant_policy 'cfo'"):
-        check_run_options(method="fusionrag_paper", recompute_ratio=0.15, variant_policy="cfo", kv_shift=0.5)
-    assert check_run_options(method="cache_craft", recompute_ratio=0.15).kv_shift == 0.0
-    # a method's own share gives way to a policy it does not apply to; only an explicit one is refused
-    assert check_run_options(method="fusionrag", recompute_ratio=0.15, variant_policy="cfo").kv_shift == 0.0
-    # nothing is recomputed: nothing to spread
-    assert check_run_options(method="full_reuse", recompute_ratio=0.15, kv_shift=0.5).kv_shift == 0.0
-    assert check_run_options(method="full_attention", recompute_ratio=1.0, kv_shift=0.5).kv_shift == 0.0
+@pytest.mark.parametrize("method", ["cache_craft", "fusionrag_paper", "full_reuse", "full_attention"])
+def test_the_share_is_an_option_of_fusionrag_only(method):
+    with pytest.raises(FusionRAGError, match=f"unknown option.*kv_shift for method '{method}'; it takes none"):
+        get_method(method, kv_shift=0.5)
+
+
+class _Shifting(LayerHook):
+    writes_kv = True
 
 
 def test_a_step_that_shifts_keeps_all_its_rows():
     step = ForwardPass(torch.arange(3), torch.arange(3), torch.arange(3), logit_rows=torch.tensor([2]),
-                       shift=lambda *args: None)  # fmt: skip
+                       hooks=(_Shifting(),))  # fmt: skip
     with pytest.raises(ValueError, match="cannot drop rows part way"):
         step.narrowed(torch.tensor([False, True, True]))
 
 
-def test_benchmarks_spell_the_share_after_a_tilde():
-    method = parse_method("fused+query_guided_layers:blend~0.5")
-    assert (method.selector, method.variant_policy, method.kv_shift) == ("query_guided_layers", "blend", 0.5)
-    assert parse_method("fusionrag~0").plan(0.15).kv_shift == 0.0
-    assert parse_method("a3~0.5@64").decode_kv_budget == 64
-    for bad in ("fusionrag~", "fusionrag~2", "fusionrag~x"):
-        with pytest.raises(ValueError, match="'~' must be followed by a number in \\[0, 1\\]"):
-            parse_method(bad)
-    with pytest.raises(ValueError, match="kv_shift does not apply to cache_craft"):
-        parse_method("cache_craft~0.5")
-
-
 def test_the_adapters_pass_the_share(rag):
     text = f"Context:\n{CHUNKS[0]}\n\n{CHUNKS[1]}\n\n{CHUNKS[2]}\n\nWho built the embankment?"
-    off = ChatFusionRAG(rag=rag, kv_shift=0, recompute_ratio=0.3, max_tokens=3).invoke(text).content
-    assert off == rag.generate(text, recompute_ratio=0.3, kv_shift=0, max_new_tokens=3).text
+    off = ChatFusionRAG(rag=rag, method_options={"kv_shift": 0}, recompute_ratio=0.3, max_tokens=3).invoke(text).content
+    unshifted = get_method("fusionrag", kv_shift=0)
+    assert off == rag.generate(text, method=unshifted, recompute_ratio=0.3, max_new_tokens=3).text
     with pytest.raises(ValueError, match=r"kv_shift must be a number in \[0, 1\]"):
-        ChatFusionRAG(rag=rag, kv_shift=2.0)
+        ChatFusionRAG(rag=rag, method_options={"kv_shift": 2.0})
     with pytest.raises(ValueError, match=r"kv_shift must be a number in \[0, 1\]"):
-        FusionRAGLLM(rag=rag, max_tokens=2).complete(text, kv_shift=-1)
+        FusionRAGLLM(rag=rag, max_tokens=2).complete(text, method_options={"kv_shift": -1})

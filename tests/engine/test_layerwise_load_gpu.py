@@ -16,8 +16,8 @@ METHODS = (("full_reuse", 0.0), ("fusionrag", 0.15), ("cacheblend", 0.15), ("cac
 
 def cuda_engine(layerwise, dtype):
     store = TieredStore(None, StoreBudgets(device_bytes=0), "cuda")  # no device tier: every read copies from host
-    rag = FusionRAG.from_pretrained("tiny", device="cuda", dtype=dtype, store=store, prefix_cache=False,
-                                    layerwise_load=layerwise)  # fmt: skip
+    rag = FusionRAG.from_pretrained("tiny", device="cuda", dtype=dtype, store=store,
+                                    options={"prefix_cache": False, "layerwise_load": layerwise})  # fmt: skip
     rag.add_chunks(CHUNKS, embeddings=EMBEDDINGS, neighbors=2)
     return rag
 

@@ -5,24 +5,22 @@ Attention."""
 import pytest
 import torch
 
-from fusionrag_llm import METHODS, FusionRAG
+from fusionrag_llm import FusionRAG, get_method, method_names
 from lighthouse import CHUNKS, EMBEDDINGS, REQUEST
 
 pytestmark = pytest.mark.gpu
 
-RATIOS = {"full_attention": 1.0, "full_reuse": 0.0, "ape": 0.0}
-
-
 @pytest.fixture(scope="module")
 def rag():
-    rag = FusionRAG.from_pretrained("tiny", device="cuda", dtype="bfloat16", store=":memory:", prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", device="cuda", dtype="bfloat16", store=":memory:",
+                                    options={"prefix_cache": False})
     rag.add_chunks(CHUNKS, embeddings=EMBEDDINGS, neighbors=2)
     return rag
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", method_names())
 def test_every_method_runs_on_cuda_through_every_entry_point(rag, method):
-    ratio = RATIOS.get(method, 0.3)
+    ratio = 0.3  # a method that selects nothing runs at 0 (full_attention at 1) whatever is asked
     one = rag.generate(REQUEST, method=method, recompute_ratio=ratio, max_new_tokens=4)
     streamed = "".join(rag.stream(REQUEST, method=method, recompute_ratio=ratio, max_new_tokens=4))
     many = rag.generate_many([REQUEST, REQUEST], method=method, recompute_ratio=ratio, max_new_tokens=4)
@@ -32,7 +30,7 @@ def test_every_method_runs_on_cuda_through_every_entry_point(rag, method):
     assert logits[:-1].argmax(-1).tolist() == one.token_ids
 
 
-@pytest.mark.parametrize("method", [m for m in METHODS if m not in ("full_attention", "full_reuse", "ape")])
+@pytest.mark.parametrize("method", [m for m in method_names() if get_method(m).selects])
 def test_recomputing_everything_is_full_attention_on_cuda(rag, method):
     full = rag.logits(REQUEST, [5, 6, 7], method="full_attention")
     every = rag.logits(REQUEST, [5, 6, 7], method=method, recompute_ratio=1.0)

@@ -25,8 +25,9 @@ def reference(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        rag = FusionRAG.from_pretrained("tiny", store=tmp_path_factory.mktemp("one-process"), prefix_cache=False)
-        report = rag.ingest(TEXTS, neighbors=NEIGHBOURS, embeddings=VECTORS)
+        rag = FusionRAG.from_pretrained("tiny", store=tmp_path_factory.mktemp("one-process"),
+                                        options={"prefix_cache": False})
+        report = rag.add_chunks(TEXTS, neighbors=NEIGHBOURS, embeddings=VECTORS)
     finally:
         torch.set_num_threads(threads)
     assert (report.plain_computed, report.fused_computed) == (COUNT, COUNT)
@@ -53,14 +54,14 @@ def assert_same_entries(found: dict, expected: dict) -> None:
 
 
 def test_ray_workers_store_the_entries_one_process_stores(ray_cluster, reference, tmp_path):
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False)
-    report = rag.ingest(TEXTS, neighbors=NEIGHBOURS, embeddings=VECTORS, workers=2)
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False})
+    report = rag.add_chunks(TEXTS, neighbors=NEIGHBOURS, embeddings=VECTORS, workers=2)
     assert (report.plain_computed, report.fused_computed) == (COUNT, COUNT)
     assert set(report.seconds) == {"cluster", "register", "workers_ready", "plain", "fused", "stop"}
     assert len(reference) == 2 * COUNT
     assert_same_entries(entries_of(rag), reference)
     assert all(len(entry.meta["neighbours"]) == NEIGHBOURS for (_, variant), entry in reference.items() if variant == "fused")
-    again = rag.ingest(TEXTS, neighbors=NEIGHBOURS, embeddings=VECTORS, workers=1)
+    again = rag.add_chunks(TEXTS, neighbors=NEIGHBOURS, embeddings=VECTORS, workers=1)
     assert (again.plain_computed, again.fused_computed) == (0, 0)
 
 
@@ -82,9 +83,9 @@ def test_an_interrupted_run_is_resumed_computing_only_what_is_missing(ray_cluste
 
     monkeypatch.setattr(ray_ingest, "_completed", interrupted_after_one_batch)
     monkeypatch.setattr(ray_ingest, "_stop", stop_recording_places)
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False})
     with pytest.raises(KeyboardInterrupt):
-        rag.ingest(TEXTS, neighbors=NEIGHBOURS, embeddings=VECTORS, workers=2)
+        rag.add_chunks(TEXTS, neighbors=NEIGHBOURS, embeddings=VECTORS, workers=2)
     monkeypatch.undo()
     # no worker can write after the call returned: their processes have ended (Ray may report an actor
     # dead while its process still finishes a write)
@@ -97,7 +98,7 @@ def test_an_interrupted_run_is_resumed_computing_only_what_is_missing(ray_cluste
         assert 0 < plain < COUNT and fused == 0
     else:
         assert plain == COUNT and 0 < fused < COUNT
-    report = rag.ingest(TEXTS, neighbors=NEIGHBOURS, embeddings=VECTORS, workers=2)
+    report = rag.add_chunks(TEXTS, neighbors=NEIGHBOURS, embeddings=VECTORS, workers=2)
     assert (report.plain_computed, report.fused_computed) == (COUNT - plain, COUNT - fused)
     assert_same_entries(entries_of(rag), reference)
 
@@ -119,31 +120,31 @@ def test_process_ended_tells_a_running_process_from_an_ended_or_zombie_one():
 
 @pytest.mark.parametrize("workers", [0, -1, 1.5, "2", True, 1025])
 def test_bad_worker_counts_are_refused(tmp_path, workers):
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False})
     with pytest.raises(ValueError, match=r"workers must be None \(ingest in this process\) or an int from 1 to 1024"):
-        rag.ingest(TEXTS, embeddings=VECTORS, workers=workers)
+        rag.add_chunks(TEXTS, embeddings=VECTORS, workers=workers)
 
 
 def test_a_store_in_memory_cannot_be_shared_with_workers():
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
     with pytest.raises(ValueError, match=r"needs a store folder .* in memory"):
-        rag.ingest(TEXTS, embeddings=VECTORS, workers=2)
+        rag.add_chunks(TEXTS, embeddings=VECTORS, workers=2)
     with pytest.raises(ValueError, match=r"needs a store folder .* in memory"):  # add_chunks takes the same path
         rag.add_chunks(TEXTS, embeddings=VECTORS, workers=1)
     assert len(rag.parts.catalog) == 0  # refused before anything was registered
 
 
 def test_more_workers_than_the_cluster_has_cpus_are_refused(ray_cluster, tmp_path):
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False})
     with pytest.raises(ValueError, match=r"workers=3 needs 3 CPUs in the Ray cluster, which has 2; use workers <= 2"):
-        rag.ingest(TEXTS, embeddings=VECTORS, workers=3)
+        rag.add_chunks(TEXTS, embeddings=VECTORS, workers=3)
 
 
 def test_without_ray_the_error_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` meets where it is not installed
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False})
     with pytest.raises(MissingDependencyError, match=r'pip install "fusionrag_llm\[distributed\]"'):
-        rag.ingest(TEXTS, embeddings=VECTORS, workers=2)
+        rag.add_chunks(TEXTS, embeddings=VECTORS, workers=2)
 
 
 def test_a_write_error_in_a_worker_reaches_the_caller_whole():
@@ -167,10 +168,12 @@ def test_ray_is_imported_only_when_workers_are_asked_for():
 def test_ray_workers_write_into_the_shared_remote_tier(ray_cluster, reference, redis_server, tmp_path):
     """Workers reopen the engine's store with its Redis tier: an engine on another folder, sharing only
     the server, reads every entry they computed from it, the same numbers as one process's."""
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path / "first", prefix_cache=False, remote=redis_server.url)
-    report = rag.ingest(TEXTS, neighbors=NEIGHBOURS, embeddings=VECTORS, workers=2)
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path / "first",
+                                    options={"prefix_cache": False, "remote": redis_server.url})
+    report = rag.add_chunks(TEXTS, neighbors=NEIGHBOURS, embeddings=VECTORS, workers=2)
     assert (report.plain_computed, report.fused_computed) == (COUNT, COUNT)
-    other = FusionRAG.from_pretrained("tiny", store=tmp_path / "second", prefix_cache=False, remote=redis_server.url)
+    other = FusionRAG.from_pretrained("tiny", store=tmp_path / "second",
+                                      options={"prefix_cache": False, "remote": redis_server.url})
     found = {}
     for number, text in enumerate(TEXTS):
         token_ids = rag.parts.catalog.get(text).token_ids

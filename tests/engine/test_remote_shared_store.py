@@ -39,19 +39,20 @@ def test_a_second_process_computes_nothing_and_a_corrupt_shared_entry_is_recompu
 
     assert ingest_in_a_process(tmp_path / "second", redis_server.url) == {"plain": 0, "fused": 0}
 
-    local = FusionRAG.from_pretrained("tiny", store=tmp_path / "first", prefix_cache=False)
+    local = FusionRAG.from_pretrained("tiny", store=tmp_path / "first", options={"prefix_cache": False})
     token_ids = local.parts.catalog.get(text_of(CHUNKS[2])).token_ids
     victim = local.parts.entries.key(token_ids, "plain")
     data = bytearray(server.get(PREFIX + "e:" + victim))
     data[len(data) // 2] ^= 0x01
     server.set(PREFIX + "e:" + victim, bytes(data))
-    third = FusionRAG.from_pretrained("tiny", store=tmp_path / "third", prefix_cache=False, remote=redis_server.url)
+    third = FusionRAG.from_pretrained("tiny", store=tmp_path / "third",
+                                      options={"prefix_cache": False, "remote": redis_server.url})
     assert third.parts.entries.lookup(token_ids, "plain") is None  # detected: a miss, never served
     assert third.store.stats().corrupt == 1 and not server.exists(PREFIX + "e:" + victim)  # and dropped
-    report = third.ingest([text_of(n) for n in CHUNKS], neighbors=NEIGHBOURS, embeddings=VECTORS[CHUNKS])
+    report = third.add_chunks([text_of(n) for n in CHUNKS], neighbors=NEIGHBOURS, embeddings=VECTORS[CHUNKS])
     assert (report.plain_computed, report.fused_computed) == (1, 0)  # recomputed, that entry only
-    recomputed, tier = FusionRAG.from_pretrained("tiny", store=tmp_path / "fifth", prefix_cache=False,
-                                                 remote=redis_server.url).parts.entries.lookup(token_ids, "plain")  # fmt: skip
+    recomputed, tier = FusionRAG.from_pretrained("tiny", store=tmp_path / "fifth",
+                                                 options={"prefix_cache": False, "remote": redis_server.url}).parts.entries.lookup(token_ids, "plain")  # fmt: skip
     assert tier == "remote" and recomputed.bitwise_equal(local.parts.entries.lookup(token_ids, "plain")[0])
     assert ingest_in_a_process(tmp_path / "fourth", redis_server.url) == {"plain": 0, "fused": 0}
 
@@ -62,13 +63,14 @@ def ask(rag: FusionRAG) -> str:
 
 
 def test_killing_the_server_mid_run_keeps_answering_from_local_tiers(tmp_path, redis_server, caplog):
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path / "s", prefix_cache=False, remote=redis_server.url)
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path / "s",
+                                    options={"prefix_cache": False, "remote": redis_server.url})
     assert rag.store.tier_names[-2:] == ["disk", "remote"]
-    rag.ingest([text_of(n) for n in CHUNKS[:4]], neighbors=NEIGHBOURS, embeddings=VECTORS[CHUNKS[:4]])
+    rag.add_chunks([text_of(n) for n in CHUNKS[:4]], neighbors=NEIGHBOURS, embeddings=VECTORS[CHUNKS[:4]])
     before = ask(rag)
     redis_server.kill()
     with caplog.at_level(logging.WARNING):
-        report = rag.ingest([text_of(n) for n in CHUNKS], neighbors=NEIGHBOURS, embeddings=VECTORS[CHUNKS])
+        report = rag.add_chunks([text_of(n) for n in CHUNKS], neighbors=NEIGHBOURS, embeddings=VECTORS[CHUNKS])
         assert ask(rag) == before
     assert report.plain_computed == len(CHUNKS) - 4  # the first four are still on the local disk
     assert "unreachable" in caplog.text
@@ -79,10 +81,10 @@ def test_an_unreachable_url_at_start_is_logged_and_queries_answer(tmp_path, capl
     from redis_server import free_port
 
     with caplog.at_level(logging.WARNING):
-        rag = FusionRAG.from_pretrained("tiny", store=tmp_path / "s", prefix_cache=False,
-                                        remote=f"redis://127.0.0.1:{free_port()}/0")  # fmt: skip
+        rag = FusionRAG.from_pretrained("tiny", store=tmp_path / "s",
+                                        options={"prefix_cache": False, "remote": f"redis://127.0.0.1:{free_port()}/0"})  # fmt: skip
     assert "unreachable" in caplog.text
-    rag.ingest([text_of(n) for n in CHUNKS[:3]], neighbors=2, embeddings=VECTORS[CHUNKS[:3]])
+    rag.add_chunks([text_of(n) for n in CHUNKS[:3]], neighbors=2, embeddings=VECTORS[CHUNKS[:3]])
     assert ask(rag)
-    local = FusionRAG.from_pretrained("tiny", store=tmp_path / "s", prefix_cache=False)
-    assert local.ingest([text_of(n) for n in CHUNKS[:3]], neighbors=2, embeddings=VECTORS[CHUNKS[:3]]).plain_computed == 0
+    local = FusionRAG.from_pretrained("tiny", store=tmp_path / "s", options={"prefix_cache": False})
+    assert local.add_chunks([text_of(n) for n in CHUNKS[:3]], neighbors=2, embeddings=VECTORS[CHUNKS[:3]]).plain_computed == 0

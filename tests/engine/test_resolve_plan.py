@@ -8,11 +8,11 @@ import torch
 
 import fusionrag_llm.storage.keys as store_keys
 from fusionrag_llm import FusionRAG, RAGRequest
-from fusionrag_llm.engine.methods import plan_run
 from fusionrag_llm.engine.plan import ResolveCounts, plan_boundaries, plan_context
 from fusionrag_llm.engine.resolve import ContextResolver
 from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.fusion.entry_keys import EntryKeys
+from fusionrag_llm.methods import make_plan
 from fusionrag_llm.request import Segment
 from fusionrag_llm.storage import path_key
 
@@ -20,7 +20,7 @@ FINGERPRINT = "ab" * 32
 S0 = tuple(range(1, 21))
 KEYS = EntryKeys(FINGERPRINT, S0, lossless=True)
 LOSSY = EntryKeys(FINGERPRINT, S0, lossless=False)
-FUSIONRAG, FULL_REUSE, FULL = plan_run("fusionrag_paper", 0.2), plan_run("full_reuse", 0.0), plan_run("full_attention", 1.0)
+FUSIONRAG, FULL_REUSE, FULL = make_plan("fusionrag_paper", 0.2), make_plan("full_reuse"), make_plan("full_attention")
 
 
 def chunk(seed: int, size: int = 128) -> tuple[int, ...]:
@@ -104,9 +104,8 @@ def test_prefetch_keys_are_the_blocks_then_each_chunks_first_choice_once():
     assert plan.segments[3].candidates[0].key == plan.segments[5].candidates[0].key
 
 
-@pytest.mark.parametrize("policy", ["check", "probe", "blend"])
-def test_a_policy_that_reads_both_entries_prefetches_the_plain_one_too(policy):
-    plan = plan_context(segments_of(3), plan_run("fusionrag_paper", 0.2, variant_policy=policy), KEYS, prefix_cache=True)
+def test_a_method_that_blends_both_entries_prefetches_the_plain_one_too():
+    plan = plan_context(segments_of(3), make_plan("fusionrag", 0.2), KEYS, prefix_cache=True)  # chunk_kv="blend"
     wanted = [key for key, _ in plan.prefetch_keys()]
     for segment in plan.segments:
         if segment.candidates and segment.candidates[0].variant == "fused":
@@ -155,7 +154,7 @@ TEXTS = ["The ferry to Orkney leaves at noon.", "Harbour fees rose in May.", "Gu
 
 @pytest.fixture()
 def rag():
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", kv_codec="model")  # exact chunk entries: the first is a path block
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"kv_codec": "model"})  # exact chunk entries: the first is a path block
     rag.add_chunks(TEXTS, embeddings=[[1, 0], [1, 1], [0, 1]], neighbors=1)
     return rag
 
@@ -211,12 +210,11 @@ def test_another_codec_gets_keys_of_its_own_and_no_exact_blocks():
 
 def test_the_request_layout_carries_every_chunks_span(tiny_rag):
     from fusionrag_llm import RAGRequest
-    from fusionrag_llm.engine.methods import plan_run
 
     request = RAGRequest(chunks=["The first chunk says one thing.", "The second chunk says another."], question="Which?")
     segments = tiny_rag.segments(request)
     resolver = tiny_rag.engine.resolver()
-    context = resolver.plan(segments, plan_run("full_reuse", 0.0))
+    context = resolver.plan(segments, make_plan("full_reuse"))
     cache = tiny_rag.engine.model.new_cache(sum(len(s.token_ids) for s in segments))
     resolved, _ = resolver.assemble_plan(context, cache)
     starts = [sum(len(s.token_ids) for s in segments[:i]) for i in range(len(segments))]

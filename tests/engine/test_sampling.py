@@ -8,18 +8,19 @@ import torch
 from fusionrag_llm import FusionRAG, RAGRequest, SamplingParams
 from fusionrag_llm.engine.sampling import SamplingState, filtered_probs, next_tokens, penalise
 from fusionrag_llm.errors import FusionRAGError
+from method_spy import spy
 
 CHUNKS = [
     "The lighthouse at Carrow Point was lit for the first time in 1862.",
     "Its keeper, Tomas Vell, kept a log of every ship that passed the point.",
 ]
 REQUEST = RAGRequest(chunks=CHUNKS, question="Who kept the log?")
-HOT = {"temperature": 1.5, "seed": 11}
+HOT = {"temperature": 1.5, "seed": 11, "ignore_eos": True}  # every asked token, past any end token
 
 
 @pytest.fixture(scope="module")
 def rag():
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
     rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.6, 0.8]], neighbors=1)
     return rag
 
@@ -60,31 +61,29 @@ def test_temperature_zero_equals_greedy_and_penalty_free_greedy_reads_the_argmax
 
 
 def test_a_seeded_answer_is_reproducible_and_the_seed_matters(rag):
-    first = rag.generate(REQUEST, max_new_tokens=8, ignore_eos=True, sampling=HOT)
-    again = rag.generate(REQUEST, max_new_tokens=8, ignore_eos=True, sampling=HOT)
+    first = rag.generate(REQUEST, max_new_tokens=8, sampling=HOT)
+    again = rag.generate(REQUEST, max_new_tokens=8, sampling=HOT)
     assert first.token_ids == again.token_ids
-    others = {tuple(rag.generate(REQUEST, max_new_tokens=8, ignore_eos=True, sampling={**HOT, "seed": seed}).token_ids)
+    others = {tuple(rag.generate(REQUEST, max_new_tokens=8, sampling={**HOT, "seed": seed}).token_ids)
               for seed in range(4)}  # fmt: skip
     assert len(others) > 1  # a random-weight model at temperature 1.5 over 256 tokens: draws differ
 
 
 def test_seeded_answers_in_one_batch_equal_each_alone(rag):
     requests = [REQUEST, RAGRequest(chunks=CHUNKS[::-1], question="When was it lit?")]
-    batch = rag.generate_many(requests, max_new_tokens=6, ignore_eos=True, sampling=HOT)
-    alone = [rag.generate(request, max_new_tokens=6, ignore_eos=True, sampling=HOT) for request in requests]
+    batch = rag.generate_many(requests, max_new_tokens=6, sampling=HOT)
+    alone = [rag.generate(request, max_new_tokens=6, sampling=HOT) for request in requests]
     assert [g.token_ids for g in batch] == [g.token_ids for g in alone]
 
 
-def test_n_answers_share_one_prefill_and_the_first_is_the_single_answer(rag, monkeypatch):
-    prefills = []
-    original = rag.engine._admit
-    monkeypatch.setattr(rag.engine, "_admit", lambda seqs: prefills.append(len(seqs)) or original(seqs))
-    out = rag.generate(REQUEST, max_new_tokens=6, ignore_eos=True, sampling=HOT, n=3)
-    assert sum(prefills) == 1 and len(out.others) == 2
-    single = rag.generate(REQUEST, max_new_tokens=6, ignore_eos=True, sampling=HOT)
+def test_n_answers_share_one_prefill_and_the_first_is_the_single_answer(rag):
+    method, prefills = spy("fusionrag")  # the default method, counting the prefills it starts
+    out = rag.generate(REQUEST, method=method, max_new_tokens=6, sampling=HOT, n=3)
+    assert len(prefills) == 1 and len(out.others) == 2
+    single = rag.generate(REQUEST, max_new_tokens=6, sampling=HOT)
     assert out.token_ids == single.token_ids
     # answer i draws from seed + i: answer 2 of n equals the single answer seeded one higher
-    shifted = rag.generate(REQUEST, max_new_tokens=6, ignore_eos=True, sampling={**HOT, "seed": HOT["seed"] + 1})
+    shifted = rag.generate(REQUEST, max_new_tokens=6, sampling={**HOT, "seed": HOT["seed"] + 1})
     assert out.others[0].token_ids == shifted.token_ids
     assert all(len(other.token_ids) == 6 and other.prompt_ids == out.prompt_ids for other in out.others)
 
@@ -96,9 +95,9 @@ def test_n_must_be_a_small_positive_int(rag):
 
 
 def test_stop_token_ids_end_the_answer_before_the_token(rag):
-    greedy = rag.generate(REQUEST, max_new_tokens=8, ignore_eos=True)
+    greedy = rag.generate(REQUEST, max_new_tokens=8, sampling={"ignore_eos": True})
     stop = greedy.token_ids[3]
-    cut = rag.generate(REQUEST, max_new_tokens=8, ignore_eos=True, sampling={"stop_token_ids": [stop]})
+    cut = rag.generate(REQUEST, max_new_tokens=8, sampling={"stop_token_ids": [stop], "ignore_eos": True})
     assert cut.token_ids == greedy.token_ids[: greedy.token_ids.index(stop)] and cut.finish_reason == "stop"
     with pytest.raises(FusionRAGError, match=r"stop_token_ids\[0\] is 100000"):
         rag.generate(REQUEST, sampling={"stop_token_ids": [100000]})

@@ -2,13 +2,13 @@
 
 import pytest
 
-from fusionrag_llm.engine.methods import plan_run
 from fusionrag_llm.engine.scheduler import Scheduler, SchedulerConfig
 from fusionrag_llm.engine.sequence import Sequence, Status
+from fusionrag_llm.methods import make_plan
 
 
 def _seq(request_id, prompt_tokens=10, prefetch=0):
-    return Sequence(request_id, [], plan_run("full_reuse", 0.0), 4, list(range(prompt_tokens)), frozenset({0}),
+    return Sequence(request_id, [], make_plan("full_reuse"), 4, list(range(prompt_tokens)), frozenset({0}),
                     prefetch=prefetch)  # fmt: skip
 
 

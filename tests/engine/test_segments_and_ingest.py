@@ -53,13 +53,13 @@ def test_chunk_token_ids_are_the_same_at_ingestion_and_query_time(rag):
 
 
 def test_add_chunks_is_idempotent_and_fuses_with_nearest_neighbours(rag):
-    report = rag.ingest(CHUNKS, embeddings=[[1, 0], [0.8, 0.6], [0, 1]], neighbors=1)
+    report = rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.8, 0.6], [0, 1]], neighbors=1)
     assert (report.plain_computed, report.fused_computed) == (0, 0)
     fused, _ = rag.parts.entries.lookup(rag.parts.catalog.get(CHUNKS[0]).token_ids, "fused")
     assert fused.meta["neighbours"] == [rag.parts.catalog.get(CHUNKS[1]).chunk_id]
     plain, _ = rag.parts.entries.lookup(rag.parts.catalog.get(CHUNKS[0]).token_ids, "plain")
     assert not plain.bitwise_equal(fused)
-    more = rag.ingest(CHUNKS, embeddings=[[1, 0], [0.8, 0.6], [0, 1]], neighbors=2)
+    more = rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.8, 0.6], [0, 1]], neighbors=2)
     assert (more.plain_computed, more.fused_computed) == (0, 3)  # a wider neighbourhood re-fuses
 
 
@@ -79,10 +79,8 @@ def test_add_chunks_with_the_default_embedding_model_and_faiss():
 def test_bad_inputs(rag):
     with pytest.raises(ValueError, match="valid methods: full_attention, full_reuse, cacheblend, fusionrag"):
         rag.generate("hi", method="blend")
-    with pytest.raises(ValueError, match="valid selectors"):
-        rag.generate("hi", selector="attention")
-    with pytest.raises(ValueError, match="kv_variant"):
-        rag.generate("hi", kv_variant="mixed")
+    with pytest.raises(ValueError, match="unknown method None; valid methods: full_attention"):
+        rag.generate("hi", method=None)
     for ratio in (-0.1, 1.5, "half", True):
         with pytest.raises(ValueError, match=r"recompute_ratio must be a number in \[0, 1\]"):
             rag.generate("hi", recompute_ratio=ratio)

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from fusionrag_llm import FusionRAG, RAGRequest
-from fusionrag_llm.engine.methods import plan_run
 from fusionrag_llm.engine.streaming import IncrementalText
 from fusionrag_llm.errors import FusionRAGError
-from fusionrag_llm.fusion.selectors import Selection, select_many, select_tokens
+from fusionrag_llm.methods import make_plan
 from fusionrag_llm.models.llama import ForwardPass
+from method_spy import spy
 
 CHUNKS = [
     "The river Sel floods the lower town of Brightwater every spring after the snow melts.",
@@ -28,7 +28,7 @@ REQUESTS = [
 
 @pytest.fixture(scope="module")
 def rag():
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
     rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.8, 0.6], [0.6, 0.8], [0, 1]], neighbors=2)
     return rag
 
@@ -90,29 +90,31 @@ def test_forward_batch_equals_separate_forwards(rag):
 
 def test_admission_batches_the_selection_forwards_and_selects_as_alone(rag):
     """fusionrag's scoring forwards of every admitted sequence run as one batched forward, and each
-    sequence gets the tokens the selector picks for it alone."""
+    sequence gets the tokens it gets alone."""
+    alone = {}
+    for request in REQUESTS:
+        method, seen = spy("fusionrag")
+        out = rag.generate(request, method=method, recompute_ratio=0.15, max_new_tokens=1)
+        alone[tuple(out.prompt_ids)] = seen[0].prefill.selected.tolist()
     engine = rag.engine
-    plan = plan_run("fusionrag", 0.15)
-    seqs = [engine._sequence(rag.segments(r), plan, 4) for r in REQUESTS]
-    work = [engine._assemble(seq) for seq in seqs]
-    jobs = [Selection(w.seq.plan.selector, w.k, w.seq.cache, w.resolved.layout) for w in work]
+    method, seen = spy("fusionrag")
+    seqs = [engine.add_request(rag.segments(r), make_plan(method, 0.15), 1) for r in REQUESTS]
     sizes = _batched_calls(rag)
     try:
-        together = select_many(jobs + [Selection("best", 3, jobs[0].cache, jobs[0].layout)], engine.model)
+        engine.step()  # admits the four: their scoring passes, then their sparse prefills
     finally:
         del rag.engine.model.forward_batch
-    scored = [job for job in jobs if job.k > 0]  # a lone first chunk is exact: nothing to select
-    assert len(scored) == 3 and sizes == [len(scored)]  # one forward for every scoring pass
-    assert isinstance(together[-1], FusionRAGError) and "valid selectors" in str(together[-1])  # fails alone
-    for job, picked in zip(jobs, together):
-        assert len(picked) == job.k
-        alone = select_tokens(job.selector, job.k, engine.model, job.cache, job.layout)
-        assert picked.tolist() == alone.tolist()
+    engine.run_until_finished(seqs)
+    scored = [picks for picks in alone.values() if picks]  # a lone first chunk is exact: nothing to select
+    assert len(scored) == 3 and sizes[0] == len(scored)  # one forward for every scoring pass
+    assert len(seen) == len(REQUESTS)
+    for one in seen:
+        assert one.prefill.selected.tolist() == alone[tuple(one.layout.token_ids.tolist())]
 
 
 def test_step_api_admits_decodes_and_aborts(rag):
     engine = rag.engine
-    plan = plan_run("fusionrag", 0.15)
+    plan = make_plan("fusionrag", 0.15)
     expected = [rag.generate(r, max_new_tokens=8) for r in REQUESTS[:2]]
     first = engine.add_request(rag.segments(REQUESTS[0]), plan, 8)
     second = engine.add_request(rag.segments(REQUESTS[1]), plan, 8)
@@ -145,7 +147,7 @@ def test_threads_share_the_engine_and_get_their_own_answers(rag):
 
 def test_a_failing_request_fails_alone(rag, monkeypatch):
     engine = rag.engine
-    plan = plan_run("fusionrag", 0.15)
+    plan = make_plan("fusionrag", 0.15)
     original = engine.prefetcher.take
     bad = engine.add_request(rag.segments(REQUESTS[0]), plan, 4)
 
@@ -197,7 +199,7 @@ def test_stop_strings_decode_only_new_tokens(rag, monkeypatch):
     answer again (the stop string here never appears, so all 40 tokens are generated)."""
     decode, longest = rag.engine.tokenizer.decode, []
     monkeypatch.setattr(rag.engine.tokenizer, "decode", lambda ids, *a, **k: longest.append(len(ids)) or decode(ids, *a, **k))
-    out = rag.generate(REQUESTS[0], max_new_tokens=40, stop=["\x00never\x00"], ignore_eos=True)
+    out = rag.generate(REQUESTS[0], max_new_tokens=40, stop=["\x00never\x00"], sampling={"ignore_eos": True})
     assert len(out.token_ids) == 40
     during = longest[:-1]  # the last call decodes the returned text once
     assert len(during) >= 40 and max(during) < 20  # the whole answer would be 40
@@ -232,7 +234,7 @@ def test_prompt_tokens_split_by_source_add_up(rag, method, ratio):
 
 
 def test_a_chunk_computed_on_a_miss_is_not_counted_as_reused():
-    fresh = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    fresh = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
     request = RAGRequest(chunks=[CHUNKS[0], CHUNKS[1]], question="Who?")
     first = fresh.generate(request, method="full_reuse", max_new_tokens=1).stats
     second_chunk = len(fresh.tokenizer.encode(CHUNKS[1]))  # the first chunk, right after the prefix, is exact
@@ -247,11 +249,11 @@ def test_ignore_eos_decodes_every_asked_token_past_an_end_token():
     rag.engine.tokenizer.stop_ids = frozenset({first.token_ids[1]})  # the second answer token ends the answer
     ended = rag.generate(REQUESTS[0], method="full_attention", max_new_tokens=5)
     assert ended.token_ids == first.token_ids[:1] and ended.finish_reason == "stop"
-    forced = rag.generate(REQUESTS[0], method="full_attention", max_new_tokens=5, ignore_eos=True)
+    forced = rag.generate(REQUESTS[0], method="full_attention", max_new_tokens=5, sampling={"ignore_eos": True})
     assert forced.token_ids == first.token_ids and forced.finish_reason == "length"
-    streamed = rag.stream(REQUESTS[0], method="full_attention", max_new_tokens=5, ignore_eos=True)
+    streamed = rag.stream(REQUESTS[0], method="full_attention", max_new_tokens=5, sampling={"ignore_eos": True})
     assert "".join(streamed) == first.text and streamed.token_ids == first.token_ids
-    batch = rag.generate_many(REQUESTS[:2], method="full_attention", max_new_tokens=5, ignore_eos=True)
+    batch = rag.generate_many(REQUESTS[:2], method="full_attention", max_new_tokens=5, sampling={"ignore_eos": True})
     assert [len(out.token_ids) for out in batch] == [5, 5]
     with pytest.raises(FusionRAGError, match="ignore_eos must be True or False"):
-        rag.generate(REQUESTS[0], max_new_tokens=2, ignore_eos="yes")
+        rag.generate(REQUESTS[0], max_new_tokens=2, sampling={"ignore_eos": "yes"})

@@ -16,7 +16,7 @@ REQUEST = RAGRequest(chunks=[CHUNKS[1], CHUNKS[2], CHUNKS[0]], question="Who bui
 
 @pytest.fixture(scope="module")
 def rag():
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
     rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.8, 0.6], [0.6, 0.8]], neighbors=2)
     return rag
 

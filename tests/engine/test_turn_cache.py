@@ -15,7 +15,7 @@ CHUNKS = [
 
 
 def _rag(turn_cache_gib: float = 0.25) -> FusionRAG:
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", turn_cache_gib=turn_cache_gib)
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"turn_cache_gib": turn_cache_gib})
     rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.6, 0.8]], neighbors=1)
     return rag
 
@@ -37,7 +37,7 @@ def _common(a, b) -> int:
 def test_the_next_turn_computes_only_what_the_last_turn_did_not_feed(method):
     rag = _rag()
     chat = _first_turn()
-    first = rag.generate(chat, method=method, max_new_tokens=8, ignore_eos=True)
+    first = rag.generate(chat, method=method, max_new_tokens=8, sampling={"ignore_eos": True})
     fed = (first.prompt_ids + first.token_ids)[:-1]  # the last answer token was never fed back
     chat += [{"role": "assistant", "content": rag.tokenizer.decode(first.token_ids)},
              {"role": "user", "content": "And when was it lit?"}]  # fmt: skip
@@ -66,7 +66,7 @@ def test_a_turn_read_from_exact_kv_answers_as_computing_it_all():
 def test_exact_requests_never_read_approximated_kv():
     rag = _rag()
     chat = _first_turn()
-    rag.generate(chat, method="fusionrag", max_new_tokens=6, ignore_eos=True)  # approximated: its own namespace
+    rag.generate(chat, method="fusionrag", max_new_tokens=6, sampling={"ignore_eos": True})  # approximated: its own namespace
     again = rag.generate(chat, method="fusionrag", max_new_tokens=6)
     assert again.stats.turn_tokens == again.stats.prompt_tokens - 1  # the same settings read it
     exact = rag.generate(chat, method="full_attention", max_new_tokens=6)
@@ -80,7 +80,7 @@ def test_the_turn_cache_is_off_by_default_and_checks_its_budget():
     assert FusionRAG.from_pretrained("tiny", store=":memory:").engine.turns is None
     for bad in (-1, "2", True, 4096):
         with pytest.raises(FusionRAGError, match=r"turn_cache_gib must be a number of GiB in \[0, 1024\)"):
-            FusionRAG.from_pretrained("tiny", store=":memory:", turn_cache_gib=bad)
+            FusionRAG.from_pretrained("tiny", store=":memory:", options={"turn_cache_gib": bad})
 
 
 def _kv(n: int, fill: float = 0.0):

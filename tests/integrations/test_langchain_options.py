@@ -6,6 +6,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.rate_limiters import InMemoryRateLimiter
 from pydantic import BaseModel
 
+from fusionrag_llm import get_method
 from fusionrag_llm.integrations import _shared
 from fusionrag_llm.integrations.langchain import ChatFusionRAG, FusionRAGLLMLangChain, UnsupportedFeatureError
 
@@ -49,7 +50,9 @@ def test_a_typo_raises_with_the_argument_it_resembles(rag, model_class, typo, me
     ("presence_penalty", -0.5, "presence_penalty", -0.5),
     ("do_sample", False, "do_sample", False),
     ("seed", 7, "seed", 7),
-    ("selector", "random", "selector", "random"),
+    ("method_options", {"kv_shift": 0.2}, "method_options", {"kv_shift": 0.2}),
+    ("recompute_ratio", 0.3, "recompute_ratio", 0.3),
+    ("recompute_ratio", None, "recompute_ratio", None),
     ("timeout", 60, "timeout", 60),
     ("request_timeout", 30, "timeout", 30),
     ("max_retries", 2, "max_retries", 2),
@@ -136,8 +139,10 @@ def test_settings_the_engine_refuses_raise_at_construction(rag, model_class):
         model_class(rag=rag, temperature=True)
     with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1"):
         model_class(rag=rag, num_predict=-1)  # Ollama's "until the context is full"
-    with pytest.raises(ValueError, match="selector"):
-        model_class(rag=rag, selector="no-such-selector")
+    with pytest.raises(ValueError, match="unknown option\\(s\\) speed for method 'fusionrag'; it takes kv_shift"):
+        model_class(rag=rag, method_options={"speed": 2})
+    with pytest.raises(ValueError, match="unknown method 'lego'"):
+        model_class(rag=rag, method="lego")
 
 
 def test_streaming_is_a_chat_model_flag():
@@ -153,12 +158,12 @@ def test_an_api_key_is_taken_with_a_warning(rag, model_class):
 
 
 def test_seed_and_overrides_reach_the_engine_call(rag, model_class):
-    options = model_class(rag=rag, seed=3, selector="random", num_predict=4)._options({})
-    assert (options["seed"], options["selector"], options["max_new_tokens"]) == (3, "random", 4)
-    assert options["sampling"].seed == 3  # one seed: the random selector's and the draws'
+    options = model_class(rag=rag, seed=3, method="a3", method_options={"decode_kv_budget": 8}, num_predict=4)._options({})
+    assert (options["method"], options["max_new_tokens"]) == (get_method("a3", decode_kv_budget=8), 4)
+    assert options["sampling"].seed == 3 and "seed" not in options  # the seed is the sampling's
     defaults = model_class(rag=rag)._options({})
-    assert "seed" not in defaults and defaults["sampling"].seed is None  # the engine's own defaults
-    assert defaults["sampling"].greedy
+    assert defaults["method"] == get_method("fusionrag") and defaults.get("recompute_ratio") is None  # the method's own
+    assert defaults["sampling"].seed is None and defaults["sampling"].greedy  # the engine's own defaults
 
 
 def test_num_predict_bounds_a_real_answer(rag):

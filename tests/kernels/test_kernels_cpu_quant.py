@@ -116,8 +116,8 @@ def test_decode_steps_read_quantized_weights_and_prefills_stay_float(monkeypatch
 
     request = RAGRequest(chunks=["Ada Lovelace wrote the first program.", "She was born in London."],
                          question="Where was the first programmer born?")  # fmt: skip
-    plain = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False, decode_weights="q4")
+    plain = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False, "decode_weights": "q4"})
     assert rag.engine.model.decode_weights == "q4" and plain.engine.model.decode_weights == "float"
     assert rag.engine.model.lm_head.quantized == "q8"  # the head (tied embedding) keeps 8 bits
     assert rag.fingerprint == plain.fingerprint  # stored entries do not depend on it
@@ -139,7 +139,7 @@ def test_decode_steps_read_quantized_weights_and_prefills_stay_float(monkeypatch
     # per layer one call for q/k/v, one for o, one for gate/up, one for down; plus the head
     assert steps >= 1 and calls == [1] * (steps * (4 * layers + 1))
     with pytest.raises(FusionRAGError, match="float, q8, q4"):
-        FusionRAG.from_pretrained("tiny", store=":memory:", decode_weights="int3")
+        FusionRAG.from_pretrained("tiny", store=":memory:", options={"decode_weights": "int3"})
 
 
 def test_auto_quantizes_only_weights_that_are_their_own_blocks():
@@ -149,7 +149,7 @@ def test_auto_quantizes_only_weights_that_are_their_own_blocks():
     from fusionrag_llm.models.linear import Linear
 
     request = RAGRequest(chunks=["Grace Hopper wrote the first compiler."], question="Who wrote the first compiler?")
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
     model = rag.engine.model
     assert model.decode_weights == "float"  # random weights are on no grid
     layers = [m for m in model.modules() if isinstance(m, Linear)]

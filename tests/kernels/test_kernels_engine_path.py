@@ -12,7 +12,8 @@ CHUNKS = ["Ferries leave Keldmouth twice a day.", "The lighthouse was built in 1
 
 
 def build(kernels, device="cpu"):
-    rag = FusionRAG.from_pretrained("tiny", device=device, dtype="float32", store=":memory:", prefix_cache=False, kernels=kernels)
+    rag = FusionRAG.from_pretrained("tiny", device=device, dtype="float32", store=":memory:",
+                                    options={"prefix_cache": False, "kernels": kernels})
     rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.7, 0.7], [0, 1]], neighbors=1)
     return rag
 
@@ -42,4 +43,4 @@ def test_triton_path_matches_torch_path_on_gpu():
 
 def test_unknown_kernel_backend_is_a_clear_error():
     with pytest.raises(ValueError, match="allowed: auto, torch, triton"):
-        FusionRAG.from_pretrained("tiny", store=":memory:", kernels="cuda-magic")
+        FusionRAG.from_pretrained("tiny", store=":memory:", options={"kernels": "cuda-magic"})

@@ -116,14 +116,14 @@ def test_replaced_weights_never_reuse_the_old_models_kv(tmp_path, in_place):
     folder = save_tiny_folder(tmp_path / "model", seed=0)
     time.sleep(SETTLE_S)
     store, texts = tmp_path / "store", ["The harbour holds forty boats.", "The ferry leaves at noon."]
-    old = FusionRAG.from_pretrained(str(folder), store=store, prefix_cache=False)
+    old = FusionRAG.from_pretrained(str(folder), store=store, options={"prefix_cache": False})
     old.add_chunks(texts, embeddings=[[1.0, 0.0], [0.0, 1.0]])
     before = weights_digest(folder)
     replace_keeping_times(folder / "model.safetensors", weights_bytes(1, tmp_path / "scratch"), in_place)
-    new = FusionRAG.from_pretrained(str(folder), store=store, prefix_cache=False)
+    new = FusionRAG.from_pretrained(str(folder), store=store, options={"prefix_cache": False})
     assert weights_digest(folder) != before
     assert new.fingerprint != old.fingerprint
-    report = new.ingest(texts, embeddings=[[1.0, 0.0], [0.0, 1.0]])
+    report = new.add_chunks(texts, embeddings=[[1.0, 0.0], [0.0, 1.0]])
     assert report.plain_computed == 2 and report.fused_computed == 2  # none of the old model's entries
 
 

@@ -196,7 +196,7 @@ def test_a_full_queue_answers_429_and_a_slow_request_408():
 def test_a_chats_second_turn_over_http_computes_only_its_new_tokens():
     from fusionrag_llm import FusionRAG
 
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", turn_cache_gib=0.1)
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"turn_cache_gib": 0.1})
     with RunningServer(create_app(rag, "tiny")) as base:
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
         messages = chat(QUESTIONS[0])

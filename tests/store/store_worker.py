@@ -12,12 +12,12 @@ def chunks(start: int, stop: int) -> list[str]:
 
 def main() -> None:
     folder, action, start, stop = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    rag = FusionRAG.from_pretrained("tiny", store=folder, kv_codec="model", prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=folder, options={"kv_codec": "model", "prefix_cache": False})
     texts = chunks(start, stop)
     vectors = [[1.0, float(i % 5), float(i % 3)] for i in range(start, stop)]
     result = {}
     if action in ("ingest", "both"):
-        report = rag.ingest(texts, fuse=False, embeddings=vectors)
+        report = rag.add_chunks(texts, fuse=False, embeddings=vectors)
         result["plain_computed"] = report.plain_computed
     if action in ("answer", "both"):
         out = rag.generate(RAGRequest(chunks=texts[:3], question="How many boats?"), method="full_reuse", max_new_tokens=6)

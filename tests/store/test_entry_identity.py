@@ -18,7 +18,7 @@ REQUEST = RAGRequest(chunks=[CHUNKS[0], CHUNKS[2], CHUNKS[1]], question="Where w
 
 
 def reference_logits(request=REQUEST, new_tokens=6):
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
     out = rag.generate(request, method="full_attention", max_new_tokens=new_tokens)
     return out.token_ids, rag.logits(request, out.token_ids, method="full_attention")
 
@@ -27,7 +27,7 @@ def test_fused_entry_filed_as_plain_is_not_served(caplog):
     """The first chunk after S0 is served from its plain entry as exact KV: a fused entry under the
     plain key would silently change even r = 1 (nothing recomputes an exact block)."""
     tokens, expected = reference_logits()
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
     rag.add_chunks(CHUNKS, embeddings=EMBEDDINGS, neighbors=2)
     ids = rag.parts.catalog.get(CHUNKS[0]).token_ids
     fused, _ = rag.parts.entries.lookup(ids, "fused")
@@ -39,7 +39,7 @@ def test_fused_entry_filed_as_plain_is_not_served(caplog):
 
 
 def test_entry_of_another_model_is_a_miss(caplog):
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
     rag.add_chunks(CHUNKS, fuse=False, embeddings=EMBEDDINGS)
     ids = rag.parts.catalog.get(CHUNKS[1]).token_ids
     entry, _ = rag.parts.entries.lookup(ids, "plain")
@@ -57,7 +57,7 @@ def test_lossy_store_never_serves_approximate_kv_as_exact(tmp_path):
     however often the same prompt is asked (path blocks are kept in float32; no float16 entry is
     ever served as exact, not even the first chunk's after S0)."""
     tokens, expected = reference_logits()
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, store_dtype="float16")
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "fp16"})
     assert not rag.parts.entries.lossless
     rag.add_chunks(CHUNKS, embeddings=EMBEDDINGS, neighbors=2)
     for _ in range(2):  # the second round finds whatever the first one stored
@@ -76,7 +76,7 @@ def test_lossy_and_exact_stores_in_one_folder_keep_apart(tmp_path):
     exact = FusionRAG.from_pretrained("tiny", store=tmp_path)
     exact.add_chunks(CHUNKS, fuse=False, embeddings=EMBEDDINGS)
     exact.store.close()
-    lossy = FusionRAG.from_pretrained("tiny", store=tmp_path, store_dtype="float16")
+    lossy = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "fp16"})
     ids = lossy.parts.catalog.get(CHUNKS[0]).token_ids
     assert lossy.parts.entries.lookup(ids, "plain") is None
     assert lossy.parts.entries.key(ids, "plain") != exact.parts.entries.key(ids, "plain")
@@ -87,7 +87,7 @@ def test_lossy_and_exact_stores_in_one_folder_keep_apart(tmp_path):
 
 @pytest.mark.parametrize("store_dtype", ["model", "float32"])
 def test_store_in_the_compute_dtype_is_lossless(tmp_path, store_dtype):
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, kv_codec=store_dtype)
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": store_dtype})
     assert rag.parts.entries.lossless
     rag.add_chunks(CHUNKS, fuse=False, embeddings=EMBEDDINGS)
     rag.generate(REQUEST, method="full_attention", max_new_tokens=2)

@@ -41,14 +41,14 @@ def plain_key(rag: FusionRAG, text: str) -> str:
 def test_fresh_memory_and_disk_reads_of_a_key_give_one_kv(tmp_path, codec):
     texts = chunks(0, 3)
     request = RAGRequest(chunks=texts, question="How many boats?")
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False, kv_codec=codec)
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False, "kv_codec": codec})
     rag.add_chunks(texts[:2], fuse=False, embeddings=VECTORS[:2])  # the third is computed by the request
     fresh = rag.generate(request, method="full_reuse", max_new_tokens=6)
     blocks = 1 if codec == "bf16" else 0  # a bf16 store keeps S0's exact block too (computed at ingestion)
     assert fresh.stats.path_hits["miss"] == 1 and fresh.stats.tier_hits["host"] == 2 + blocks
     from_memory = rag.generate(request, method="full_reuse", max_new_tokens=6)
     rag.store.close()
-    reopened = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False, kv_codec=codec)
+    reopened = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False, "kv_codec": codec})
     from_disk = reopened.generate(request, method="full_reuse", max_new_tokens=6)
     assert from_memory.stats.path_hits["miss"] == 0 and from_disk.stats.tier_hits["disk"] == 3 + blocks
     assert fresh.token_ids == from_memory.token_ids == from_disk.token_ids
@@ -57,7 +57,7 @@ def test_fresh_memory_and_disk_reads_of_a_key_give_one_kv(tmp_path, codec):
 def test_each_codec_has_its_own_keys_and_the_entries_are_smaller(tmp_path):
     sizes = {}
     for codec in ("float32", "bf16", "int8", "int4"):
-        rag = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False, kv_codec=codec)
+        rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False, "kv_codec": codec})
         rag.add_chunks(chunks(0, 1), fuse=False, embeddings=VECTORS[:1])
         entry, _ = rag.parts.entries.lookup(rag.parts.catalog.get(chunks(0, 1)[0]).token_ids, "plain")
         sizes[codec] = entry.nbytes
@@ -68,14 +68,14 @@ def test_each_codec_has_its_own_keys_and_the_entries_are_smaller(tmp_path):
 
 def test_corrupt_packed_entry_is_detected_dropped_and_recomputed(tmp_path, caplog):
     texts = chunks(0, 3)
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False, kv_codec="int8")
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False, "kv_codec": "int8"})
     rag.add_chunks(texts, fuse=False, embeddings=VECTORS)
     request = RAGRequest(chunks=texts, question="How many boats?")
     clean = rag.generate(request, method="full_reuse", max_new_tokens=6)
     victim = plain_key(rag, texts[1])
     rag.store.close()
     corrupt_stored(tmp_path, victim)
-    reopened = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False, kv_codec="int8")
+    reopened = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False, "kv_codec": "int8"})
     with caplog.at_level(logging.WARNING):
         out = reopened.generate(request, method="full_reuse", max_new_tokens=6)
     assert "corrupt" in caplog.text
@@ -88,7 +88,7 @@ def test_corrupt_packed_entry_is_detected_dropped_and_recomputed(tmp_path, caplo
 
 def test_recomputing_everything_equals_full_attention_in_a_quantized_store(tmp_path):
     texts = chunks(0, 3)
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False, kv_codec="int4")
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False, "kv_codec": "int4"})
     rag.add_chunks(texts, embeddings=VECTORS, neighbors=2)
     request = RAGRequest(chunks=texts, question="How many ferries?")
     full = rag.generate(request, method="full_attention", max_new_tokens=6)
@@ -96,7 +96,7 @@ def test_recomputing_everything_equals_full_attention_in_a_quantized_store(tmp_p
 
 
 def test_packed_entries_expand_on_the_models_device_and_dtype(tmp_path):
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, kv_codec="fp8")
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "fp8"})
     rag.add_chunks(chunks(0, 1), fuse=False, embeddings=VECTORS[:1])
     entry, _ = rag.parts.entries.lookup(rag.parts.catalog.get(chunks(0, 1)[0]).token_ids, "plain")
     model = rag.parts.loaded.model
@@ -106,6 +106,4 @@ def test_packed_entries_expand_on_the_models_device_and_dtype(tmp_path):
 
 def test_bad_kv_codec_names_the_allowed_ones(tmp_path):
     with pytest.raises(FusionRAGError, match="allowed: model, float32, bf16, fp16, int8, fp8, int4"):
-        FusionRAG.from_pretrained("tiny", store=tmp_path, kv_codec="int3")
-    with pytest.raises(FusionRAGError, match="not both"):
-        FusionRAG.from_pretrained("tiny", store=tmp_path, kv_codec="int8", store_dtype="float16")
+        FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "int3"})

@@ -21,12 +21,12 @@ VECTORS = [[1, 0], [0, 1], [1, 1]]
 
 
 def test_a_new_store_records_the_default_and_reopens_with_it(tmp_path):
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False})
     assert DEFAULT_KV_CODEC == "bf16" and recorded_kv_codec(tmp_path) == "bf16"
     assert rag.store.storage_dtype == torch.bfloat16 and not rag.parts.entries.lossless
     rag.add_chunks(chunks(0, 2), fuse=False, embeddings=VECTORS[:2])
     rag.store.close()
-    again = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False)
+    again = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False})
     out = again.generate(RAGRequest(chunks=chunks(0, 2), question="How many boats?"), method="full_reuse", max_new_tokens=2)
     assert out.stats.path_hits == {"exact": 0, "chunk": 2, "miss": 0}  # only the prompt prefix is computed
 
@@ -50,11 +50,11 @@ def test_a_store_ingested_with_a_codec_is_read_with_it_by_an_engine_given_none(t
 
 
 def test_a_store_made_before_records_keeps_the_compute_dtype(tmp_path):
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False, kv_codec="model")
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False, "kv_codec": "model"})
     rag.add_chunks(chunks(0, 1), fuse=False, embeddings=VECTORS[:1])
     rag.store.close()
     (tmp_path / CODEC_FILE).unlink()  # as a store written before stores recorded their codec
-    old = FusionRAG.from_pretrained("tiny", store=tmp_path, prefix_cache=False)
+    old = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False})
     assert recorded_kv_codec(tmp_path) == "model" and old.parts.entries.lossless
     assert old.parts.entries.lookup(old.parts.catalog.get(chunks(0, 1)[0]).token_ids, "plain")[0] is not None
 
@@ -64,7 +64,7 @@ def test_a_codec_given_wins_and_the_record_stays(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="fusionrag_llm.engine.store_codec"):
         assert store_kv_codec(tmp_path, "int4") == "int4"
     assert "records kv_codec 'bf16'" in caplog.text and recorded_kv_codec(tmp_path) == "bf16"
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, kv_codec="int4")
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "int4"})
     assert rag.store.codec_id == "int4.2" and recorded_kv_codec(tmp_path) == "bf16"
 
 
@@ -98,13 +98,13 @@ def test_a_bf16_store_keeps_exact_path_blocks_in_the_compute_dtype(tmp_path):
     plain, _ = rag.parts.entries.lookup(rag.parts.catalog.get(texts[0]).token_ids, "plain")
     assert plain.dtype == torch.bfloat16
     other = RAGRequest(chunks=texts[::-1], question="How many ferries?")
-    fresh = FusionRAG.from_pretrained("tiny", store=":memory:", kv_codec="model")
+    fresh = FusionRAG.from_pretrained("tiny", store=":memory:", options={"kv_codec": "model"})
     expected = fresh.generate(other, method="full_attention", max_new_tokens=6)
     assert rag.generate(other, method="fusionrag", recompute_ratio=1.0, max_new_tokens=6).token_ids == expected.token_ids
 
 
 def test_an_int8_store_keeps_no_exact_blocks(tmp_path):
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, kv_codec="int8")
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "int8"})
     assert not rag.parts.entries.keys.exact_blocks
     with pytest.raises(ValueError, match="packed entries only"):
         rag.store.put("ab" * 32, rag.parts.entries.computer.compute_exact((1, 2, 3)), exact=True)
@@ -112,11 +112,11 @@ def test_an_int8_store_keeps_no_exact_blocks(tmp_path):
 
 def test_a_memory_store_keeps_the_compute_dtype_unless_told():
     assert FusionRAG.from_pretrained("tiny", store=":memory:").parts.entries.lossless
-    assert FusionRAG.from_pretrained("tiny", store=":memory:", kv_codec="bf16").store.storage_dtype == torch.bfloat16
+    assert FusionRAG.from_pretrained("tiny", store=":memory:", options={"kv_codec": "bf16"}).store.storage_dtype == torch.bfloat16
 
 
 def test_the_record_is_plain_json(tmp_path):
-    FusionRAG.from_pretrained("tiny", store=tmp_path, kv_codec="fp16")
+    FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "fp16"})
     assert json.loads((tmp_path / CODEC_FILE).read_text()) == {"kv_codec": "fp16"}
 
 
@@ -126,7 +126,7 @@ def test_cache_verify_checks_entries_of_every_codec_with_their_own(tmp_path):
     from test_kv_codec_engine import corrupt_stored
 
     for codec in ("int8", "bf16"):
-        rag = FusionRAG.from_pretrained("tiny", store=tmp_path, kv_codec=codec)
+        rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": codec})
         rag.add_chunks(chunks(0, 2), fuse=False, embeddings=VECTORS[:2])
         rag.store.close()
     runner = CliRunner()
@@ -134,7 +134,7 @@ def test_cache_verify_checks_entries_of_every_codec_with_their_own(tmp_path):
     assert clean.exit_code == 0 and "0 corrupt, 0 stale" in clean.output, clean.output
     stats = runner.invoke(cli, ["cache", "stats", "--store", str(tmp_path)])
     assert "kv_codec: int8" in stats.output
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, kv_codec="int8")
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "int8"})
     victim = rag.parts.entries.key(rag.parts.catalog.get(chunks(0, 2)[1]).token_ids, "plain")
     rag.store.close()
     corrupt_stored(tmp_path, victim)

@@ -48,7 +48,7 @@ def test_a_new_process_gets_hits_and_identical_answers(tmp_path):
 
 
 def test_corrupt_entry_is_dropped_recomputed_and_reported(tmp_path, caplog):
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, kv_codec="model", prefix_cache=False)
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "model", "prefix_cache": False})
     texts = chunks(0, 3)
     rag.add_chunks(texts, fuse=False, embeddings=[[1, 0], [0, 1], [1, 1]])
     request = RAGRequest(chunks=texts, question="How many boats?")
@@ -58,7 +58,7 @@ def test_corrupt_entry_is_dropped_recomputed_and_reported(tmp_path, caplog):
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
-    reopened = FusionRAG.from_pretrained("tiny", store=tmp_path, kv_codec="model", prefix_cache=False)
+    reopened = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "model", "prefix_cache": False})
     with caplog.at_level(logging.WARNING):
         out = reopened.generate(request, method="full_reuse", max_new_tokens=6)
     assert "corrupt" in caplog.text
@@ -70,7 +70,7 @@ def test_corrupt_entry_is_dropped_recomputed_and_reported(tmp_path, caplog):
 
 
 def test_truncated_entry_is_caught_by_verify(tmp_path):
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, kv_codec="model")
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "model"})
     rag.add_chunks(chunks(0, 3), fuse=False, embeddings=[[1, 0], [0, 1], [1, 1]])
     rag.store.close()
     victim = sorted(tmp_path.rglob("*.val"))[0]
@@ -87,9 +87,9 @@ def test_two_processes_ingest_and_read_one_store_at_once(tmp_path):
              for a, b in ((0, 12), (6, 18))]
     outputs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-1500:] for o in outputs]
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, kv_codec="model")
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "model"})
     assert rag.store.verify().corrupt == []
-    report = rag.ingest(chunks(0, 18), fuse=False, embeddings=[[1.0, float(i % 5), float(i % 3)] for i in range(18)])
+    report = rag.add_chunks(chunks(0, 18), fuse=False, embeddings=[[1.0, float(i % 5), float(i % 3)] for i in range(18)])
     assert report.plain_computed == 0  # every entry either process wrote is there and readable
     assert len(rag.parts.catalog) == 18
 
@@ -103,17 +103,17 @@ def test_killed_ingestion_keeps_completed_entries_and_resumes(tmp_path):
     process.kill()
     process.wait()
     assert 20 <= len(list(tmp_path.rglob("*.val"))) < 400, "the ingestion was not interrupted midway"
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, kv_codec="model")
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "model"})
     assert rag.store.verify().corrupt == []
     stored = len([k for k in rag.store.keys()]) - 1  # minus the prefix entry
-    report = rag.ingest(chunks(0, 400), fuse=False, embeddings=[[1.0, float(i % 5), float(i % 3)] for i in range(400)])
+    report = rag.add_chunks(chunks(0, 400), fuse=False, embeddings=[[1.0, float(i % 5), float(i % 3)] for i in range(400)])
     assert report.plain_computed == 400 - stored
 
 
 @pytest.mark.parametrize("other", [dict(name="tiny-qwen2"), dict(name="tiny", dtype="bfloat16")])
 def test_another_model_or_dtype_never_reads_these_entries(tmp_path, other):
     texts = chunks(0, 3)
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, kv_codec="model")
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "model"})
     rag.add_chunks(texts, fuse=False, embeddings=[[1, 0], [0, 1], [1, 1]])
     rag.store.close()
     stranger = FusionRAG.from_pretrained(other["name"], dtype=other.get("dtype"), store=tmp_path)
@@ -122,7 +122,7 @@ def test_another_model_or_dtype_never_reads_these_entries(tmp_path, other):
 
 
 def test_alternative_path_exact_hit_then_chunk_entries_for_another_order(tmp_path):
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, kv_codec="model")
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "model"})
     texts = chunks(0, 3)
     rag.add_chunks(texts, embeddings=[[1, 0], [0, 1], [1, 1]], neighbors=2)
     request = RAGRequest(chunks=texts, question="How many ferries?")
@@ -139,8 +139,8 @@ def test_alternative_path_exact_hit_then_chunk_entries_for_another_order(tmp_pat
     assert prefix_shared.stats.path_hits == {"exact": 2, "chunk": 1, "miss": 0}
 
 
-def test_store_dtype_float16_on_disk_while_computing_in_float32(tmp_path):
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, store_dtype="float16")
+def test_fp16_codec_on_disk_while_computing_in_float32(tmp_path):
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "fp16"})
     texts = chunks(0, 2)
     rag.add_chunks(texts, fuse=False, embeddings=[[1, 0], [0, 1]])
     entry, _ = rag.parts.entries.lookup(rag.parts.catalog.get(texts[0]).token_ids, "plain")
@@ -151,7 +151,7 @@ def test_store_dtype_float16_on_disk_while_computing_in_float32(tmp_path):
 
 def test_host_budget_is_respected_by_the_engine(tmp_path):
     store = TieredStore(tmp_path, StoreBudgets(host_bytes=150_000, disk_bytes=10**9))
-    rag = FusionRAG.from_pretrained("tiny", store=store, kv_codec="model")
+    rag = FusionRAG.from_pretrained("tiny", store=store, options={"kv_codec": "model"})
     texts = chunks(0, 10)
     rag.add_chunks(texts, embeddings=[[1.0, float(i)] for i in range(10)], neighbors=2)
     for start in range(0, 8):
@@ -161,9 +161,9 @@ def test_host_budget_is_respected_by_the_engine(tmp_path):
 
 def test_generate_many_prefetches_from_disk_and_matches_one_by_one(tmp_path):
     texts = chunks(0, 8)
-    FusionRAG.from_pretrained("tiny", store=tmp_path, kv_codec="model").add_chunks(texts, embeddings=[[1.0, float(i)] for i in range(8)], neighbors=2)
+    FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "model"}).add_chunks(texts, embeddings=[[1.0, float(i)] for i in range(8)], neighbors=2)
     requests = [RAGRequest(chunks=texts[i : i + 3], question=f"How many boats in town {i}?") for i in range(5)]
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, kv_codec="model")  # a fresh process view: entries only on disk
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "model"})  # a fresh process view: entries only on disk
     batch = rag.generate_many(requests, max_new_tokens=4)
     assert batch[0].stats.tier_hits["disk"] >= 3 and all(g.stats.prefetched_entries >= 3 for g in batch)
     single = [rag.generate(r, max_new_tokens=4) for r in requests]
