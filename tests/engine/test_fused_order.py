@@ -7,8 +7,6 @@ import pytest
 import torch
 
 from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest
-from fusionrag_llm.eval.bench_methods import parse_methods
-from fusionrag_llm.eval.bench_quality import QualityConfig
 from fusionrag_llm.fusion.catalog import FusedRecord
 from fusionrag_llm.fusion.entry_keys import EntryKeys
 from fusionrag_llm.fusion.fused_order import FUSED_ORDERS, context_in_place, placement_order
@@ -131,15 +129,6 @@ def test_a_bad_layout_names_the_allowed_ones():
     assert len(rag.parts.catalog) == 0  # nothing registered
     with pytest.raises(ValueError, match="similar_first, similar_last, corpus"):
         EntryKeys("ab" * 32, s0_ids=(1,), lossless=True, fused_order="random")
-
-
-def test_quality_runs_of_other_layouts_are_other_runs():
-    config = QualityConfig("synthetic", "tiny", parse_methods("fusionrag"), (0.15,))
-    assert "fused_order" not in config.identity()  # logs written before layouts existed stay resumable
-    other = QualityConfig("synthetic", "tiny", parse_methods("fusionrag"), (0.15,), fused_order="corpus")
-    assert other.identity()["fused_order"] == "corpus"
-    with pytest.raises(ValueError, match="similar_first, similar_last, corpus"):
-        QualityConfig("synthetic", "tiny", parse_methods("fusionrag"), (0.15,), fused_order="shuffled")
 
 
 def test_another_process_reads_the_layout_the_store_was_ingested_with(tmp_path):
