@@ -99,7 +99,7 @@ def run_quality(rag, examples: list[QAExample], config: QualityConfig, log: Part
     if not pending:
         return run  # everything was resumed: no offline stage needed
     run.offline = _offline_stage(rag, examples, config, progress)
-    _warm_up(rag, pending[0], config)
+    _warm_up(rag, pending[0])
     for ex in tqdm(pending, desc="questions", unit="q", disable=not progress):
         # Entries evicted from a bounded store since the offline stage are recomputed here (same
         # neighbours: the catalog holds the whole pool), so no method silently falls back to plain.
@@ -130,7 +130,7 @@ def _request(ex: QAExample) -> RAGRequest:
     return RAGRequest(chunks=chunk_texts(ex), question=ex.question)
 
 
-def _warm_up(rag, ex: QAExample, config: QualityConfig) -> None:
+def _warm_up(rag, ex: QAExample) -> None:
     """One untimed answer so the first timed request does not pay one-off setup costs."""
     rag.generate(_request(ex), method="full_attention", recompute_ratio=1.0, max_new_tokens=1)
 
