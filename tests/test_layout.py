@@ -54,7 +54,7 @@ def _package_folders() -> dict[str, Path]:
     found = {}
     for init in ROOT.rglob("__init__.py"):
         folder = init.parent.relative_to(ROOT)
-        if folder.parts[0] in ("tests", "build", "cookbook") or any(p.startswith(".") for p in folder.parts):
+        if folder.parts[0] in ("tests", "build", "cookbook", "bench") or any(p.startswith(".") for p in folder.parts):
             continue
         top = MAPPED.get(folder.parts[0], folder.parts[0])
         found[".".join((top, *folder.parts[1:]))] = folder

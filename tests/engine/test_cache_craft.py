@@ -238,15 +238,6 @@ def test_the_cfo_policy_needs_fused_entries():
     assert plan_run("fusionrag", 0.1, variant_policy="cfo").variant_policy == "cfo"
 
 
-def test_benchmarks_store_notes_only_for_methods_that_read_them():
-    from fusionrag_llm.eval.bench_methods import needs_variant_notes, parse_methods
-
-    assert needs_variant_notes(parse_methods("cache_craft"))
-    assert needs_variant_notes(parse_methods("fusionrag:cfo"))
-    assert not needs_variant_notes(parse_methods("fusionrag,cacheblend,fused+query_guided_layers,ape"))
-    assert not needs_variant_notes(parse_methods("plain+cache_craft"))  # plain entries carry no notes
-
-
 def test_the_cli_ingests_with_notes(tmp_path):
     from click.testing import CliRunner
 

@@ -6,7 +6,6 @@ import torch
 
 from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest
 from fusionrag_llm.engine.methods import METHODS, check_run_options, plan_run
-from fusionrag_llm.eval.bench_methods import parse_method
 from fusionrag_llm.fusion.kv_shift import ChunkShift
 from fusionrag_llm.integrations.langchain import ChatFusionRAG
 from fusionrag_llm.integrations.llama_index import FusionRAGLLM
@@ -102,18 +101,6 @@ def test_a_step_that_shifts_keeps_all_its_rows():
                        shift=lambda *args: None)  # fmt: skip
     with pytest.raises(ValueError, match="cannot drop rows part way"):
         step.narrowed(torch.tensor([False, True, True]))
-
-
-def test_benchmarks_spell_the_share_after_a_tilde():
-    method = parse_method("fused+query_guided_layers:blend~0.5")
-    assert (method.selector, method.variant_policy, method.kv_shift) == ("query_guided_layers", "blend", 0.5)
-    assert parse_method("fusionrag~0").plan(0.15).kv_shift == 0.0
-    assert parse_method("a3~0.5@64").decode_kv_budget == 64
-    for bad in ("fusionrag~", "fusionrag~2", "fusionrag~x"):
-        with pytest.raises(ValueError, match="'~' must be followed by a number in \\[0, 1\\]"):
-            parse_method(bad)
-    with pytest.raises(ValueError, match="kv_shift does not apply to cache_craft"):
-        parse_method("cache_craft~0.5")
 
 
 def test_the_adapters_pass_the_share(rag):

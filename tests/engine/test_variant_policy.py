@@ -8,7 +8,6 @@ import torch
 from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest
 from fusionrag_llm.engine.methods import VARIANT_BLEND, VARIANT_CHECK_LAYER, check_run_options
 from fusionrag_llm.storage import KVEntry
-from fusionrag_llm.eval.bench_methods import parse_method
 
 TEXTS = ["Anna keeps the lighthouse on Skerry.", "Anna's lighthouse was built in 1890.",
          "Carl runs the ferry to Holm.", "Carl's ferry leaves at nine."]  # fmt: skip
@@ -53,19 +52,6 @@ def test_the_validator_names_a_bad_policy(knobs, message):
     with pytest.raises(FusionRAGError, match=message):
         check_run_options(recompute_ratio=0.15, **knobs)
     assert check_run_options(method="full_reuse", recompute_ratio=0, variant_policy="always").variant_policy == "always"
-
-
-def test_benchmarks_spell_a_policy_after_a_colon():
-    method = parse_method("fusionrag:overlap")
-    assert (method.label, method.method, method.variant_policy) == ("fusionrag:overlap", "fusionrag", "overlap")
-    assert parse_method("fused+kv_deviation:overlap").selector == "kv_deviation"
-    spread = parse_method("fused+query_guided_spread:blend")  # a selector valid only under its policy
-    assert (spread.selector, spread.variant_policy) == ("query_guided_spread", "blend")
-    with pytest.raises(ValueError, match="only variant_policy 'blend' measures"):
-        parse_method("fused+query_guided_spread")
-    with pytest.raises(ValueError, match="variant policy"):
-        parse_method("fusionrag:never")
-
 
 
 def _stored(rag, token_ids):

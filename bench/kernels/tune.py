@@ -1,22 +1,22 @@
 """Launch-configuration sweep of the query-sparse attention kernel: check and time each tile shape.
 
-    python -m fusionrag_llm.kernels.tune [--json PATH] [--variants q_sparse_attention,...] [--budget-s 240]
-    python -m fusionrag_llm.kernels.tune --variants OLD,NEW --defaults-only   # two versions as they ship
-    python -m fusionrag_llm.kernels.tune --dry-run    # list the cases and configurations only
-    python -m fusionrag_llm.kernels.tune --small      # CPU smoke run (Triton interpreter)
+    python bench/kernels/tune.py [--out DIR] [--variants q_sparse_attention,...] [--budget-s 240]
+    python bench/kernels/tune.py --variants OLD,NEW --defaults-only   # two versions as they ship
+    python bench/kernels/tune.py --dry-run    # list the cases and configurations only
+    python bench/kernels/tune.py --small      # CPU smoke run (Triton interpreter)
 
-Cases (``cases``): bench.py's FusionRAG prefill layout at its recompute fractions (32k context,
+Cases (``cases``): speed.py's FusionRAG prefill layout at its recompute fractions (32k context,
 32 query / 8 KV heads, head dim 128, bf16), a small recompute set (16 queries: 64 rows) and
 decode (one query at the end of the context, some context keys invalid, no page). A *variant* is
-a kernel module of this package with the ``q_sparse_attention`` launcher (by default this
-package's own); each configuration (BLOCK_M, BLOCK_N, num_warps, num_stages) replaces the module's
+a module of ``fusionrag_llm.kernels`` with the ``q_sparse_attention`` launcher (by default the
+shipped one); each configuration (BLOCK_M, BLOCK_N, num_warps, num_stages) replaces the module's
 ``launch_config`` for its calls, ``default`` keeps the module's choice.
 
 Every (variant, configuration, case) is first checked against ``q_sparse_attention_ref`` (fp32, on
 the same fresh random inputs, the output buffer poisoned with NaN first): relative error
 ``|out - ref| / |ref|`` at most ``--tolerance`` and no NaN, else the row is marked failed and not
 timed. Times are medians of ``triton.testing.do_bench``; TFLOP/s count the visible query-key pairs
-(as bench.py), ``vs full`` is causal SDPA over the whole context (timed once in the same run)
+(as speed.py), ``vs full`` is causal SDPA over the whole context (timed once in the same run)
 divided by the kernel's time. The table printed last gives, per case, the first variant's default
 against the fastest correct configuration of the last variant.
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from .bench import FRACTIONS, FULL, SMALL, build_inputs, causal_sdpa, time_call, visible_pairs
+from speed import FRACTIONS, FULL, SMALL, build_inputs, causal_sdpa, time_call, visible_pairs
 
 Config = tuple[int, int, int, int]  # BLOCK_M, BLOCK_N, num_warps, num_stages
 
@@ -47,6 +47,8 @@ GRID_DECODE = [(16, 64, 4, 2), (16, 64, 4, 3), (16, 64, 4, 4), (16, 128, 4, 2), 
 GRID_BASELINE = [(128, 64, 8, 2)]
 SMALL_GRID = [(16, 16, 4, 2), (32, 16, 4, 2)]
 
+# the CI smoke run (tests/bench/test_lab_scripts.py adds --out)
+TINY_ARGS = ["--small", "--context", "40", "--fractions", "0.3", "--defaults-only"]
 
 def cases(shape: dict, fractions, small: bool) -> list[dict]:
     """The tuned cases: name, recompute fraction or query count, page or not, configuration grid."""
@@ -58,7 +60,7 @@ def cases(shape: dict, fractions, small: bool) -> list[dict]:
 
 
 def case_inputs(shape: dict, case: dict, device: str, seed: int) -> dict:
-    """bench.py's layout (sorted random recompute positions, their page); decode: the last position."""
+    """speed.py's layout (sorted random recompute positions, their page); decode: the last position."""
     n = shape["context"]
     fraction = case.get("fraction", case.get("queries", 1) / n)
     inp = build_inputs(shape, fraction, device, seed=seed)
@@ -121,10 +123,10 @@ def run(shape: dict, case_list: list[dict], variants: list[str], device: str, re
 
     ``grid=False`` runs each variant's default configuration only.
     """
-    from .q_sparse_attention import q_sparse_attention_ref
+    from fusionrag_llm.kernels.q_sparse_attention import q_sparse_attention_ref
 
     t0 = time.perf_counter()
-    modules = {v: importlib.import_module(f"{__package__}.{v}") for v in variants}
+    modules = {v: importlib.import_module(f"fusionrag_llm.kernels.{v}") for v in variants}
     t_full = time_call(causal_sdpa(shape, device), device, reps) if device == "cuda" else None
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (triton interpreter)",
               "torch": torch.__version__, "triton": _triton_version(), "shape": shape, "variants": variants,
@@ -209,10 +211,10 @@ def format_summary(result: dict) -> str:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m fusionrag_llm.kernels.tune", description=__doc__.split("\n")[0])
-    p.add_argument("--json", default="bench_out/kernels_tune.json", help="where to write the rows")
+    p = argparse.ArgumentParser(prog="python bench/kernels/tune.py", description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="bench_out", help="folder for tune.json")
     p.add_argument("--variants", default="q_sparse_attention",
-                   help="comma-separated kernel modules of this package; the first is the baseline")
+                   help="comma-separated modules of fusionrag_llm.kernels; the first is the baseline")
     p.add_argument("--fractions", default=",".join(map(str, FRACTIONS)), help="comma-separated")
     p.add_argument("--context", type=int, help="context length (default 32768, or 96 with --small)")
     p.add_argument("--reps", type=int, default=None, help="do_bench time in ms (default 100, 1 rep with --small)")
@@ -240,9 +242,9 @@ def main(argv=None) -> int:
         return 0
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not args.small:
-        sys.stderr.write("kernels.tune: no CUDA device; the sweep needs a GPU (use --small for a CPU smoke run)\n")
+        sys.stderr.write("tune.py: no CUDA device; the sweep needs a GPU (use --small for a CPU smoke run)\n")
         return 2
-    out = Path(args.json)
+    out = Path(args.out) / "tune.json"
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def on_row(result, row):
@@ -262,5 +264,5 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     if not torch.cuda.is_available() and "--small" in sys.argv and os.environ.get("TRITON_INTERPRET") != "1":
         os.environ["TRITON_INTERPRET"] = "1"
-        os.execv(sys.executable, [sys.executable, "-m", "fusionrag_llm.kernels.tune", *sys.argv[1:]])
+        os.execv(sys.executable, [sys.executable, __file__, *sys.argv[1:]])
     sys.exit(main(sys.argv[1:]))

@@ -1,17 +1,17 @@
-"""TTFT with a request's stored KV placed whole before the prefill or layer by layer during it.
+"""The GPU benchmark: TTFT of Full Attention, Full Reuse and ``fusionrag`` on a random-weight model with
+a real model's shape (weights' values do not change speed, and nothing is downloaded), with a
+request's stored KV placed whole before the prefill or layer by layer during it (Cache-Craft's
+layer-wise preloading, ``fusion/layer_feed.py``):
 
-Cache-Craft's layer-wise preloading (``fusion/layer_feed.py``) on a random-weight model with a real
-model's shape (weights' values do not change speed, and nothing is downloaded):
-
-    fusionrag bench preload --shape llama3-8b --contexts 8192,16384,32768 --out results/
-    fusionrag bench preload --shape small --device cpu --dtype float32 --contexts 1024 --tiers host  # smoke run
+    fusionrag bench gpu --shape llama3-8b --lengths 8192,16384,32768 --out results/
+    fusionrag bench gpu --shape small --device cpu --dtype float32 --lengths 1024 --tiers host  # smoke run
 
 Per tier the chunk entries live in (``host``: pinned host memory, every read copies them to the GPU;
 ``device``: GPU memory, placing is a device copy and rotary), per context length and method, the
 request runs alternately with ``layerwise_load`` off and on (``--repeats`` each, after a warm-up),
 timed on the host with the device synchronised (one new token, so TTFT plus one sampling step). The
-table gives the medians and their ratio; ``preload.json`` keeps every run (written after each
-context, so a run cut short keeps what it measured) and ``preload.md`` the table.
+table gives the medians and their ratio; ``gpu.json`` keeps every run (written after each
+context, so a run cut short keeps what it measured) and ``gpu.md`` the table.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ SHAPES = {
                             num_key_value_heads=2, head_dim=64, max_position_embeddings=65536)),
 }  # fmt: skip
 METHODS = (("full_reuse", 0.0), ("fusionrag", 0.15))
+DTYPES = ("bfloat16", "float16", "float32")
 TOKENS_PER_CHUNK = 512
 
 
@@ -136,15 +137,17 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_preload_bench(shape: str, device: str, dtype: str, contexts: list[int], tiers: list[str], repeats: int,
+def run_gpu_bench(shape: str, device: str, dtype: str, contexts: list[int], tiers: list[str], repeats: int,
                       out: Path, kernels: str = "auto") -> dict:  # fmt: skip
-    """Measure every (tier, context, method); writes ``preload.json`` and ``preload.md`` into ``out``."""
+    """Measure every (tier, context, method); writes ``gpu.json`` and ``gpu.md`` into ``out``."""
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if "device" in tiers and not device.startswith("cuda"):
         raise ValueError("the device tier needs a CUDA device (--device cuda); on the CPU measure --tiers host")
     if min(contexts) < TOKENS_PER_CHUNK:
-        raise ValueError(f"contexts must be at least one chunk ({TOKENS_PER_CHUNK} tokens), got {min(contexts)}")
+        raise ValueError(f"lengths must be at least one chunk ({TOKENS_PER_CHUNK} tokens), got {min(contexts)}")
     loaded = random_model(shape, device, getattr(torch, dtype), kernels=kernels)
     texts = chunk_texts(max(contexts) // TOKENS_PER_CHUNK)
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
@@ -155,8 +158,8 @@ def run_preload_bench(shape: str, device: str, dtype: str, contexts: list[int], 
         rag = engine_on(loaded, tier, texts)
         for context in contexts:
             result["rows"] += measure(rag, texts, tier, context, repeats)
-            (out / "preload.json").write_text(json.dumps(result, indent=1))
+            (out / "gpu.json").write_text(json.dumps(result, indent=1))
         rag.store.close()
     heading = f"{name}, {shape} (random weights), {dtype}, {loaded.model.kernels} attention; TTFT + 1 token, median of {repeats}"
-    (out / "preload.md").write_text(f"{heading}\n\n{table(result['rows'])}\n")
+    (out / "gpu.md").write_text(f"{heading}\n\n{table(result['rows'])}\n")
     return result

@@ -1,7 +1,7 @@
 """Benchmark every kernel: Q-sparse attention against SDPA, and each kernel against its torch reference.
 
-    python -m fusionrag_llm.kernels.bench [--json PATH] [--context 32768] [--fractions ...]
-    python -m fusionrag_llm.kernels.bench --small      # CPU smoke run (Triton interpreter)
+    python bench/kernels/speed.py [--out DIR] [--context 32768] [--fractions ...]
+    python bench/kernels/speed.py --small      # CPU smoke run (Triton interpreter)
 
 For each recompute fraction f the recompute set R is ``round(f * context)`` random context
 positions: their stale context entries are invalid and their fresh K/V sit in the page (the
@@ -16,7 +16,7 @@ One entry per kernel module (``KERNEL_BENCHES``): ``q_sparse_attention`` (above)
 ``q_sparse_attention_varlen`` (packed decode: one query per request), ``apply_rotary`` and
 ``critical_scores``, each timed against its torch reference on the same inputs with their max
 difference, and ``cpu_quant`` (a decode row through the 8-bit and 4-bit CPU linear, on the CPU).
-A new kernel adds its entry there.
+A new kernel adds its entry there. Writes ``kernels.json`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ FULL = {"context": 32768, "heads_q": 32, "heads_kv": 8, "head_dim": 128, "dtype"
 SMALL = {"context": 96, "heads_q": 4, "heads_kv": 2, "head_dim": 32, "dtype": "float32"}
 FRACTIONS = (0.05, 0.15, 0.3, 1.0)
 
+# the CI smoke run (tests/bench/test_lab_scripts.py adds --out)
+TINY_ARGS = ["--small", "--context", "40", "--fractions", "0.15,1.0"]
 
 def build_inputs(shape: dict, fraction: float, device: str, seed: int = 0) -> dict:
     """FusionRAG prefill layout: context [Hkv, N, D], R = recompute positions, page = R's K/V."""
@@ -130,7 +132,7 @@ def _attempt(fn, device, reps):
 
 def bench_fraction(shape: dict, fraction: float, device: str, reps: int) -> list[dict]:
     """Rows for one recompute fraction: the Triton kernel and masked SDPA (+ their max difference)."""
-    from .q_sparse_attention import q_sparse_attention
+    from fusionrag_llm.kernels.q_sparse_attention import q_sparse_attention
 
     inp = build_inputs(shape, fraction, device)
     hq, nq, d = inp["q"].shape
@@ -173,7 +175,7 @@ def _kernel_vs_ref(name, kernel, reference, fraction, queries, flops, nbytes, de
 
 def bench_rotary(shape: dict, device: str, reps: int) -> list[dict]:
     """Rotary embedding of a whole context's position-free keys at arbitrary positions."""
-    from .rotary import apply_rotary, apply_rotary_ref
+    from fusionrag_llm.kernels.rotary import apply_rotary, apply_rotary_ref
 
     g = torch.Generator().manual_seed(1)
     n, hkv, d = shape["context"], shape["heads_kv"], shape["head_dim"]
@@ -187,7 +189,7 @@ def bench_rotary(shape: dict, device: str, reps: int) -> list[dict]:
 
 def bench_critical_scores(shape: dict, device: str, reps: int) -> list[dict]:
     """Question-to-context attention column sums: the last 32 tokens over the whole context."""
-    from .critical_scores import critical_scores, critical_scores_ref
+    from fusionrag_llm.kernels.critical_scores import critical_scores, critical_scores_ref
 
     g = torch.Generator().manual_seed(2)
     n, hq, hkv, d = shape["context"], shape["heads_q"], shape["heads_kv"], shape["head_dim"]
@@ -202,7 +204,7 @@ def bench_critical_scores(shape: dict, device: str, reps: int) -> list[dict]:
 
 def bench_varlen_decode(shape: dict, device: str, reps: int, requests: int = 4) -> list[dict]:
     """Packed decode: ``requests`` requests, one query each, over their own context share."""
-    from .q_sparse_attention_varlen import q_sparse_attention_varlen, q_sparse_attention_varlen_ref
+    from fusionrag_llm.kernels.q_sparse_attention_varlen import q_sparse_attention_varlen, q_sparse_attention_varlen_ref
 
     g = torch.Generator().manual_seed(3)
     n, hq, hkv, d = shape["context"], shape["heads_q"], shape["heads_kv"], shape["head_dim"]
@@ -219,7 +221,7 @@ def bench_varlen_decode(shape: dict, device: str, reps: int, requests: int = 4) 
 
 def bench_cpu_quant(shape: dict, device: str, reps: int) -> list[dict]:
     """Block-quantized CPU linear of one decode row (always on the CPU): q8 and q4 against the reference."""
-    from . import cpu_quant
+    from fusionrag_llm.kernels import cpu_quant
 
     if not cpu_quant.available():
         return [_row("quant_linear", 1.0, 1, None, 0, 0, error="the CPU kernel could not be built here")]
@@ -281,10 +283,9 @@ def format_table(result: dict) -> str:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m fusionrag_llm.kernels.bench",
-                                description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python bench/kernels/speed.py", description=__doc__.split("\n")[0])
     p.add_argument("--small", action="store_true", help="tiny sizes; allowed on CPU (smoke run)")
-    p.add_argument("--json", default="bench_out/kernels_q_sparse.json", help="where to write the results")
+    p.add_argument("--out", default="bench_out", help="folder for kernels.json")
     p.add_argument("--context", type=int, help="context length (default 32768, or 96 with --small)")
     p.add_argument("--fractions", default=",".join(map(str, FRACTIONS)), help="comma-separated")
     p.add_argument("--reps", type=int, default=None, help="timed repetitions (default 50, 1 with --small)")
@@ -296,7 +297,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not args.small:
-        sys.stderr.write("kernels.bench: no CUDA device; the benchmark needs a GPU "
+        sys.stderr.write("speed.py: no CUDA device; the benchmark needs a GPU "
                          "(use --small for a CPU smoke run under the Triton interpreter)\n")
         return 2
     shape = dict(SMALL if args.small else FULL)
@@ -304,7 +305,7 @@ def main(argv=None) -> int:
         shape["context"] = args.context
     reps = args.reps or (1 if args.small else 50)
     result = run(shape, [float(f) for f in args.fractions.split(",")], device, reps)
-    out = Path(args.json)
+    out = Path(args.out) / "kernels.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     sys.stdout.write(format_table(result) + f"\nwrote {out}\n")
@@ -315,7 +316,7 @@ def _reexec_under_interpreter(argv) -> None:
     """A CPU smoke run needs TRITON_INTERPRET=1 before triton decorates the kernels."""
     if not torch.cuda.is_available() and "--small" in argv and os.environ.get("TRITON_INTERPRET") != "1":
         os.environ["TRITON_INTERPRET"] = "1"
-        os.execv(sys.executable, [sys.executable, "-m", "fusionrag_llm.kernels.bench", *argv])
+        os.execv(sys.executable, [sys.executable, __file__, *argv])
 
 
 if __name__ == "__main__":

@@ -1,67 +1,30 @@
-"""Batching benchmark: the same requests answered one by one and as one ``generate_many`` batch.
+"""Batching: the same requests answered one by one and as one ``generate_many`` batch.
+
+    python bench/batch.py [--model smollm2-135m] [--dataset FILE|synthetic] [--requests 8] [--tokens 1024] [--out DIR]
 
 Each request is a question over as many of its own passages as bring the prompt closest to a target
 length. The offline stage runs first (not timed). After one warm-up request, the requests run one
 by one (each alone in the engine), then together (prefills admitted together, every decode step one
 forward over all unfinished answers). Throughput is generated tokens per second of wall time; the
 ratio compares the two runs of the same process. Greedy answers must be the same either way: the
-count of identical answers is reported, with the requests that differ.
+count of identical answers is reported, with the requests that differ. Writes batch.json, batch.md
+and batch.png.
 """
 
 from __future__ import annotations
 
+import argparse
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fusionrag_llm.eval.bench_data import SYNTHETIC, load_examples
-from fusionrag_llm.eval.results import check_positive_ints, fmt, markdown_table, ms, write_report
-from fusionrag_llm.request import RAGRequest
+from fusionrag_llm.eval.bench_data import add_chunks, dataset_label, open_bench_rag, workload_requests
+from fusionrag_llm.eval.plots import pyplot, save_figure
+from fusionrag_llm.eval.results import fmt, machine_info, markdown_table, ms, write_report
+
+TINY_ARGS = ["--model", "tiny", "--dataset", "synthetic", "--requests", "2", "--tokens", "100", "--max-new-tokens", "2"]
 
 
-@dataclass(frozen=True)
-class BatchConfig:
-    dataset: str  # "synthetic" or a resolved MuSiQue-format file
-    model: str
-    requests: int = 8
-    target_tokens: int = 1024
-    max_new_tokens: int = 32
-    method: str = "fusionrag"
-    ratio: float = 0.15
-    neighbors: int = 3
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_positive_ints(self, ("requests", "target_tokens", "max_new_tokens"))
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def build_requests(rag, config: BatchConfig) -> list[RAGRequest]:
-    """One request per question: the prefix of its passages whose prompt is closest to the target
-    (``config``: any workload settings with ``dataset``, ``requests``, ``target_tokens`` and ``seed``)."""
-    passages = 10 if config.dataset == SYNTHETIC else None  # MuSiQue: all of each question's passages
-    examples = load_examples(config.dataset, config.requests, passages=passages, seed=config.seed)
-    if len(examples) < config.requests:
-        raise ValueError(f"the dataset has {len(examples)} questions; --requests asks for {config.requests}")
-    return [closest_request(rag, [p.text for p in ex.passages], ex.question, config.target_tokens) for ex in examples]
-
-
-def closest_request(rag, passages: list[str], question: str, target: int) -> RAGRequest:
-    best, best_gap = None, None
-    for count in range(1, len(passages) + 1):
-        request = RAGRequest(chunks=passages[:count], question=question)
-        size = sum(len(s.token_ids) for s in rag.segments(request))
-        if best is None or abs(size - target) < best_gap:
-            best, best_gap = request, abs(size - target)
-        if size >= target:
-            break
-    return best
-
-
-def run_batch(rag, requests: list[RAGRequest], config: BatchConfig) -> dict:
-    knobs = {"method": config.method, "recompute_ratio": config.ratio, "max_new_tokens": config.max_new_tokens}
+def run_batch(rag, requests, knobs: dict) -> dict:
     rag.generate(requests[0], **knobs)  # warm-up
     start = time.perf_counter()
     single = [rag.generate(request, **knobs) for request in requests]
@@ -107,8 +70,8 @@ def batch_markdown(result: dict, config: dict, machine: dict) -> str:
     per_request = [[r["request"], r["prompt_tokens"], r["generated_one_by_one"], ms(r["ttft_one_by_one_s"]),
                     ms(r["ttft_batched_s"]), "yes" if r["same_answer"] else "NO"] for r in result["requests"]]  # fmt: skip
     return (
-        f"# Batching: {config['model']}, {config['requests']} requests of ~{config['target_tokens']} tokens, "
-        f"{config['max_new_tokens']} new tokens, {config['method']} r={config['ratio']:g}\n\n"
+        f"# Batching: {config['model']}, {config['requests']} requests of ~{config['tokens']} tokens, "
+        f"{config['max_new_tokens']} new tokens, {config['method']}@{config['ratio']:g}\n\n"
         f"{machine['platform']}, {machine['cpu_count']} CPUs, torch {machine['torch']} "
         f"({machine['torch_threads']} threads). Same process, same store; one warm-up request first.\n\n"
         + markdown_table(["run", "wall s", "tokens", "tokens/s", "throughput"], rows)
@@ -119,18 +82,9 @@ def batch_markdown(result: dict, config: dict, machine: dict) -> str:
     )
 
 
-def write_batch(out_dir: Path, config: dict, machine: dict, offline: dict, result: dict) -> list[Path]:
-    """batch.json, batch.md and batch.png in ``out_dir``."""
-    data = {"config": config, "machine": machine, "offline": offline, **result}
-    return write_report(out_dir, "batch", data, batch_markdown(result, config, machine),
-                        lambda path: plot_batch(result, path, f"Batching, {config['model']}"))
-
-
 def plot_batch(result: dict, path: Path, title: str) -> Path:
     """Throughput of both runs, and each request's time to first token in each."""
-    from fusionrag_llm.eval.plots import _pyplot, _save
-
-    plt = _pyplot()
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 4.0))
     left.bar(["one by one", "generate_many"], [result["one_by_one"]["tokens_per_s"], result["batched"]["tokens_per_s"]])
     left.set_ylabel("generated tokens / s")
@@ -142,4 +96,41 @@ def plot_batch(result: dict, path: Path, title: str) -> Path:
     right.set_ylabel("TTFT (ms)")
     right.legend(fontsize=8)
     fig.suptitle(title)
-    return _save(fig, plt, path)
+    return save_figure(fig, plt, path)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--dataset", default=None, help="'synthetic' or a MuSiQue-format file (default: the shared one)")
+    p.add_argument("--requests", type=int, default=8, help="requests, one question each")
+    p.add_argument("--tokens", type=int, default=1024, help="target prompt length in tokens")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--method", default="fusionrag")
+    p.add_argument("--ratio", type=float, default=0.15)
+    p.add_argument("--neighbors", type=int, default=3)
+    p.add_argument("--out", default="bench_results")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    dataset = dataset_label(args.dataset)
+    rag = open_bench_rag(args.model)
+    requests = workload_requests(rag, dataset, args.requests, args.tokens)
+    start = time.perf_counter()
+    pool = list(dict.fromkeys(chunk for request in requests for chunk in request.chunks))
+    add_chunks(rag, pool, args.neighbors)
+    offline = {"chunks": len(pool), "seconds": time.perf_counter() - start}
+    knobs = {"method": args.method, "recompute_ratio": args.ratio, "max_new_tokens": args.max_new_tokens}
+    result = run_batch(rag, requests, knobs)
+    config = {**vars(args), "dataset": dataset}
+    machine = machine_info(rag)
+    paths = write_report(Path(args.out), "batch", {"config": config, "machine": machine, "offline": offline, **result},
+                         batch_markdown(result, config, machine),
+                         lambda path: plot_batch(result, path, f"Batching, {args.model}"))  # fmt: skip
+    print(paths[1].read_text() + "wrote " + ", ".join(map(str, paths)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,4 @@
-"""``fusionrag bench preload``: layer-wise against whole placement, on a small random-weight model on
+"""``fusionrag bench gpu``: layer-wise against whole placement, on a small random-weight model on
 the CPU (the numbers that matter come from a GPU; here the run, its files and its errors)."""
 
 import json
@@ -7,15 +7,15 @@ import torch
 from click.testing import CliRunner
 
 from fusionrag_llm.cli.main import cli
-from fusionrag_llm.eval.bench_preload import chunk_texts, random_model
+from fusionrag_llm.eval.bench_gpu import chunk_texts, random_model
 
 
-def test_preload_bench_writes_both_modes_for_every_context_and_method(tmp_path):
-    args = ["bench", "preload", "--shape", "small", "--device", "cpu", "--dtype", "float32", "--contexts", "1024,1536",
+def test_gpu_bench_writes_both_modes_for_every_context_and_method(tmp_path):
+    args = ["bench", "gpu", "--shape", "small", "--device", "cpu", "--dtype", "float32", "--lengths", "1024,1536",
             "--tiers", "host", "--repeats", "1", "--out", str(tmp_path)]  # fmt: skip
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
-    written = json.loads((tmp_path / "preload.json").read_text())
+    written = json.loads((tmp_path / "gpu.json").read_text())
     rows = written["rows"]
     assert written["kernels"] == "torch"  # auto on the CPU
     assert [(r["context"], r["method"]) for r in rows] == [(c, m) for c in (1024, 1536) for m in ("full_reuse", "fusionrag")]
@@ -26,13 +26,14 @@ def test_preload_bench_writes_both_modes_for_every_context_and_method(tmp_path):
     assert "| host | 1536 | fusionrag r=0.15 |" in result.output
 
 
-def test_preload_bench_refuses_what_it_cannot_measure(tmp_path):
+def test_gpu_bench_refuses_what_it_cannot_measure(tmp_path):
     run = CliRunner().invoke
     out = ["--out", str(tmp_path)]
-    assert "needs a CUDA device" in run(cli, ["bench", "preload", "--shape", "small", "--device", "cpu", *out]).output
-    assert "host and/or device" in run(cli, ["bench", "preload", "--tiers", "disk", *out]).output
-    bad = run(cli, ["bench", "preload", "--shape", "small", "--device", "cpu", "--tiers", "host", "--contexts", "100", *out])
-    assert "at least one chunk" in bad.output
+    assert "needs a CUDA device" in run(cli, ["bench", "gpu", "--shape", "small", "--device", "cpu", *out]).output
+    assert "host and/or device" in run(cli, ["bench", "gpu", "--tiers", "disk", *out]).output
+    cpu = ["bench", "gpu", "--shape", "small", "--device", "cpu", "--tiers", "host", *out]
+    assert "at least one chunk" in run(cli, [*cpu, "--lengths", "100"]).output
+    assert "dtype must be one of bfloat16, float16, float32" in run(cli, [*cpu, "--dtype", "bf16"]).output
 
 
 def test_random_model_has_the_shape_and_real_numbers():
