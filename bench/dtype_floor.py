@@ -26,7 +26,7 @@ PREFIXES = (1, 2, 4, 8)
 
 
 def answers(model: str, dtype: str, examples, max_new_tokens: int) -> dict[str, list[int]]:
-    rag = FusionRAG.from_pretrained(model, dtype=dtype, store=":memory:", prefix_cache=False)
+    rag = FusionRAG.from_pretrained(model, dtype=dtype, store=":memory:", options={"prefix_cache": False})
     found = {}
     for ex in examples:
         request = RAGRequest(chunks=chunk_texts(ex), question=ex.question)

@@ -39,7 +39,8 @@ TURN_CACHE_GIB = 2.0
 
 def engine(args, passages: list[str], turn_cache: bool) -> FusionRAG:
     """A fresh engine over ``passages``, warmed up by a request that shares no chunk with the runs."""
-    rag = FusionRAG.from_pretrained(args.model, store=":memory:", turn_cache_gib=TURN_CACHE_GIB if turn_cache else 0.0)
+    rag = FusionRAG.from_pretrained(args.model, store=":memory:",
+                                     options={"turn_cache_gib": TURN_CACHE_GIB if turn_cache else 0.0})
     rag.add_chunks(passages, neighbors=args.neighbors)
     rag.generate("A warm-up question?", **knobs(args))
     return rag
@@ -76,7 +77,7 @@ def run_reorder(args, passages: list[str], requests: list[RAGRequest]) -> dict:
     runs = {}
     for reorder in (False, True):
         rag = engine(args, passages[: args.pool], turn_cache=True)
-        outs = [rag.generate(request, reorder=reorder, **knobs(args)) for request in requests]
+        outs = [rag.generate(rag.ordered(request) if reorder else request, **knobs(args)) for request in requests]
         prompt = sum(o.stats.prompt_tokens for o in outs)
         exact = sum(o.stats.exact_tokens for o in outs)
         runs["reordered" if reorder else "as retrieved"] = {

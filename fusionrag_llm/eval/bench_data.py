@@ -101,4 +101,4 @@ def open_bench_rag(model: str, device: str | None = None, dtype: str | None = No
     from fusionrag_llm import FusionRAG
 
     return FusionRAG.from_pretrained(model, device=device, dtype=dtype, store=":memory:" if store is None else store,
-                                     prefix_cache=False, kv_codec=kv_codec or "model")  # fmt: skip
+                                     options={"prefix_cache": False, "kv_codec": kv_codec or "model"})  # fmt: skip

@@ -87,7 +87,7 @@ def engine_on(loaded: LoadedModel, tier: str, texts: list[str]) -> FusionRAG:
     budgets = StoreBudgets(device_bytes=0, host_bytes=256 * GiB) if tier == "host" else \
         StoreBudgets(device_bytes=256 * GiB, host_bytes=0)  # fmt: skip
     store = TieredStore(None, budgets, loaded.model.device)
-    rag = FusionRAG(loaded, store=store, prefix_cache=False, layerwise_load=False)
+    rag = FusionRAG(loaded, store=store, options={"prefix_cache": False, "layerwise_load": False})
     g = torch.Generator().manual_seed(1)
     rag.add_chunks(texts, embeddings=torch.randn(len(texts), 16, generator=g).tolist(), neighbors=2)
     return rag

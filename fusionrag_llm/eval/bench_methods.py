@@ -1,9 +1,10 @@
 """Benchmark method lists and option parsing (plain Python, no tensors).
 
-A benchmark line is a method the engine registers (``fusionrag_llm.METHODS``: ``full_attention``,
-``full_reuse``, ``cacheblend``, ``fusionrag``, ``fusionrag_paper``, ...) at a recompute ratio, written
-``method@ratio`` in tables. The two baselines do not depend on the ratio (Full Attention recomputes
-everything, Full Reuse nothing), so they run once per question, with ratio ``None``.
+A benchmark line is a method the engine registers (``fusionrag_llm.method_names()``: ``full_attention``,
+``full_reuse``, ``cacheblend``, ``fusionrag``, ``fusionrag_paper``, ... and any registered from
+``bench/methods/``) at a recompute ratio, written ``method@ratio`` in tables. A method that selects
+nothing (Full Attention recomputes everything, Full Reuse and APE nothing) does not depend on the
+ratio, so it runs once per question, with ratio ``None``.
 
 Example:
     >>> parse_methods("cacheblend,fusionrag")
@@ -21,38 +22,38 @@ BASELINES = ("full_attention", "full_reuse")
 
 def parse_methods(text: str) -> tuple[str, ...]:
     """Comma-separated method names; the two baselines (needed for eq. 11) always come first, once each."""
-    from fusionrag_llm import METHODS
+    from fusionrag_llm import method_names
 
     names = [s for s in (part.strip() for part in text.split(",")) if s]
     if not names:
         raise ValueError("--methods is empty; give at least one method, e.g. 'fusionrag'")
-    unknown = [name for name in names if name not in METHODS]
+    unknown = [name for name in names if name not in method_names()]
     if unknown:
-        raise ValueError(f"unknown method {unknown[0]!r}; valid methods: {', '.join(METHODS)}")
+        raise ValueError(f"unknown method {unknown[0]!r}; valid methods: {', '.join(method_names())}")
     return tuple(dict.fromkeys((*BASELINES, *names)))
-
-
-def engine_ratio(method: str, ratio: float | None) -> float:
-    """The ratio passed to the engine for one line (a baseline's is fixed by what it is)."""
-    if method == "full_attention":
-        return 1.0
-    return 0.0 if ratio is None else ratio
 
 
 def jobs(methods: tuple[str, ...], ratios: tuple[float, ...]) -> list[tuple[str, float | None]]:
     """(method, ratio) pairs to run; the baselines appear once with ratio ``None``."""
     out: list[tuple[str, float | None]] = []
     for method in methods:
-        out.extend([(method, None)] if method in BASELINES else [(method, r) for r in ratios])
+        out.extend([(method, None)] if ratio_free(method) else [(method, r) for r in ratios])
     return out
 
 
 def needs_variant_notes(methods: tuple[str, ...]) -> bool:
     """Whether a method of the run reads notes stored with the fused entries (Cache-Craft's), which
     the offline stage then has to measure."""
-    from fusionrag_llm import METHODS
+    from fusionrag_llm import get_method
 
-    return any(getattr(METHODS[name], "offline_metadata", ()) for name in methods)
+    return any(get_method(name).offline_notes for name in methods)
+
+
+def ratio_free(method: str) -> bool:
+    """Whether the ratio cannot change ``method``'s answers (it selects no token to recompute)."""
+    from fusionrag_llm import get_method
+
+    return method in BASELINES or not get_method(method).selects
 
 
 def _numbers(text: str, name: str, kind: type) -> list:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from tqdm.auto import tqdm
 
 from fusionrag_llm.eval.bench_data import add_chunks, chunk_texts, passage_pool
-from fusionrag_llm.eval.bench_methods import engine_ratio, jobs, needs_variant_notes
+from fusionrag_llm.eval.bench_methods import jobs, needs_variant_notes
 from fusionrag_llm.eval.datasets import QAExample
 from fusionrag_llm.eval.metrics import (choice_gap, exact_match, f1_score, first_token_agreement, greedy_exact_match,
                                         mean_kl, parting_position, top_margins)
@@ -169,7 +169,7 @@ def _parting_gap(logits, ref_ids: list[int], ids: list[int]) -> float | None:
 
 def _answer(rag, request, method: str, ratio, config: QualityConfig):
     """The greedy answer as an exhausted stream, whose prefilled context can still be scored."""
-    stream = rag.stream(request, method=method, recompute_ratio=engine_ratio(method, ratio),
+    stream = rag.stream(request, method=method, recompute_ratio=ratio,
                         max_new_tokens=config.max_new_tokens)  # fmt: skip
     for _ in stream:
         pass

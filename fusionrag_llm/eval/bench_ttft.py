@@ -22,7 +22,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from fusionrag_llm.eval.bench_data import SYNTHETIC, add_chunks, load_examples
-from fusionrag_llm.eval.bench_methods import engine_ratio, jobs, needs_variant_notes
+from fusionrag_llm.eval.bench_methods import jobs, needs_variant_notes
 from fusionrag_llm.eval.hf_baseline import hf_generate_timed
 from fusionrag_llm.eval.llama_cpp_baseline import LLAMA_CPP, LlamaCpp
 from fusionrag_llm.eval.plots import plot_ttft
@@ -118,8 +118,8 @@ def build_prompts(rag, question: str, passages: list[str], lengths: tuple[int, .
 def _timed(rag, prompt: LengthPrompt, method: str, ratio, config: TTFTConfig) -> dict:
     def once():
         start = time.perf_counter()
-        out = rag.generate(prompt.request, method=method, recompute_ratio=engine_ratio(method, ratio),
-                           max_new_tokens=config.new_tokens, ignore_eos=True)  # fmt: skip
+        out = rag.generate(prompt.request, method=method, recompute_ratio=ratio,
+                           max_new_tokens=config.new_tokens, sampling={"ignore_eos": True})  # fmt: skip
         return out.stats, time.perf_counter() - start
 
     once()  # warm-up

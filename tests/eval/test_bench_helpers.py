@@ -7,7 +7,7 @@ import math
 import pytest
 
 from fusionrag_llm.eval import bench_data, bench_methods, partial_log, results
-from fusionrag_llm.eval.bench_methods import engine_ratio, jobs, needs_variant_notes, parse_lengths, parse_methods, parse_ratios
+from fusionrag_llm.eval.bench_methods import jobs, needs_variant_notes, parse_lengths, parse_methods, parse_ratios
 from fusionrag_llm.eval.partial_log import PartialLog
 from fusionrag_llm.eval.quality_report import aggregate
 
@@ -27,9 +27,9 @@ def test_only_registered_method_names_are_accepted(spec):
         parse_methods(spec)
 
 
-def test_the_baselines_run_at_the_ratio_that_defines_them():
-    assert engine_ratio("full_attention", None) == 1.0 and engine_ratio("full_reuse", None) == 0.0
-    assert engine_ratio("cacheblend", 0.3) == 0.3
+def test_methods_that_select_nothing_run_once_whatever_the_ratios():
+    assert jobs(("full_attention", "full_reuse", "ape", "cacheblend"), (0.1, 0.3)) == [
+        ("full_attention", None), ("full_reuse", None), ("ape", None), ("cacheblend", 0.1), ("cacheblend", 0.3)]
 
 
 def test_only_cache_craft_needs_notes_on_its_fused_entries():
