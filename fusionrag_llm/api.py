@@ -22,10 +22,12 @@ from fusionrag_llm.fusion.offline import IngestReport, add_chunks
 from fusionrag_llm.ingest.embeddings import Embedder
 from fusionrag_llm.models.default_model import DEFAULT_MODEL
 from fusionrag_llm.models.fingerprint import fingerprint_of
-from fusionrag_llm.models.loader import LoadedModel, load_model
+from fusionrag_llm.models.loader import LoadedModel, load_model, resolve_dtype
 from fusionrag_llm.models.tokenizer import ChatPart
 from fusionrag_llm.request import RAGRequest, Segment, TextPrompt, build_segments, validate_messages
-from fusionrag_llm.engine.store import StoreSpec, open_store
+from fusionrag_llm.paths import remote_url, store_dir
+from fusionrag_llm.storage import StoreConfigError, StoreDamagedError
+from fusionrag_llm.storage.store import StoreSpec, open_store
 
 Request = RAGRequest | str | Sequence[dict] | TextPrompt
 
@@ -57,7 +59,7 @@ class FusionRAG:
                  kv_codec: str | None = None, craft_variants: int = 0,
                  layerwise_load: bool | None = None):  # fmt: skip
         self._loaded = loaded
-        self.store = open_store(store, loaded.model.device, store_dtype, remote=remote, kv_codec=kv_codec)
+        self.store = _open_store(store, loaded.model.device, store_dtype, remote, kv_codec)
         self.embedder = embedder
         fingerprint = fingerprint_of(loaded.name, loaded.source, loaded.hf_config, loaded.tokenizer.hf, loaded.model.dtype)
         s0_ids = self.segments(RAGRequest(chunks=["-"], question="-"))[0].token_ids
@@ -384,6 +386,22 @@ class FusionRAG:
         """
         plan = plan_run(method, recompute_ratio, kv_variant, selector, seed, variant_policy, decode_kv_budget, kv_shift)
         return self.engine.logits(self._locked_segments(request), continuation_ids, plan)  # checks the ids first
+
+
+class DamagedStoreError(FusionRAGError, StoreDamagedError):
+    """The store's index is damaged; the message names the file and the commands that fix it."""
+
+
+def _open_store(store: StoreSpec, device: torch.device, store_dtype, remote: str | None, kv_codec: str | None):
+    """``open_store`` with the facade's defaults (the default folder, ``$FUSIONRAG_REMOTE``) and errors."""
+    dtype = None if store_dtype is None else resolve_dtype(store_dtype, device)
+    try:
+        return open_store(store_dir() if store is None else store, device, dtype,
+                          remote=remote_url() if remote is None else remote, kv_codec=kv_codec)  # fmt: skip
+    except StoreDamagedError as exc:
+        raise DamagedStoreError(exc.directory, exc.problem) from exc
+    except StoreConfigError as exc:
+        raise FusionRAGError(str(exc)) from None
 
 
 def turn_cache(gib: float) -> TurnCache | None:

@@ -69,13 +69,15 @@ def open_bench_rag(model: str, device: str | None, dtype: str | None, store: str
     not the product's default: every recorded run compares against it).
     """
     from fusionrag_llm import FusionRAG
-    from fusionrag_llm.engine.store import MEMORY, open_store
     from fusionrag_llm.models.loader import load_model
+    from fusionrag_llm.paths import remote_url
     from fusionrag_llm.storage.settings import GiB, StoreBudgets
+    from fusionrag_llm.storage.store import MEMORY, open_store
 
     if not host_gib > 0 or not disk_gib > 0:
         raise ValueError(f"store budgets must be > 0 GiB, got host {host_gib}, disk {disk_gib}")
     loaded = load_model(model, device=device, dtype=dtype)
     budgets = StoreBudgets(host_bytes=int(host_gib * GiB), disk_bytes=int(disk_gib * GiB))
-    kv_store = open_store(MEMORY if store is None else store, loaded.model.device, budgets=budgets, kv_codec=kv_codec or "model")
+    kv_store = open_store(MEMORY if store is None else store, loaded.model.device, budgets=budgets,
+                          remote=remote_url(), kv_codec=kv_codec or "model")
     return FusionRAG(loaded, store=kv_store, prefix_cache=False)

@@ -29,9 +29,9 @@ from fusionrag_llm.eval.metrics import (choice_gap, exact_match, f1_score, first
                                         mean_kl, parting_position, top_margins)
 from fusionrag_llm.eval.partial_log import PartialLog
 from fusionrag_llm.eval.quality_diagnostics import neighbour_overlap
-from fusionrag_llm.engine.kv_codecs import check_kv_codec
 from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER, UNTAGGED_FUSED_ORDER, check_fused_order
 from fusionrag_llm.request import RAGRequest
+from fusionrag_llm.storage.kv_codecs import check_kv_codec
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class QualityConfig:
     dtype: str | None = None
     skip: int = 0  # questions dropped before the first ``limit``
     fused_order: str = DEFAULT_FUSED_ORDER  # layout of the fused entries ingested and read (``fusion/fused_order.py``)
-    kv_codec: str = "model"  # how the store keeps chunk KV (``engine/kv_codecs.py``); "model": the compute dtype
+    kv_codec: str = "model"  # how the store keeps chunk KV (``storage/kv_codecs.py``); "model": the compute dtype
 
     def __post_init__(self) -> None:
         checks = (("passages", self.passages, 1), ("neighbors", self.neighbors, 0),
