@@ -47,18 +47,26 @@ def connect(db: Path, timeout_s: float, read_only: bool = False) -> sqlite3.Conn
         con = sqlite3.connect(str(db), **options)
         con.execute("PRAGMA synchronous = NORMAL")  # with WAL: a killed process loses no commit
         con.create_function("bump_heat", 3, _bump_heat, deterministic=True)
-        return con
+        return _distrust_schema(con)
     uri = db.resolve().as_uri()
-    con = sqlite3.connect(f"{uri}?mode=ro", uri=True, **options)
     try:
-        con.execute("SELECT count(*) FROM sqlite_master").fetchall()
-        return con
+        return _distrust_schema(sqlite3.connect(f"{uri}?mode=ro", uri=True, **options))
     except sqlite3.OperationalError as exc:
-        con.close()
         if "unable to open" not in str(exc):
             raise
     logger.info("opening %s immutable: it is in WAL mode and its folder cannot hold the -shm file", db)
-    return sqlite3.connect(f"{uri}?immutable=1", uri=True, **options)
+    return _distrust_schema(sqlite3.connect(f"{uri}?immutable=1", uri=True, **options))
+
+
+def _distrust_schema(con: sqlite3.Connection) -> sqlite3.Connection:
+    """No trigger or view a crafted file brings may call this process's functions; reads the file."""
+    try:
+        con.execute("PRAGMA trusted_schema = OFF")
+        con.execute("SELECT count(*) FROM sqlite_master").fetchall()
+    except BaseException:
+        con.close()
+        raise
+    return con
 
 
 @contextmanager
