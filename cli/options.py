@@ -51,7 +51,7 @@ dtype_option = click.option("--dtype", default=None, help="float32, bfloat16 or 
 
 def kv_codec_option(default: str | None = None, why: str = ""):
     """``--kv-codec``: how the store keeps chunk KV. Without a default, the codec the store folder
-    records (``engine/store_codec.py``), else ``DEFAULT_KV_CODEC`` for a new store, as in the Python API."""
+    records (``storage/store_codec.py``), else ``DEFAULT_KV_CODEC`` for a new store, as in the Python API."""
     shown = default or f"the store's recorded codec; a new store: {DEFAULT_KV_CODEC}"
     return click.option(
         "--kv-codec", default=default, type=click.Choice(list(KV_CODECS)),

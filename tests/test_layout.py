@@ -6,7 +6,7 @@ a unit may import itself and units of a strictly lower rank, nothing else):
 ====  =========================================================================================
 rank  units
 ====  =========================================================================================
-0     leaves: ``kernels`` (torch/triton), ``storage`` (torch/diskcache), ``data`` (bundled
+0     leaves: ``kernels`` (torch/triton), ``storage`` (torch, SQLite), ``data`` (bundled
       files); they import no other unit at all
 0     base modules anyone may import: ``errors``, ``paths``, ``request`` (they import only
       each other)

@@ -33,8 +33,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from fusionrag_llm.engine.kv_codecs import DEFAULT_KV_CODEC, KV_CODECS, check_kv_codec
-from fusionrag_llm.errors import FusionRAGError
+from .errors import StoreConfigError
+from .kv_codecs import DEFAULT_KV_CODEC, KV_CODECS, check_kv_codec
 
 CODEC_FILE = "kv_codec.json"
 LEGACY_CODEC = "model"  # what stores made before the record kept: the compute dtype
@@ -43,10 +43,11 @@ logger = logging.getLogger(__name__)
 
 
 def recorded_kv_codec(folder: Path) -> str | None:
-    """The codec ``folder`` records, None when it records none; ``FusionRAGError`` for a damaged record."""
+    """The codec ``folder`` records, None when it records none; ``StoreConfigError`` for a damaged record."""
     path = Path(folder) / CODEC_FILE
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # never through a link: the folder is untrusted
+        with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW)) as handle:
+            text = handle.read().decode("utf-8")
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:
@@ -98,8 +99,8 @@ def _record(folder: Path, name: str) -> None:
         os.unlink(tmp)
 
 
-def _bad_record(path: Path, problem: str) -> FusionRAGError:
-    return FusionRAGError(
+def _bad_record(path: Path, problem: str) -> StoreConfigError:
+    return StoreConfigError(
         f"the store's codec record {str(path)!r} {problem}; delete that file to adopt the codec given "
         f"(kv_codec= / --kv-codec), which must be the one the store's entries were written with"
     )
