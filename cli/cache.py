@@ -13,20 +13,21 @@ from pathlib import Path
 
 import click
 
-from fusionrag_llm import CATALOG_FILE, FusionRAGError, recorded_kv_codec, registered_chunk_count
+from fusionrag_llm import CATALOG_FILE, recorded_kv_codec, registered_chunk_count
 from fusionrag_llm.ingest.doc_index import DOCUMENTS_LOG, LEGACY_FOLDER, DocumentIndex
 from fusionrag_llm.paths import store_dir
 from fusionrag_llm.storage import (
     FileRecordLog,
+    StoreConfigError,
     StoreDamagedError,
     StoreOptions,
     StoreWriteError,
     TieredStore,
     VerifyReport,
     clear_damaged,
+    entry_files,
     rebuild_index,
 )
-from fusionrag_llm.storage.safe_disk import entry_files
 
 store_option = click.option(
     "--store", "folder", default=None, help="Store folder (default: $FUSIONRAG_STORE or the user cache)."
@@ -72,7 +73,7 @@ def stats(folder: str | None, remote: str | None) -> None:
     except StoreDamagedError as exc:
         damaged = exc
         click.echo(f"index damaged: {exc}")
-        click.echo(f"entry files: {sum(1 for _ in entry_files(path))}")
+        click.echo(f"entry files: {len(entry_files(path))}")
     else:
         disk = summary.tiers.get("disk")
         click.echo(f"entries on disk: {disk.entries if disk else 0}  ({(disk.bytes if disk else 0) / 2**20:.1f} MiB)")
@@ -93,7 +94,7 @@ def stats(folder: str | None, remote: str | None) -> None:
 def _codec_line(path: Path) -> str:
     try:
         recorded = recorded_kv_codec(path)
-    except FusionRAGError as exc:
+    except StoreConfigError as exc:
         return f"unknown ({exc})"
     return "not recorded (a store made before records: the compute dtype)" if recorded is None else recorded
 
@@ -155,7 +156,7 @@ def _recover_index(path: Path, exc: StoreDamagedError, repair: bool) -> None:
         click.echo("nothing was changed")
         return
     try:
-        report = rebuild_index(path, min_file_bytes=StoreOptions().disk_min_file_bytes)
+        report = rebuild_index(path)
     except StoreWriteError as error:
         raise click.ClickException(str(error)) from None
     if report.quarantined is not None:

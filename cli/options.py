@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from fusionrag_llm import DEFAULT_KV_CODEC, DEFAULT_MODEL, KV_CODECS, method_names
@@ -17,15 +19,27 @@ remote_option = click.option(
          "(default: $FUSIONRAG_REMOTE; unreachable: logged, local tiers only).",
 )  # fmt: skip
 device_option = click.option("--device", default=None, help="'cpu' or 'cuda' (default: cuda when available).")
-craft_variants_option = click.option(
-    "--craft-variants", default=0, show_default=True, type=click.IntRange(0), metavar="M",
-    help="Cache-Craft's request-made variants: cache_craft requests store a chunk's KV after new prefixes and "
-         "read them later, about M per chunk kept (0: off).",
-)  # fmt: skip
-layerwise_load_option = click.option(
-    "--layerwise-load/--no-layerwise-load", default=None,
-    help="Cache-Craft's layer-wise loading: stored KV reaches the request layer by layer while the prefill runs "
-         "(default: on for a CUDA model, off on the CPU).",
+
+
+def _engine_options(ctx, param, values) -> dict:
+    """``KEY=VALUE`` pairs as EngineOptions fields; a value is read as JSON (numbers, true/false, null),
+    else kept as text. The fields are checked when the engine loads."""
+    options = {}
+    for item in values:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE (e.g. craft_variants=4)")
+        try:
+            options[key.strip()] = json.loads(text)
+        except json.JSONDecodeError:
+            options[key.strip()] = text
+    return options
+
+
+engine_option = click.option(
+    "--engine-option", "engine_options", multiple=True, metavar="KEY=VALUE", callback=_engine_options,
+    help="A field of EngineOptions (docs/api.md), e.g. craft_variants=4 (Cache-Craft's request-made variants) or "
+         "layerwise_load=false; repeat for several.",
 )  # fmt: skip
 workers_option = click.option(
     "--workers", default=None, type=click.IntRange(1, 1024),
@@ -37,7 +51,7 @@ dtype_option = click.option("--dtype", default=None, help="float32, bfloat16 or 
 
 def kv_codec_option(default: str | None = None, why: str = ""):
     """``--kv-codec``: how the store keeps chunk KV. Without a default, the codec the store folder
-    records (``engine/store_codec.py``), else ``DEFAULT_KV_CODEC`` for a new store, as in the Python API."""
+    records (``storage/store_codec.py``), else ``DEFAULT_KV_CODEC`` for a new store, as in the Python API."""
     shown = default or f"the store's recorded codec; a new store: {DEFAULT_KV_CODEC}"
     return click.option(
         "--kv-codec", default=default, type=click.Choice(list(KV_CODECS)),
@@ -59,6 +73,11 @@ def user_errors() -> tuple[type[Exception], ...]:
     from fusionrag_llm.storage import StoreDamagedError
 
     return FusionRAGError, StoreDamagedError
+
+
+def with_flags(engine_options: dict, **flags) -> dict:
+    """``--engine-option`` fields updated by the command's own flags that were given (not None)."""
+    return {**engine_options, **{name: value for name, value in flags.items() if value is not None}}
 
 
 def load_rag(model: str, device: str | None, dtype: str | None, store=None, **options):

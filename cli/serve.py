@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from fusionrag_llm.cli.options import (
-    craft_variants_option, device_option, dtype_option, kv_codec_option, layerwise_load_option,
-    load_rag, model_option, remote_option, store_option,
+    device_option, dtype_option, kv_codec_option, engine_option,
+    load_rag, model_option, remote_option, store_option, with_flags,
 )
 
 
@@ -27,10 +27,9 @@ from fusionrag_llm.cli.options import (
 @click.option("--request-timeout", default=600.0, show_default=True, type=click.FloatRange(0.1),
               help="Seconds a request may take before it is aborted (HTTP 408).")
 @kv_codec_option()
-@craft_variants_option
-@layerwise_load_option
+@engine_option
 def serve(model, store, remote, device, dtype, host, port, served_model_name, max_num_seqs, max_waiting, request_timeout,
-          turn_cache_gib, kv_codec, craft_variants, layerwise_load) -> None:  # fmt: skip
+          turn_cache_gib, kv_codec, engine_options) -> None:  # fmt: skip
     """Serve /v1/chat/completions, /v1/completions, /v1/models and /v1/chunks (OpenAI-compatible).
 
     Extra body fields choose the reuse method per request: method, recompute_ratio, method_options.
@@ -39,9 +38,8 @@ def serve(model, store, remote, device, dtype, host, port, served_model_name, ma
     """
     from fusionrag_llm.server import serve as run_server
 
-    rag = load_rag(model, device, dtype, store, turn_cache_gib=turn_cache_gib,
-                   remote=remote, kv_codec=kv_codec, craft_variants=craft_variants,
-                   layerwise_load=layerwise_load)  # fmt: skip
+    rag = load_rag(model, device, dtype, store,
+                   **with_flags(engine_options, turn_cache_gib=turn_cache_gib, remote=remote, kv_codec=kv_codec))
     click.echo(f"serving {served_model_name or rag.model_name!r} on http://{host}:{port}/v1", err=True)
     run_server(rag, host=host, port=port, served_model_name=served_model_name, max_waiting=max_waiting,
                request_timeout=request_timeout, max_num_seqs=max_num_seqs)

@@ -42,9 +42,9 @@ _EXPORTS = {
     "DecodeEviction": "fusionrag_llm.models.kv_eviction",
     "DEFAULT_MODEL": "fusionrag_llm.models.default_model",
     "MissingDependencyError": "fusionrag_llm.errors",
-    "KV_CODECS": "fusionrag_llm.engine.kv_codecs",
-    "DEFAULT_KV_CODEC": "fusionrag_llm.engine.kv_codecs",
-    "recorded_kv_codec": "fusionrag_llm.engine.store_codec",
+    "KV_CODECS": "fusionrag_llm.storage.kv_codecs",
+    "DEFAULT_KV_CODEC": "fusionrag_llm.storage.kv_codecs",
+    "recorded_kv_codec": "fusionrag_llm.storage.store_codec",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -66,8 +66,6 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from fusionrag_llm.api import FusionRAG
-    from fusionrag_llm.engine.kv_codecs import DEFAULT_KV_CODEC, KV_CODECS
-    from fusionrag_llm.engine.store_codec import recorded_kv_codec
     from fusionrag_llm.engine.llm_engine import Generation
     from fusionrag_llm.engine.sampling import SamplingParams
     from fusionrag_llm.engine.stats import GenerationStats
@@ -81,3 +79,5 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from fusionrag_llm.models.kv_eviction import DecodeEviction
     from fusionrag_llm.request import PromptFormat, RAGRequest, TextPrompt
     from fusionrag_llm.session import RAGSession
+    from fusionrag_llm.storage.kv_codecs import DEFAULT_KV_CODEC, KV_CODECS
+    from fusionrag_llm.storage.store_codec import recorded_kv_codec

@@ -25,7 +25,9 @@ from fusionrag_llm.models.loader import LoadedModel, load_model
 from fusionrag_llm.models.tokenizer import ChatPart
 from fusionrag_llm.options import EngineOptions
 from fusionrag_llm.request import RAGRequest, Segment, TextPrompt, build_segments, validate_messages
-from fusionrag_llm.engine.store import StoreSpec, open_store
+from fusionrag_llm.paths import remote_url, store_dir
+from fusionrag_llm.storage import StoreConfigError, StoreDamagedError
+from fusionrag_llm.storage.store import StoreSpec, open_store
 
 Request = RAGRequest | str | Sequence[dict] | TextPrompt
 
@@ -52,7 +54,7 @@ class FusionRAG:
                  options: EngineOptions | dict | None = None):  # fmt: skip
         options = EngineOptions.of(options)
         self._loaded = loaded
-        self.store = open_store(store, loaded.model.device, None, remote=options.remote, kv_codec=options.kv_codec)
+        self.store = _open_store(store, loaded.model.device, options.remote, options.kv_codec)
         self.embedder = embedder
         fingerprint = fingerprint_of(loaded.name, loaded.source, loaded.hf_config, loaded.tokenizer.hf, loaded.model.dtype)
         s0_ids = self.segments(RAGRequest(chunks=["-"], question="-"))[0].token_ids
@@ -280,6 +282,21 @@ class FusionRAG:
         """
         plan = make_plan(method, recompute_ratio)
         return self.engine.logits(self._locked_segments(request), continuation_ids, plan)  # checks the ids first
+
+
+class DamagedStoreError(FusionRAGError, StoreDamagedError):
+    """The store's index is damaged; the message names the file and the commands that fix it."""
+
+
+def _open_store(store: StoreSpec, device: torch.device, remote: str | None, kv_codec: str | None):
+    """``open_store`` with the facade's defaults (the default folder, ``$FUSIONRAG_REMOTE``) and errors."""
+    try:
+        return open_store(store_dir() if store is None else store, device, None,
+                          remote=remote_url() if remote is None else remote, kv_codec=kv_codec)  # fmt: skip
+    except StoreDamagedError as exc:
+        raise DamagedStoreError(exc.directory, exc.problem) from exc
+    except StoreConfigError as exc:
+        raise FusionRAGError(str(exc)) from None
 
 
 def turn_cache(gib: float) -> TurnCache | None:

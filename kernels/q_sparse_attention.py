@@ -248,7 +248,7 @@ def launch_forward(q, q_positions, cu_q, k, v, k_positions, k_valid, cu_k, page_
 def launch_config(head_dim: int, rows_max: int, itemsize: int = 2) -> dict:
     """Tile sizes: tiny tiles under the interpreter (speed), on GPU the fastest of a sweep.
 
-    ``python -m fusionrag_llm.kernels.tune`` on an H100 (bf16, 32k context, head dim 128, GQA 4):
+    ``python bench/kernels/tune.py`` on an H100 (bf16, 32k context, head dim 128, GQA 4):
     up to 64 rows (query tokens x GQA group: decode, a few recomputed tokens) take 16-row blocks
     (more programs for a small grid) over 128-key tiles three stages deep; more than 128 rows take
     64 x 128 tiles, two stages. 65..128 rows (not swept) and float32 inputs, whose pipeline buffers

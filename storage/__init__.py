@@ -1,25 +1,28 @@
-"""Content-addressed, tiered store of KV entries. Depends on torch and diskcache only.
+"""Content-addressed, tiered store of KV entries. Depends on torch only (and SQLite, in the stdlib).
 
-The disk tier is safe to share and robust to faults: it never runs code or touches files outside
-its folder whatever `cache.db` holds, binds every entry to its key, survives a full disk and a
-read-only folder, and reports a damaged index with the fix (`StoreDamagedError`).
+The disk tier is safe to share and robust to faults: it never runs code, follows a link or touches
+a file outside its folder whatever `cache.db` holds, binds every entry to its key, survives a full
+disk, a killed writer and a read-only folder, and reports a damaged index with the fix
+(`StoreDamagedError`).
 
 Pluggable parts: a codec (`EntryCodec`; `RawCodec` by default, `QuantCodec` for int8/fp8/int4 entries,
 others registered in `CODECS` by id; `kv_tensors` expands a packed entry on the compute device),
 byte tiers (`ByteTier`: the disk's `DiskBytes`, a Redis server's `RedisBytes`) behind a codec (`CodedTier`), a
 tier list fastest first (`TieredStore.from_tiers`), and pins (`TieredStore.pin`/`pinned`) that keep
-entries handed out without a copy from being evicted.
+entries handed out without a copy from being evicted. `open_store` opens the store an engine uses
+(a folder, its recorded `kv_codec`, `":memory:"`).
 """
 
 from .byte_tier import ByteTier
 from .codec import CorruptEntryError, EntryCodec, RawCodec, StaleEntryError, decode, decode_keyed, encode
 from .codec_registry import CODECS, CodecRegistry
 from .coded_tier import CodedTier
-from .disk_bytes import DiskBytes
+from .disk import DiskBytes, DiskTier
+from .disk_files import entry_files
+from .disk_repair import RebuildReport, clear_damaged, quarantine_index, rebuild_index
 from .redis_bytes import RedisBytes  # imports the redis client only when one is opened
-from .disk_tier import DiskTier
 from .entry import KVEntry
-from .errors import StoreDamagedError, StoreWriteError
+from .errors import StoreConfigError, StoreDamagedError, StoreWriteError
 from .heat import HeatTracker
 from .keys import chunk_key, path_key
 from .ledger import TierLedger
@@ -29,11 +32,10 @@ from .pins import PinTable
 from .quant_codec import QuantCodec
 from .quantize import kv_tensors
 from .record_log import AppendSession, FileRecordLog, MemoryRecordLog, RecordLog
-from .recovery import RebuildReport, clear_damaged, quarantine_index, rebuild_index
 from .settings import StoreBudgets, StoreOptions
-from .stats import StoreStats, TierStats
+from .stats import StoreStats, TierStats, VerifyReport
+from .store import open_store
 from .tiered import TieredStore
-from .verify import VerifyReport
 
 __all__ = [
     "AppendSession", "FileRecordLog", "MemoryRecordLog", "RecordLog",
@@ -60,6 +62,7 @@ __all__ = [
     "RebuildReport",
     "StaleEntryError",
     "StoreBudgets",
+    "StoreConfigError",
     "StoreDamagedError",
     "StoreOptions",
     "StoreStats",
@@ -73,7 +76,9 @@ __all__ = [
     "decode",
     "decode_keyed",
     "encode",
+    "entry_files",
     "kv_tensors",
+    "open_store",
     "path_key",
     "quarantine_index",
     "rebuild_index",

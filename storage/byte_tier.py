@@ -1,6 +1,6 @@
 """`ByteTier`: the shape of a tier that keeps encoded entries (bytes) by store key.
 
-The disk (`DiskBytes`, a diskcache folder) is one such tier; a remote cache (Redis, say) or a dict
+The disk (`DiskBytes`, a SQLite index and files) is one such tier; a remote cache (Redis, say) or a dict
 in a test is another. Byte tiers know nothing of tensors or codecs: `CodedTier` puts a codec in
 front of one, checks every value it reads (checksum, key binding, codec) and asks the tier to
 `discard` a corrupt value. Memory and device tiers, which hold decoded entries, are `MemoryTier`s.
@@ -15,8 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from .stats import TierStats
-from .verify import VerifyReport
+from .stats import TierStats, VerifyReport
 
 Problem = tuple[str, str]  # (VerifyReport field: "corrupt", "stale" or "mismatched", detail)
 Classify = Callable[[str, bytes], "Problem | None"]

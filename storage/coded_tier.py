@@ -17,8 +17,7 @@ from .codec_registry import CODECS, RAW, check_codec
 from .entry import KVEntry
 from .frame import CorruptEntryError, StaleEntryError, peek_codec_id
 from .keys import check_key
-from .stats import TierStats
-from .verify import VerifyReport
+from .stats import TierStats, VerifyReport
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +27,7 @@ class CodedTier:
 
     Example:
         >>> import tempfile, torch
-        >>> from fusionrag_llm.storage.disk_bytes import DiskBytes
+        >>> from fusionrag_llm.storage.disk import DiskBytes
         >>> tier = CodedTier(DiskBytes(tempfile.mkdtemp(), budget_bytes=2**20))
         >>> e = KVEntry((1,), torch.ones(1, 1, 1, 4), torch.ones(1, 1, 1, 4))
         >>> tier.put("ab" * 32, e), tier.get("ab" * 32).bitwise_equal(e), tier.codec_id

@@ -1,24 +1,34 @@
-"""Errors of the disk tier that callers act on: a damaged index, and a write that did not persist.
+"""Errors of the store that callers act on: a damaged index, a write that did not persist, a setting
+that cannot be used.
 
-Both name the store folder and say what to do, so a user sees a fix rather than a SQLite traceback.
+Each names the store folder (or the setting) and says what to do, so a user sees a fix rather than
+a SQLite traceback.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
 
-DB_NAME = "cache.db"  # diskcache's index file
+DB_NAME = "cache.db"  # the disk tier's index
 REPAIR_HINT = "run 'fusionrag cache verify --repair --store {dir}' to rebuild it from the entry files, " \
     "or 'fusionrag cache clear --yes --store {dir}' to start empty"  # fmt: skip
 # SQLite answers a damaged file with these codes; a foreign schema gives "no such table/column".
 _DAMAGE_CODES = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
 _DAMAGE_WORDS = ("malformed", "not a database", "no such table", "no such column")
+WRITE_FAILURES = (OSError, sqlite3.Error)  # what a write to the disk tier fails with (full disk, lock timeout...)
+
+
+class StoreConfigError(ValueError):
+    """A store setting cannot be used: a codec name, the codec a folder records, a store folder that
+    cannot be made, a remote URL. The message says what was wrong and what is allowed."""
 
 
 class StoreDamagedError(ValueError):
-    """The store's index (`cache.db`) is unreadable or missing while entry files remain.
+    """The store's index (`cache.db`) is unreadable, of another format, or missing while entry files remain.
 
     `directory` is the store folder, `problem` what SQLite or the check reported. Both fixes keep the
     damaged index (renamed to `cache.db.damaged-<time>`), never delete it.
@@ -66,6 +76,26 @@ def is_damage(exc: BaseException) -> bool:
         return False
     name = getattr(exc, "sqlite_errorname", "") or ""
     return name.startswith(_DAMAGE_CODES) or any(word in str(exc) for word in _DAMAGE_WORDS)
+
+
+def is_read_only_error(exc: BaseException) -> bool:
+    """Whether opening for write failed because the folder or file is read-only (not damage)."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    text = str(exc)
+    return name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM")) or \
+        "readonly" in text or "unable to open" in text  # fmt: skip
+
+
+def unwritable_reason(directory: Path) -> str | None:
+    """Why the store folder cannot take writes, or None when it can (as far as `access` tells)."""
+    if not os.access(directory, os.W_OK):
+        return "its folder is not writable"
+    db = directory / DB_NAME
+    if db.exists() and not os.access(db, os.W_OK):
+        return f"{DB_NAME} is not writable"
+    return None
 
 
 @contextmanager

@@ -25,8 +25,7 @@ from . import redis_scripts
 from .byte_tier import Classify, verify_values
 from .errors import StoreWriteError
 from .keys import check_key, is_store_key
-from .stats import TierStats
-from .verify import VerifyReport
+from .stats import TierStats, VerifyReport
 
 logger = logging.getLogger(__name__)
 SCHEMES = ("redis", "rediss", "unix")

@@ -20,7 +20,7 @@ class StoreBudgets:
     """Byte budget of each tier; a tier never holds more than its budget.
 
     `device_bytes` is used only when the store is given a CUDA device (there is no device tier on
-    CPU). `disk_bytes` counts what diskcache reports as its volume (entry bytes plus its SQLite db).
+    CPU). `disk_bytes` counts the entry files plus the live pages of the SQLite index.
     `remote_bytes` is the remote tier's (used only with `StoreOptions.remote_url`): the sum of its
     values' sizes, shared by every process using it (the last writer's budget applies).
     A budget of 0 disables the tier.
@@ -44,8 +44,8 @@ class StoreOptions:
       with exponential decay on a logical clock that ticks on every get/put).
     * `copy_on_get`: `get` returns fresh tensors by default, so a caller that modifies them in place
       cannot corrupt the store; pass `copy=False` to `get` for the zero-copy path.
-    * `disk_min_file_bytes`: entries of at least this size are files next to diskcache's SQLite db,
-      smaller ones live inside the db (diskcache's `disk_min_file_size`).
+    * `disk_min_file_bytes`: entries of at least this size are files next to the disk tier's SQLite
+      index, smaller ones live inside it.
     * `disk_timeout_s`: how long a process waits for the SQLite lock held by another one; a write
       still waiting then fails like one on a full disk (see `TieredStore.put`).
     * `read_only`: open the disk tier without writing to it (a precomputed store shared by several

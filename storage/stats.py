@@ -1,4 +1,4 @@
-"""Counters and reports of the tiered store (plain Python)."""
+"""Counters and reports of the tiered store (plain Python): occupancy, access counters, `verify`'s findings."""
 
 from __future__ import annotations
 
@@ -64,3 +64,47 @@ class StoreCounters:
 
     def hit(self, tier: str) -> None:
         self.hits[tier] = self.hits.get(tier, 0) + 1
+
+
+@dataclass
+class VerifyReport:
+    """What `verify` found. Keys for entry problems, rowids for foreign rows, relative paths for files.
+
+    * `corrupt`: damaged values, or values the store refuses to read (a link, a FIFO, a text row);
+    * `stale`: bytes of another format version or codec (recomputed on the next miss anyway);
+    * `mismatched`: a valid entry filed under another key than the one in its bytes;
+    * `missing_files`: rows whose file is gone or unreadable;
+    * `foreign_rows`: rows not in the store's form (e.g. a key that is not 64 lowercase hex chars);
+    * `orphan_files`: files no row names, e.g. left by a writer killed before its row was committed.
+
+    Corrupt entries are removed in any case unless the store is `read_only`; the rest only when
+    `repaired` (`repair=True` on a writable store).
+    """
+
+    checked: int = 0
+    corrupt: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)
+    missing_files: list[str] = field(default_factory=list)
+    foreign_rows: list[int] = field(default_factory=list)
+    orphan_files: list[str] = field(default_factory=list)
+    repaired: bool = False
+    read_only: bool = False
+
+    _LISTS = ("corrupt", "stale", "mismatched", "missing_files", "foreign_rows", "orphan_files")
+
+    @property
+    def problems(self) -> int:
+        return sum(len(getattr(self, name)) for name in self._LISTS)
+
+    @property
+    def ok(self) -> bool:
+        return self.problems == 0
+
+    def merge(self, other: VerifyReport) -> VerifyReport:
+        """One report for two tiers: counts and lists added, `repaired` only when both were."""
+        merged = VerifyReport(self.checked + other.checked, repaired=self.repaired and other.repaired,
+                              read_only=self.read_only or other.read_only)  # fmt: skip
+        for name in self._LISTS:
+            setattr(merged, name, getattr(self, name) + getattr(other, name))
+        return merged

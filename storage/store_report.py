@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from .coded_tier import CodedTier
 from .memory_tier import MemoryTier
-from .stats import StoreCounters, StoreStats, TierStats
+from .stats import StoreCounters, StoreStats, TierStats, VerifyReport
 from .tier_list import home_tier
-from .verify import VerifyReport
 
 
 def memory_stats(memory: list[MemoryTier], counters: StoreCounters, pinned: int) -> StoreStats:

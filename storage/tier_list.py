@@ -19,7 +19,7 @@ import torch
 
 from .codec_registry import CODECS
 from .coded_tier import CodedTier
-from .disk_tier import DiskTier
+from .disk import DiskTier
 from .memory_tier import DeviceTier, HostTier, MemoryTier
 from .settings import StoreBudgets, StoreOptions
 

@@ -11,7 +11,7 @@ promoted on access and demoted under pressure by heat (access count with exponen
 Faults of the disk are never fatal to queries: a failed write (full disk, read-only store, lock
 timeout) leaves the entry in memory and `put` says whether some tier holds it; ingestion passes
 `persist=True` to learn, through `StoreWriteError`, that an entry did not reach the disk. A damaged
-index raises `StoreDamagedError` naming the fix. See `disk_bytes.py` for the disk's guarantees.
+index raises `StoreDamagedError` naming the fix. See `disk.py` for the disk's guarantees.
 
 Returned tensors: with the default `copy_on_get`, `get` returns fresh tensors, so callers may do
 anything with them. `get(..., copy=False)` returns the tier's own tensors (zero copy): the caller
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from .codec_registry import CODECS
-from .disk_tier import DiskTier
+from .disk import DiskTier
 from .entry import KVEntry, normalise_token_ids
 from .errors import StoreWriteError
 from .heat import HeatTracker
@@ -40,10 +40,9 @@ from .pinning import PinningMixin
 from .record_log import FileRecordLog, MemoryRecordLog, RecordLog
 from .placement import TierStack
 from .settings import StoreBudgets, StoreOptions
-from .stats import StoreCounters, StoreStats
+from .stats import StoreCounters, StoreStats, VerifyReport
 from .store_report import add_byte_tier_stats, memory_stats, verify_tiers
 from .tier_list import Tier, default_tiers, home_tier, split_tiers
-from .verify import VerifyReport
 
 logger = logging.getLogger(__name__)
 _NOT_IN_MEMORY = object()

@@ -6,7 +6,7 @@ a unit may import itself and units of a strictly lower rank, nothing else):
 ====  =========================================================================================
 rank  units
 ====  =========================================================================================
-0     leaves: ``kernels`` (torch/triton), ``storage`` (torch/diskcache), ``data`` (bundled
+0     leaves: ``kernels`` (torch/triton), ``storage`` (torch, SQLite), ``data`` (bundled
       files); they import no other unit at all
 0     base modules anyone may import: ``errors``, ``paths``, ``request``, ``options`` (the
       engine's settings); they import only each other
@@ -59,7 +59,7 @@ def _package_folders() -> dict[str, Path]:
     found = {}
     for init in ROOT.rglob("__init__.py"):
         folder = init.parent.relative_to(ROOT)
-        if folder.parts[0] in ("tests", "build", "cookbook") or any(p.startswith(".") for p in folder.parts):
+        if folder.parts[0] in ("tests", "build", "cookbook", "bench") or any(p.startswith(".") for p in folder.parts):
             continue
         top = MAPPED.get(folder.parts[0], folder.parts[0])
         found[".".join((top, *folder.parts[1:]))] = folder

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from fusionrag_llm.eval.datasets import QAExample, default_musique_path, load_musique
 from fusionrag_llm.eval.synthetic import make_synthetic
+from fusionrag_llm.request import RAGRequest
 
 SYNTHETIC = "synthetic"
 DEFAULT_SYNTHETIC_QUESTIONS = 20
@@ -57,25 +58,47 @@ def passage_pool(examples: list[QAExample]) -> list[str]:
     return list(dict.fromkeys(text for ex in examples for text in chunk_texts(ex)))
 
 
-def open_bench_rag(model: str, device: str | None, dtype: str | None, store: str | None, host_gib: float,
-                   disk_gib: float = 20.0, kv_codec: str | None = None):  # fmt: skip
+def add_chunks(rag, texts: list[str], neighbors: int, notes: bool = False, progress: bool = False) -> None:
+    """The offline stage for ``texts``; ``notes``: also the notes a method reads from fused entries
+    (asked for only then: measuring them makes every fused entry slower to compute)."""
+    extra = {"variant_notes": True} if notes else {}
+    rag.add_chunks(texts, neighbors=neighbors, progress=progress, **extra)
+
+
+def closest_request(rag, passages: list[str], question: str, target: int) -> RAGRequest:
+    """The question over the prefix of ``passages`` whose prompt length (in tokens) is closest to ``target``."""
+    best, best_gap = None, None
+    for count in range(1, len(passages) + 1):
+        request = RAGRequest(chunks=passages[:count], question=question)
+        size = sum(len(s.token_ids) for s in rag.segments(request))
+        if best is None or abs(size - target) < best_gap:
+            best, best_gap = request, abs(size - target)
+        if size >= target:
+            break
+    return best
+
+
+def workload_requests(rag, dataset: str, requests: int, target_tokens: int, seed: int = 0) -> list[RAGRequest]:
+    """One request per question of ``dataset``: the prefix of its passages whose prompt is closest to
+    ``target_tokens`` (synthetic: 10 passages per question; MuSiQue: all of each question's)."""
+    passages = 10 if dataset == SYNTHETIC else None
+    examples = load_examples(dataset, requests, passages=passages, seed=seed)
+    if len(examples) < requests:
+        raise ValueError(f"the dataset has {len(examples)} questions; --requests asks for {requests}")
+    return [closest_request(rag, [p.text for p in ex.passages], ex.question, target_tokens) for ex in examples]
+
+
+def open_bench_rag(model: str, device: str | None = None, dtype: str | None = None, store: str | None = None,
+                   kv_codec: str | None = None):  # fmt: skip
     """The engine as the benchmarks run it: ``prefix_cache=False`` and a store of their own.
 
     Without the path cache, an exact run (Full Attention, ratio 1) cannot leave exact KV of a
     prompt behind for the next method to reuse, so every method is measured on its own entries.
-    ``store``: a folder (persistent, at most ``disk_gib`` GiB; resumed runs skip the offline stage)
-    or ``None`` (memory only). Either way ``host_gib`` GiB of host memory; never the user's default
-    store. ``kv_codec``: how the store keeps chunk KV (None: ``"model"``, the compute dtype, lossless,
-    not the product's default: every recorded run compares against it).
+    ``store``: a folder (persistent; resumed runs skip the offline stage) or ``None`` (memory only);
+    never the user's default store. ``kv_codec``: how the store keeps chunk KV (None: ``"model"``, the
+    compute dtype, lossless, not the product's default: every recorded run compares against it).
     """
     from fusionrag_llm import FusionRAG
-    from fusionrag_llm.engine.store import MEMORY, open_store
-    from fusionrag_llm.models.loader import load_model
-    from fusionrag_llm.storage.settings import GiB, StoreBudgets
 
-    if not host_gib > 0 or not disk_gib > 0:
-        raise ValueError(f"store budgets must be > 0 GiB, got host {host_gib}, disk {disk_gib}")
-    loaded = load_model(model, device=device, dtype=dtype)
-    budgets = StoreBudgets(host_bytes=int(host_gib * GiB), disk_bytes=int(disk_gib * GiB))
-    kv_store = open_store(MEMORY if store is None else store, loaded.model.device, budgets=budgets, kv_codec=kv_codec or "model")
-    return FusionRAG(loaded, store=kv_store, prefix_cache=False)
+    return FusionRAG.from_pretrained(model, device=device, dtype=dtype, store=":memory:" if store is None else store,
+                                     options={"prefix_cache": False, "kv_codec": kv_codec or "model"})  # fmt: skip

@@ -1,10 +1,9 @@
 """Decode benchmark: speed and fidelity of each decode weight format (``float``, ``q8``, ``q4``).
 
-One model is loaded; ``DecoderLM.quantize_linears`` and ``set_decode_kv`` switch what its decode
-steps read, so every format runs in the same process on the same prompts. A format is a weight format
-(``float``, ``q8``, ``q4``, ``auto``), optionally with the KV precision decode steps read after a
-slash (``q4/float16``; without one, the float32 cache itself), optionally with ``+layers``: decode
-steps run layer by layer from Python instead of as one compiled call (``models/fast_decode.py``).
+One model is loaded; ``DecoderLM.quantize_linears`` switches what its decode steps read, so every
+format runs in the same process on the same prompts. A format is a weight format (``float``, ``q8``,
+``q4``, ``auto``), optionally with ``+layers``: decode steps run layer by layer from Python instead of
+as one compiled call (``models/fast_decode.py``).
 
 * **Speed**: for each target prompt length, a MuSiQue question over as many of its passages as come
   closest; Full Reuse (a cheap prefill), then ``speed_tokens`` new tokens; decode tokens per second
@@ -25,12 +24,11 @@ from pathlib import Path
 
 import torch
 
-from fusionrag_llm.eval.bench_batch import closest_request
-from fusionrag_llm.eval.bench_data import SYNTHETIC, load_examples
+from fusionrag_llm.eval.bench_data import SYNTHETIC, closest_request, load_examples
 from fusionrag_llm.eval.llama_cpp_baseline import LLAMA_CPP, find_llama_cpp, llama_cpp_decode
 from fusionrag_llm.eval.results import fmt, markdown_table, write_json
 from fusionrag_llm.models.forward import ForwardPass
-from fusionrag_llm.models.llama import DECODE_KV, DECODE_WEIGHTS
+from fusionrag_llm.models.llama import DECODE_WEIGHTS
 from fusionrag_llm.request import RAGRequest
 
 LAYERS = "+layers"  # a format suffix: decode steps run layer by layer (models/fast_decode.py explains)
@@ -62,24 +60,21 @@ class DecodeConfig:
         return asdict(self)
 
 
-ALLOWED = (f"a weight format ({', '.join(DECODE_WEIGHTS)}), optionally '/' and a KV precision "
-           f"({', '.join(k for k in DECODE_KV if k != 'model')}), optionally '{LAYERS}' (layer by layer from Python, "
+ALLOWED = (f"a weight format ({', '.join(DECODE_WEIGHTS)}), optionally '{LAYERS}' (layer by layer from Python, "
            "not the compiled decode step)")  # fmt: skip
 
 
-def format_parts(name: str) -> tuple[str, str, bool]:
-    """``"q4/float16"`` -> ``("q4", "float16", True)``, ``"q4+layers"`` -> ``("q4", "model", False)``: the
-    weights, the KV precision, and whether decode steps may run compiled; ValueError otherwise."""
-    base, layers = name.removesuffix(LAYERS), name.endswith(LAYERS)
-    weights, slash, kv = base.partition("/")
-    kv = kv if slash else "model"
-    if weights not in DECODE_WEIGHTS or kv not in DECODE_KV or (slash and kv == "model"):
+def format_parts(name: str) -> tuple[str, bool]:
+    """``"q4"`` -> ``("q4", True)``, ``"q4+layers"`` -> ``("q4", False)``: the weights, and whether
+    decode steps may run compiled; ValueError otherwise."""
+    weights, layers = name.removesuffix(LAYERS), name.endswith(LAYERS)
+    if weights not in DECODE_WEIGHTS:
         raise ValueError(f"decode formats must each be {ALLOWED}, got {name!r}")
-    return weights, kv, not layers
+    return weights, not layers
 
 
 def parse_formats(value: str) -> tuple[str, ...]:
-    """``"float,q4,q4/float16"`` -> a tuple; ``ValueError`` naming the allowed formats otherwise."""
+    """``"float,q4,q4+layers"`` -> a tuple; ``ValueError`` naming the allowed formats otherwise."""
     formats = tuple(f.strip() for f in value.split(",") if f.strip())
     if not formats:
         raise ValueError(f"decode formats must each be {ALLOWED}, got {value!r}")
@@ -89,10 +84,9 @@ def parse_formats(value: str) -> tuple[str, ...]:
 
 
 def use_format(model, name: str) -> None:
-    """Make the model's decode steps read ``name``'s weights and KV (and run compiled or not)."""
-    weights, kv, compiled = format_parts(name)
+    """Make the model's decode steps read ``name``'s weights (and run compiled or not)."""
+    weights, compiled = format_parts(name)
     model.quantize_linears(weights)
-    model.set_decode_kv(kv)
     model.compiled_decode = compiled
 
 

@@ -5,8 +5,7 @@ reference distribution. Each (method, ratio) then answers greedily (F1/EM agains
 first-token agreement and greedy exact match against the reference answer, TTFT) and is teacher
 forced on the reference answer (mean KL(FA || method) over the rows that predict its tokens; the
 first row alone when the reference answer is empty), reusing the prefill that produced its answer.
-Each record also carries the question's ``neighbour_overlap`` (``eval/quality_diagnostics.py``);
-Full Attention's its ``margins`` (top-1 minus top-2 probability at each answer token: how near each
+Full Attention's record also carries its ``margins`` (top-1 minus top-2 probability at each answer token: how near each
 of its greedy choices was to a tie), every other method's its ``parting_gap`` (where its greedy
 answer parts from Full Attention's, its probability of its own token minus that of theirs).
 Records go to a :class:`PartialLog` as they are made, so a re-run with the same configuration
@@ -21,23 +20,18 @@ from dataclasses import asdict, dataclass, field
 
 from tqdm.auto import tqdm
 
-from fusionrag_llm.eval.bench_data import chunk_texts, passage_pool
-from fusionrag_llm.eval.bench_methods import BenchMethod, jobs, needs_variant_notes
+from fusionrag_llm.eval.bench_data import add_chunks, chunk_texts, passage_pool
+from fusionrag_llm.eval.bench_methods import jobs, needs_variant_notes
 from fusionrag_llm.eval.datasets import QAExample
-from fusionrag_llm.eval.kv_footprint import footprint
 from fusionrag_llm.eval.metrics import (choice_gap, exact_match, f1_score, first_token_agreement, greedy_exact_match,
                                         mean_kl, parting_position, top_margins)
 from fusionrag_llm.eval.partial_log import PartialLog
-from fusionrag_llm.eval.quality_diagnostics import neighbour_overlap
-from fusionrag_llm.engine.kv_codecs import check_kv_codec
-from fusionrag_llm.fusion.fused_order import DEFAULT_FUSED_ORDER, UNTAGGED_FUSED_ORDER, check_fused_order
 from fusionrag_llm.request import RAGRequest
 
 logger = logging.getLogger(__name__)
 
 STAT_FIELDS = ("ttft_s", "load_s", "select_s", "prefill_s", "decode_s", "prompt_tokens", "reused_tokens",
-               "recomputed_tokens", "computed_tokens", "generated_tokens", "path_hits", "tier_hits", "variant_hits",
-               "fused_declined", "fused_in_context", "stop_layer", "focused_chunks", "stopped_tokens", "decode_kv_tokens", "evicted_kv_tokens")  # fmt: skip
+               "recomputed_tokens", "computed_tokens", "generated_tokens", "path_hits", "tier_hits")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -46,19 +40,18 @@ class QualityConfig:
 
     dataset: str  # "synthetic" or a resolved file path
     model: str
-    methods: tuple[BenchMethod, ...]
+    methods: tuple[str, ...]
     ratios: tuple[float, ...]
     passages: int = 10
     limit: int | None = None
     neighbors: int = 10
     max_new_tokens: int = 32
-    seed: int = 0
+    seed: int = 0  # synthetic data only
     words_per_passage: int = 60  # synthetic only
     device: str | None = None
     dtype: str | None = None
     skip: int = 0  # questions dropped before the first ``limit``
-    fused_order: str = DEFAULT_FUSED_ORDER  # layout of the fused entries ingested and read (``fusion/fused_order.py``)
-    kv_codec: str = "model"  # how the store keeps chunk KV (``engine/kv_codecs.py``); "model": the compute dtype
+    kv_codec: str = "model"  # how the store keeps chunk KV; "model": the compute dtype (checked by the engine)
 
     def __post_init__(self) -> None:
         checks = (("passages", self.passages, 1), ("neighbors", self.neighbors, 0),
@@ -70,9 +63,6 @@ class QualityConfig:
             raise ValueError(f"limit must be >= 1 (or None for all questions), got {self.limit!r}")
         if not self.methods or not self.ratios:
             raise ValueError("at least one method and one ratio are needed")
-        check_fused_order(self.fused_order)
-        if self.kv_codec != "model":
-            check_kv_codec(self.kv_codec)
 
     def identity(self) -> dict:
         """Everything but methods and ratios: records stay valid when those are extended."""
@@ -80,15 +70,13 @@ class QualityConfig:
         del data["methods"], data["ratios"]
         if not data["skip"]:
             del data["skip"]  # logs written before skip existed stay resumable
-        if data["fused_order"] == UNTAGGED_FUSED_ORDER:
-            del data["fused_order"]  # likewise for logs written before layouts existed (the paper's layout)
         if data["kv_codec"] == "model":
-            del data["kv_codec"]  # and before codecs existed
+            del data["kv_codec"]  # likewise for logs written before codecs existed
         return data
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        data["methods"] = [m.label for m in self.methods]
+        data["methods"] = list(self.methods)
         data["ratios"] = list(self.ratios)
         return data
 
@@ -100,8 +88,6 @@ class QualityRun:
     offline: dict = field(default_factory=dict)
     computed: int = 0
     skipped: int = 0
-    reingested: int = 0
-    store: dict = field(default_factory=dict)  # bytes per token of the store's chunk entries (``eval/kv_footprint.py``)
 
 
 def run_quality(rag, examples: list[QAExample], config: QualityConfig, log: PartialLog,
@@ -111,29 +97,23 @@ def run_quality(rag, examples: list[QAExample], config: QualityConfig, log: Part
     run = QualityRun(skipped=sum(len(jobs(config.methods, config.ratios)) - len(t) for t in todo.values()))
     pending = [ex for ex in examples if todo[ex.id]]
     if not pending:
-        run.store = footprint(rag.store)
         return run  # everything was resumed: no offline stage needed
     run.offline = _offline_stage(rag, examples, config, progress)
-    _warm_up(rag, pending[0], config)
+    _warm_up(rag, pending[0])
     for ex in tqdm(pending, desc="questions", unit="q", disable=not progress):
         # Entries evicted from a bounded store since the offline stage are recomputed here (same
         # neighbours: the catalog holds the whole pool), so no method silently falls back to plain.
-        again = rag.ingest(chunk_texts(ex), neighbors=config.neighbors, variant_notes=needs_variant_notes(config.methods),
-                           fused_order=config.fused_order)  # fmt: skip
-        run.reingested += again.plain_computed + again.fused_computed
+        add_chunks(rag, chunk_texts(ex), config.neighbors, notes=needs_variant_notes(config.methods))
         run.computed += _run_question(rag, ex, todo[ex.id], config, log)
-    run.store = footprint(rag.store)
     return run
 
 
 def _offline_stage(rag, examples: list[QAExample], config: QualityConfig, progress: bool) -> dict:
     """Plain and fused entries of every passage of the run; neighbours come from that whole pool."""
     start = time.perf_counter()
-    # the engine reads fused entries of the layout it last ingested: this run's from here on
-    report = rag.ingest(passage_pool(examples), neighbors=config.neighbors, progress=progress,
-                        variant_notes=needs_variant_notes(config.methods), fused_order=config.fused_order)  # fmt: skip
-    return {"chunks": len(report.chunk_ids), "plain_computed": report.plain_computed,
-            "fused_computed": report.fused_computed, "seconds": time.perf_counter() - start}  # fmt: skip
+    pool = passage_pool(examples)
+    add_chunks(rag, pool, config.neighbors, notes=needs_variant_notes(config.methods), progress=progress)
+    return {"chunks": len(pool), "seconds": time.perf_counter() - start}
 
 
 def records_of_run(log: PartialLog, examples: list[QAExample], config: QualityConfig) -> list[dict]:
@@ -142,17 +122,17 @@ def records_of_run(log: PartialLog, examples: list[QAExample], config: QualityCo
     return [log.get(key) for key in keys if log.has(key)]
 
 
-def _key(qid: str, method: BenchMethod, ratio: float | None):
-    return (qid, method.label, ratio)
+def _key(qid: str, method: str, ratio: float | None):
+    return (qid, method, ratio)
 
 
 def _request(ex: QAExample) -> RAGRequest:
     return RAGRequest(chunks=chunk_texts(ex), question=ex.question)
 
 
-def _warm_up(rag, ex: QAExample, config: QualityConfig) -> None:
+def _warm_up(rag, ex: QAExample) -> None:
     """One untimed answer so the first timed request does not pay one-off setup costs."""
-    rag.generate(_request(ex), "full_attention", max_new_tokens=1, seed=config.seed)
+    rag.generate(_request(ex), method="full_attention", recompute_ratio=1.0, max_new_tokens=1)
 
 
 def _run_question(rag, ex: QAExample, todo: list, config: QualityConfig, log: PartialLog) -> int:
@@ -162,10 +142,9 @@ def _run_question(rag, ex: QAExample, todo: list, config: QualityConfig, log: Pa
     out = _answer(rag, request, fa, None, config)
     ref_ids = list(out.token_ids) if done_fa is None else done_fa["token_ids"]
     ref_logits = out.score(ref_ids)
-    overlap = neighbour_overlap(rag, request.chunks)
     computed = 0
     for method, ratio in todo:
-        if method.label == fa.label:
+        if method == fa:
             record = _record(ex, method, ratio, out, ref_ids, kl=0.0)
             record["margins"] = [round(m, 5) for m in top_margins(ref_logits)]
         else:
@@ -173,7 +152,6 @@ def _run_question(rag, ex: QAExample, todo: list, config: QualityConfig, log: Pa
             logits = gen.score(ref_ids)
             record = _record(ex, method, ratio, gen, ref_ids, kl=mean_kl(ref_logits, logits))
             record["parting_gap"] = _parting_gap(logits, ref_ids, list(gen.token_ids))
-        record["neighbour_overlap"] = overlap
         log.append(record)
         computed += 1
     return computed
@@ -189,20 +167,20 @@ def _parting_gap(logits, ref_ids: list[int], ids: list[int]) -> float | None:
     return round(choice_gap(logits[at], ids[at], ref_ids[at]), 5)
 
 
-def _answer(rag, request, method: BenchMethod, ratio, config: QualityConfig):
+def _answer(rag, request, method: str, ratio, config: QualityConfig):
     """The greedy answer as an exhausted stream, whose prefilled context can still be scored."""
-    stream = rag.stream(request, method.method, method.engine_ratio(ratio), config.max_new_tokens,
-                        seed=config.seed, **method.overrides())  # fmt: skip
+    stream = rag.stream(request, method=method, recompute_ratio=ratio,
+                        max_new_tokens=config.max_new_tokens)  # fmt: skip
     for _ in stream:
         pass
     return stream
 
 
-def _record(ex: QAExample, method: BenchMethod, ratio, gen, ref_ids: list[int], kl: float) -> dict:
+def _record(ex: QAExample, method: str, ratio, gen, ref_ids: list[int], kl: float) -> dict:
     stats = gen.stats.to_dict()
     return {
         "qid": ex.id,
-        "method": method.label,
+        "method": method,
         "ratio": ratio,
         "answer": gen.text,
         "token_ids": list(gen.token_ids),

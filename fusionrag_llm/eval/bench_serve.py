@@ -171,9 +171,9 @@ def write_serve(out_dir: Path, config: dict, machine: dict, offline: dict, resul
 
 def plot_serve(result: dict, path: Path, title: str) -> Path:
     """Throughput per level, and the TTFT distribution per level."""
-    from fusionrag_llm.eval.plots import _pyplot, _save
+    from fusionrag_llm.eval.plots import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 4.0))
     levels = result["levels"]
     names = [str(level["concurrency"]) for level in levels]
@@ -184,4 +184,4 @@ def plot_serve(result: dict, path: Path, title: str) -> Path:
     right.set_xlabel("concurrent clients")
     right.set_ylabel("TTFT (ms)")
     fig.suptitle(title)
-    return _save(fig, plt, path)
+    return save_figure(fig, plt, path)

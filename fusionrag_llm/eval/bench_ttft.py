@@ -21,8 +21,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from fusionrag_llm.eval.bench_data import SYNTHETIC, load_examples
-from fusionrag_llm.eval.bench_methods import BenchMethod, jobs, needs_variant_notes
+from fusionrag_llm.eval.bench_data import SYNTHETIC, add_chunks, load_examples
+from fusionrag_llm.eval.bench_methods import jobs, needs_variant_notes
 from fusionrag_llm.eval.hf_baseline import hf_generate_timed
 from fusionrag_llm.eval.llama_cpp_baseline import LLAMA_CPP, LlamaCpp
 from fusionrag_llm.eval.plots import plot_ttft
@@ -47,11 +47,11 @@ class TTFTConfig:
     dataset: str  # "synthetic" or a resolved file path
     model: str
     lengths: tuple[int, ...]
-    methods: tuple[BenchMethod, ...]
+    methods: tuple[str, ...]
     ratios: tuple[float, ...]
     repeats: int = 3
     neighbors: int = 10
-    seed: int = 0
+    seed: int = 0  # synthetic data only
     device: str | None = None
     dtype: str | None = None
     baselines: tuple[str, ...] = ("transformers",)
@@ -69,7 +69,7 @@ class TTFTConfig:
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        data["methods"] = [m.label for m in self.methods]
+        data["methods"] = list(self.methods)
         return data
 
 
@@ -115,11 +115,11 @@ def build_prompts(rag, question: str, passages: list[str], lengths: tuple[int, .
     return prompts
 
 
-def _timed(rag, prompt: LengthPrompt, method: BenchMethod, ratio, config: TTFTConfig) -> dict:
+def _timed(rag, prompt: LengthPrompt, method: str, ratio, config: TTFTConfig) -> dict:
     def once():
         start = time.perf_counter()
-        out = rag.generate(prompt.request, method.method, method.engine_ratio(ratio), max_new_tokens=config.new_tokens,
-                           seed=config.seed, ignore_eos=True, **method.overrides())  # fmt: skip
+        out = rag.generate(prompt.request, method=method, recompute_ratio=ratio,
+                           max_new_tokens=config.new_tokens, sampling={"ignore_eos": True})  # fmt: skip
         return out.stats, time.perf_counter() - start
 
     once()  # warm-up
@@ -155,14 +155,14 @@ def run_ttft(rag, prompts: list[LengthPrompt], config: TTFTConfig, hf_model=None
 
 
 def _length_rows(rag, prompt: LengthPrompt, config: TTFTConfig, hf_model, llama: LlamaCpp | None) -> list[dict]:
-    fa_out = rag.generate(prompt.request, "full_attention", max_new_tokens=1)
+    fa_out = rag.generate(prompt.request, method="full_attention", recompute_ratio=1.0, max_new_tokens=1)
     engine_first = fa_out.token_ids[0] if fa_out.token_ids else None
     ids = list(fa_out.prompt_ids)
     base = {"length": prompt.target, "prompt_tokens": prompt.prompt_tokens, "chunks": len(prompt.request.chunks)}
     mine = []
     for method, ratio in jobs(config.methods, config.ratios):
-        label = method.label if ratio is None else f"{method.label} r={ratio:g}"
-        mine.append({**base, "label": label, "method": method.label, "ratio": ratio,
+        label = method if ratio is None else f"{method}@{ratio:g}"
+        mine.append({**base, "label": label, "method": method, "ratio": ratio,
                      **_timed(rag, prompt, method, ratio, config)})  # fmt: skip
     if hf_model is not None:
         row = _baseline_row(lambda: hf_generate_timed(hf_model, ids, config.new_tokens), config.repeats, engine_first)
@@ -187,14 +187,13 @@ def _add_speedups(rows: list[dict]) -> None:
 
 
 def ingest_prompts(rag, prompts: list[LengthPrompt], neighbors: int, progress: bool = True,
-                   methods: tuple[BenchMethod, ...] = ()) -> dict:  # fmt: skip
+                   methods: tuple[str, ...] = ()) -> dict:  # fmt: skip
     """The offline stage for every chunk of every prompt (not part of any TTFT), with the notes on
     fused entries that ``methods`` read."""
     start = time.perf_counter()
     pool = list(dict.fromkeys(chunk for p in prompts for chunk in p.request.chunks))
-    report = rag.ingest(pool, neighbors=neighbors, progress=progress, variant_notes=needs_variant_notes(methods))
-    return {"chunks": len(pool), "plain_computed": report.plain_computed,
-            "fused_computed": report.fused_computed, "seconds": time.perf_counter() - start}  # fmt: skip
+    add_chunks(rag, pool, neighbors, notes=needs_variant_notes(methods), progress=progress)
+    return {"chunks": len(pool), "seconds": time.perf_counter() - start}
 
 
 def _times(value: float) -> str:

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -21,7 +21,7 @@ def _finite(value) -> bool:
 
 def plot_vs_ratio(rows: list[dict], metric: str, ylabel: str, path: Path, title: str) -> Path:
     """``metric`` against the recompute ratio, one line per method; ratio-free methods as flat lines."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     swept = [r["ratio"] for r in rows if r["ratio"] is not None]
     for method in dict.fromkeys(r["method"] for r in rows):
@@ -39,7 +39,7 @@ def plot_vs_ratio(rows: list[dict], metric: str, ylabel: str, path: Path, title:
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, plt, path)
+    return save_figure(fig, plt, path)
 
 
 def _flat_colour(method: str) -> str | None:
@@ -48,7 +48,7 @@ def _flat_colour(method: str) -> str | None:
 
 def plot_ttft(rows: list[dict], path: Path, title: str) -> Path:
     """Median TTFT against the prompt length, one line per method/ratio (log y)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for label in dict.fromkeys(r["label"] for r in rows):
         mine = sorted((r for r in rows if r["label"] == label and _finite(r["ttft_s"])), key=lambda r: r["prompt_tokens"])
@@ -61,10 +61,10 @@ def plot_ttft(rows: list[dict], path: Path, title: str) -> Path:
     ax.set_title(title)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    return _save(fig, plt, path)
+    return save_figure(fig, plt, path)
 
 
-def _save(fig, plt, path: Path) -> Path:
+def save_figure(fig, plt, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()

@@ -5,10 +5,7 @@ the distribution of its per-question KL(Full Attention || method) (median, 90th 
 the question at the max), the questions on which it is further from Full Attention than Full Reuse
 is (``worse_than_full_reuse``: KL above Full Reuse's on the same question by more than
 ``HARM_TOLERANCE``), and those on which Full Reuse kept Full Attention's greedy answer but the
-method did not (``answer_lost``). For fused entries it also says how much of each chunk's fusion
-context is in the prompt: the share of a chunk's neighbours (the chunks its fused entry was
-computed after) that are among the request's chunks (``neighbour_overlap``, one value per question:
-the mean over its chunks that have a fused entry). ``greedy_agreement`` says where greedy answers
+method did not (``answer_lost``). ``greedy_agreement`` says where greedy answers
 part from Full Attention's: the share of questions whose first k generated tokens are Full
 Attention's, for k = 1, 2, 4, ... and the whole answer (greedy EM). ``partings`` says how near a tie
 Full Attention's own choice was at the token where each answer parts from it (its top-1 minus top-2
@@ -29,27 +26,11 @@ HARM_TOLERANCE = 1e-4  # KL differences below this are ties (float noise between
 NEAR_TIE = 0.1  # Full Attention's top-1 minus top-2 probability below this: a near tie
 
 
-def neighbour_overlap(rag, texts: list[str]) -> float | None:
-    """Mean over the request's chunks with a fused entry of |neighbours in the prompt| / |neighbours|;
-    None when no chunk has one (nothing fused, or no neighbours)."""
-    parts = rag.parts
-    chunks = [parts.catalog.get(text) for text in texts]
-    in_prompt = {chunk.chunk_id for chunk in chunks if chunk is not None}
-    shares = []
-    for chunk in chunks:
-        record = None if chunk is None else parts.catalog.fused_record(parts.entries.key(chunk.token_ids, "fused"))
-        if record is not None and record.neighbours:
-            shares.append(sum(n in in_prompt for n in record.neighbours) / len(record.neighbours))
-    return sum(shares) / len(shares) if shares else None
-
-
 def per_question(records: list[dict]) -> list[dict]:
     """One row per question: its KL, greedy agreement with Full Attention and F1 for every method."""
     rows: dict[str, dict] = {}
     for record in records:
-        row = rows.setdefault(record["qid"], {"qid": record["qid"], "neighbour_overlap": None, "methods": {}})
-        if record.get("neighbour_overlap") is not None:
-            row["neighbour_overlap"] = record["neighbour_overlap"]
+        row = rows.setdefault(record["qid"], {"qid": record["qid"], "methods": {}})
         row["methods"][_label(record["method"], record["ratio"])] = {
             "kl": record["kl"], "greedy_em": record["greedy_em"], "f1": record["f1"]}  # fmt: skip
     return list(rows.values())
@@ -167,9 +148,9 @@ def distribution_markdown(rows: list[dict]) -> str:
 
 def plot_per_question(records: list[dict], path: Path, title: str) -> Path:
     """Per-question KL of every (method, ratio) as box plots with the points over them (log y)."""
-    from fusionrag_llm.eval.plots import _pyplot, _save
+    from fusionrag_llm.eval.plots import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     groups: dict[str, list[float]] = {}
     for record in records:
         if record["method"] != "full_attention":  # its KL is 0 by definition
@@ -185,7 +166,7 @@ def plot_per_question(records: list[dict], path: Path, title: str) -> Path:
     ax.set_ylabel("KL(FA || method) per question")
     ax.set_title(title)
     ax.grid(alpha=0.3, axis="y")
-    return _save(fig, plt, path)
+    return save_figure(fig, plt, path)
 
 
 def _by_run(records: list[dict]) -> dict[tuple, list[dict]]:

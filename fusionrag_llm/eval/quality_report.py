@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from fusionrag_llm.eval.bench_methods import BenchMethod, jobs
+from fusionrag_llm.eval.bench_methods import jobs
 from fusionrag_llm.eval.metrics import normalized_score
 from fusionrag_llm.eval.plots import plot_vs_ratio
 from fusionrag_llm.eval.quality_diagnostics import (distribution, distribution_markdown, greedy_agreement,
@@ -26,14 +26,14 @@ MEAN_FIELDS = ("f1", "em", "first_token", "greedy_em", "kl", "ttft_s", "load_s",
 NORMALISED = {"norm_f1": "f1", "norm_em": "em", "norm_kl": "kl", "norm_first_token": "first_token"}
 
 
-def aggregate(records: list[dict], methods: tuple[BenchMethod, ...], ratios: tuple[float, ...],
+def aggregate(records: list[dict], methods: tuple[str, ...], ratios: tuple[float, ...],
               qids: list[str]) -> list[dict]:  # fmt: skip
     """One row per (method, ratio) of the run, over the questions in ``qids``; then eq. 11 scores."""
     wanted = set(qids)
     rows = []
     for method, ratio in jobs(methods, ratios):
-        mine = [r for r in records if r["method"] == method.label and r["ratio"] == ratio and r["qid"] in wanted]
-        row = {"method": method.label, "ratio": ratio, "questions": len(mine)}
+        mine = [r for r in records if r["method"] == method and r["ratio"] == ratio and r["qid"] in wanted]
+        row = {"method": method, "ratio": ratio, "questions": len(mine)}
         row.update({name: mean([r[name] for r in mine]) for name in MEAN_FIELDS})
         rows.append(row)
     baseline = {row["method"]: row for row in rows if row["method"] in ("full_attention", "full_reuse")}
@@ -60,7 +60,7 @@ def quality_markdown(rows: list[dict], config: dict, machine: dict) -> str:
     ]  # fmt: skip
     head = (f"# Quality: {config['model']} on {Path(config['dataset']).name}\n\n"
             f"{rows[0]['questions'] if rows else 0} questions{_skipped(config)} x {config['passages']} passages, neighbors={config['neighbors']}, "
-            f"max_new_tokens={config['max_new_tokens']}, seed={config['seed']}; "
+            f"max_new_tokens={config['max_new_tokens']}; "
             f"{machine['platform']}, {machine['cpu_count']} CPUs, torch {machine['torch']}, "
             f"{machine.get('device')} {machine.get('dtype')}.\n\n"
             "Ratio '-': the method does not depend on it. norm = eq. 11 (Full Reuse 0, Full Attention 1).\n\n")  # fmt: skip

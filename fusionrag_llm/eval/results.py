@@ -35,9 +35,8 @@ def machine_info(rag=None) -> dict[str, Any]:
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     if rag is not None:
-        model = rag.parts.loaded.model
-        info.update(model=rag.parts.loaded.name, model_source=rag.parts.loaded.source,
-                    device=str(model.device), dtype=str(model.dtype).removeprefix("torch."))  # fmt: skip
+        model = rag.engine.model
+        info.update(model=rag.model_name, device=str(model.device), dtype=str(model.dtype).removeprefix("torch."))
     return info
 
 

@@ -2,7 +2,6 @@
 exit codes 0 (clean) / 1 (problems found), repair that keeps the damaged index aside."""
 
 import os
-import sqlite3
 import time
 
 import pytest
@@ -11,8 +10,7 @@ from click.testing import CliRunner
 
 from fusionrag_llm.cli.main import cli
 from fusionrag_llm.models.fingerprint import model_digest
-from fusionrag_llm.storage import KVEntry, StoreBudgets, StoreOptions, TieredStore, chunk_key
-from fusionrag_llm.storage.safe_disk import entry_files
+from fusionrag_llm.storage import KVEntry, StoreBudgets, StoreOptions, TieredStore, chunk_key, entry_files
 
 FINGERPRINT = model_digest("tiny-cli-test", "float32")
 OPTIONS = StoreOptions()  # the CLI's defaults: entries under 32 KiB live inside cache.db
@@ -46,6 +44,12 @@ def store(tmp_path):
     lines = [b'{"text": "alpha", "vector": [1, 0]}', b"\xff\xfe not UTF-8 \xe9", b'{"text": "beta", "vector": [0, 1]}']
     (folder / "catalog.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     return folder
+
+
+def _file_of(folder, key):
+    """An entry's file: named after its key (entries under 32 KiB have none: they live inside cache.db)."""
+    (path,) = folder.rglob(f"{key}.val")
+    return path
 
 
 def _garbage(folder):
@@ -109,10 +113,8 @@ def test_clear_on_a_damaged_index_starts_empty_and_keeps_it(store):
 
 
 def test_verify_reports_rows_without_files_and_files_without_rows(store):
-    with sqlite3.connect(store / "cache.db") as db:
-        (lost,) = db.execute("SELECT filename FROM Cache WHERE key = ?", (_key(3),)).fetchone()
-    (store / lost).unlink()
-    orphan = store / "ab" / "cd" / f"{1:028x}.val"
+    _file_of(store, _key(3)).unlink()
+    orphan = store / "ab" / f"{'ab' * 32}.val"
     orphan.parent.mkdir(parents=True, exist_ok=True)
     orphan.write_bytes(b"written by a process killed before its row was committed")
     os.utime(orphan, (time.time() - 3600,) * 2)
@@ -127,9 +129,8 @@ def test_verify_reports_rows_without_files_and_files_without_rows(store):
 
 
 def test_verify_removes_corrupt_entries_and_says_so(store):
-    with sqlite3.connect(store / "cache.db") as db:
-        (name,) = db.execute("SELECT filename FROM Cache WHERE key = ?", (_key(4),)).fetchone()
-    (store / name).write_bytes((store / name).read_bytes()[:500])
+    victim = _file_of(store, _key(4))
+    victim.write_bytes(victim.read_bytes()[:500])
     result = run("cache", "verify", "--store", str(store))
     assert result.exit_code == 1 and f"removed corrupt entry {_key(4)}" in result.output
     assert "corrupt entries removed" in result.output

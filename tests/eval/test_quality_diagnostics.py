@@ -1,10 +1,9 @@
-"""Per-question diagnostics: hand-checked distributions and harm counts, and neighbour overlap."""
+"""Per-question diagnostics: hand-checked distributions, harm counts and partings."""
 
 import pytest
 
-from fusionrag_llm import FusionRAG
 from fusionrag_llm.eval.quality_diagnostics import (distribution, greedy_agreement, greedy_agreement_markdown,
-                                                    neighbour_overlap, partings, partings_markdown, per_question)
+                                                    partings, partings_markdown, per_question)
 
 
 def _record(qid, method, ratio, kl, greedy_em=1.0):
@@ -71,14 +70,3 @@ def test_per_question_rows_list_every_method():
     rows = {row["qid"]: row for row in per_question(RECORDS)}
     assert set(rows["q2"]["methods"]) == {"full_reuse", "fusionrag@0.15"}
     assert rows["q2"]["methods"]["fusionrag@0.15"] == {"kl": 0.25, "greedy_em": 0.0, "f1": 0.5}
-
-
-def test_neighbour_overlap_is_the_share_of_fusion_neighbours_in_the_prompt():
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:")
-    texts = ["Alpha facts about the harbour.", "Beta facts about the harbour.", "Gamma notes on the mill.",
-             "Delta notes on the mill."]  # fmt: skip
-    rag.add_chunks(texts, embeddings=[[1, 0], [0.9, 0.1], [0, 1], [0.1, 0.9]], neighbors=1)
-    assert neighbour_overlap(rag, texts[:2]) == 1.0  # alpha and beta are each other's neighbour
-    assert neighbour_overlap(rag, [texts[0], texts[2]]) == 0.0  # each one's neighbour is missing
-    assert neighbour_overlap(rag, [texts[0], texts[1], texts[2]]) == pytest.approx(2 / 3)
-    assert neighbour_overlap(rag, ["never registered"]) is None

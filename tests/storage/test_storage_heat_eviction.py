@@ -11,9 +11,9 @@ from fusionrag_llm.storage.heat import bump_heat_time, heat_at
 TOKENS = 256  # 2 layers x 2 heads x 256 tokens x 8 dims x 4 B x (K, V): 64 KiB, a file each
 
 
-def access_times(folder) -> dict[str, float]:
+def heat_times(folder) -> dict[str, float]:
     with sqlite3.connect(folder / "cache.db") as sql:
-        return dict(sql.execute("SELECT key, access_time FROM Cache"))
+        return dict(sql.execute("SELECT key, heat FROM entries"))
 
 
 def test_hot_entries_survive_and_cold_go_first_across_two_store_objects(tmp_path):
@@ -47,20 +47,20 @@ def test_reads_from_two_objects_add_up_in_the_index(tmp_path):
     first.put(key, make_entry(1))
     for tier in (first, second, first, second):
         assert tier.get(key) is not None
-    heat_time = access_times(tmp_path / "s")[key]
+    heat_time = heat_times(tmp_path / "s")[key]
     assert 4.9 < heat_at(heat_time, time.time(), 3600.0) <= 5.0  # 1 write + 4 reads, barely decayed
     first.close()
     second.close()
 
 
-def test_a_forged_access_time_is_reset_not_trusted(tmp_path):
+def test_a_forged_heat_is_reset_not_trusted(tmp_path):
     tier = DiskTier(tmp_path / "s", 2**30)
     key = key_for(2)
     tier.put(key, make_entry(2))
     with sqlite3.connect(tmp_path / "s" / "cache.db") as sql:
-        sql.execute("UPDATE Cache SET access_time = 'hot' WHERE key = ?", (key,))
+        sql.execute("UPDATE entries SET heat = 'hot' WHERE key = ?", (key,))
     assert tier.get(key) is not None
-    assert isinstance(access_times(tmp_path / "s")[key], float)
+    assert isinstance(heat_times(tmp_path / "s")[key], float)
     tier.close()
 
 

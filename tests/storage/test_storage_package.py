@@ -1,4 +1,4 @@
-"""Package rules: doc examples run, and storage/ imports only torch, diskcache, numpy, stdlib."""
+"""Package rules: doc examples run, and storage/ imports only torch, numpy and the stdlib."""
 
 import ast
 import doctest
@@ -12,7 +12,7 @@ import fusionrag_llm.storage as storage
 
 STORAGE_DIR = Path(storage.__file__).resolve().parent
 MODULES = sorted(p.stem for p in STORAGE_DIR.glob("*.py") if p.stem != "__init__")
-ALLOWED = {"torch", "diskcache", "numpy"} | set(sys.stdlib_module_names)
+ALLOWED = {"torch", "numpy"} | set(sys.stdlib_module_names)
 LAZY = {"redis"}  # optional clients: imported inside the function that needs them, never at module level
 
 

@@ -1,5 +1,7 @@
 """Record logs travel with a store: a file in its folder, or memory shared by one store object."""
 
+import errno
+
 import pytest
 
 from fusionrag_llm import FusionRAG, RAGRequest
@@ -27,6 +29,20 @@ def test_a_log_name_cannot_leave_the_store(name):
     store = TieredStore(None, StoreBudgets())
     with pytest.raises(ValueError, match="record log name"):
         store.record_log(name)
+
+
+def test_a_log_file_that_is_a_link_is_never_followed(tmp_path):
+    outside = tmp_path / "outside.jsonl"
+    outside.write_bytes(b'{"secret": 1}\n')
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "log.jsonl").symlink_to(outside)
+    log = TieredStore(tmp_path / "store", StoreBudgets()).record_log("log.jsonl")
+    with pytest.raises(OSError) as reading:
+        log.read_from(0)
+    with pytest.raises(OSError) as appending, log.appending() as session:
+        session.append(b"written through the link\n")
+    assert reading.value.errno == appending.value.errno == errno.ELOOP
+    assert outside.read_bytes() == b'{"secret": 1}\n'
 
 
 def test_a_folder_store_keeps_its_log_as_a_file_and_a_memory_store_in_memory(tmp_path):

@@ -8,7 +8,7 @@ import struct
 import pytest
 import torch
 from storage_testutil import FINGERPRINT, PREFIX, make_entry
-from test_storage_safety_helpers import sql
+from test_storage_safety_helpers import sql, stored_file
 
 from fusionrag_llm.storage import (
     CorruptEntryError,
@@ -48,28 +48,27 @@ def _write_both(folder, num_tokens):
     return plain_key, fused_key
 
 
-def _swap_columns(folder, a, b, column):
-    (va,), (vb,) = (sql(folder, f"SELECT {column} FROM Cache WHERE key = ?", (k,))[0] for k in (a, b))
-    sql(folder, f"UPDATE Cache SET {column} = ? WHERE key = ?", (vb, a))
-    sql(folder, f"UPDATE Cache SET {column} = ? WHERE key = ?", (va, b))
+def _swap_values(folder, a, b):
+    (va,), (vb,) = (sql(folder, "SELECT value FROM entries WHERE key = ?", (k,))[0] for k in (a, b))
+    sql(folder, "UPDATE entries SET value = ? WHERE key = ?", (vb, a))
+    sql(folder, "UPDATE entries SET value = ? WHERE key = ?", (va, b))
 
 
 def _swap_files(folder, a, b):
-    (fa,), (fb,) = (sql(folder, "SELECT filename FROM Cache WHERE key = ?", (k,))[0] for k in (a, b))
-    pa, pb = folder / fa, folder / fb
+    pa, pb = stored_file(folder, a), stored_file(folder, b)
     da, db = pa.read_bytes(), pb.read_bytes()
     pa.write_bytes(db)
     pb.write_bytes(da)
 
 
-@pytest.mark.parametrize("how", ["row values", "row filenames", "files on disk"])
+@pytest.mark.parametrize("how", ["row values", "files on disk"])
 def test_swapped_entries_are_misses_logged_and_counted(tmp_path, caplog, how):
     num_tokens = 4 if how == "row values" else 300  # small entries live in the row, large ones in files
     plain_key, fused_key = _write_both(tmp_path / "s", num_tokens)
     if how == "files on disk":
         _swap_files(tmp_path / "s", plain_key, fused_key)
     else:
-        _swap_columns(tmp_path / "s", plain_key, fused_key, "value" if how == "row values" else "filename")
+        _swap_values(tmp_path / "s", plain_key, fused_key)
     with TieredStore(tmp_path / "s", StoreBudgets(host_bytes=0), options=OPTIONS) as store:
         with caplog.at_level(logging.WARNING, logger="fusionrag_llm.storage"):
             # Same token ids: only the key binding tells the fused entry from the plain one.
@@ -102,10 +101,9 @@ def test_entry_of_the_older_codec_is_a_logged_miss_listed_as_stale(tmp_path, cap
     plain_key, fused_key = _write_both(tmp_path / "s", num_tokens)
     old = _as_version_1(encode(_variant("plain", num_tokens)))
     if num_tokens == 4:
-        sql(tmp_path / "s", "UPDATE Cache SET value = ? WHERE key = ?", (old, plain_key))
+        sql(tmp_path / "s", "UPDATE entries SET value = ? WHERE key = ?", (old, plain_key))
     else:
-        (name,) = sql(tmp_path / "s", "SELECT filename FROM Cache WHERE key = ?", (plain_key,))[0]
-        (tmp_path / "s" / name).write_bytes(old)
+        stored_file(tmp_path / "s", plain_key).write_bytes(old)
     with TieredStore(tmp_path / "s", StoreBudgets(host_bytes=0), options=OPTIONS) as store:
         with caplog.at_level(logging.WARNING, logger="fusionrag_llm.storage"):
             assert store.get(plain_key) is None

@@ -1,5 +1,5 @@
-"""A damaged or missing cache.db gives `StoreDamagedError` naming the file and the fix, and the
-index can be rebuilt from the entry files (whose bytes carry their key)."""
+"""A damaged, missing or older-format cache.db gives `StoreDamagedError` naming the file and the fix,
+and the index can be rebuilt from the entry files (whose bytes carry their key)."""
 
 import errno
 import os
@@ -16,9 +16,10 @@ from fusionrag_llm.storage import (
     StoreWriteError,
     TieredStore,
     clear_damaged,
+    encode,
+    entry_files,
     rebuild_index,
 )
-from fusionrag_llm.storage.safe_disk import entry_files
 
 OPTIONS = StoreOptions(disk_min_file_bytes=16 * 1024)
 SMALL, LARGE = [1, 3, 5], [2, 4, 6]  # seeds of entries kept in the db, and in files
@@ -79,7 +80,7 @@ def test_rebuild_recovers_file_entries_and_keeps_the_damaged_index(folder, damag
     original = (folder / "cache.db").read_bytes() if damage != "missing" else None
     DAMAGES[damage](folder)
     damaged = (folder / "cache.db").read_bytes() if damage != "missing" else None
-    report = rebuild_index(folder, min_file_bytes=16 * 1024)
+    report = rebuild_index(folder)
     assert sorted(report.recovered) == sorted(key_for(s, 300) for s in LARGE)
     assert report.unreadable == [] and report.duplicates == []
     if damage == "missing":
@@ -101,31 +102,52 @@ def test_rebuild_recovers_file_entries_and_keeps_the_damaged_index(folder, damag
 def test_rebuild_counts_lost_small_entries_when_the_old_index_is_readable(folder):
     sql = sqlite3.connect(folder / "cache.db")
     # Damaged for the store (a column it needs is gone) while its rows can still be counted.
-    sql.execute("DROP INDEX Cache_access_time")
-    sql.execute("ALTER TABLE Cache RENAME COLUMN access_time TO gone")
+    sql.execute("DROP INDEX entries_heat")
+    sql.execute("ALTER TABLE entries RENAME COLUMN heat TO gone")
     sql.commit()
     sql.close()
     with pytest.raises(StoreDamagedError, match="no such column"):
         _use(folder)
-    report = rebuild_index(folder, min_file_bytes=16 * 1024)
+    report = rebuild_index(folder)
     assert report.lost_in_index == len(SMALL) and len(report.recovered) == len(LARGE)
 
 
-def test_rebuild_drops_damaged_files_and_keeps_the_newest_of_a_key(folder):
+def test_rebuild_drops_damaged_files_and_files_under_another_key(folder):
     names = sorted(entry_files(folder))
     victim = folder / names[0]
     victim.write_bytes(victim.read_bytes()[:1000])  # truncated entry file
-    survivor = folder / names[1]
-    copy = folder / "ab" / "cd" / f"{7:028x}.val"  # an older second copy of the same key
-    copy.parent.mkdir(parents=True, exist_ok=True)
-    copy.write_bytes(survivor.read_bytes())
-    os.utime(copy, (1, 1))
+    misfiled = folder / names[2]
+    misfiled.write_bytes((folder / names[1]).read_bytes())  # a valid entry under another key's name
     _garbage(folder)
-    report = rebuild_index(folder, min_file_bytes=16 * 1024)
-    assert report.unreadable == [names[0]] and report.duplicates == ["ab/cd/" + copy.name]
-    assert len(report.recovered) == len(LARGE) - 1 and not victim.exists() and not copy.exists()
+    report = rebuild_index(folder)
+    assert sorted(report.unreadable) == sorted([names[0], names[2]]) and report.duplicates == []
+    assert len(report.recovered) == len(LARGE) - 2 and not victim.exists() and not misfiled.exists()
     with TieredStore(folder, options=OPTIONS) as store:
-        assert store.verify().ok and len(store.keys()) == len(LARGE) - 1
+        assert store.verify().ok and len(store.keys()) == len(LARGE) - 2
+
+
+def test_a_store_of_the_older_format_is_refused_then_rebuilt_from_its_files(tmp_path):
+    """diskcache's layout: a `Cache` table, small values inside it, files `ab/cd/<28 hex>.val`."""
+    folder = tmp_path / "old"
+    folder.mkdir()
+    with sqlite3.connect(folder / "cache.db") as db:
+        db.execute("CREATE TABLE Cache (rowid INTEGER PRIMARY KEY, key BLOB, raw INTEGER, filename TEXT, value BLOB)")
+        db.execute("INSERT INTO Cache (key, raw, filename, value) VALUES (?, 1, NULL, ?)", (key_for(1), b"small"))
+    old_files = {seed: folder / "0a" / f"{seed:02x}" / f"{seed:028x}.val" for seed in (2, 4, 7)}
+    for seed, path in old_files.items():  # 7: an older second copy of entry 4
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(encode(make_entry(4 if seed == 7 else seed, 300), key=key_for(4 if seed == 7 else seed, 300)))
+    os.utime(old_files[7], (1, 1))
+    with pytest.raises(StoreDamagedError, match="not an index of this store's format"):
+        _use(folder)
+    report = rebuild_index(folder)
+    assert sorted(report.recovered) == sorted([key_for(2, 300), key_for(4, 300)]) and report.lost_in_index == 1
+    assert report.duplicates == ["0a/07/" + old_files[7].name] and not any(p.exists() for p in old_files.values())
+    with TieredStore(folder, StoreBudgets(host_bytes=0), options=OPTIONS) as store:
+        for seed in (2, 4):
+            entry, tier = store.get(key_for(seed, 300))
+            assert tier == "disk" and entry.bitwise_equal(make_entry(seed, 300))
+        assert store.verify().ok and len(store.keys()) == 2
 
 
 def test_clear_damaged_starts_empty_and_keeps_the_index(folder):

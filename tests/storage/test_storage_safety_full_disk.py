@@ -5,15 +5,16 @@ reclaims old files no row references."""
 import errno
 import logging
 import os
+import resource
+import signal
 import sqlite3
 import time
 
 import pytest
 from storage_testutil import key_for, make_entry
-from test_storage_safety_helpers import fake_entry_name, mounted, unreferenced_files
+from test_storage_safety_helpers import mounted, orphan_name, unreferenced_files
 
-from fusionrag_llm.storage import StoreBudgets, StoreOptions, StoreWriteError, TieredStore
-from fusionrag_llm.storage.safe_disk import SafeDisk, entry_files
+from fusionrag_llm.storage import StoreBudgets, StoreOptions, StoreWriteError, TieredStore, entry_files
 
 OPTIONS = StoreOptions(disk_min_file_bytes=16 * 1024)
 BUDGETS = StoreBudgets(host_bytes=2**26, disk_bytes=2**30)
@@ -52,31 +53,34 @@ def test_full_file_system_keeps_queries_going_and_leaves_nothing_partial(tmp_pat
             store.close()
 
 
-def test_error_half_way_through_a_file_write_removes_the_partial_file(tmp_path, monkeypatch, caplog):
-    # Unit-level stand-in for the tmpfs test above (which needs mount permission): no real disk can
-    # be made to fail half-way through one write() on demand, so the file-write seam raises ENOSPC.
-    seen = []
+@pytest.fixture
+def file_size_limit():
+    """Call it with a byte count: from then on no file of this process grows past it (the write
+    fails with EFBIG half-way, as a full disk fails it with ENOSPC); restored after the test."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a killed process
+    yield lambda limit: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    signal.signal(signal.SIGXFSZ, handler)
 
-    def half_then_full(self, handle, data):
-        handle.write(data[: len(data) // 2])
-        handle.flush()
-        seen.append(os.path.getsize(handle.name if isinstance(handle.name, str) else f"/proc/self/fd/{handle.name}"))
-        raise OSError(errno.ENOSPC, "No space left on device")
 
+def test_error_half_way_through_a_file_write_removes_the_partial_file(tmp_path, file_size_limit, caplog):
+    # Stand-in for the tmpfs test above (which needs mount permission): a file size limit below the
+    # entry's size makes the kernel take the first part of the file, then refuse the rest.
     folder = tmp_path / "store"
     with TieredStore(folder, BUDGETS, options=OPTIONS) as store:
-        monkeypatch.setattr(SafeDisk, "_write_all", half_then_full)
+        file_size_limit(64 * 1024)  # the entries are ~150 KiB; the index is not written before the file
         with caplog.at_level(logging.WARNING, logger="fusionrag_llm.storage"):
             assert store.put(key_for(1, 300), _big(1))
-        assert seen and seen[0] > 0  # a partial file did exist ...
-        assert list(entry_files(folder)) == []  # ... and was removed
-        assert store.tier_of(key_for(1, 300)) == "host" and "No space left" in caplog.text
         with pytest.raises(StoreWriteError) as info:
             store.put(key_for(2, 300), _big(2), persist=True)
-        assert info.value.errno == errno.ENOSPC and isinstance(info.value.cause, OSError)
-        assert list(entry_files(folder)) == [] and store.stats().disk_write_failures == 2
-        monkeypatch.undo()
+        file_size_limit(resource.RLIM_INFINITY)
+        assert info.value.errno == errno.EFBIG and isinstance(info.value.cause, OSError)
+        assert store.tier_of(key_for(1, 300)) == "host" and "File too large" in caplog.text
+        assert entry_files(folder) == [] and store.stats().disk_write_failures == 2  # no partial file left
         assert store.put(key_for(2, 300), _big(2), persist=True) and store.tier_of(key_for(2, 300)) is not None
+    with TieredStore(folder, BUDGETS, options=OPTIONS) as reopened:
+        assert reopened.get(key_for(2, 300))[0].bitwise_equal(_big(2)) and reopened.verify().ok
 
 
 def test_lock_timeout_is_a_failed_write_without_leftovers(tmp_path):
@@ -108,36 +112,20 @@ def test_verify_repair_reclaims_old_unreferenced_files_only(tmp_path):
     folder = tmp_path / "store"
     with TieredStore(folder, options=OPTIONS) as store:
         store.put(key_for(1, 300), _big(1))
-        old, young = folder / fake_entry_name(1), folder / fake_entry_name(2)
-        for path in (old, young, folder / "documents" / "a.val", folder / "zz" / "cd" / f"{0:028x}.val"):
+        key = f"{7:064x}"
+        old, young, old_temp, old_layout = (folder / name for name in (
+            orphan_name(1), orphan_name(2), f"{key[:2]}/.{key}.{1:016x}.tmp", f"ab/cd/{1:028x}.val"))  # fmt: skip
+        others = [folder / "documents" / f"{key}.val", folder / "zz" / f"{key}.val"]  # not the store's layout
+        for path in (old, young, old_temp, old_layout, *others):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(b"left by a writer killed before its row was committed")
         an_hour_ago = time.time() - 3600
-        for path in (old, folder / "documents" / "a.val", folder / "zz" / "cd" / f"{0:028x}.val"):
+        for path in (old, old_temp, old_layout, *others):
             os.utime(path, (an_hour_ago, an_hour_ago))
+        expected = sorted(str(p.relative_to(folder)) for p in (old, old_temp, old_layout))
         report = store.verify()
-        assert report.orphan_files == [fake_entry_name(1)] and not report.repaired and old.exists()
-        assert store.verify(repair=True).orphan_files == [fake_entry_name(1)]
-        assert not old.exists() and young.exists()  # a young file may be a live writer's
-        assert (folder / "documents" / "a.val").exists() and (folder / "zz" / "cd" / f"{0:028x}.val").exists()
+        assert sorted(report.orphan_files) == expected and not report.repaired and old.exists()
+        assert sorted(store.verify(repair=True).orphan_files) == expected
+        assert not any(p.exists() for p in (old, old_temp, old_layout)) and young.exists()  # a young file may be a live writer's
+        assert all(p.exists() for p in others)
         assert store.verify().ok and store.get(key_for(1, 300)) is not None
-
-
-def test_a_parent_folder_removed_by_another_process_mid_write_is_made_again(tmp_path, monkeypatch):
-    """Another process prunes an emptied sub-folder just as this one creates it: the write retries."""
-    import fusionrag_llm.storage.safe_disk as safe_disk
-
-    real, raced = os.makedirs, []
-
-    def racing(name, *args, **kwargs):
-        if not raced:  # the parent vanished between makedirs' creating it and its leaf
-            raced.append(name)
-            raise FileNotFoundError(errno.ENOENT, "No such file or directory", name)
-        return real(name, *args, **kwargs)
-
-    monkeypatch.setattr(safe_disk.os, "makedirs", racing)
-    with TieredStore(tmp_path / "store", BUDGETS, options=OPTIONS) as store:
-        assert store.put(key_for(1, 300), _big(1), persist=True)
-        assert raced and store.stats().disk_write_failures == 0
-    with TieredStore(tmp_path / "store", BUDGETS, options=OPTIONS) as reopened:
-        assert reopened.get(key_for(1, 300))[0].bitwise_equal(_big(1))

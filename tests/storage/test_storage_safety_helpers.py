@@ -1,4 +1,4 @@
-"""Helpers of the storage safety tests (no tests here): hand-made cache.db rows, mounts, payloads."""
+"""Helpers of the storage safety tests (no tests here): hand-made cache.db rows, entry files, mounts, payloads."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fusionrag_llm.storage.safe_disk import entry_files
-
-MODE_RAW, MODE_BINARY, MODE_PICKLE = 1, 2, 4  # diskcache's `mode` column
+from fusionrag_llm.storage import entry_files
 
 
 class _CreatesFile:
@@ -31,17 +29,12 @@ def pickle_payload(marker: Path) -> bytes:
     return pickle.dumps(_CreatesFile(str(marker)))
 
 
-def insert_row(directory: Path, *, key, raw=1, mode=MODE_RAW, filename=None, value=None, size=0,
-               access_time=0.0) -> int:  # fmt: skip
-    """Insert one row into the store's `Cache` table by hand, as an attacker with write access could."""
+def insert_row(directory: Path, *, key, size=0, heat=0.0, value=None) -> int:
+    """Insert one row into the store's index by hand, as an attacker with write access could."""
     con = sqlite3.connect(directory / "cache.db")
     try:
         with con:
-            cur = con.execute(
-                "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count, tag, size, mode,"
-                " filename, value) VALUES (?, ?, ?, NULL, ?, 0, NULL, ?, ?, ?, ?)",
-                (key, raw, 12345.0, access_time, size, mode, filename, value),
-            )
+            cur = con.execute("INSERT INTO entries(key, size, heat, value) VALUES (?, ?, ?, ?)", (key, size, heat, value))
         return cur.lastrowid
     finally:
         con.close()
@@ -57,18 +50,25 @@ def sql(directory: Path, statement: str, params: tuple = ()) -> list[tuple]:
 
 
 def row_ids(directory: Path) -> set[int]:
-    return {rowid for (rowid,) in sql(directory, "SELECT rowid FROM Cache")}
+    return {rowid for (rowid,) in sql(directory, "SELECT rowid FROM entries")}
+
+
+def stored_file(directory: Path, key: str) -> Path | None:
+    """The file holding `key`'s value (None: it lives inside cache.db); the file is named after its key."""
+    found = [p for p in directory.rglob(f"{key}.val") if p.is_file()]
+    return found[0] if found else None
 
 
 def unreferenced_files(directory: Path) -> set[str]:
-    """Entry files no row names (what a failed write must not leave behind)."""
-    named = {name for (name,) in sql(directory, "SELECT filename FROM Cache WHERE filename IS NOT NULL")}
-    return set(entry_files(directory)) - named
+    """Files in the entry layout no row names (what a failed write must not leave behind)."""
+    named = {key for (key,) in sql(directory, "SELECT key FROM entries WHERE value IS NULL")}
+    return {name for name in entry_files(directory) if name.split("/")[-1].removesuffix(".val") not in named}
 
 
-def fake_entry_name(n: int = 0) -> str:
-    """A path in the entry-file layout (`ab/cd/<28 hex>.val`)."""
-    return f"ab/cd/{n:028x}.val"
+def orphan_name(n: int = 0) -> str:
+    """A path in the entry-file layout (`ab/<key>.val`) of a key no entry has."""
+    key = f"{n + 0xab:064x}"
+    return f"{key[:2]}/{key}.val"
 
 
 def _run(command: list[str]) -> subprocess.CompletedProcess:

@@ -12,8 +12,7 @@ import torch
 from storage_testutil import key_for, make_entry
 from test_storage_safety_helpers import is_read_only_mount, mounted
 
-from fusionrag_llm.errors import FusionRAGError
-from fusionrag_llm.storage import StoreBudgets, StoreOptions, StoreWriteError, TieredStore
+from fusionrag_llm.storage import StoreBudgets, StoreConfigError, StoreOptions, StoreWriteError, TieredStore, open_store
 
 OPTIONS = StoreOptions(disk_min_file_bytes=16 * 1024)
 SEEDS = {1: 4, 2: 300, 3: 4, 4: 300}  # seed -> tokens: entries in the db and in files
@@ -76,9 +75,7 @@ def test_read_only_mount_is_detected_and_served(tmp_path, caplog):
         assert "not writable" in _read_only_warnings(caplog)[0]
 
 
-def test_engine_opens_an_existing_read_only_folder_and_explains_a_missing_one(tmp_path):
-    from fusionrag_llm.engine.store import open_store
-
+def test_open_store_opens_an_existing_read_only_folder_and_explains_a_missing_one(tmp_path):
     source = tmp_path / "source"
     _fill(source / "store")
     with mounted(tmp_path / "ro", read_only_of=source) as mount:
@@ -87,7 +84,7 @@ def test_engine_opens_an_existing_read_only_folder_and_explains_a_missing_one(tm
             assert store.read_only and store.get(key_for(2, 300)) is not None
         finally:
             store.close()
-        with pytest.raises(FusionRAGError, match="cannot create the store folder .*Read-only file system"):
+        with pytest.raises(StoreConfigError, match="cannot create the store folder .*Read-only file system"):
             open_store(mount / "missing", torch.device("cpu"))
 
 

@@ -1,59 +1,54 @@
-"""A hand-written cache.db must not run code or reach files outside the store folder.
+"""A hand-written cache.db or planted files must not run code or reach files outside the store folder.
 
-Each test crafts real rows with sqlite3, as anyone able to write the store's cache.db could, then
-drives every path that reads rows: get, keys, len, stats, verify, delete, eviction, clear.
+Each test crafts real rows with sqlite3 and real links with the file system, as anyone able to write
+the store folder could, then drives every path that reads rows or files: get, keys, len, stats,
+verify, delete, eviction, clear, and writes.
 """
-
-import os
 
 import pytest
 from storage_testutil import key_for, make_entry
-from test_storage_safety_helpers import (
-    MODE_BINARY,
-    MODE_PICKLE,
-    fake_entry_name,
-    insert_row,
-    pickle_payload,
-    row_ids,
-    sql,
-)
+from test_storage_safety_helpers import insert_row, pickle_payload, row_ids, sql
 
 from fusionrag_llm.storage import DiskTier, StoreBudgets, StoreDamagedError, StoreOptions, TieredStore, encode
 
 LARGE = 300  # tokens: a file-backed entry with min_file_bytes below
+OPTIONS = StoreOptions(disk_min_file_bytes=16 * 1024)
+REAL = [key_for(1), key_for(2, LARGE)]  # the entries every fixture store holds
 
 
 @pytest.fixture
 def folder(tmp_path):
     folder = tmp_path / "store"
-    with TieredStore(folder, options=StoreOptions(disk_min_file_bytes=16 * 1024)) as store:
+    with TieredStore(folder, options=OPTIONS) as store:
         store.put(key_for(1), make_entry(1))
         store.put(key_for(2, LARGE), make_entry(2, LARGE))
     return folder
 
 
 def _open(folder):
-    return TieredStore(folder, StoreBudgets(host_bytes=0), options=StoreOptions(disk_min_file_bytes=16 * 1024))
+    return TieredStore(folder, StoreBudgets(host_bytes=0), options=OPTIONS)
+
+
+def _file_of(folder, key):
+    return folder / key[:2] / f"{key}.val"
 
 
 @pytest.mark.parametrize("where", ["in the row", "in a file"])
 def test_pickled_value_is_never_unpickled(folder, tmp_path, where):
     marker = tmp_path / "pwned"
     key = key_for(99)
-    if where == "in a file":
-        path = folder / fake_entry_name()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(pickle_payload(marker))
 
     def forge():
         if where == "in the row":
-            return insert_row(folder, key=key, mode=MODE_PICKLE, value=pickle_payload(marker))
-        return insert_row(folder, key=key, mode=MODE_PICKLE, filename=fake_entry_name())
+            return insert_row(folder, key=key, value=pickle_payload(marker))
+        _file_of(folder, key).parent.mkdir(exist_ok=True)
+        _file_of(folder, key).write_bytes(pickle_payload(marker))
+        return insert_row(folder, key=key, size=100)
 
     forge()
     with _open(folder) as store:
         assert key in store and len(store.keys()) == 3 and store.stats().tiers["disk"].entries == 3
-        assert store.get(key) is None  # refused and dropped like a corrupt entry
+        assert store.get(key) is None and store.stats().corrupt == 1  # refused and dropped like a corrupt entry
         assert key not in store
     forge()
     with _open(folder) as store:
@@ -68,11 +63,10 @@ def test_pickled_value_is_never_unpickled(folder, tmp_path, where):
 
 def test_rows_with_foreign_keys_are_ignored_and_never_unpickled(folder, tmp_path):
     marker = tmp_path / "pwned"
-    # diskcache unpickles a key whose raw column is 0; the other forms are keys this store never writes.
-    forms = [(pickle_payload(marker), 0), (b"\x00" * 64, 1), ("Z" * 64, 1), (key_for(4) + "\n", 1), (7, 1)]
-    foreign = {insert_row(folder, key=key, raw=raw, value=encode(make_entry(3))) for key, raw in forms}
+    forms = [pickle_payload(marker), b"\x00" * 64, "Z" * 64, key_for(4).upper(), key_for(4) + "\n", 7, None]
+    foreign = {insert_row(folder, key=key, value=encode(make_entry(3))) for key in forms}
     tier = DiskTier(folder, 2**24)
-    assert sorted(tier.keys()) == sorted([key_for(1), key_for(2, LARGE)]) and len(tier) == 2
+    assert sorted(tier.keys()) == sorted(REAL) and len(tier) == 2
     with TieredStore.from_tiers([], tier) as store:
         assert store.stats().tiers["disk"].entries == 2
         report = store.verify()
@@ -84,8 +78,8 @@ def test_rows_with_foreign_keys_are_ignored_and_never_unpickled(folder, tmp_path
 
 def test_eviction_and_clear_pass_over_foreign_rows_without_unpickling(folder, tmp_path):
     marker = tmp_path / "pwned"
-    insert_row(folder, key=pickle_payload(marker), raw=0, mode=MODE_PICKLE, value=pickle_payload(marker))
-    coldest = insert_row(folder, key=key_for(98), mode=MODE_PICKLE, value=pickle_payload(marker), access_time=0.0)
+    insert_row(folder, key=pickle_payload(marker), value=pickle_payload(marker))
+    coldest = insert_row(folder, key=key_for(98), value=pickle_payload(marker), heat=0.0)
     tier = DiskTier(folder, budget_bytes=tier_volume(folder) + 2000, min_file_bytes=16 * 1024)
     for seed in range(10, 20):  # each write evicts the coldest of our entries to stay in budget
         assert tier.put(key_for(seed), make_entry(seed))
@@ -103,55 +97,64 @@ def tier_volume(folder) -> int:
         tier.close()
 
 
+def _victim_key() -> str:
+    """A file-backed entry's key whose sub-folder no entry of the fixture uses."""
+    used = {key[:2] for key in REAL}
+    return next(key_for(seed, LARGE) for seed in range(50, 99) if key_for(seed, LARGE)[:2] not in used)
+
+
 @pytest.fixture
 def outside(tmp_path):
-    """A valid entry for key 50, bound to that key, alone in a folder outside the store."""
-    path = tmp_path / "elsewhere" / "victim.val"
+    """A valid entry bound to `_victim_key()`, alone in a folder outside the store."""
+    path = tmp_path / "elsewhere" / f"{_victim_key()}.val"
     path.parent.mkdir()
-    path.write_bytes(encode(make_entry(50, LARGE), key=key_for(50, LARGE)))
+    path.write_bytes(encode(make_entry(50, LARGE), key=_victim_key()))
     return path
 
 
-def _outside_filename(folder, outside, how):
-    if how == "absolute":
-        return str(outside)
-    if how == "dotdot":
-        return os.path.join("..", "elsewhere", outside.name)
-    link = folder / fake_entry_name(1)  # removing the row may remove the link itself (never its target)
-    link.parent.mkdir(parents=True, exist_ok=True)
-    link.unlink(missing_ok=True)
-    link.symlink_to(outside)
-    return fake_entry_name(1)
+def _plant_link(folder, outside, how):
+    """Make the victim key's file (or its sub-folder) a symlink to the file (folder) outside."""
+    key = _victim_key()
+    if how == "file link":
+        _file_of(folder, key).parent.mkdir(exist_ok=True)
+        _file_of(folder, key).unlink(missing_ok=True)
+        _file_of(folder, key).symlink_to(outside)
+    elif not (folder / key[:2]).is_symlink():
+        (folder / key[:2]).symlink_to(outside.parent, target_is_directory=True)
 
 
-HOWS = ["absolute", "dotdot", "symlink"]
+HOWS = ["file link", "folder link"]
+
+
+def _assert_intact(outside):
+    assert outside.is_file() and not outside.is_symlink()
+    assert outside.read_bytes() == encode(make_entry(50, LARGE), key=_victim_key())
+    assert [p.name for p in outside.parent.iterdir()] == [outside.name]  # nothing written beside it
 
 
 @pytest.mark.parametrize("how", HOWS)
 def test_file_outside_the_store_is_never_read(folder, outside, how):
-    key = key_for(50, LARGE)
-    filename = _outside_filename(folder, outside, how)
-    insert_row(folder, key=key, mode=MODE_BINARY, filename=filename, size=100)
+    key = _victim_key()
+    _plant_link(folder, outside, how)
+    insert_row(folder, key=key, size=100)
     with TieredStore(folder, StoreBudgets(host_bytes=0)) as store:
         # The bytes out there are a valid entry bound to this very key: a hit would prove a read.
         assert store.get(key) is None and key not in store  # refused, and the forged row dropped
-        insert_row(folder, key=key, mode=MODE_BINARY, filename=_outside_filename(folder, outside, how), size=100)
+        assert store.stats().corrupt == 1
+        _plant_link(folder, outside, how)
+        insert_row(folder, key=key, size=100)
         assert store.verify().corrupt == [key]
-    _assert_intact(outside, key)
-
-
-def _assert_intact(outside, key):
-    assert outside.is_file() and outside.read_bytes() == encode(make_entry(50, LARGE), key=key)
+    _assert_intact(outside)
 
 
 @pytest.mark.parametrize("how", HOWS)
 @pytest.mark.parametrize("action", ["delete", "repair", "clear", "evict"])
 def test_file_outside_the_store_is_never_deleted(folder, outside, how, action):
-    key = key_for(50, LARGE)
-    filename = _outside_filename(folder, outside, how)
+    key = _victim_key()
+    _plant_link(folder, outside, how)
     tier = DiskTier(folder, 2**24, min_file_bytes=16 * 1024)
     # size: the forged row claims a huge file, so the next write must evict it (it is also the coldest).
-    rowid = insert_row(folder, key=key, mode=MODE_BINARY, filename=filename, size=2**25, access_time=0.0)
+    rowid = insert_row(folder, key=key, size=2**25, heat=0.0)
     if action == "delete":
         assert tier.delete(key)
     elif action == "repair":
@@ -161,18 +164,41 @@ def test_file_outside_the_store_is_never_deleted(folder, outside, how, action):
     else:
         assert tier.put(key_for(3), make_entry(3)) and tier.evictions >= 1
     assert rowid not in row_ids(folder)  # the forged row is gone ...
-    _assert_intact(outside, key)  # ... the file it named is not, nor its folder
+    _assert_intact(outside)  # ... the file behind the link is not, nor its folder
     tier.close()
 
 
-def test_settings_in_cache_db_cannot_steer_the_store(folder):
-    sql(folder, "UPDATE Settings SET value = 'off' WHERE key = 'sqlite_journal_mode'")  # weaker crash safety
-    sql(folder, "UPDATE Settings SET value = 0 WHERE key = 'disk_min_file_size'")
-    with TieredStore(folder, options=StoreOptions(disk_min_file_bytes=16 * 1024)) as store:
-        store.put(key_for(5), make_entry(5))  # small: must still live inside the row
-        assert store.get(key_for(5)) is not None
+@pytest.mark.parametrize("how", HOWS)
+def test_a_write_never_goes_through_a_link(folder, outside, how):
+    key = _victim_key()
+    _plant_link(folder, outside, how)
+    with TieredStore(folder, StoreBudgets(host_bytes=0), options=OPTIONS) as store:
+        stored = store.put(key, make_entry(51, LARGE))  # other bytes than the file outside holds
+        if how == "file link":  # the link itself is replaced by the new file
+            assert stored and not _file_of(folder, key).is_symlink()
+            assert store.get(key)[0].bitwise_equal(make_entry(51, LARGE))
+        else:  # a sub-folder that is a link takes no file: a failed write, the entry not stored
+            assert not stored and store.stats().disk_write_failures == 1 and key not in store
+    _assert_intact(outside)
+
+
+def test_a_journal_mode_set_in_the_index_is_undone(folder):
+    sql(folder, "PRAGMA journal_mode = DELETE")  # weaker crash safety, recorded in the file
+    with TieredStore(folder, options=OPTIONS) as store:
+        assert store.put(key_for(5), make_entry(5)) and store.get(key_for(5)) is not None
     assert sql(folder, "PRAGMA journal_mode") == [("wal",)]
-    assert sql(folder, "SELECT filename FROM Cache WHERE key = ?", (key_for(5),)) == [(None,)]
-    sql(folder, "INSERT INTO Settings VALUES ('sqlite_query_only', 1)")  # diskcache would run it as a PRAGMA
-    with pytest.raises(StoreDamagedError, match="sqlite_query_only"):
-        TieredStore(folder)
+
+
+@pytest.mark.parametrize("name", ["cache.db", "cache.db-wal", "cache.db-shm"])
+def test_an_index_file_that_is_a_link_is_refused(folder, tmp_path, name):
+    target = tmp_path / f"elsewhere-{name}"
+    if name == "cache.db":
+        (folder / name).rename(target)
+    else:
+        target.write_bytes(b"not to be touched")
+        (folder / name).unlink(missing_ok=True)
+    before = target.read_bytes()
+    (folder / name).symlink_to(target)
+    with pytest.raises(StoreDamagedError, match="symbolic link"):
+        TieredStore(folder, options=OPTIONS)
+    assert target.read_bytes() == before

@@ -6,11 +6,12 @@ import sqlite3
 import pytest
 import torch
 from storage_testutil import key_for, make_entry
+from test_storage_safety_helpers import stored_file
 
 from fusionrag_llm.storage import DeviceTier, DiskTier, HostTier
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-SMALL = 4  # tokens: a few hundred bytes, stored inside diskcache's SQLite db
+SMALL = 4  # tokens: a few hundred bytes, stored inside the SQLite index
 LARGE = 300  # tokens: tens of KB, stored as a file (min_file_bytes below)
 
 
@@ -50,18 +51,12 @@ def test_disk_round_trip_is_bit_identical(disk, dtype, num_tokens):
 def test_small_and_large_entries_use_db_and_files(disk):
     disk.put(key_for(1, SMALL), make_entry(1, SMALL))
     disk.put(key_for(2, LARGE), make_entry(2, LARGE))
-    assert _stored_filename(disk, key_for(1, SMALL)) is None
-    assert _stored_filename(disk, key_for(2, LARGE)) is not None
-
-
-def _stored_filename(disk: DiskTier, key: str) -> str | None:
-    with sqlite3.connect(disk.directory / "cache.db") as con:
-        (filename,) = con.execute("SELECT filename FROM Cache WHERE key = ?", (key,)).fetchone()
-    return filename
+    assert stored_file(disk.directory, key_for(1, SMALL)) is None
+    assert stored_file(disk.directory, key_for(2, LARGE)) is not None
 
 
 def _damage_file(disk: DiskTier, key: str, how: str) -> None:
-    path = disk.directory / _stored_filename(disk, key)
+    path = stored_file(disk.directory, key)
     data = bytearray(path.read_bytes())
     if how == "flip":
         data[len(data) // 2] ^= 0xFF
@@ -74,7 +69,7 @@ def _damage_file(disk: DiskTier, key: str, how: str) -> None:
 
 def _damage_db_value(disk: DiskTier, key: str, how: str) -> None:
     with sqlite3.connect(disk.directory / "cache.db") as con:
-        (value,) = con.execute("SELECT value FROM Cache WHERE key = ?", (key,)).fetchone()
+        (value,) = con.execute("SELECT value FROM entries WHERE key = ?", (key,)).fetchone()
         data = bytearray(value)
         if how == "flip":
             data[len(data) // 2] ^= 0xFF
@@ -82,7 +77,7 @@ def _damage_db_value(disk: DiskTier, key: str, how: str) -> None:
             data = data[: len(data) // 3]
         elif how == "magic":
             data[:4] = b"JUNK"
-        con.execute("UPDATE Cache SET value = ? WHERE key = ?", (sqlite3.Binary(bytes(data)), key))
+        con.execute("UPDATE entries SET value = ? WHERE key = ?", (sqlite3.Binary(bytes(data)), key))
 
 
 @pytest.mark.parametrize("how", ["flip", "truncate", "magic"])
@@ -117,7 +112,7 @@ def test_verify_lists_and_removes_only_corrupt_entries(disk, caplog):
 
 def test_missing_file_is_a_miss(disk):
     disk.put(key_for(3, LARGE), make_entry(3, LARGE))
-    (disk.directory / _stored_filename(disk, key_for(3, LARGE))).unlink()
+    stored_file(disk.directory, key_for(3, LARGE)).unlink()
     assert disk.get(key_for(3, LARGE)) is None
 
 

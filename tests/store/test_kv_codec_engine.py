@@ -19,15 +19,15 @@ VECTORS = [[1, 0], [0, 1], [1, 1]]
 
 
 def corrupt_stored(folder: Path, key: str) -> None:
-    """Flip one byte in the middle of the bytes diskcache keeps for ``key`` (a file, or a row of its db)."""
+    """Flip one byte in the middle of the bytes the store keeps for ``key`` (a row of its index, or a file)."""
     with sqlite3.connect(folder / "cache.db") as db:
-        name, value = db.execute("SELECT filename, value FROM Cache WHERE key = ?", (key,)).fetchone()
-        if name is None:
+        (value,) = db.execute("SELECT value FROM entries WHERE key = ?", (key,)).fetchone()
+        if value is not None:
             data = bytearray(value)
             data[len(data) // 2] ^= 0xFF
-            db.execute("UPDATE Cache SET value = ? WHERE key = ?", (bytes(data), key))
+            db.execute("UPDATE entries SET value = ? WHERE key = ?", (bytes(data), key))
             return
-    path = folder / name
+    (path,) = folder.rglob(f"{key}.val")
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))

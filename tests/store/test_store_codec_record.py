@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from fusionrag_llm import DEFAULT_KV_CODEC, FusionRAG, FusionRAGError, RAGRequest
 from fusionrag_llm.cli.main import cli
-from fusionrag_llm.engine.store_codec import CODEC_FILE, _record, recorded_kv_codec, store_kv_codec
+from fusionrag_llm.storage import StoreConfigError
+from fusionrag_llm.storage.store_codec import CODEC_FILE, _record, recorded_kv_codec, store_kv_codec
 
 sys.path.insert(0, str(Path(__file__).parent))
 from store_worker import chunks  # noqa: E402
@@ -61,7 +62,7 @@ def test_a_store_made_before_records_keeps_the_compute_dtype(tmp_path):
 
 def test_a_codec_given_wins_and_the_record_stays(tmp_path, caplog):
     assert store_kv_codec(tmp_path, None) == "bf16"
-    with caplog.at_level(logging.INFO, logger="fusionrag_llm.engine.store_codec"):
+    with caplog.at_level(logging.INFO, logger="fusionrag_llm.storage.store_codec"):
         assert store_kv_codec(tmp_path, "int4") == "int4"
     assert "records kv_codec 'bf16'" in caplog.text and recorded_kv_codec(tmp_path) == "bf16"
     rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "int4"})
@@ -80,6 +81,15 @@ def test_a_damaged_record_is_a_clear_error(tmp_path, content):
     (tmp_path / CODEC_FILE).write_text(content)
     with pytest.raises(FusionRAGError, match=r"kv_codec\.json.*delete that file"):
         FusionRAG.from_pretrained("tiny", store=tmp_path)
+
+
+def test_a_record_that_is_a_link_is_not_followed(tmp_path):
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text('{"kv_codec": "int8"}')
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / CODEC_FILE).symlink_to(outside)
+    with pytest.raises(StoreConfigError, match=r"kv_codec\.json.* cannot be read"):
+        recorded_kv_codec(tmp_path / "store")
 
 
 def test_a_bf16_store_keeps_exact_path_blocks_in_the_compute_dtype(tmp_path):

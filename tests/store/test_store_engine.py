@@ -5,7 +5,6 @@ of the lossless layout; bf16 stores, the default of a new folder, are tested in 
 
 import json
 import logging
-import sqlite3
 import subprocess
 import sys
 import time
@@ -32,10 +31,9 @@ def result_of(done: subprocess.CompletedProcess) -> dict:
 
 
 def file_of(folder: Path, key: str) -> Path:
-    """The file diskcache keeps an entry's bytes in (entries this size are files next to its database)."""
-    with sqlite3.connect(folder / "cache.db") as db:
-        (name,) = db.execute("SELECT filename FROM Cache WHERE key = ?", (key,)).fetchone()
-    return folder / name
+    """The file of an entry's bytes (entries this size are files next to the index), named after its key."""
+    (path,) = folder.rglob(f"{key}.val")
+    return path
 
 
 def test_a_new_process_gets_hits_and_identical_answers(tmp_path):

@@ -1,0 +1,92 @@
+"""Opening the KV store an engine reads and writes.
+
+A store folder that exists but is read-only (a precomputed store shared by several users) opens
+read-only; a damaged store raises ``StoreDamagedError`` naming the fix; a setting that cannot be
+used raises ``StoreConfigError``. A remote URL adds the shared Redis tier after the disk; a server
+that cannot be reached is logged and the local tiers serve alone. The caller supplies the defaults
+(the default store folder, ``$FUSIONRAG_REMOTE``): this package reads no environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .errors import StoreConfigError
+from .kv_codecs import check_kv_codec, kv_codec_of, resolve_kv_codec
+from .settings import StoreBudgets, StoreOptions
+from .store_codec import store_kv_codec
+from .tiered import TieredStore
+
+MEMORY = ":memory:"
+MEMORY_KV_CODEC = "model"  # a store in this process's memory only: nothing to save on disk, so exact KV
+StoreSpec = TieredStore | str | Path | None
+
+
+def open_store(store: StoreSpec, device: torch.device, store_dtype=None, budgets: StoreBudgets | None = None,
+               remote: str | None = None, kv_codec: str | None = None) -> TieredStore:  # fmt: skip
+    """A ``TieredStore`` from a folder, ``":memory:"`` or a store itself (None is the caller's to
+    resolve: the default folder); ``remote``: a Redis URL for the shared tier (not for a store given).
+
+    ``kv_codec`` (``kv_codecs.py``) and ``store_dtype`` (a ``torch.dtype``) both say how entries are
+    kept; give one. Neither given: a folder's recorded codec (``store_codec.py``), else
+    ``DEFAULT_KV_CODEC`` for a new folder; ``":memory:"``: ``MEMORY_KV_CODEC``, the compute dtype (no
+    disk to save, exact KV)."""
+    if kv_codec is not None and store_dtype is not None:
+        raise StoreConfigError(f"give kv_codec ({kv_codec!r}) or store_dtype ({store_dtype!r}), not both")
+    if store_dtype is not None and not isinstance(store_dtype, torch.dtype):
+        raise StoreConfigError(f"store_dtype must be a torch.dtype, got {store_dtype!r}")
+    if isinstance(store, TieredStore):
+        if kv_codec is not None:
+            _check_given_store(store, *_codec_settings(kv_codec), kv_codec)
+        return store
+    if store is None or not isinstance(store, (str, Path)):
+        raise StoreConfigError(f"store must be a folder, {MEMORY!r} or a TieredStore, got {type(store).__name__}")
+    requested = check_kv_codec(kv_codec) if kv_codec is not None else _codec_of_dtype(store_dtype)
+    folder = None if store == MEMORY else Path(store).expanduser()
+    if folder is not None:
+        _make_folder(folder)
+    storage_dtype, codec_id = store_dtype, "raw"
+    if store_dtype is None or requested is not None:  # a store_dtype without a codec name is kept as given
+        name = store_kv_codec(folder, requested) if folder is not None else requested or MEMORY_KV_CODEC
+        storage_dtype, codec_id = _codec_settings(name)
+    try:
+        options = StoreOptions(remote_url=remote or None, codec=codec_id)
+    except ValueError as exc:
+        raise StoreConfigError(f"remote store: {exc}") from None
+    tier_device = device if device.type == "cuda" else None
+    try:
+        return TieredStore(folder, budgets or StoreBudgets(), tier_device, storage_dtype=storage_dtype, options=options)
+    except ImportError as exc:  # a remote URL without the redis client installed
+        raise StoreConfigError(str(exc)) from None
+
+
+def _codec_settings(kv_codec: str) -> tuple[torch.dtype | None, str]:
+    """``(storage dtype, store codec id)`` of a ``kv_codec`` name."""
+    dtype, codec_id = resolve_kv_codec(kv_codec)
+    return (None if dtype is None else getattr(torch, dtype)), codec_id
+
+
+def _codec_of_dtype(storage_dtype: torch.dtype | None) -> str | None:
+    """The ``kv_codec`` name of an older ``store_dtype`` argument (None: none given, or no name fits)."""
+    return None if storage_dtype is None else kv_codec_of(str(storage_dtype).removeprefix("torch."), "raw")
+
+
+def _check_given_store(store: TieredStore, storage_dtype, codec_id: str, kv_codec: str) -> None:
+    """A store given as an object keeps its own settings: a ``kv_codec`` that disagrees is an error."""
+    if (store.storage_dtype, store.codec_id) != (storage_dtype, codec_id):
+        raise StoreConfigError(f"kv_codec {kv_codec!r} does not match the given store (codec {store.codec_id!r}, "
+                               f"storage dtype {store.storage_dtype}); open the store with that codec or omit kv_codec")
+
+
+def _make_folder(folder: Path) -> None:
+    if folder.exists() and not folder.is_dir():
+        raise StoreConfigError(f"store {str(folder)!r} exists and is not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)  # an existing folder, even read-only, is fine
+    except OSError as exc:
+        raise StoreConfigError(
+            f"cannot create the store folder {str(folder)!r}: {exc.strerror or exc}; "
+            "create it yourself or choose a writable folder (--store or $FUSIONRAG_STORE)"
+        ) from None
