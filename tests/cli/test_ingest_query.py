@@ -136,13 +136,13 @@ def test_query_with_cache_craft_variants_stores_one_then_reads_it(corpus, tmp_pa
     store = str(tmp_path / "store")
     assert run("ingest", str(corpus), "--model", "tiny", "--store", store, "--neighbors", "2", "--variant-notes").exit_code == 0
     ask = ("query", "Which river flows through Quennel?", "--model", "tiny", "--store", store, "--top-k", "2",
-           "--max-new-tokens", "2", "--method", "cache_craft", "--craft-variants", "5")  # fmt: skip
+           "--max-new-tokens", "2", "--method", "cache_craft", "--engine-option", "craft_variants=5")  # fmt: skip
     first = run(*ask)
     assert first.exit_code == 0, first.output
     assert "variants_made 1" in first.output  # the second chunk came after a prefix no variant had
     again = run(*ask)
     assert "request 1" in again.output and "variants_made" not in again.output  # nothing new to store
-    bad = run(*ask[:-1], "-1")
+    bad = run(*ask[:-1], "craft_variants=-1")
     assert bad.exit_code != 0 and "-1" in bad.output
 
 
@@ -151,7 +151,7 @@ def test_query_loads_layer_by_layer_when_asked_with_the_same_answer(corpus, tmp_
     assert run("ingest", str(corpus), "--model", "tiny", "--store", store, "--neighbors", "2").exit_code == 0
     ask = ("query", "Which river flows through Quennel?", "--model", "tiny", "--store", store, "--top-k", "3",
            "--max-new-tokens", "4")  # fmt: skip
-    answers = [run(*ask, flag) for flag in ("--no-layerwise-load", "--layerwise-load")]
+    answers = [run(*ask, "--engine-option", f"layerwise_load={flag}") for flag in ("false", "true")]
     assert all(a.exit_code == 0 for a in answers), [a.output for a in answers]
     untimed = [[line for line in a.output.splitlines() if "TTFT" not in line and "decode" not in line] for a in answers]
     assert untimed[0] == untimed[1] and any("reused" in line for line in untimed[0])  # same answer and token counts

@@ -12,7 +12,7 @@ def test_llama_cpp_decodes_the_engine_s_greedy_tokens_on_the_default_gguf(smollm
     gguf, note = find_llama_cpp("smollm2-135m")
     assert gguf == default_gguf("smollm2-135m") and gguf is not None, note
     request = RAGRequest(chunks=["The river Sel floods Brightwater every spring."], question="Which river floods Brightwater?")
-    ours = smollm2_rag.generate(request, method="full_attention", max_new_tokens=6, ignore_eos=True)
+    ours = smollm2_rag.generate(request, method="full_attention", max_new_tokens=6, sampling={"ignore_eos": True})
     runner = LlamaCpp(gguf, n_ctx=len(ours.prompt_ids) + 16)
     try:
         first = runner.generate(ours.prompt_ids, 6)
