@@ -275,11 +275,13 @@ def serve(dataset, requests, tokens, max_new_tokens, concurrency, method, ratio,
           store, progress) -> None:  # fmt: skip
     """The OpenAI-compatible server under concurrent streaming clients: throughput, TTFT p50/p95."""
     from fusionrag_llm.eval.bench_data import add_chunks, workload_requests
+    from fusionrag_llm import get_method
     from fusionrag_llm.eval.bench_serve import ServeConfig, run_serve, write_serve
     from fusionrag_llm.eval.results import machine_info
 
     rag = _load(model, device, dtype, store)
     try:
+        ratio = get_method(method).check_ratio(ratio)  # None: the method's own
         config = ServeConfig(dataset, model, requests, tokens, max_new_tokens, concurrency, method, ratio, neighbors)
         prompts = workload_requests(rag, dataset, requests, tokens)
         start = time.perf_counter()
