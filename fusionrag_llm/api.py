@@ -18,7 +18,7 @@ from fusionrag_llm.fusion.catalog import CATALOG_FILE, ChunkCatalog, chunk_id_of
 from fusionrag_llm.fusion.chunk_entries import ChunkEntries
 from fusionrag_llm.fusion.offline import IngestReport, add_chunks
 from fusionrag_llm.fusion.embeddings import Embedder
-from fusionrag_llm.methods import Method, make_plan, method_names
+from fusionrag_llm.methods import Method, make_plan
 from fusionrag_llm.models.default_model import DEFAULT_MODEL
 from fusionrag_llm.models.fingerprint import fingerprint_of
 from fusionrag_llm.models.loader import LoadedModel, load_model
@@ -211,7 +211,7 @@ class FusionRAG:
         True
         """
         plan = make_plan(method, recompute_ratio)
-        return self.engine.stream(self._locked_segments(request), plan, max_new_tokens, stop=_stops(stop),
+        return self.engine.stream(self._locked_segments(request), plan, max_new_tokens, stop=stop,
                                   sampling=sampling)  # fmt: skip
 
     def generate(self, request: Request, method: str | Method = "fusionrag", recompute_ratio: float | None = None,
@@ -235,7 +235,7 @@ class FusionRAG:
         True
         """
         plan = make_plan(method, recompute_ratio)
-        return self.engine.generate(self._locked_segments(request), plan, max_new_tokens, stop=_stops(stop),
+        return self.engine.generate(self._locked_segments(request), plan, max_new_tokens, stop=stop,
                                     sampling=sampling, n=n)  # fmt: skip
 
     def generate_many(self, requests: Sequence[Request], method: str | Method = "fusionrag",
@@ -253,7 +253,7 @@ class FusionRAG:
         """
         plan = make_plan(method, recompute_ratio)
         batch = [(self._locked_segments(request), plan, max_new_tokens) for request in requests]
-        return self.engine.generate_many(batch, stop=_stops(stop), sampling=sampling)
+        return self.engine.generate_many(batch, stop=stop, sampling=sampling)
 
     def ordered(self, request: RAGRequest) -> RAGRequest:
         """``request`` as RAGBoost orders it (``engine/context_index.py``): the chunks that earlier ordered
@@ -304,10 +304,6 @@ def turn_cache(gib: float) -> TurnCache | None:
     if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not 0 <= gib < 1024:
         raise FusionRAGError(f"turn_cache_gib must be a number of GiB in [0, 1024), got {gib!r}")
     return TurnCache(int(gib * 2**30)) if gib > 0 else None
-
-
-def _stops(stop: str | Sequence[str] | None) -> str | Sequence[str]:
-    return () if stop is None else stop
 
 
 def _auxiliary(value, loaded: LoadedModel):

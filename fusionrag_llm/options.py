@@ -54,9 +54,8 @@ class EngineOptions:
     layerwise_load: bool | None = None
 
     def __post_init__(self) -> None:
-        for name in ("prefix_cache",):
-            if not isinstance(getattr(self, name), bool):
-                raise FusionRAGError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.prefix_cache, bool):
+            raise FusionRAGError(f"prefix_cache must be True or False, got {self.prefix_cache!r}")
         if self.layerwise_load is not None and not isinstance(self.layerwise_load, bool):
             raise FusionRAGError(f"layerwise_load must be True, False or None (auto), got {self.layerwise_load!r}")
         for name in ("kernels", "decode_weights", "kv_codec", "remote"):

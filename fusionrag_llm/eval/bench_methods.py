@@ -53,7 +53,7 @@ def ratio_free(method: str) -> bool:
     """Whether the ratio cannot change ``method``'s answers (it selects no token to recompute)."""
     from fusionrag_llm import get_method
 
-    return method in BASELINES or not get_method(method).selects
+    return not get_method(method).selects
 
 
 def _numbers(text: str, name: str, kind: type) -> list:

@@ -31,7 +31,7 @@ store) stops ingestion with one ``IngestionWriteError`` saying what was kept; a 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 

@@ -32,7 +32,7 @@ import torch
 
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion.layout import RequestLayout, ScoringInput
-from fusionrag_llm.models.forward import ForwardOutput, ForwardPass, LayerHook
+from fusionrag_llm.models.forward import LayerHook
 from fusionrag_llm.models.kv_cache import KVCache
 
 CHUNK_KV = (None, "plain", "fused", "blend", "cfo")
@@ -167,5 +167,5 @@ def select_many(jobs: list[tuple[Method, int, ScoringInput]], model) -> list[tor
     return results
 
 
-__all__ = ["CHUNK_KV", "ForwardOutput", "ForwardPass", "LayerHook", "Method", "MethodRun", "Prefill", "RunPlan",
+__all__ = ["CHUNK_KV", "LayerHook", "Method", "MethodRun", "Prefill", "RunPlan",
            "ScoringInput", "check_fraction", "select_many"]
