@@ -16,7 +16,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from concurrent_ingest_worker import NEIGHBOURS, VECTORS, text_of  # noqa: E402
 
-WORKER = str(HERE / "concurrent_ingest_worker.py")
+WORKER = str(HERE.parent / "concurrent_ingest_worker.py")
 CHUNKS = list(range(8))
 PREFIX = "fusionrag:kv:"
 

@@ -2,7 +2,7 @@
 what it takes; a method written outside the package (its own scores, a ``MethodRun`` with
 ``LayerHook``s, its own stats) runs through the facade like a built-in one; ``recompute_ratio=None``
 is the method's own ratio. (r = 1 against Full Attention for every selecting method:
-``tests/engine/test_invariants.py``.)"""
+``tests/methods/test_invariants.py``.)"""
 
 from dataclasses import FrozenInstanceError, dataclass
 

@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from concurrent_ingest_worker import COUNT, NEIGHBOURS, VECTORS, text_of  # noqa: E402
 
-WORKER = str(HERE / "concurrent_ingest_worker.py")
+WORKER = str(HERE.parent / "concurrent_ingest_worker.py")
 # 4 overlapping subsets of the 24 chunks (9 each, 3 shared with the next), together all of them
 SUBSETS = [[(6 * w + i) % COUNT for i in range(9)] for w in range(4)]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # same threads everywhere: same floating-point sums
