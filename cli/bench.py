@@ -7,12 +7,14 @@ live in the repository's ``bench/`` folder, outside the package.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
 import click
 
-from fusionrag_llm.cli.options import device_option, dtype_option, kv_codec_option, method_options, model_option
+from fusionrag_llm.cli.options import (baselines_option, device_option, dtype_option, engine_option, max_new_tokens_option,
+                                       method_options, model_option, neighbors_option)  # fmt: skip
 
 DEFAULT_METHODS = "full_attention,full_reuse,cacheblend,fusionrag_paper,fusionrag"
 
@@ -53,16 +55,31 @@ def _ratios(ctx, param, value):
     return _parsed(parse_ratios)(ctx, param, value)
 
 
-def _baselines(ctx, param, value):
-    from fusionrag_llm.eval.bench_ttft import parse_baselines
-
-    return _parsed(parse_baselines)(ctx, param, value)
-
-
 def _lengths(ctx, param, value):
     from fusionrag_llm.eval.bench_methods import parse_lengths
 
     return _parsed(parse_lengths)(ctx, param, value)
+
+
+def _one_length(ctx, param, value):
+    lengths = _lengths(ctx, param, value)
+    if len(lengths) != 1:
+        raise click.BadParameter(f"takes one prompt length here, got {value!r}")
+    return lengths[0]
+
+
+def _question_range(ctx, param, value) -> tuple[int, int | None]:
+    """``N`` (the first N questions) or ``A-B`` (questions A to B, from 1) -> (questions skipped, count)."""
+    if value is None:
+        return 0, None
+    first, sep, last = value.partition("-")
+    try:
+        start, stop = (int(first), int(last)) if sep else (1, int(first))
+    except ValueError:
+        start = stop = 0
+    if not 1 <= start <= stop:
+        raise click.BadParameter(f"expected N or A-B with 1 <= A <= B (e.g. 20 or 31-60), got {value!r}")
+    return start - 1, stop - start + 1
 
 
 def _ints(ctx, param, value):
@@ -77,34 +94,27 @@ def _ints(ctx, param, value):
 
 dataset_option = click.option("--dataset", default=None, callback=_dataset,
                               help="'synthetic' or a MuSiQue-format JSON file [default: ../shared/data/musique_dev.json].")  # fmt: skip
-methods_option = click.option("--methods", default=DEFAULT_METHODS, show_default=True, callback=_methods,
-                              help="Methods to compare; full_attention and full_reuse are always run.")  # fmt: skip
+methods_option = click.option("--method", "methods", default=DEFAULT_METHODS, show_default=True, callback=_methods,
+                              help="Methods to compare, comma-separated; full_attention and full_reuse are always run.")  # fmt: skip
 store_option = click.option("--store", default=None, type=click.Path(file_okay=False),
                             help="KV store folder (resumed runs skip the offline stage); default: memory only.")  # fmt: skip
-progress_option = click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
+kv_codec_option = engine_option(("kv_codec",), {"kv_codec": "model"},
+                                "kv_codec=C: how the store keeps chunk KV; default model (the compute dtype, lossless), "
+                                "as every earlier recorded run.")  # fmt: skip
 
 
 def ratios_option(default: str):
-    return click.option("--ratios", default=default, show_default=True, callback=_ratios, help="Recompute ratios.")
+    return click.option("--ratio", "ratios", default=default, show_default=True, callback=_ratios,
+                        help="Recompute ratios, comma-separated.")  # fmt: skip
 
 
 def lengths_option(default: str, help: str = "Prompt lengths in tokens."):
     return click.option("--lengths", default=default, show_default=True, callback=_lengths, help=help)
 
 
-def neighbors_option(default: int):
-    return click.option("--neighbors", default=default, show_default=True, type=click.IntRange(0),
-                        help="Fusion neighbours per chunk.")  # fmt: skip
-
-
 def passages_option(default: int):
     return click.option("--passages", default=default, show_default=True, type=click.IntRange(1),
                         help="Passages per question.")  # fmt: skip
-
-
-def max_new_tokens_option(default: int):
-    return click.option("--max-new-tokens", default=default, show_default=True, type=click.IntRange(1, 512),
-                        help="Most tokens to generate per answer.")  # fmt: skip
 
 
 def repeats_option(default: int):
@@ -126,6 +136,11 @@ def _load(model: str, device: str | None, dtype: str | None, store: str | None, 
         raise click.ClickException(str(exc)) from None
 
 
+def _progress() -> bool:
+    """Progress bars on stderr when it is a terminal (not in logs, pipes or tests)."""
+    return sys.stderr.isatty()
+
+
 def _echo_outputs(paths) -> None:
     markdown = next((p for p in paths if p.suffix == ".md"), None)
     if markdown is not None:
@@ -143,8 +158,9 @@ def bench() -> None:
 @methods_option
 @ratios_option("0,0.05,0.1,0.15,0.3,1")
 @passages_option(10)
-@click.option("--limit", default=None, type=click.IntRange(1), help="First N questions [default: all; synthetic: 20].")
-@click.option("--skip", default=0, show_default=True, type=click.IntRange(0), help="Questions dropped before the first of --limit (held-out runs).")
+@click.option("--questions", "question_range", default=None, metavar="N|A-B", callback=_question_range,
+              help="The first N questions, or questions A to B counted from 1 (held-out runs, e.g. 31-60) "
+                   "[default: all; synthetic: 20].")  # fmt: skip
 @model_option
 @device_option
 @dtype_option
@@ -153,10 +169,9 @@ def bench() -> None:
 @out_option
 @click.option("--fresh", is_flag=True, help="Discard records of an earlier run in --out instead of resuming.")
 @store_option
-@progress_option
-@kv_codec_option("model", ", lossless, as every earlier recorded run")
-def quality(dataset, methods, ratios, passages, limit, skip, model, device, dtype, neighbors, max_new_tokens, out,
-            fresh, store, progress, kv_codec) -> None:  # fmt: skip
+@kv_codec_option
+def quality(dataset, methods, ratios, passages, question_range, model, device, dtype, neighbors, max_new_tokens, out,
+            fresh, store, engine_options) -> None:  # fmt: skip
     """F1/EM vs gold answers and fidelity to Full Attention (KL, first token, greedy EM) per method and ratio."""
     from fusionrag_llm.eval.bench_data import load_examples
     from fusionrag_llm.eval.bench_quality import QualityConfig, records_of_run, run_quality
@@ -164,13 +179,15 @@ def quality(dataset, methods, ratios, passages, limit, skip, model, device, dtyp
     from fusionrag_llm.eval.quality_report import aggregate, write_quality
     from fusionrag_llm.eval.results import machine_info
 
+    skip, limit = question_range
+    kv_codec = engine_options["kv_codec"] or "model"
     config = QualityConfig(dataset, model, methods, ratios, passages, limit, neighbors, max_new_tokens,
-                           device=device, dtype=dtype, skip=skip, kv_codec=kv_codec or "model")  # fmt: skip
+                           device=device, dtype=dtype, skip=skip, kv_codec=kv_codec)  # fmt: skip
     try:
         examples = load_examples(dataset, limit, passages, config.seed, config.words_per_passage, skip)
         log = PartialLog(Path(out) / "quality.partial.jsonl", config.identity(), fresh=fresh)
         rag = _load(model, device, dtype, store, kv_codec)
-        run = run_quality(rag, examples, config, log, progress=progress)
+        run = run_quality(rag, examples, config, log, progress=_progress())
     except ValueError as exc:  # FusionRAGError and DatasetError are ValueErrors
         raise click.ClickException(str(exc)) from None
     click.echo(f"records: {run.computed} computed, {run.skipped} resumed from {log.path}")
@@ -189,16 +206,15 @@ def quality(dataset, methods, ratios, passages, limit, skip, model, device, dtyp
 @dtype_option
 @neighbors_option(10)
 @repeats_option(3)
-@click.option("--baselines", default="transformers", show_default=True, callback=_baselines,
-              help="Also time these on the same prompt ids: transformers, llama_cpp (the model's GGUF; needs "
-                   "llama-cpp-python), a comma list, or none.")  # fmt: skip
-@click.option("--new-tokens", default=1, show_default=True, type=click.IntRange(1),
-              help="Tokens each run decodes (end tokens ignored); above 1 adds an end-to-end table (TTFT + N tokens).")  # fmt: skip
+@baselines_option("transformers", ("transformers", "llama_cpp"),
+                  "Also time these on the same prompt ids: transformers, llama_cpp (the model's GGUF; needs "
+                  "llama-cpp-python), a comma list, or none.")  # fmt: skip
+@max_new_tokens_option(1, None, "Tokens each run decodes (end tokens ignored); above 1 adds an end-to-end table "
+                                "(TTFT + N tokens).")  # fmt: skip
 @out_option
 @store_option
-@progress_option
-def ttft(lengths, methods, ratios, dataset, model, device, dtype, neighbors, repeats, baselines, new_tokens, out,
-         store, progress) -> None:  # fmt: skip
+def ttft(lengths, methods, ratios, dataset, model, device, dtype, neighbors, repeats, baselines, max_new_tokens, out,
+         store) -> None:  # fmt: skip
     """Time to first token (median, with load/select/prefill) per method, ratio and prompt length."""
     from fusionrag_llm.eval.bench_ttft import TTFTConfig, build_prompts, ingest_prompts, run_ttft, source_passages, write_ttft
     from fusionrag_llm.eval.hf_baseline import load_hf_twin
@@ -206,7 +222,7 @@ def ttft(lengths, methods, ratios, dataset, model, device, dtype, neighbors, rep
     from fusionrag_llm.eval.results import machine_info
 
     config = TTFTConfig(dataset, model, lengths, methods, ratios, repeats, neighbors, device=device, dtype=dtype,
-                        baselines=baselines, new_tokens=new_tokens)  # fmt: skip
+                        baselines=baselines, new_tokens=max_new_tokens)  # fmt: skip
     rag = _load(model, device, dtype, store)
     gguf, note = find_llama_cpp(rag.model_name) if "llama_cpp" in baselines else (None, "")
     if "llama_cpp" in baselines:
@@ -214,9 +230,9 @@ def ttft(lengths, methods, ratios, dataset, model, device, dtype, neighbors, rep
     try:
         question, passages = source_passages(dataset, max(lengths), config.seed)
         prompts = build_prompts(rag, question, passages, lengths)
-        offline = ingest_prompts(rag, prompts, neighbors, progress=progress, methods=config.methods)
+        offline = ingest_prompts(rag, prompts, neighbors, progress=_progress(), methods=config.methods)
         hf_model = load_hf_twin(rag.engine.loaded) if "transformers" in baselines else None
-        rows = run_ttft(rag, prompts, config, hf_model, gguf, progress=progress)
+        rows = run_ttft(rag, prompts, config, hf_model, gguf, progress=_progress())
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     _echo_outputs(write_ttft(Path(out), config.to_dict(), machine_info(rag), offline, rows, note))
@@ -238,11 +254,12 @@ def _formats(ctx, param, value):
 @click.option("--questions", default=30, show_default=True, type=click.IntRange(0), help="Questions for the fidelity table.")
 @passages_option(5)
 @max_new_tokens_option(32)
-@click.option("--llama-cpp/--no-llama-cpp", default=True, show_default=True,
-              help="Also time llama.cpp's decode on the model's GGUF file (when llama-cpp-python is installed).")  # fmt: skip
+@baselines_option("llama_cpp", ("llama_cpp",),
+                  "Also time llama_cpp's decode (llama.cpp on the model's GGUF file, when llama-cpp-python is "
+                  "installed), or none.")  # fmt: skip
 @model_option
 @out_option
-def decode(dataset, formats, lengths, speed_tokens, questions, passages, max_new_tokens, llama_cpp, model, out) -> None:
+def decode(dataset, formats, lengths, speed_tokens, questions, passages, max_new_tokens, baselines, model, out) -> None:
     """Decode tokens/s and fidelity of float, 8-bit and 4-bit decode weights (same process, same prompts),
     against llama.cpp on the same prompt ids."""
     from fusionrag_llm.eval.bench_decode import DecodeConfig, run_decode, write_decode
@@ -251,7 +268,7 @@ def decode(dataset, formats, lengths, speed_tokens, questions, passages, max_new
     rag = _load(model, "cpu", None, None)
     try:
         config = DecodeConfig(dataset, model, formats, lengths, speed_tokens, questions, passages, max_new_tokens)
-        result = run_decode(rag, config, llama_cpp=llama_cpp)
+        result = run_decode(rag, config, llama_cpp="llama_cpp" in baselines)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     _echo_outputs(write_decode(Path(out), config.to_dict(), machine_info(rag), result))
@@ -259,8 +276,9 @@ def decode(dataset, formats, lengths, speed_tokens, questions, passages, max_new
 
 @bench.command()
 @dataset_option
-@click.option("--requests", default=16, show_default=True, type=click.IntRange(1), help="Requests per level (one question each).")
-@click.option("--tokens", default=1024, show_default=True, type=click.IntRange(1), help="Target prompt length in tokens.")
+@click.option("--questions", default=16, show_default=True, type=click.IntRange(1), help="Requests per level, one question each.")
+@click.option("--lengths", "tokens", default="1024", show_default=True, callback=_one_length,
+              help="Target prompt length in tokens (one here).")  # fmt: skip
 @max_new_tokens_option(32)
 @click.option("--concurrency", default="1,4,16", show_default=True, callback=_ints, help="Concurrent clients per level.")
 @method_options
@@ -270,9 +288,8 @@ def decode(dataset, formats, lengths, speed_tokens, questions, passages, max_new
 @neighbors_option(3)
 @out_option
 @store_option
-@progress_option
-def serve(dataset, requests, tokens, max_new_tokens, concurrency, method, ratio, model, device, dtype, neighbors, out,
-          store, progress) -> None:  # fmt: skip
+def serve(dataset, questions, tokens, max_new_tokens, concurrency, method, ratio, model, device, dtype, neighbors, out,
+          store) -> None:  # fmt: skip
     """The OpenAI-compatible server under concurrent streaming clients: throughput, TTFT p50/p95."""
     from fusionrag_llm.eval.bench_data import add_chunks, workload_requests
     from fusionrag_llm import get_method
@@ -282,11 +299,11 @@ def serve(dataset, requests, tokens, max_new_tokens, concurrency, method, ratio,
     rag = _load(model, device, dtype, store)
     try:
         ratio = get_method(method).check_ratio(ratio)  # None: the method's own
-        config = ServeConfig(dataset, model, requests, tokens, max_new_tokens, concurrency, method, ratio, neighbors)
-        prompts = workload_requests(rag, dataset, requests, tokens)
+        config = ServeConfig(dataset, model, questions, tokens, max_new_tokens, concurrency, method, ratio, neighbors)
+        prompts = workload_requests(rag, dataset, questions, tokens)
         start = time.perf_counter()
         pool = list(dict.fromkeys(chunk for prompt in prompts for chunk in prompt.chunks))
-        add_chunks(rag, pool, neighbors, progress=progress)
+        add_chunks(rag, pool, neighbors, progress=_progress())
         offline = {"chunks": len(pool), "seconds": time.perf_counter() - start}
         result = run_serve(rag, prompts, config)
     except ValueError as exc:
@@ -295,7 +312,7 @@ def serve(dataset, requests, tokens, max_new_tokens, concurrency, method, ratio,
 
 
 @bench.command()
-@click.option("--shape", default="llama3-8b", show_default=True, type=click.Choice(["llama3-8b", "qwen2.5-7b", "small"]),
+@click.option("--model", "shape", default="llama3-8b", show_default=True, type=click.Choice(["llama3-8b", "qwen2.5-7b", "small"]),
               help="A random-weight model of this shape (no download).")  # fmt: skip
 @device_option
 @dtype_option
@@ -304,10 +321,10 @@ def serve(dataset, requests, tokens, max_new_tokens, concurrency, method, ratio,
               callback=lambda ctx, param, value: [t for t in value.split(",") if t],
               help="Where the entries live: host (pinned memory) and/or device (GPU memory).")  # fmt: skip
 @repeats_option(5)
-@click.option("--kernels", default="auto", show_default=True, type=click.Choice(["auto", "torch", "triton"]),
-              help="Attention backend of the model (auto: Triton on CUDA).")  # fmt: skip
+@engine_option(("kernels",), help="kernels=K: the model's attention backend, auto (Triton on CUDA), torch or triton; "
+                                  "default $FUSIONRAG_KERNELS, else auto.")  # fmt: skip
 @out_option
-def gpu(shape, device, dtype, lengths, tiers, repeats, kernels, out) -> None:
+def gpu(shape, device, dtype, lengths, tiers, repeats, engine_options, out) -> None:
     """TTFT on a GPU of Full Attention, Full Reuse and fusionrag, with stored KV placed whole before the
     prefill or layer by layer during it (Cache-Craft)."""
     from fusionrag_llm.eval.bench_gpu import run_gpu_bench
@@ -316,7 +333,9 @@ def gpu(shape, device, dtype, lengths, tiers, repeats, kernels, out) -> None:
     if unknown or not tiers:
         raise click.ClickException(f"--tiers takes host and/or device, got {','.join(tiers) or 'nothing'}")
     try:
-        run_gpu_bench(shape, device or "cuda", dtype or "bfloat16", lengths, tiers, repeats, Path(out), kernels)
+        kernels = engine_options.get("kernels")  # None: $FUSIONRAG_KERNELS, else auto
+        run_gpu_bench(shape, device or "cuda", dtype or "bfloat16", lengths, tiers, repeats, Path(out),
+                      None if kernels is None else str(kernels))  # fmt: skip
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     _echo_outputs([Path(out) / "gpu.json", Path(out) / "gpu.md"])

@@ -15,7 +15,8 @@ import statistics
 
 import click
 
-from fusionrag_llm.cli.options import device_option, dtype_option, kv_codec_option, load_rag, model_option
+from fusionrag_llm.cli.options import (baselines_option, device_option, dtype_option, engine_option, load_rag,
+                                       max_new_tokens_option, model_option)  # fmt: skip
 from fusionrag_llm.data import demo_corpus
 
 METHODS = ("full_attention", "full_reuse", "cacheblend", "fusionrag_paper", "fusionrag")
@@ -36,29 +37,32 @@ def distractor_passages(count: int) -> list[str]:
 @device_option
 @dtype_option
 @click.option("--ratio", default=0.15, show_default=True, type=click.FloatRange(0, 1), help="Recompute ratio of fusionrag and cacheblend.")
-@click.option("--max-new-tokens", default=24, show_default=True, type=click.IntRange(1, 512), help="Most tokens to generate per answer.")
+@max_new_tokens_option(24)
 @click.option("--distractors", default=20, show_default=True, type=click.IntRange(0, 60),
               help="Invented passages (about 100 words each) retrieved with each question's own; 20 make prompts of about 3.3k tokens.")  # fmt: skip
-@click.option("--llama-cpp/--no-llama-cpp", "llama_cpp", default=True, show_default=True,
-              help="Also answer with llama.cpp on the model's GGUF file (when llama-cpp-python is installed).")  # fmt: skip
+@baselines_option("llama_cpp", ("llama_cpp",),
+                  "Also answer with llama_cpp (llama.cpp on the model's GGUF file, when llama-cpp-python is installed), or none.")  # fmt: skip
 @click.option("--store", default=":memory:", show_default=True, help="KV store folder (the demo keeps it in memory).")
-@click.option("-v", "--verbose", is_flag=True, help="Show ingestion progress and the engine's logs.")
-@kv_codec_option("model", ", as the demo's recorded results")
-def demo(model: str, device: str | None, dtype: str | None, ratio: float, max_new_tokens: int, distractors: int,
-         llama_cpp: bool, store: str, verbose: bool, kv_codec: str | None) -> None:  # fmt: skip
-    """Every method, and llama.cpp when installed, on a small bundled corpus: TTFT, speed-up, answers."""
+@engine_option(("kv_codec",), {"kv_codec": "model"},
+               "kv_codec=C: how the store keeps chunk KV; default model (the compute dtype), as the demo's recorded results.")  # fmt: skip
+@click.pass_context
+def demo(ctx: click.Context, model: str, device: str | None, dtype: str | None, ratio: float, max_new_tokens: int,
+         distractors: int, baselines: tuple[str, ...], store: str, engine_options: dict) -> None:  # fmt: skip
+    """Every method, and llama.cpp when installed, on a small bundled corpus: TTFT, speed-up, answers.
+    Quiet unless run as `fusionrag -v demo`: then with ingestion progress and the engine's logs."""
+    verbose = bool(ctx.find_root().params.get("verbose"))
     logging.getLogger("fusionrag_llm").setLevel(logging.INFO if verbose else logging.WARNING)
     if not verbose:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # its weight-loading bar
     corpus, extra = demo_corpus(), distractor_passages(distractors)
-    rag = load_rag(model, device, dtype, store, prefix_cache=False, kv_codec=kv_codec)
+    rag = load_rag(model, device, dtype, store, **engine_options, prefix_cache=False)
     click.echo(f"model: {rag.model_name} ({rag.parts.loaded.model.device}, {rag.parts.loaded.model.dtype})")
     report = rag.add_chunks(corpus["passages"] + extra, neighbors=3, progress=verbose)
     click.echo(f"ingested {len(corpus['passages']) + len(extra)} passages: {report.plain_computed} plain and "
                f"{report.fused_computed} fused entries computed")  # fmt: skip
-    llama = _llama_cpp(rag, llama_cpp, corpus, extra, max_new_tokens)
+    llama = _llama_cpp(rag, "llama_cpp" in baselines, corpus, extra, max_new_tokens)
     rag.generate(corpus["passages"][0], method="full_attention", max_new_tokens=1)  # warm-up, not shown
     rows = []
     for item in corpus["questions"]:

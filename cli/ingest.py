@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from fusionrag_llm.cli.options import (device_option, dtype_option, kv_codec_option, load_rag, model_option, remote_option,
-                                       store_option, user_errors, workers_option)  # fmt: skip
+from fusionrag_llm.cli.options import (device_option, dtype_option, engine_option, load_rag, model_option, neighbors_option,
+                                       remote_option, store_option, user_errors, with_flags, workers_option)  # fmt: skip
 
 
 @click.command()
@@ -15,19 +15,19 @@ from fusionrag_llm.cli.options import (device_option, dtype_option, kv_codec_opt
 @remote_option
 @device_option
 @dtype_option
-@click.option("--neighbors", default=10, show_default=True, type=click.IntRange(0, 64), help="Neighbours each chunk is fused with.")
+@neighbors_option(10, 64, "Neighbours each chunk is fused with.")
 @click.option("--max-words", default=200, show_default=True, type=click.IntRange(8, 4000), help="Words per chunk at most.")
 @click.option("--no-fuse", is_flag=True, help="Store plain entries only.")
 @click.option("--variant-notes", is_flag=True,
               help="Fused entries also keep the notes the cache_craft method reads (about 70% more time per fused entry).")
 @workers_option
-@kv_codec_option()
+@engine_option()
 def ingest(paths, model, store, remote, device, dtype, neighbors, max_words, no_fuse, variant_notes, workers,
-           kv_codec) -> None:  # fmt: skip
+           engine_options) -> None:  # fmt: skip
     """Ingest text and markdown files (folders are searched for *.txt, *.md, *.rst). Resumable."""
     from fusionrag_llm.ingest.pipeline import ingest_paths
 
-    rag = load_rag(model, device, dtype, store, remote=remote, kv_codec=kv_codec)
+    rag = load_rag(model, device, dtype, store, **with_flags(engine_options, remote=remote))
     try:
         summary = ingest_paths(rag, paths, max_words=max_words, neighbors=neighbors, fuse=not no_fuse,
                                variant_notes=variant_notes, workers=workers)  # fmt: skip

@@ -1,4 +1,4 @@
-"""Options shared by several commands."""
+"""Options shared by several commands: one definition each, so a setting has one name and one meaning."""
 
 from __future__ import annotations
 
@@ -19,45 +19,44 @@ remote_option = click.option(
          "(default: $FUSIONRAG_REMOTE; unreachable: logged, local tiers only).",
 )  # fmt: skip
 device_option = click.option("--device", default=None, help="'cpu' or 'cuda' (default: cuda when available).")
-
-
-def _engine_options(ctx, param, values) -> dict:
-    """``KEY=VALUE`` pairs as EngineOptions fields; a value is read as JSON (numbers, true/false, null),
-    else kept as text. The fields are checked when the engine loads."""
-    options = {}
-    for item in values:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE (e.g. craft_variants=4)")
-        try:
-            options[key.strip()] = json.loads(text)
-        except json.JSONDecodeError:
-            options[key.strip()] = text
-    return options
-
-
-engine_option = click.option(
-    "--engine-option", "engine_options", multiple=True, metavar="KEY=VALUE", callback=_engine_options,
-    help="A field of EngineOptions (docs/api.md), e.g. craft_variants=4 (Cache-Craft's request-made variants) or "
-         "layerwise_load=false; repeat for several.",
-)  # fmt: skip
+dtype_option = click.option("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU).")
 workers_option = click.option(
     "--workers", default=None, type=click.IntRange(1, 1024),
     help="Compute the entries in N Ray worker processes writing into the store folder (needs the "
          "'distributed' extra; uses the running Ray cluster, else starts a local one). Default: this process.",
 )  # fmt: skip
-dtype_option = click.option("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU).")
+
+ENGINE_OPTION_HELP = (
+    "A field of EngineOptions (docs/api.md), e.g. kv_codec=int8 (how the store keeps chunk KV: "
+    f"{', '.join(KV_CODECS)}; default: the store's recorded codec, {DEFAULT_KV_CODEC} for a new store), "
+    "craft_variants=4 or layerwise_load=false; repeat for several."
+)
 
 
-def kv_codec_option(default: str | None = None, why: str = ""):
-    """``--kv-codec``: how the store keeps chunk KV. Without a default, the codec the store folder
-    records (``storage/store_codec.py``), else ``DEFAULT_KV_CODEC`` for a new store, as in the Python API."""
-    shown = default or f"the store's recorded codec; a new store: {DEFAULT_KV_CODEC}"
-    return click.option(
-        "--kv-codec", default=default, type=click.Choice(list(KV_CODECS)),
-        help="How the store keeps chunk KV: 'model' (the compute dtype, exact), float32, bf16, fp16, or quantized "
-             f"int8, fp8, int4 (smaller, approximate; part of the entry keys). Default: {shown}{why}.",
-    )  # fmt: skip
+def engine_option(keys: tuple[str, ...] = (), defaults: dict | None = None, help: str = ENGINE_OPTION_HELP):
+    """``--engine-option KEY=VALUE``, repeatable, as a dict of EngineOptions fields over ``defaults`` (the
+    command's own values). A value is read as JSON (numbers, true/false, null), else kept as text.
+    ``keys``: the only fields the command honours; without them every field, checked when the engine loads."""
+
+    def parse(ctx, param, values) -> dict:
+        options = dict(defaults or {})
+        for item in values:
+            key, sep, text = item.partition("=")
+            key = key.strip()
+            if not sep or not key:
+                raise click.BadParameter(f"{item!r} is not KEY=VALUE (e.g. {(keys or ('craft_variants',))[0]}=...)")
+            if keys and key not in keys:
+                raise click.BadParameter(f"{key!r}: this command takes {', '.join(keys)}")
+            try:
+                options[key] = json.loads(text)
+            except json.JSONDecodeError:
+                options[key] = text
+        if options.get("kv_codec") not in (None, *KV_CODECS):  # before a run records it
+            raise click.BadParameter(f"kv_codec {options['kv_codec']!r} is not one of {', '.join(KV_CODECS)}")
+        return options
+
+    return click.option("--engine-option", "engine_options", multiple=True, metavar="KEY=VALUE", callback=parse,
+                        help=help)  # fmt: skip
 
 
 def method_options(command):
@@ -65,6 +64,26 @@ def method_options(command):
                            help="Share of reused context tokens to recompute. Default: the method's own.")(command)  # fmt: skip
     return click.option("--method", default="fusionrag", show_default=True, type=click.Choice(list(method_names())),
                         help="How chunk KV is reused and which tokens are recomputed (see the README's table).")(command)  # fmt: skip
+
+
+def neighbors_option(default: int, most: int | None = None, help: str = "Fusion neighbours per chunk."):
+    return click.option("--neighbors", default=default, show_default=True, type=click.IntRange(0, most), help=help)
+
+
+def max_new_tokens_option(default: int, most: int | None = 512, help: str = "Most tokens to generate per answer."):
+    return click.option("--max-new-tokens", default=default, show_default=True, type=click.IntRange(1, most), help=help)
+
+
+def baselines_option(default: str, allowed: tuple[str, ...], help: str):
+    """``--baselines``: other engines timed on the same prompt ids, a comma list of ``allowed`` or none."""
+
+    def parse(ctx, param, value) -> tuple[str, ...]:
+        names = tuple(dict.fromkeys(n.strip() for n in value.split(",") if n.strip() not in ("", "none")))
+        if any(name not in allowed for name in names):
+            raise click.BadParameter(f"takes some of {', '.join(allowed)} (or none), got {value!r}")
+        return names
+
+    return click.option("--baselines", default=default, show_default=True, callback=parse, help=help)
 
 
 def user_errors() -> tuple[type[Exception], ...]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from fusionrag_llm.cli.options import (
-    device_option, dtype_option, kv_codec_option, engine_option,
-    load_rag, method_options, with_flags, model_option, remote_option, store_option, user_errors,
+    device_option, dtype_option, engine_option, load_rag, max_new_tokens_option, method_options, model_option,
+    remote_option, store_option, user_errors, with_flags,
 )
 
 
@@ -19,17 +19,16 @@ from fusionrag_llm.cli.options import (
 @dtype_option
 @method_options
 @click.option("--top-k", default=5, show_default=True, type=click.IntRange(1, 64), help="Chunks to retrieve.")
-@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1, 2048), help="Most tokens to generate per answer.")
+@max_new_tokens_option(64, 2048)
 @click.option("--show-chunks", is_flag=True, help="Print the retrieved chunks.")
-@kv_codec_option()
-@engine_option
+@engine_option()
 def query(question, model, store, remote, device, dtype, method, ratio, top_k, max_new_tokens, show_chunks,
-          kv_codec, engine_options) -> None:  # fmt: skip
+          engine_options) -> None:  # fmt: skip
     """Answer QUESTION over the chunks ingested into the store."""
     from fusionrag_llm.ingest.pipeline import answer
 
     _require_store(store)
-    rag = load_rag(model, device, dtype, store, **with_flags(engine_options, remote=remote, kv_codec=kv_codec))
+    rag = load_rag(model, device, dtype, store, **with_flags(engine_options, remote=remote))
     try:
         out, hits = answer(rag, question, top_k=top_k, method=method, recompute_ratio=ratio, max_new_tokens=max_new_tokens)
     except user_errors() as exc:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from fusionrag_llm.cli.options import (
-    device_option, dtype_option, kv_codec_option, engine_option,
-    load_rag, model_option, remote_option, store_option, with_flags,
+    ENGINE_OPTION_HELP, device_option, dtype_option, engine_option, load_rag, model_option, remote_option, store_option,
+    with_flags,
 )
 
 
@@ -22,14 +22,13 @@ from fusionrag_llm.cli.options import (
 @click.option("--max-num-seqs", default=16, show_default=True, type=click.IntRange(1, 1024), help="Answers decoding together in one batch.")
 @click.option("--max-waiting", default=256, show_default=True, type=click.IntRange(1, 100000),
               help="Requests that may wait for admission; more are refused with HTTP 429.")
-@click.option("--turn-cache-gib", default=2.0, show_default=True, type=click.FloatRange(0, 1023),
-              help="Host memory for multi-turn reuse: a chat's next turn reads the last turn's KV (0: off).")
 @click.option("--request-timeout", default=600.0, show_default=True, type=click.FloatRange(0.1),
               help="Seconds a request may take before it is aborted (HTTP 408).")
-@kv_codec_option()
-@engine_option
+@engine_option(defaults={"turn_cache_gib": 2.0},
+               help=ENGINE_OPTION_HELP + " Here turn_cache_gib (host memory for multi-turn reuse: a chat's next turn "
+                    "reads the last turn's KV) is 2 unless given (0: off).")  # fmt: skip
 def serve(model, store, remote, device, dtype, host, port, served_model_name, max_num_seqs, max_waiting, request_timeout,
-          turn_cache_gib, kv_codec, engine_options) -> None:  # fmt: skip
+          engine_options) -> None:  # fmt: skip
     """Serve /v1/chat/completions, /v1/completions, /v1/models and /v1/chunks (OpenAI-compatible).
 
     Extra body fields choose the reuse method per request: method, recompute_ratio, method_options.
@@ -38,8 +37,7 @@ def serve(model, store, remote, device, dtype, host, port, served_model_name, ma
     """
     from fusionrag_llm.server import serve as run_server
 
-    rag = load_rag(model, device, dtype, store,
-                   **with_flags(engine_options, turn_cache_gib=turn_cache_gib, remote=remote, kv_codec=kv_codec))
+    rag = load_rag(model, device, dtype, store, **with_flags(engine_options, remote=remote))
     click.echo(f"serving {served_model_name or rag.model_name!r} on http://{host}:{port}/v1", err=True)
     run_server(rag, host=host, port=port, served_model_name=served_model_name, max_waiting=max_waiting,
                request_timeout=request_timeout, max_num_seqs=max_num_seqs)

@@ -102,5 +102,5 @@ def _record(folder: Path, name: str) -> None:
 def _bad_record(path: Path, problem: str) -> StoreConfigError:
     return StoreConfigError(
         f"the store's codec record {str(path)!r} {problem}; delete that file to adopt the codec given "
-        f"(kv_codec= / --kv-codec), which must be the one the store's entries were written with"
+        f"(kv_codec= / --engine-option kv_codec=), which must be the one the store's entries were written with"
     )

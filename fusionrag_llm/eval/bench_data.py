@@ -84,7 +84,7 @@ def workload_requests(rag, dataset: str, requests: int, target_tokens: int, seed
     passages = 10 if dataset == SYNTHETIC else None
     examples = load_examples(dataset, requests, passages=passages, seed=seed)
     if len(examples) < requests:
-        raise ValueError(f"the dataset has {len(examples)} questions; --requests asks for {requests}")
+        raise ValueError(f"the dataset has {len(examples)} questions; --questions asks for {requests}")
     return [closest_request(rag, [p.text for p in ex.passages], ex.question, target_tokens) for ex in examples]
 
 

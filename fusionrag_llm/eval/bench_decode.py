@@ -229,7 +229,7 @@ def write_decode(out_dir: Path, config: dict, machine: dict, result: dict) -> li
 def run_decode(rag, config: DecodeConfig, llama_cpp: bool = True) -> dict:
     """Speed and fidelity; llama.cpp is timed too when asked, installed, and the model has a GGUF file."""
     start = time.perf_counter()
-    gguf, note = find_llama_cpp(rag.model_name) if llama_cpp else (None, "llama.cpp: not asked for (--no-llama-cpp).")
+    gguf, note = find_llama_cpp(rag.model_name) if llama_cpp else (None, "llama.cpp: not asked for (--baselines none).")
     speed = run_speed(rag, config, gguf)
     fidelity = run_fidelity(rag, config)
     return {"speed": speed, "fidelity": fidelity, "summary": summarize(speed, fidelity, config.formats),

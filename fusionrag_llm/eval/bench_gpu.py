@@ -3,8 +3,8 @@ a real model's shape (weights' values do not change speed, and nothing is downlo
 request's stored KV placed whole before the prefill or layer by layer during it (Cache-Craft's
 layer-wise preloading, ``fusion/layer_feed.py``):
 
-    fusionrag bench gpu --shape llama3-8b --lengths 8192,16384,32768 --out results/
-    fusionrag bench gpu --shape small --device cpu --dtype float32 --lengths 1024 --tiers host  # smoke run
+    fusionrag bench gpu --model llama3-8b --lengths 8192,16384,32768 --out results/
+    fusionrag bench gpu --model small --device cpu --dtype float32 --lengths 1024 --tiers host  # smoke run
 
 Per tier the chunk entries live in (``host``: pinned host memory, every read copies them to the GPU;
 ``device``: GPU memory, placing is a device copy and rotary), per context length and method, the

@@ -26,7 +26,7 @@ def parse_methods(text: str) -> tuple[str, ...]:
 
     names = [s for s in (part.strip() for part in text.split(",")) if s]
     if not names:
-        raise ValueError("--methods is empty; give at least one method, e.g. 'fusionrag'")
+        raise ValueError("--method is empty; give at least one method, e.g. 'fusionrag'")
     unknown = [name for name in names if name not in method_names()]
     if unknown:
         raise ValueError(f"unknown method {unknown[0]!r}; valid methods: {', '.join(method_names())}")
@@ -71,7 +71,7 @@ def parse_ratios(text: str) -> tuple[float, ...]:
     ratios = _numbers(text, "ratios", float)
     bad = [r for r in ratios if not 0.0 <= r <= 1.0]
     if bad:
-        raise ValueError(f"--ratios must lie in [0, 1], got {bad}")
+        raise ValueError(f"--ratio must lie in [0, 1], got {bad}")
     return tuple(sorted(set(ratios)))
 
 

@@ -109,7 +109,7 @@ class DocumentIndex:
         if self.meta.model_fingerprint != meta.model_fingerprint and self.meta.model == meta.model:
             raise FusionRAGError(  # the storage fingerprint also names the compute dtype and the KV codec
                 f"the document index {self.where} was built with model {meta.model!r} under another --dtype or "
-                "--kv-codec; give the ones it was ingested with or use another --store"
+                "kv_codec (--engine-option kv_codec=); give the ones it was ingested with or use another --store"
             )
         if self.meta.model_fingerprint != meta.model_fingerprint:
             raise FusionRAGError(

@@ -35,9 +35,8 @@ def quality_run(tmp_path_factory) -> str:
     from fusionrag_llm.cli.main import cli
 
     out = tmp_path_factory.mktemp("quality-run")
-    args = ["bench", "quality", "--dataset", "synthetic", "--limit", "1", "--passages", "2", "--methods", "fusionrag",
-            "--ratios", "0.15", "--model", "tiny", "--neighbors", "1", "--max-new-tokens", "2", "--no-progress",
-            "--out", str(out)]  # fmt: skip
+    args = ["bench", "quality", "--dataset", "synthetic", "--questions", "1", "--passages", "2", "--method", "fusionrag",
+            "--ratio", "0.15", "--model", "tiny", "--neighbors", "1", "--max-new-tokens", "2", "--out", str(out)]  # fmt: skip
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     return str(out)

@@ -29,7 +29,8 @@ def corpus(tmp_path):
 
 def test_ingest_then_query_then_resume(corpus, tmp_path):
     store = str(tmp_path / "store")
-    exact = ("--kv-codec", "float32")  # the compute dtype: path blocks are exact, so chunk 1 is served exactly
+    # the compute dtype: path blocks are exact, so chunk 1 is served exactly
+    exact = ("--engine-option", "kv_codec=float32")
     first = run("ingest", str(corpus), "--model", "tiny", "--store", store, "--neighbors", "2", *exact)
     assert first.exit_code == 0, first.output
     assert "3 files, 3 chunks (3 new): 3 plain and 3 fused entries computed" in first.output
@@ -119,16 +120,17 @@ def test_every_option_of_every_command_has_help():
 
 def test_a_bf16_store_is_read_with_its_recorded_codec_and_each_codec_has_its_own_keys(corpus, tmp_path):
     store = str(tmp_path / "store")
-    assert run("ingest", str(corpus), "--model", "tiny", "--store", store, "--no-fuse", "--kv-codec", "bf16").exit_code == 0
+    bf16 = ("--engine-option", "kv_codec=bf16")
+    assert run("ingest", str(corpus), "--model", "tiny", "--store", store, "--no-fuse", *bf16).exit_code == 0
     question = ("query", "Which river flows through Quennel?", "--model", "tiny", "--store", store, "--top-k", "2",
                 "--max-new-tokens", "2", "--method", "full_reuse")  # fmt: skip
-    for same in (run(*question, "--kv-codec", "bf16"), run(*question)):  # told, or the store's record
+    for same in (run(*question, *bf16), run(*question)):  # told, or the store's record
         assert same.exit_code == 0, same.output
         assert "exact 0, chunk 2, miss 0" in same.output  # bf16 entries: served as chunks, never as exact blocks
     for other in ("model", "int8"):  # the compute dtype and int8 have keys of their own
-        refused = run(*question, "--kv-codec", other)
-        assert refused.exit_code != 0 and "--kv-codec" in refused.output
-    bad = run(*question, "--kv-codec", "int3")
+        refused = run(*question, "--engine-option", f"kv_codec={other}")
+        assert refused.exit_code != 0 and "--engine-option kv_codec=" in refused.output
+    bad = run(*question, "--engine-option", "kv_codec=int3")
     assert bad.exit_code != 0 and "int4" in bad.output
 
 

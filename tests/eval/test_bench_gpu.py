@@ -11,7 +11,7 @@ from fusionrag_llm.eval.bench_gpu import chunk_texts, random_model
 
 
 def test_gpu_bench_writes_both_modes_for_every_context_and_method(tmp_path):
-    args = ["bench", "gpu", "--shape", "small", "--device", "cpu", "--dtype", "float32", "--lengths", "1024,1536",
+    args = ["bench", "gpu", "--model", "small", "--device", "cpu", "--dtype", "float32", "--lengths", "1024,1536",
             "--tiers", "host", "--repeats", "1", "--out", str(tmp_path)]  # fmt: skip
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
@@ -29,9 +29,9 @@ def test_gpu_bench_writes_both_modes_for_every_context_and_method(tmp_path):
 def test_gpu_bench_refuses_what_it_cannot_measure(tmp_path):
     run = CliRunner().invoke
     out = ["--out", str(tmp_path)]
-    assert "needs a CUDA device" in run(cli, ["bench", "gpu", "--shape", "small", "--device", "cpu", *out]).output
+    assert "needs a CUDA device" in run(cli, ["bench", "gpu", "--model", "small", "--device", "cpu", *out]).output
     assert "host and/or device" in run(cli, ["bench", "gpu", "--tiers", "disk", *out]).output
-    cpu = ["bench", "gpu", "--shape", "small", "--device", "cpu", "--tiers", "host", *out]
+    cpu = ["bench", "gpu", "--model", "small", "--device", "cpu", "--tiers", "host", *out]
     assert "at least one chunk" in run(cli, [*cpu, "--lengths", "100"]).output
     assert "dtype must be one of bfloat16, float16, float32" in run(cli, [*cpu, "--dtype", "bf16"]).output
 

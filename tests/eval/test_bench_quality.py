@@ -12,8 +12,8 @@ from fusionrag_llm.eval.datasets import default_musique_path
 from fusionrag_llm.eval.metrics import parting_position
 
 METHODS = "full_attention,full_reuse,cacheblend,fusionrag,fusionrag_paper"
-SYNTHETIC = ["bench", "quality", "--dataset", "synthetic", "--limit", "2", "--passages", "3", "--methods", METHODS,
-             "--ratios", "0,0.15", "--model", "tiny", "--neighbors", "2", "--max-new-tokens", "4", "--no-progress"]  # fmt: skip
+SYNTHETIC = ["bench", "quality", "--dataset", "synthetic", "--questions", "2", "--passages", "3", "--method", METHODS,
+             "--ratio", "0,0.15", "--model", "tiny", "--neighbors", "2", "--max-new-tokens", "4"]  # fmt: skip
 
 
 @pytest.fixture
@@ -131,7 +131,7 @@ def test_other_config_in_the_same_folder_is_a_clean_error(synthetic_run):
 
 
 def test_bad_options_are_rejected():
-    for bad in (["--methods", "fusionrag:overlap"], ["--ratios", "0.1,2"], ["--dataset", "/nonexistent.json"]):
+    for bad in (["--method", "fusionrag:overlap"], ["--ratio", "0.1,2"], ["--dataset", "/nonexistent.json"]):
         result = CliRunner().invoke(cli, [*SYNTHETIC, *bad])
         assert result.exit_code == 2 and "Traceback" not in result.output, bad
 
@@ -141,8 +141,8 @@ def test_musique_file(tmp_path):
     # Byte-level tokens: one MuSiQue passage is ~2.5k tiny tokens, so one passage per question fits
     # the tiny model's 4096-token window (two do not).
     path = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "musique_dev.json"
-    _invoke(["bench", "quality", "--dataset", str(path), "--limit", "2", "--passages", "1", "--methods", "fusionrag",
-             "--ratios", "0.15", "--model", "tiny", "--max-new-tokens", "2", "--no-progress", "--out", str(tmp_path)])  # fmt: skip
+    _invoke(["bench", "quality", "--dataset", str(path), "--questions", "2", "--passages", "1", "--method", "fusionrag",
+             "--ratio", "0.15", "--model", "tiny", "--max-new-tokens", "2", "--out", str(tmp_path)])  # fmt: skip
     data = json.loads((tmp_path / "quality.json").read_text())
     assert data["config"]["dataset"].endswith("musique_dev.json")
     assert {r["qid"] for r in data["records"]} == {"musique-0", "musique-1"}
@@ -150,11 +150,11 @@ def test_musique_file(tmp_path):
 
 
 def test_a_kv_codec_run_is_another_run(tmp_path):
-    args = [*SYNTHETIC[: SYNTHETIC.index("--methods")], "--methods", "full_attention,full_reuse", "--ratios", "0",
+    args = [*SYNTHETIC[: SYNTHETIC.index("--method")], "--method", "full_attention,full_reuse", "--ratio", "0",
             *SYNTHETIC[SYNTHETIC.index("--model") :]]  # fmt: skip
     _invoke([*args, "--out", str(tmp_path)])
     first_line = (tmp_path / "quality.partial.jsonl").read_text().splitlines()[0]
     assert "kv_codec" not in json.loads(first_line)["config"]  # logs of the lossless default stay resumable
     assert json.loads((tmp_path / "quality.json").read_text())["config"]["kv_codec"] == "model"
-    refused = CliRunner().invoke(cli, [*args, "--kv-codec", "int4", "--out", str(tmp_path)])
+    refused = CliRunner().invoke(cli, [*args, "--engine-option", "kv_codec=int4", "--out", str(tmp_path)])
     assert refused.exit_code != 0 and "differs in: kv_codec" in refused.output

@@ -15,9 +15,9 @@ def _invoke(args):
 
 
 def test_ttft(tmp_path):
-    _invoke(["bench", "ttft", "--dataset", "synthetic", "--lengths", "200,700", "--methods", "fusionrag,cacheblend",
-             "--ratios", "0.15", "--model", "tiny", "--repeats", "1", "--neighbors", "2", "--no-progress",
-             "--baselines", "transformers,llama_cpp", "--new-tokens", "4", "--out", str(tmp_path)])  # fmt: skip
+    _invoke(["bench", "ttft", "--dataset", "synthetic", "--lengths", "200,700", "--method", "fusionrag,cacheblend",
+             "--ratio", "0.15", "--model", "tiny", "--repeats", "1", "--neighbors", "2",
+             "--baselines", "transformers,llama_cpp", "--max-new-tokens", "4", "--out", str(tmp_path)])  # fmt: skip
     data = json.loads((tmp_path / "ttft.json").read_text())
     markdown = (tmp_path / "ttft.md").read_text()
     assert (tmp_path / "ttft.png").read_bytes()[:4] == b"\x89PNG" and "vs HF" in markdown
@@ -43,7 +43,7 @@ def test_ttft(tmp_path):
 
 def test_ttft_length_beyond_the_window_is_a_clean_error(tmp_path):
     result = CliRunner().invoke(cli, ["bench", "ttft", "--dataset", "synthetic", "--lengths", "5000", "--model", "tiny",
-                                      "--baselines", "none", "--no-progress", "--out", str(tmp_path)])  # fmt: skip
+                                      "--baselines", "none", "--out", str(tmp_path)])  # fmt: skip
     assert result.exit_code == 1 and "context window of 4096" in result.output
 
 

@@ -9,8 +9,8 @@ from fusionrag_llm.eval.bench_serve import _percentile
 
 
 def test_bench_serve_writes_its_table_and_every_level_gives_the_one_by_one_answers(tmp_path):
-    result = CliRunner().invoke(cli, ["bench", "serve", "--model", "tiny", "--dataset", "synthetic", "--requests", "5",
-                                      "--tokens", "200", "--max-new-tokens", "6", "--concurrency", "1,4",
+    result = CliRunner().invoke(cli, ["bench", "serve", "--model", "tiny", "--dataset", "synthetic", "--questions", "5",
+                                      "--lengths", "200", "--max-new-tokens", "6", "--concurrency", "1,4",
                                       "--out", str(tmp_path)])  # fmt: skip
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "serve.json").read_text())

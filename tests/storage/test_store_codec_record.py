@@ -33,14 +33,14 @@ def test_a_new_store_records_the_default_and_reopens_with_it(tmp_path):
 
 
 def test_a_store_ingested_with_a_codec_is_read_with_it_by_an_engine_given_none(tmp_path):
-    """The CLI ingests with --kv-codec int8; the Python API, told nothing, finds every entry."""
+    """The CLI ingests with kv_codec=int8; the Python API, told nothing, finds every entry."""
     texts = chunks(0, 3)
     docs = tmp_path / "docs"
     docs.mkdir()
     for i, text in enumerate(texts):
         (docs / f"{i}.md").write_text(text)
     store = tmp_path / "store"
-    args = ["ingest", str(docs), "--model", "tiny", "--store", str(store), "--neighbors", "1", "--kv-codec", "int8"]
+    args = ["ingest", str(docs), "--model", "tiny", "--store", str(store), "--neighbors", "1", "--engine-option", "kv_codec=int8"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert recorded_kv_codec(store) == "int8"
