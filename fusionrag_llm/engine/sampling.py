@@ -24,6 +24,13 @@ import torch
 from fusionrag_llm.errors import FusionRAGError
 
 MAX_STOP_TOKEN_IDS = 64
+# Sampling runs in float32: a logit (tens at most) divided by a temperature below MIN_TEMPERATURE, or
+# by a repetition penalty below MIN_PENALTY, can overflow to inf, and a top_p below MIN_TOP_P is
+# rounded to zero. Values a float32 step computes are the allowed ones (vLLM and transformers
+# accept smaller ones and fail, or treat them as greedy, at sampling time).
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-2, 1e4
+MIN_TOP_P = 1e-6
+MIN_PENALTY, MAX_PENALTY = 1e-2, 1e2
 
 
 def _number(name: str, value: Any) -> float:
@@ -53,17 +60,17 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         checks = {
-            "temperature": (0.0, math.inf, "a number >= 0 (0 decodes greedily)"),
-            "top_p": (0.0, 1.0, "a number in (0, 1]"),
+            "temperature": (0.0, MAX_TEMPERATURE, f"0 (greedy) or a number in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE:g}]"),
+            "top_p": (MIN_TOP_P, 1.0, f"a number in [{MIN_TOP_P}, 1]"),
             "min_p": (0.0, 1.0, "a number in [0, 1]"),
-            "repetition_penalty": (0.0, math.inf, "a number > 0 (1 is off)"),
+            "repetition_penalty": (MIN_PENALTY, MAX_PENALTY, f"a number in [{MIN_PENALTY}, {MAX_PENALTY:g}] (1 is off)"),
             "frequency_penalty": (-2.0, 2.0, "a number in [-2, 2]"),
             "presence_penalty": (-2.0, 2.0, "a number in [-2, 2]"),
         }
         for name, (low, high, allowed) in checks.items():
             value = _number(name, getattr(self, name))
-            open_low = name in ("top_p", "repetition_penalty")
-            if value < low or value > high or (open_low and value == low):
+            too_small = name == "temperature" and 0.0 < value < MIN_TEMPERATURE
+            if value < low or value > high or too_small:
                 raise FusionRAGError(f"{name} must be {allowed}, got {value!r}")
             object.__setattr__(self, name, value)
         top_k = self.top_k
@@ -180,7 +187,8 @@ def filtered_probs(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         ordered, order = probs.sort(descending=True)
         before = ordered.cumsum(0) - ordered  # probability of the tokens ranked above each one
         nucleus = torch.zeros_like(keep)
-        nucleus[order] = before < params.top_p  # the first token always stays
+        nucleus[order] = before < params.top_p
+        nucleus[order[0]] = True  # the most likely token always stays
         keep &= nucleus
     if params.min_p > 0.0:
         keep &= probs >= params.min_p * probs.max()

@@ -28,14 +28,17 @@ def rag():
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"temperature": -0.1}, "temperature must be a number >= 0"),
+        ({"temperature": -0.1}, r"temperature must be 0 \(greedy\) or a number in \[0.01, 10000\]"),
+        ({"temperature": 1e-45}, r"temperature must be 0 \(greedy\) or a number in \[0.01, 10000\], got 1e-45"),
+        ({"top_p": 1e-300}, r"top_p must be a number in \[1e-06, 1\]"),
+        ({"repetition_penalty": 1e-45}, r"repetition_penalty must be a number in \[0.01, 100\]"),
         ({"temperature": float("nan")}, "temperature must be a finite number"),
-        ({"top_p": 0.0}, r"top_p must be a number in \(0, 1\]"),
-        ({"top_p": 1.5}, r"top_p must be a number in \(0, 1\]"),
+        ({"top_p": 0.0}, r"top_p must be a number in \[1e-06, 1\]"),
+        ({"top_p": 1.5}, r"top_p must be a number in \[1e-06, 1\]"),
         ({"top_k": -2}, "top_k must be an int >= 0"),
         ({"top_k": 2.5}, "top_k must be an int >= 0"),
         ({"min_p": 2}, r"min_p must be a number in \[0, 1\]"),
-        ({"repetition_penalty": 0}, "repetition_penalty must be a number > 0"),
+        ({"repetition_penalty": 0}, r"repetition_penalty must be a number in \[0.01, 100\]"),
         ({"frequency_penalty": 3}, r"frequency_penalty must be a number in \[-2, 2\]"),
         ({"presence_penalty": "1"}, "presence_penalty must be a finite number"),
         ({"seed": -1}, "seed must be None or an int"),
@@ -114,6 +117,17 @@ def test_filters_keep_what_each_rule_says():
     # temperature 2 flattens: probabilities proportional to sqrt(p)
     roots = torch.tensor([0.5, 0.25, 0.15, 0.1]).sqrt()
     assert filtered_probs(logits, SamplingParams(temperature=2.0)).tolist() == pytest.approx((roots / roots.sum()).tolist())
+
+
+def test_the_extremes_allowed_still_give_a_distribution():
+    """At the edges of the allowed ranges, a float32 row of large logits gives finite probabilities."""
+    row = torch.tensor([40.0, -40.0, 39.99, 0.0])
+    for params in (SamplingParams(temperature=0.01), SamplingParams(temperature=1.0, top_p=1e-6),
+                   SamplingParams(temperature=1e4, min_p=1.0), SamplingParams(temperature=0.01, top_k=1)):
+        probs = filtered_probs(row, params)
+        assert torch.isfinite(probs).all() and probs.sum().item() == pytest.approx(1.0) and probs[0] > 0, params
+    penalised = penalise(row, [0, 1], [], SamplingParams(repetition_penalty=0.01))
+    assert torch.isfinite(penalised).all() and penalised[:2].tolist() == pytest.approx([4000.0, -0.4])
 
 
 def test_penalties_by_hand():

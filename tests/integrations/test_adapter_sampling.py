@@ -83,11 +83,11 @@ def test_penalties_and_ollamas_spelling_reach_the_engine(rag, model_class):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"temperature": -1}, r"temperature must be a number >= 0 \(0 decodes greedily\), got -1"),
-    ({"top_p": 0}, r"top_p must be a number in \(0, 1\], got 0"),
+    ({"temperature": -1}, r"temperature must be 0 \(greedy\) or a number in \[0.01, 10000\], got -1"),
+    ({"top_p": 0}, r"top_p must be a number in \[1e-06, 1\], got 0"),
     ({"top_k": -2}, r"top_k must be an int >= 0 \(0 or -1: no limit\)"),
     ({"min_p": 1.5}, r"min_p must be a number in \[0, 1\]"),
-    ({"repetition_penalty": 0}, r"repetition_penalty must be a number > 0"),
+    ({"repetition_penalty": 0}, r"repetition_penalty must be a number in \[0.01, 100\]"),
     ({"frequency_penalty": 3}, r"frequency_penalty must be a number in \[-2, 2\]"),
     ({"do_sample": True}, "do_sample=True needs a temperature > 0"),
 ])  # fmt: skip
@@ -157,9 +157,9 @@ def test_llama_index_per_call_options_override_the_settings(rag):
 
 
 @pytest.mark.parametrize("arguments, message", [
-    ({"temperature": -1}, r"temperature must be a number >= 0"),
-    ({"additional_kwargs": {"top_p": 0}}, r"top_p must be a number in \(0, 1\]"),
-    ({"generate_kwargs": {"top_p": 0}}, r"top_p must be a number in \(0, 1\]"),
+    ({"temperature": -1}, r"temperature must be 0 \(greedy\) or a number in \[0.01, 10000\]"),
+    ({"additional_kwargs": {"top_p": 0}}, r"top_p must be a number in \[1e-06, 1\]"),
+    ({"generate_kwargs": {"top_p": 0}}, r"top_p must be a number in \[1e-06, 1\]"),
     ({"additional_kwargs": {"seed": -1}}, r"seed must be None or an int in \[0, 2\*\*63\), got -1"),
     ({"additional_kwargs": {"do_sample": True}}, "do_sample=True needs a temperature > 0"),
     ({"additional_kwargs": {"typical_p": 0.9}},
@@ -176,9 +176,9 @@ def test_llama_index_bad_sampling_settings_raise_clear_errors(rag, arguments, me
 
 def test_llama_index_bad_per_call_values_raise_clear_errors(rag):
     llm = FusionRAGLLM(rag=rag, max_new_tokens=2)
-    with pytest.raises(ValueError, match=r"temperature must be a number >= 0"):
+    with pytest.raises(ValueError, match=r"temperature must be 0 \(greedy\) or a number in \[0.01, 10000\]"):
         llm.complete(PROMPT, temperature=-1)
-    with pytest.raises(ValueError, match=r"top_p must be a number in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"top_p must be a number in \[1e-06, 1\]"):
         llm.complete(PROMPT, top_p=0)
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['best_of'\]"):
         llm.complete(PROMPT, best_of=2)

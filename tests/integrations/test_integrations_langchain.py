@@ -160,7 +160,7 @@ def test_bad_input_raises_clear_errors(rag):
         ChatFusionRAG(rag=rag, method="magic")
     with pytest.raises(ValueError, match=r"recompute_ratio must be a number in \[0, 1\]"):
         FusionRAGLLMLangChain(rag=rag, recompute_ratio=2)
-    with pytest.raises(ValueError, match=r"temperature must be a number >= 0 \(0 decodes greedily\)"):
+    with pytest.raises(ValueError, match=r"temperature must be 0 \(greedy\) or a number in \[0.01, 10000\]"):
         ChatFusionRAG(rag=rag, temperature=-0.8)
     llm, chat = FusionRAGLLMLangChain(rag=rag, max_tokens=2), ChatFusionRAG(rag=rag, max_tokens=2)
     with pytest.raises(ValueError, match="prompt is empty"):

@@ -138,7 +138,7 @@ def test_bad_input_raises_clear_errors(rag):
         llm.complete("Hello there", method="magic")
     with pytest.raises(ValueError, match="recompute_ratio"):
         llm.complete("Hello there", recompute_ratio=-0.1)
-    with pytest.raises(ValueError, match="temperature must be a number >= 0"):
+    with pytest.raises(ValueError, match="temperature must be 0 \(greedy\) or a number in \[0.01, 10000\]"):
         llm.complete("Hello there", temperature=-0.7)
     with pytest.raises(ValueError, match="unknown option"):
         llm.complete("Hello there", typical_p=0.9)

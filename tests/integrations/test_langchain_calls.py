@@ -103,8 +103,8 @@ def test_each_spelling_of_max_tokens_bounds_one_call(engine, model_class, spelli
     ({"num_predicts": 2}, r"\(per call\) got an unknown argument 'num_predicts'; did you mean 'num_predict'\?"),
     ({"logprobs": True}, "does not support logprobs=True: answers carry no log-probabilities"),
     ({"num_predict": 0}, "max_new_tokens must be an int >= 1"),
-    ({"temperature": -0.7}, "temperature must be a number >= 0"),
-    ({"top_p": 0}, r"top_p must be a number in \(0, 1\]"),
+    ({"temperature": -0.7}, "temperature must be 0 \(greedy\) or a number in \[0.01, 10000\]"),
+    ({"top_p": 0}, r"top_p must be a number in \[1e-06, 1\]"),
 ])  # fmt: skip
 def test_per_call_options_are_checked_like_the_constructors(engine, options, error):
     for model in (ChatFusionRAG(rag=engine), FusionRAGLLMLangChain(rag=engine)):

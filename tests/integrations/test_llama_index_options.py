@@ -45,14 +45,14 @@ def test_accepted_arguments_keep_their_meaning(rag, arguments, expected):
 @pytest.mark.parametrize(
     "arguments, message",
     [
-        ({"temperature": -0.7}, r"temperature must be a number >= 0 \(0 decodes greedily\)"),
+        ({"temperature": -0.7}, r"temperature must be 0 \(greedy\) or a number in \[0.01, 10000\]"),
         ({"temperature": True}, "temperature\n.*valid number"),
         ({"max_tokens": 0}, "max_new_tokens must be an int >= 1"),
         ({"max_tokens": 4, "max_new_tokens": 5}, "given twice, as 'max_tokens' and as 'max_new_tokens'"),
         ({"context_window": 10**6}, "exceeds the model's window"),
         ({"context_window": 0}, "context_window must be an int >= 1"),
         ({"generate_kwargs": {"typical_p": 0.9, "num_beams": 2}}, r"unsupported key\(s\) \['num_beams', 'typical_p'\]"),
-        ({"generate_kwargs": {"temperature": -0.5}}, "temperature must be a number >= 0"),
+        ({"generate_kwargs": {"temperature": -0.5}}, "temperature must be 0 \(greedy\) or a number in \[0.01, 10000\]"),
         ({"generate_kwargs": {"do_sample": True}}, "do_sample=True needs a temperature > 0"),
         ({"generate_kwargs": {"method": "nope"}}, "nope"),
         ({"generate_kwargs": {"stop": 3}}, "stop must be a string or a list of strings"),
