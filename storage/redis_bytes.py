@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import errno
 import logging
-import threading
 import time
 from urllib.parse import urlsplit, urlunsplit
 
 from . import redis_scripts
-from .byte_tier import Classify, verify_values
+from .byte_tier import ByteTierBase
 from .errors import StoreWriteError
 from .keys import check_key, is_store_key
-from .stats import TierStats, VerifyReport
 
 logger = logging.getLogger(__name__)
 SCHEMES = ("redis", "rediss", "unix")
@@ -57,7 +55,7 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-class RedisBytes:
+class RedisBytes(ByteTierBase):
     """Values (bytes) by store key on a Redis server, within `budget_bytes`; a `ByteTier`."""
 
     name = "remote"
@@ -69,12 +67,11 @@ class RedisBytes:
             import redis
         except ImportError as exc:
             raise ImportError("a remote KV tier needs the redis client: pip install 'fusionrag-llm[remote]'") from exc
+        super().__init__()
         self.url, self.where = check_remote_url(url), redacted(url)
         self.prefix, self.budget_bytes = prefix, budget_bytes
         self.retry_s, self.heat_half_life_s = retry_s, heat_half_life_s
         self._read_only = read_only
-        self.corrupt_count = self.evictions = self.write_failures = 0
-        self._lock = threading.Lock()
         self._down_until = 0.0  # monotonic time before which the server is not called
         self._errors = (redis.RedisError, OSError)
         self._client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
@@ -118,10 +115,6 @@ class RedisBytes:
             logger.warning("remote KV tier at %s unreachable (%s failed: %s); using local tiers only, retrying in "
                            "%g s (%d failed writes so far)", self.where, what, exc, self.retry_s, self.write_failures)  # fmt: skip
 
-    def _count(self, name: str) -> None:
-        with self._lock:
-            setattr(self, name, getattr(self, name) + 1)
-
     def _run(self, script: str, args: list, write: bool = False):
         return self._call(script, self._scripts[script], keys=self._keys, args=[self.prefix, *args], write=write)
 
@@ -141,9 +134,6 @@ class RedisBytes:
         used = self._call("get", self._client.get, self._keys[2])
         return max(0, int(used)) if used is not None else 0
 
-    def stats(self) -> TierStats:
-        return TierStats(self.name, len(self), self.used_bytes, self.budget_bytes)
-
     def get(self, key: str) -> bytes | None:
         """The bytes under `key` (counting an access in its shared heat), or None: absent or down."""
         check_key(key)
@@ -161,25 +151,17 @@ class RedisBytes:
     def put(self, key: str, data: bytes, *, persist: bool = False) -> bool:
         """Store `data` under `key`, evicting the coldest entries to stay within the budget."""
         check_key(key)
-        if self.read_only:
-            return self._refuse(key, persist, OSError(errno.EROFS, "the remote tier is read-only"))
-        if len(data) > self.budget_bytes:
-            logger.warning("remote tier: entry %s of %d bytes exceeds its budget of %d bytes; not stored",
-                           key, len(data), self.budget_bytes)  # fmt: skip
-            return self._refuse(key, persist, ValueError(f"{len(data)} bytes exceed the budget of {self.budget_bytes}"))
+        refused = self.refused_put(key, data, persist)
+        if refused is not None:
+            return refused
         evicted = self._run("put", [key, data, time.time(), self.budget_bytes], write=True)
         if evicted is None:
-            return self._refuse(key, persist, ConnectionError(f"the Redis server at {self.where} is unreachable"))
+            return self.refuse(key, persist, ConnectionError(f"the Redis server at {self.where} is unreachable"))
         if evicted < 0:
-            return self._refuse(key, persist, ValueError(f"no room within the budget of {self.budget_bytes} bytes"))
+            return self.refuse(key, persist, ValueError(f"no room within the budget of {self.budget_bytes} bytes"))
         with self._lock:
             self.evictions += evicted
         return True
-
-    def _refuse(self, key: str, persist: bool, cause: BaseException) -> bool:
-        if persist:
-            raise StoreWriteError(self.where, key, cause)
-        return False
 
     def delete(self, key: str) -> bool:
         check_key(key)
@@ -192,9 +174,6 @@ class RedisBytes:
         if self.read_only:
             return False
         return bool(self._run("delete", [key, data], write=True))
-
-    def verify(self, classify: Classify, repair: bool = False) -> VerifyReport:
-        return verify_values(self, classify, repair)
 
     def clear(self) -> None:
         if self.read_only:

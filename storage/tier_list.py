@@ -1,4 +1,5 @@
-"""The tier list of a `TieredStore`: built from budgets and options, or checked when given.
+"""The tier list of a `TieredStore`: built from budgets and options, or checked when given; its
+stats and `verify` over the list (per-tier occupancy, counters added up).
 
 A store's tiers are one list, fastest first: memory tiers (`MemoryTier`, decoded entries on a
 device or in host memory), then byte tiers (`CodedTier`: encoded entries, e.g. the disk). The last
@@ -22,6 +23,7 @@ from .coded_tier import CodedTier
 from .disk import DiskTier
 from .memory_tier import DeviceTier, HostTier, MemoryTier
 from .settings import StoreBudgets, StoreOptions
+from .stats import StoreCounters, StoreStats, TierStats, VerifyReport
 
 Tier = MemoryTier | CodedTier
 
@@ -90,3 +92,36 @@ def split_tiers(tiers: Sequence[Tier]) -> tuple[list[MemoryTier], list[CodedTier
     if len(codecs) > 1:
         raise ValueError(f"byte tiers of one store must share a codec, got {codecs}")
     return memory, coded
+
+
+def memory_stats(memory: list[MemoryTier], counters: StoreCounters, pinned: int) -> StoreStats:
+    """Stats of the memory tiers and the store's counters (taken under the store's lock)."""
+    tiers = {t.name: TierStats(t.name, len(t), t.used_bytes, t.budget_bytes) for t in memory}
+    c = counters
+    return StoreStats(
+        tiers, dict(c.hits), c.misses, token_mismatches=c.token_mismatches, promotions=c.promotions,
+        demotions=c.demotions, evictions=c.evictions, pinned=pinned, pin_overshoots=c.pin_overshoots,
+    )  # fmt: skip
+
+
+def add_byte_tier_stats(stats: StoreStats, byte_tiers: list[CodedTier]) -> StoreStats:
+    """Add each byte tier's occupancy and counters (I/O: taken outside the store's lock)."""
+    for tier in byte_tiers:
+        stats.tiers[tier.name] = tier.stats()
+        stats.corrupt += tier.corrupt_count
+        stats.stale += tier.stale_count
+        stats.key_mismatches += tier.key_mismatches
+        stats.disk_evictions += tier.evictions
+        stats.disk_write_failures += tier.write_failures
+    home = home_tier(byte_tiers)
+    stats.read_only = home is not None and home.read_only
+    return stats
+
+
+def verify_tiers(byte_tiers: list[CodedTier], repair: bool) -> VerifyReport:
+    """Every byte tier's `verify`, as one report."""
+    report = VerifyReport()
+    for index, tier in enumerate(byte_tiers):
+        found = tier.verify(repair)
+        report = found if index == 0 else report.merge(found)
+    return report

@@ -35,14 +35,12 @@ from .entry import KVEntry, normalise_token_ids
 from .errors import StoreWriteError
 from .heat import HeatTracker
 from .keys import check_key
-from .pins import PinTable
-from .pinning import PinningMixin
+from .pins import PinningMixin, PinTable
 from .record_log import FileRecordLog, MemoryRecordLog, RecordLog
 from .placement import TierStack
 from .settings import StoreBudgets, StoreOptions
 from .stats import StoreCounters, StoreStats, VerifyReport
-from .store_report import add_byte_tier_stats, memory_stats, verify_tiers
-from .tier_list import Tier, default_tiers, home_tier, split_tiers
+from .tier_list import Tier, add_byte_tier_stats, default_tiers, home_tier, memory_stats, split_tiers, verify_tiers
 
 logger = logging.getLogger(__name__)
 _NOT_IN_MEMORY = object()
