@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from .errors import StoreWriteError
+from .frame import CorruptEntryError
 from .stats import TierStats, VerifyReport
 
 logger = logging.getLogger(__name__)
@@ -81,20 +82,31 @@ class ByteTier(Protocol):
     def close(self) -> None: ...
 
 
-def verify_values(tier: ByteTier, classify: Classify, repair: bool) -> VerifyReport:
-    """`ByteTier.verify` for a tier with nothing to check beyond its values (no files, no rows)."""
+def verify_values(tier: ByteTier, classify: Classify, repair: bool, read=None) -> VerifyReport:
+    """`ByteTier.verify` over every value: `read(key)` (default `tier.get`) gives its bytes, `classify`
+    its problem; corrupt values are removed, the others with `repair` (never on a read-only tier).
+    A value `read` refuses (`CorruptEntryError`) is corrupt; one it cannot read (`OSError`), missing."""
     writable = not tier.read_only
     report = VerifyReport(repaired=repair and writable, read_only=not writable)
     for key in tier.keys():
-        data = tier.get(key)
-        if data is None:
-            continue
+        data = None
+        try:
+            data = (read or tier.get)(key)
+            if data is None:
+                continue  # removed meanwhile
+            problem = classify(key, data)
+        except CorruptEntryError as exc:  # e.g. the disk's UnsafeValueError: a link, a FIFO, a text value
+            problem = "corrupt", str(exc)
+        except OSError as exc:
+            problem = "missing_files", f"its file is missing or unreadable ({exc.strerror or exc})"
         report.checked += 1
-        problem = classify(key, data)
         if problem is None:
             continue
         getattr(report, problem[0]).append(key)
-        if writable and (repair or problem[0] == "corrupt"):
+        remove = writable and (report.repaired or problem[0] == "corrupt")
+        where = getattr(tier, "where", tier.name)
+        logger.warning("verify: entry %s in %s: %s%s", key, where, problem[1], "; removed" if remove else "")
+        if remove:
             tier.discard(key, data)
     return report
 
