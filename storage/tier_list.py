@@ -14,6 +14,8 @@ the shared tiers too, so what one process computes, the others load.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
+from functools import reduce
 from pathlib import Path
 
 import torch
@@ -97,11 +99,7 @@ def split_tiers(tiers: Sequence[Tier]) -> tuple[list[MemoryTier], list[CodedTier
 def memory_stats(memory: list[MemoryTier], counters: StoreCounters, pinned: int) -> StoreStats:
     """Stats of the memory tiers and the store's counters (taken under the store's lock)."""
     tiers = {t.name: TierStats(t.name, len(t), t.used_bytes, t.budget_bytes) for t in memory}
-    c = counters
-    return StoreStats(
-        tiers, dict(c.hits), c.misses, token_mismatches=c.token_mismatches, promotions=c.promotions,
-        demotions=c.demotions, evictions=c.evictions, pinned=pinned, pin_overshoots=c.pin_overshoots,
-    )  # fmt: skip
+    return StoreStats(tiers, pinned=pinned, **asdict(counters))
 
 
 def add_byte_tier_stats(stats: StoreStats, byte_tiers: list[CodedTier]) -> StoreStats:
@@ -120,8 +118,5 @@ def add_byte_tier_stats(stats: StoreStats, byte_tiers: list[CodedTier]) -> Store
 
 def verify_tiers(byte_tiers: list[CodedTier], repair: bool) -> VerifyReport:
     """Every byte tier's `verify`, as one report."""
-    report = VerifyReport()
-    for index, tier in enumerate(byte_tiers):
-        found = tier.verify(repair)
-        report = found if index == 0 else report.merge(found)
-    return report
+    reports = [tier.verify(repair) for tier in byte_tiers]
+    return reduce(VerifyReport.merge, reports) if reports else VerifyReport()
