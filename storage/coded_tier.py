@@ -40,7 +40,7 @@ class CodedTier:
             raise ValueError(f"byte_tier must have the ByteTier shape (get/put/delete/discard/...), got {byte_tier!r}")
         self.bytes = byte_tier
         self.codec = check_codec(codec)
-        self._where = str(getattr(byte_tier, "directory", None) or getattr(byte_tier, "where", byte_tier.name))  # for logs
+        self._where = str(getattr(byte_tier, "where", byte_tier.name))  # for logs
         self.stale_count = self.key_mismatches = self._corrupt = 0
         self._counter_lock = threading.Lock()
 

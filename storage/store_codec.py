@@ -67,6 +67,10 @@ KV_CODECS: dict[str, tuple[str | None, str]] = {
 }
 DEFAULT_KV_CODEC = "bf16"  # what a new store keeps: half of float32's bytes, no exact path block lost
 _ALIASES = {"fp32": "float32", "bfloat16": "bf16", "float16": "fp16"}
+CODEC_FILE = "kv_codec.json"
+LEGACY_CODEC = "model"  # what stores made before the record kept: the compute dtype
+_STORE_FILES = ("cache.db", "catalog.jsonl")  # a folder holding one of these already is a store
+logger = logging.getLogger(__name__)
 
 
 def check_kv_codec(kv_codec: str) -> str:
@@ -80,11 +84,6 @@ def check_kv_codec(kv_codec: str) -> str:
 def resolve_kv_codec(kv_codec: str) -> tuple[str | None, str]:
     """``(storage dtype name or None, store codec id)`` of ``kv_codec``."""
     return KV_CODECS[check_kv_codec(kv_codec)]
-
-CODEC_FILE = "kv_codec.json"
-LEGACY_CODEC = "model"  # what stores made before the record kept: the compute dtype
-_STORE_FILES = ("cache.db", "catalog.jsonl")  # a folder holding one of these already is a store
-logger = logging.getLogger(__name__)
 
 
 def recorded_kv_codec(folder: Path) -> str | None:

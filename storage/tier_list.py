@@ -202,7 +202,7 @@ class TierStack:
                 "tier %s is %d bytes over its budget of %d: pinned entries leave no room for an entry with "
                 "no other home (%d times so far); the overshoot is shed when they are unpinned",
                 tier.name, tier.overshoot_bytes, tier.budget_bytes, self.counters.pin_overshoots,
-            )
+            )  # fmt: skip
 
     def settle(self) -> None:
         """Evict unpinned entries from tiers over their budget (after an unpin) until each fits."""
