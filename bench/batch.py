@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 
 from fusionrag_llm.eval.bench_data import add_chunks, dataset_label, open_bench_rag, workload_requests
-from fusionrag_llm.eval.plots import pyplot, save_figure
-from fusionrag_llm.eval.results import fmt, machine_info, markdown_table, ms, write_report
+from fusionrag_llm.eval.results import figure, fmt, machine_info, markdown_table, ms, write_report
 
 TINY_ARGS = ["--model", "tiny", "--dataset", "synthetic", "--requests", "2", "--tokens", "100", "--max-new-tokens", "2"]
 
@@ -84,19 +83,17 @@ def batch_markdown(result: dict, config: dict, machine: dict) -> str:
 
 def plot_batch(result: dict, path: Path, title: str) -> Path:
     """Throughput of both runs, and each request's time to first token in each."""
-    plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 4.0))
-    left.bar(["one by one", "generate_many"], [result["one_by_one"]["tokens_per_s"], result["batched"]["tokens_per_s"]])
-    left.set_ylabel("generated tokens / s")
     rows = result["requests"]
     xs = [r["request"] for r in rows]
-    right.plot(xs, [r["ttft_one_by_one_s"] * 1000 for r in rows], marker="o", label="alone")
-    right.plot(xs, [r["ttft_batched_s"] * 1000 for r in rows], marker="s", label="in the batch (from submission)")
-    right.set_xlabel("request")
-    right.set_ylabel("TTFT (ms)")
-    right.legend(fontsize=8)
-    fig.suptitle(title)
-    return save_figure(fig, plt, path)
+    with figure(path, ncols=2, figsize=(9.6, 4.0)) as (fig, (left, right)):
+        left.bar(["one by one", "generate_many"], [result["one_by_one"]["tokens_per_s"], result["batched"]["tokens_per_s"]])
+        left.set_ylabel("generated tokens / s")
+        right.plot(xs, [r["ttft_one_by_one_s"] * 1000 for r in rows], marker="o", label="alone")
+        right.plot(xs, [r["ttft_batched_s"] * 1000 for r in rows], marker="s", label="in the batch (from submission)")
+        right.set(xlabel="request", ylabel="TTFT (ms)")
+        right.legend(fontsize=8)
+        fig.suptitle(title)
+    return path
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -118,10 +115,7 @@ def main(argv=None) -> None:
     dataset = dataset_label(args.dataset)
     rag = open_bench_rag(args.model)
     requests = workload_requests(rag, dataset, args.requests, args.tokens)
-    start = time.perf_counter()
-    pool = list(dict.fromkeys(chunk for request in requests for chunk in request.chunks))
-    add_chunks(rag, pool, args.neighbors)
-    offline = {"chunks": len(pool), "seconds": time.perf_counter() - start}
+    offline = add_chunks(rag, [chunk for request in requests for chunk in request.chunks], args.neighbors)
     knobs = {"method": args.method, "recompute_ratio": args.ratio, "max_new_tokens": args.max_new_tokens}
     result = run_batch(rag, requests, knobs)
     config = {**vars(args), "dataset": dataset}

@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 
 from fusionrag_llm.eval.metrics import parting_position
-from fusionrag_llm.eval.quality_diagnostics import HARM_TOLERANCE
+from fusionrag_llm.eval.quality_report import HARM_TOLERANCE
 from fusionrag_llm.eval.results import fmt, markdown_table
 
 # the test fills {quality_run} with a small quality run of the tiny model

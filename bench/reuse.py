@@ -28,8 +28,7 @@ from pathlib import Path
 
 from fusionrag_llm import FusionRAG, RAGRequest, RAGSession
 from fusionrag_llm.eval.bench_data import dataset_label, load_examples
-from fusionrag_llm.eval.plots import pyplot, save_figure
-from fusionrag_llm.eval.results import fmt, machine_info, markdown_table, ms, write_report
+from fusionrag_llm.eval.results import figure, fmt, machine_info, markdown_table, ms, write_report
 
 TINY_ARGS = ["--model", "tiny", "--dataset", "synthetic", "--turns", "2", "--window", "1", "--requests", "2",
              "--pool", "2", "--per-request", "1", "--max-new-tokens", "1"]  # fmt: skip
@@ -119,15 +118,13 @@ def reuse_markdown(result: dict, config: dict, machine: dict) -> str:
 
 
 def plot_turns(turns: dict, path: Path, title: str) -> Path:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for name, rows in turns.items():
-        ax.plot([r["turn"] for r in rows], [r["ttft_s"] * 1000 for r in rows], marker="o", label=name)
-    ax.set_xlabel("turn")
-    ax.set_ylabel("TTFT (ms)")
-    ax.legend(fontsize=8)
-    fig.suptitle(title)
-    return save_figure(fig, plt, path)
+    with figure(path, figsize=(6.4, 4.0)) as (fig, ax):
+        for name, rows in turns.items():
+            ax.plot([r["turn"] for r in rows], [r["ttft_s"] * 1000 for r in rows], marker="o", label=name)
+        ax.set(xlabel="turn", ylabel="TTFT (ms)")
+        ax.legend(fontsize=8)
+        fig.suptitle(title)
+    return path
 
 
 def parse_args(argv=None) -> argparse.Namespace:

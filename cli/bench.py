@@ -44,19 +44,19 @@ def _dataset(ctx, param, value):
 
 
 def _methods(ctx, param, value):
-    from fusionrag_llm.eval.bench_methods import parse_methods
+    from fusionrag_llm.eval.bench_data import parse_methods
 
     return _parsed(parse_methods)(ctx, param, value)
 
 
 def _ratios(ctx, param, value):
-    from fusionrag_llm.eval.bench_methods import parse_ratios
+    from fusionrag_llm.eval.bench_data import parse_ratios
 
     return _parsed(parse_ratios)(ctx, param, value)
 
 
 def _lengths(ctx, param, value):
-    from fusionrag_llm.eval.bench_methods import parse_lengths
+    from fusionrag_llm.eval.bench_data import parse_lengths
 
     return _parsed(parse_lengths)(ctx, param, value)
 
@@ -217,8 +217,7 @@ def ttft(lengths, methods, ratios, dataset, model, device, dtype, neighbors, rep
          store) -> None:  # fmt: skip
     """Time to first token (median, with load/select/prefill) per method, ratio and prompt length."""
     from fusionrag_llm.eval.bench_ttft import TTFTConfig, build_prompts, ingest_prompts, run_ttft, source_passages, write_ttft
-    from fusionrag_llm.eval.hf_baseline import load_hf_twin
-    from fusionrag_llm.eval.llama_cpp_baseline import find_llama_cpp
+    from fusionrag_llm.eval.baselines import find_llama_cpp, load_hf_twin
     from fusionrag_llm.eval.results import machine_info
 
     config = TTFTConfig(dataset, model, lengths, methods, ratios, repeats, neighbors, device=device, dtype=dtype,

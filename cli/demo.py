@@ -78,7 +78,7 @@ def demo(ctx: click.Context, model: str, device: str | None, dtype: str | None, 
 def _llama_cpp(rag, wanted: bool, corpus: dict, extra: list[str], max_new_tokens: int):
     if not wanted:
         return None
-    from fusionrag_llm.eval.llama_cpp_baseline import LlamaCpp, find_llama_cpp
+    from fusionrag_llm.eval.baselines import LlamaCpp, find_llama_cpp
 
     gguf, note = find_llama_cpp(rag.model_name)
     click.echo(note)

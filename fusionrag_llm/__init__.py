@@ -42,8 +42,8 @@ _EXPORTS = {
     "DecodeEviction": "fusionrag_llm.models.kv_eviction",
     "DEFAULT_MODEL": "fusionrag_llm.models.default_model",
     "MissingDependencyError": "fusionrag_llm.errors",
-    "KV_CODECS": "fusionrag_llm.storage.kv_codecs",
-    "DEFAULT_KV_CODEC": "fusionrag_llm.storage.kv_codecs",
+    "KV_CODECS": "fusionrag_llm.storage.store_codec",
+    "DEFAULT_KV_CODEC": "fusionrag_llm.storage.store_codec",
     "recorded_kv_codec": "fusionrag_llm.storage.store_codec",
 }
 
@@ -79,5 +79,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from fusionrag_llm.models.kv_eviction import DecodeEviction
     from fusionrag_llm.request import PromptFormat, RAGRequest, TextPrompt
     from fusionrag_llm.session import RAGSession
-    from fusionrag_llm.storage.kv_codecs import DEFAULT_KV_CODEC, KV_CODECS
-    from fusionrag_llm.storage.store_codec import recorded_kv_codec
+    from fusionrag_llm.storage.store_codec import DEFAULT_KV_CODEC, KV_CODECS, recorded_kv_codec

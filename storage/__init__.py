@@ -25,9 +25,8 @@ from .entry import KVEntry
 from .errors import StoreConfigError, StoreDamagedError, StoreWriteError
 from .heat import HeatTracker
 from .keys import chunk_key, path_key
-from .ledger import TierLedger
 from .loader import LoaderStats, LoadResult, PrefetchLoader
-from .memory_tier import DeviceTier, HostTier, MemoryTier
+from .memory_tier import DeviceTier, HostTier, MemoryTier, TierLedger
 from .pins import PinTable
 from .quant_codec import QuantCodec
 from .quantize import kv_tensors

@@ -25,15 +25,15 @@ Example:
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Protocol, runtime_checkable
 
 import torch
 
 from .entry import KVEntry
-from .frame import RAW_CODEC_ID, RAW_VERSION, CorruptEntryError, Frame, StaleEntryError, pack_frame, unpack_frame
+from .frame import RAW_CODEC_ID, CorruptEntryError, Frame, StaleEntryError, pack_frame, unpack_frame
 
-VERSION = RAW_VERSION  # the raw codec's format version
 _DTYPE_NAMES = (
     "float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "uint8",
 )
@@ -120,34 +120,33 @@ class RawCodec:
         """`(key written in the header or None, entry)`, tensors cast to `dtype` when given."""
         frame = unpack_frame(data)
         expect_codec(frame, self.codec_id)
-        stored_dtype, shape = _parse_raw_header(frame.header)
-        numel = shape[0] * shape[1] * shape[2] * shape[3]
-        nbytes = numel * torch.empty((), dtype=stored_dtype).element_size()
-        if 2 * nbytes != len(frame.payload):
-            raise CorruptEntryError(
-                f"entry length does not match header: payload of {len(frame.payload)} bytes for "
-                f"shape {shape} in {frame.header['dtype']}"
-            )
-        buffer = bytearray(frame.payload)  # one copy, owned by the tensors
-        keys = torch.frombuffer(buffer, dtype=stored_dtype, count=numel, offset=0).view(shape)
-        values = torch.frombuffer(buffer, dtype=stored_dtype, count=numel, offset=nbytes).view(shape)
-        if dtype is not None and dtype != stored_dtype:
+        try:
+            spec = (DTYPES[frame.header["dtype"]], tuple(int(d) for d in frame.header["shape"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptEntryError(f"unreadable header: {exc!r}") from None
+        keys, values = payload_tensors(frame, [spec, spec])
+        if dtype is not None and dtype != spec[0]:
             keys, values = keys.to(dtype), values.to(dtype)
         return frame.key, entry_from_header(frame.header, keys, values)
 
 
-def _parse_raw_header(header: dict) -> tuple[torch.dtype, tuple[int, ...]]:
-    try:
-        dtype = DTYPES[header["dtype"]]
-        shape = tuple(int(d) for d in header["shape"])
-        byteorder = header["byteorder"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptEntryError(f"unreadable header: {exc!r}") from None
+def payload_tensors(frame: Frame, specs: list[tuple[torch.dtype, tuple[int, ...]]]) -> list[torch.Tensor]:
+    """The tensors of `frame`'s payload, laid out back to back as `specs` (dtype, 4-D shape) say;
+    `CorruptEntryError` when the header's byte order, the shapes or the payload's length do not fit."""
+    byteorder = frame.header.get("byteorder")
     if byteorder != sys.byteorder:
         raise CorruptEntryError(f"entry was written {byteorder}-endian, this machine is {sys.byteorder}")
-    if len(shape) != 4 or min(shape) < 1:
-        raise CorruptEntryError(f"bad tensor shape {shape} in header")
-    return dtype, shape
+    if any(len(shape) != 4 or min(shape) < 1 for _, shape in specs):
+        raise CorruptEntryError(f"bad tensor shapes {[shape for _, shape in specs]} in header")
+    sizes = [math.prod(shape) * torch.empty((), dtype=dtype).element_size() for dtype, shape in specs]
+    if sum(sizes) != len(frame.payload):
+        raise CorruptEntryError(f"entry length does not match header: payload of {len(frame.payload)} bytes "
+                                f"for tensors of {sum(sizes)} bytes")  # fmt: skip
+    buffer, offset, tensors = bytearray(frame.payload), 0, []  # one copy, owned by the tensors
+    for (dtype, shape), size in zip(specs, sizes):
+        tensors.append(torch.frombuffer(buffer, dtype=torch.uint8, count=size, offset=offset).view(dtype).view(shape))
+        offset += size
+    return tensors
 
 
 def encode(entry: KVEntry, storage_dtype: torch.dtype | None = None, *, key: str | None = None) -> bytes:

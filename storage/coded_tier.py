@@ -17,7 +17,7 @@ from .codec_registry import CODECS, RAW, check_codec
 from .entry import KVEntry
 from .frame import CorruptEntryError, StaleEntryError, peek_codec_id
 from .keys import check_key
-from .stats import TierStats, VerifyReport
+from .stats import VerifyReport
 
 logger = logging.getLogger(__name__)
 
@@ -40,17 +40,19 @@ class CodedTier:
             raise ValueError(f"byte_tier must have the ByteTier shape (get/put/delete/discard/...), got {byte_tier!r}")
         self.bytes = byte_tier
         self.codec = check_codec(codec)
-        self._where = str(getattr(byte_tier, "directory", None) or getattr(byte_tier, "where", byte_tier.name))  # for logs
+        self._where = str(getattr(byte_tier, "where", byte_tier.name))  # for logs
         self.stale_count = self.key_mismatches = self._corrupt = 0
         self._counter_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.bytes!r}, codec={self.codec.codec_id!r})"
 
-    # ----------------------------------------------------------------------------- the byte tier's view
-    @property
-    def name(self) -> str:
-        return self.bytes.name
+    def __getattr__(self, name: str):
+        """The byte tier's own attributes: `name`, `read_only`, `budget_bytes`, `used_bytes`,
+        `evictions`, `write_failures`, `keys()`, `stats()`, `clear()`, `close()`."""
+        if name == "bytes":  # not set yet (a failed __init__): no recursion
+            raise AttributeError(name)
+        return getattr(self.bytes, name)
 
     @property
     def shared(self) -> bool:
@@ -62,41 +64,15 @@ class CodedTier:
         return self.codec.codec_id
 
     @property
-    def read_only(self) -> bool:
-        return self.bytes.read_only
-
-    @property
-    def budget_bytes(self) -> int:
-        return self.bytes.budget_bytes
-
-    @property
-    def used_bytes(self) -> int:
-        return self.bytes.used_bytes
-
-    @property
     def corrupt_count(self) -> int:
         """Corrupt values found by decoding here plus those the byte tier refused to read."""
         return self._corrupt + self.bytes.corrupt_count
-
-    @property
-    def evictions(self) -> int:
-        return self.bytes.evictions
-
-    @property
-    def write_failures(self) -> int:
-        return self.bytes.write_failures
 
     def __contains__(self, key: object) -> bool:
         return key in self.bytes
 
     def __len__(self) -> int:
         return len(self.bytes)
-
-    def keys(self) -> list[str]:
-        return self.bytes.keys()
-
-    def stats(self) -> TierStats:
-        return self.bytes.stats()
 
     def _count(self, name: str) -> None:
         with self._counter_lock:
@@ -175,7 +151,6 @@ class CodedTier:
         codec_id = peek_codec_id(data)
         return CODECS.get(codec_id) if codec_id not in (None, self.codec.codec_id) and codec_id in CODECS else self.codec
 
-    # ----------------------------------------------------------------------------- whole tier
     def delete(self, key: str) -> bool:
         check_key(key)
         return self.bytes.delete(key)
@@ -183,9 +158,3 @@ class CodedTier:
     def verify(self, repair: bool = False) -> VerifyReport:
         """Check every value with this tier's codec; see the byte tier's `verify` for what is removed."""
         return self.bytes.verify(self.classify, repair)
-
-    def clear(self) -> None:
-        self.bytes.clear()
-
-    def close(self) -> None:
-        self.bytes.close()

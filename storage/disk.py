@@ -26,16 +26,14 @@ The index `cache.db` holds one row per entry: its key, size and heat and, for a 
 
 from __future__ import annotations
 
-import errno
 import logging
 import sqlite3
-import threading
 import time
 from pathlib import Path
 
 import torch
 
-from .byte_tier import Classify
+from .byte_tier import ByteTierBase, Classify
 from .codec import EntryCodec, RawCodec
 from .coded_tier import CodedTier
 from .disk_files import EntryFiles, UnsafeValueError, entry_files, entry_name
@@ -44,23 +42,23 @@ from .disk_repair import clear_disk, verify_disk
 from .errors import DB_NAME, WRITE_FAILURES, StoreDamagedError, StoreWriteError, unwritable_reason
 from .frame import CorruptEntryError
 from .keys import check_key, is_store_key
-from .stats import TierStats, VerifyReport
+from .stats import VerifyReport
 
 logger = logging.getLogger(__name__)
 _WARN_EVERY = 100  # after the first failed write, warn again every this many (a full disk fails them all)
 
 
-class DiskBytes:
+class DiskBytes(ByteTierBase):
     """Values (bytes) by store key in a store folder, within `budget_bytes`; a `ByteTier`. Thread-safe."""
 
     name = "disk"
+    shared = False
 
     def __init__(self, directory: str | Path, budget_bytes: int, *, min_file_bytes: int = 32 * 1024,
                  timeout_s: float = 60.0, read_only: bool = False, heat_half_life_s: float = 3600.0):  # fmt: skip
-        self.directory = Path(directory)
+        super().__init__()
+        self.directory = self.where = Path(directory)
         self.budget_bytes, self.min_file_bytes, self.heat_half_life_s = budget_bytes, min_file_bytes, heat_half_life_s
-        self.corrupt_count = self.evictions = self.write_failures = 0
-        self._lock = threading.Lock()
         self._prepare_folder(read_only)
         self.files = EntryFiles(self.directory)
         try:
@@ -94,10 +92,6 @@ class DiskBytes:
         """True when the folder cannot take writes (detected at open) or `read_only=True` was given."""
         return self.index.read_only_reason is not None
 
-    def _count(self, name: str) -> None:
-        with self._lock:
-            setattr(self, name, getattr(self, name) + 1)
-
     # ----------------------------------------------------------------------------- reads
     def __contains__(self, key: object) -> bool:
         return is_store_key(key) and bool(self.index.rows("SELECT 1 FROM entries WHERE key = ?", (key,)))
@@ -116,9 +110,6 @@ class DiskBytes:
         files = f"SELECT total(max(size, 0)) FROM entries WHERE {OURS} AND value IS NULL"
         rows = self.index.rows(f"SELECT ({pages}) * (SELECT * FROM pragma_page_size()) + ({files})")
         return int(rows[0][0]) if rows else 0
-
-    def stats(self) -> TierStats:
-        return TierStats(self.name, len(self), self.used_bytes, self.budget_bytes)
 
     def get(self, key: str) -> bytes | None:
         """The bytes stored under `key`, or None when absent or unreadable (a value this store never
@@ -164,12 +155,9 @@ class DiskBytes:
         failed (full disk...). With `persist=True` each of those raises `StoreWriteError` instead.
         """
         check_key(key)
-        if self.read_only:
-            return self.refuse(key, persist, OSError(errno.EROFS, "the store is read-only"))
-        if len(data) > self.budget_bytes:
-            logger.warning("disk tier: entry %s of %d bytes exceeds the disk budget of %d bytes; not stored",
-                           key, len(data), self.budget_bytes)  # fmt: skip
-            return self.refuse(key, persist, ValueError(f"{len(data)} bytes exceed the disk budget of {self.budget_bytes}"))
+        refused = self.refused_put(key, data, persist)
+        if refused is not None:
+            return refused
         try:
             fits = self._write(key, data)
         except WRITE_FAILURES as exc:
@@ -214,12 +202,6 @@ class DiskBytes:
         """Delete `key`'s row and file (inside `index.transaction()`)."""
         self.index.rows("DELETE FROM entries WHERE key = ?", (key,))
         self.files.remove(entry_name(key))
-
-    def refuse(self, key: str, persist: bool, cause: BaseException) -> bool:
-        """False, or with `persist` the `StoreWriteError` saying why `key` was not stored."""
-        if persist:
-            raise StoreWriteError(self.directory, key, cause)
-        return False
 
     def _write_failed(self, key: str, persist: bool, exc: BaseException) -> bool:
         self._count("write_failures")
@@ -309,10 +291,3 @@ class DiskTier(CodedTier):
             folder.close()
             raise
         self.storage_dtype = storage_dtype
-
-    def __repr__(self) -> str:
-        return f"DiskTier({self.bytes!r}, codec={self.codec_id!r})"
-
-    @property
-    def directory(self) -> Path:
-        return self.bytes.directory

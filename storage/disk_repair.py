@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .byte_tier import Classify
+from .byte_tier import Classify, verify_values
 from .codec_registry import CODECS
 from .disk_files import EntryFiles, entry_name, is_temporary, key_of
 from .disk_index import OURS, connect, create_index, transaction
@@ -69,10 +69,8 @@ def verify_disk(tier: DiskBytes, classify: Classify, repair: bool = False) -> Ve
     """Check every entry of `tier` with `classify`, its rows and its files; what `repair` removes is listed."""
     if repair:
         _refuse_read_only(tier, "repair")
-    report = VerifyReport(repaired=repair, read_only=tier.read_only)
     try:
-        for key in tier.keys():
-            _verify_entry(tier, key, classify, report)
+        report = verify_values(tier, classify, repair, read=tier.value)
         report.foreign_rows = [rowid for (rowid,) in tier.index.rows(f"SELECT rowid FROM entries WHERE NOT {OURS}")]
         with tier.index.transaction() if repair else nullcontext():  # no writer adds a file meanwhile
             if repair:
@@ -90,27 +88,6 @@ def verify_disk(tier: DiskBytes, classify: Classify, repair: bool = False) -> Ve
                        len(report.foreign_rows), tier.directory, len(report.orphan_files),
                        "; removed" if repair else "")  # fmt: skip
     return report
-
-
-def _verify_entry(tier: DiskBytes, key: str, classify: Classify, report: VerifyReport) -> None:
-    data = None
-    try:
-        data = tier.value(key)
-        if data is None:
-            return  # removed by another process meanwhile
-        problem = classify(key, data)
-    except CorruptEntryError as exc:  # UnsafeValueError: a link, a FIFO, a text value
-        problem = "corrupt", str(exc)
-    except OSError as exc:
-        problem = "missing_files", f"its file is missing or unreadable ({exc.strerror or exc})"
-    report.checked += 1
-    if problem is None:
-        return
-    getattr(report, problem[0]).append(key)
-    remove = not tier.read_only and (report.repaired or problem[0] == "corrupt")
-    logger.warning("verify: entry %s in %s: %s%s", key, tier.directory, problem[1], "; removed" if remove else "")
-    if remove:
-        tier.discard(key, data)
 
 
 def clear_disk(tier: DiskBytes) -> None:

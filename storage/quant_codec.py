@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-from .codec import DTYPES, dtype_name, entry_from_header, expect_codec, tensor_bytes
+from .codec import DTYPES, dtype_name, entry_from_header, expect_codec, payload_tensors, tensor_bytes
 from .entry import KVEntry
 from .frame import CorruptEntryError, pack_frame, unpack_frame
 from .quantize import SCHEMES, check_packed, pack, scheme_of
@@ -69,15 +69,7 @@ class QuantCodec:
         are damaged or do not describe an entry of this scheme."""
         frame = unpack_frame(data)
         expect_codec(frame, self.codec_id)
-        specs = _parse_specs(frame.header, [*_TENSORS, *self.scheme.extra_names])
-        sizes = [_numel(shape) * torch.empty((), dtype=dtype).element_size() for dtype, shape in specs]
-        if sum(sizes) != len(frame.payload):
-            raise CorruptEntryError(f"entry length does not match header: payload of {len(frame.payload)} bytes "
-                                    f"for tensors of {sum(sizes)} bytes")  # fmt: skip
-        buffer, offset, tensors = bytearray(frame.payload), 0, []  # one copy, owned by the tensors
-        for (dtype, shape), size in zip(specs, sizes):
-            tensors.append(torch.frombuffer(buffer, dtype=torch.uint8, count=size, offset=offset).view(dtype).view(shape))
-            offset += size
+        tensors = payload_tensors(frame, _parse_specs(frame.header, [*_TENSORS, *self.scheme.extra_names]))
         extras = dict(zip(self.scheme.extra_names, tensors[2:]))
         entry = entry_from_header(frame.header, tensors[0], tensors[1], extras)
         try:
@@ -87,25 +79,12 @@ class QuantCodec:
         return frame.key, entry
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
-
-
 def _parse_specs(header: dict, names: list[str]) -> list[tuple[torch.dtype, tuple[int, ...]]]:
     """`(dtype, shape)` of each tensor the header lists, in the order `names` gives."""
     try:
         listed = header["tensors"]
         if [item[0] for item in listed] != names:
             raise ValueError(f"tensors {[item[0] for item in listed]}, expected {names}")
-        specs = [(DTYPES[dtype], tuple(int(d) for d in shape)) for _, dtype, shape in listed]
-        byteorder = header["byteorder"]
+        return [(DTYPES[dtype], tuple(int(d) for d in shape)) for _, dtype, shape in listed]
     except (ValueError, KeyError, TypeError, IndexError) as exc:
         raise CorruptEntryError(f"unreadable header: {exc!r}") from None
-    if byteorder != sys.byteorder:
-        raise CorruptEntryError(f"entry was written {byteorder}-endian, this machine is {sys.byteorder}")
-    if any(len(shape) != 4 or min(shape) < 1 for _, shape in specs):
-        raise CorruptEntryError(f"bad tensor shapes {[shape for _, shape in specs]} in header")
-    return specs

@@ -7,12 +7,15 @@ from dataclasses import dataclass
 from .redis_bytes import check_remote_url
 
 GiB = 2**30
-MiB = 2**20
 
 
-def _check_non_negative_int(owner: str, name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{owner}.{name} must be an int >= 0 (bytes), got {value!r}")
+def _check(owner: object, kinds: tuple[type, ...], test, allowed: str, *names: str) -> None:
+    """`ValueError` naming the first field of `names` that is not one of `kinds` (a bool only where
+    `kinds` says so) passing `test`."""
+    for name in names:
+        value = getattr(owner, name)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds) or not test(value):
+            raise ValueError(f"{type(owner).__name__}.{name} must be {allowed}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -32,8 +35,8 @@ class StoreBudgets:
     remote_bytes: int = 20 * GiB
 
     def __post_init__(self) -> None:
-        for name in ("device_bytes", "host_bytes", "disk_bytes", "remote_bytes"):
-            _check_non_negative_int("StoreBudgets", name, getattr(self, name))
+        _check(self, (int,), lambda v: v >= 0, "an int >= 0 (bytes)", "device_bytes", "host_bytes", "disk_bytes",
+               "remote_bytes")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -77,27 +80,13 @@ class StoreOptions:
     remote_retry_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.heat_half_life, (int, float)) or not self.heat_half_life > 0:
-            raise ValueError(f"StoreOptions.heat_half_life must be a number > 0, got {self.heat_half_life!r}")
-        if not isinstance(self.copy_on_get, bool):
-            raise ValueError(f"StoreOptions.copy_on_get must be a bool, got {self.copy_on_get!r}")
-        _check_non_negative_int("StoreOptions", "disk_min_file_bytes", self.disk_min_file_bytes)
-        if not isinstance(self.disk_timeout_s, (int, float)) or not self.disk_timeout_s > 0:
-            raise ValueError(f"StoreOptions.disk_timeout_s must be a number > 0, got {self.disk_timeout_s!r}")
-        if not isinstance(self.read_only, bool):
-            raise ValueError(f"StoreOptions.read_only must be a bool, got {self.read_only!r}")
-        if not isinstance(self.codec, str) or not self.codec:
-            raise ValueError(f"StoreOptions.codec must be a registered codec id such as 'raw', got {self.codec!r}")
-        for name in ("shared_heat_half_life_s", "remote_timeout_s"):
-            _check_positive("StoreOptions", name, getattr(self, name))
-        if not isinstance(self.remote_retry_s, (int, float)) or isinstance(self.remote_retry_s, bool) or self.remote_retry_s < 0:
-            raise ValueError(f"StoreOptions.remote_retry_s must be a number >= 0 (seconds), got {self.remote_retry_s!r}")
+        number = (int, float)
+        _check(self, number, lambda v: v > 0, "a number > 0", "heat_half_life", "disk_timeout_s",
+               "shared_heat_half_life_s", "remote_timeout_s")  # fmt: skip
+        _check(self, number, lambda v: v >= 0, "a number >= 0 (seconds)", "remote_retry_s")
+        _check(self, (int,), lambda v: v >= 0, "an int >= 0 (bytes)", "disk_min_file_bytes")
+        _check(self, (bool,), lambda v: True, "a bool", "copy_on_get", "read_only")
+        _check(self, (str,), bool, "a registered codec id such as 'raw'", "codec")
+        _check(self, (str,), bool, "a non-empty str", "remote_prefix")
         if self.remote_url is not None:
             check_remote_url(self.remote_url)
-        if not isinstance(self.remote_prefix, str) or not self.remote_prefix:
-            raise ValueError(f"StoreOptions.remote_prefix must be a non-empty str, got {self.remote_prefix!r}")
-
-
-def _check_positive(owner: str, name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{owner}.{name} must be a number > 0 (seconds), got {value!r}")

@@ -14,9 +14,8 @@ from pathlib import Path
 import torch
 
 from .errors import StoreConfigError
-from .kv_codecs import check_kv_codec, kv_codec_of, resolve_kv_codec
 from .settings import StoreBudgets, StoreOptions
-from .store_codec import store_kv_codec
+from .store_codec import check_kv_codec, resolve_kv_codec, store_kv_codec
 from .tiered import TieredStore
 
 MEMORY = ":memory:"
@@ -24,33 +23,26 @@ MEMORY_KV_CODEC = "model"  # a store in this process's memory only: nothing to s
 StoreSpec = TieredStore | str | Path | None
 
 
-def open_store(store: StoreSpec, device: torch.device, store_dtype=None, budgets: StoreBudgets | None = None,
+def open_store(store: StoreSpec, device: torch.device, budgets: StoreBudgets | None = None,
                remote: str | None = None, kv_codec: str | None = None) -> TieredStore:  # fmt: skip
     """A ``TieredStore`` from a folder, ``":memory:"`` or a store itself (None is the caller's to
     resolve: the default folder); ``remote``: a Redis URL for the shared tier (not for a store given).
 
-    ``kv_codec`` (``kv_codecs.py``) and ``store_dtype`` (a ``torch.dtype``) both say how entries are
-    kept; give one. Neither given: a folder's recorded codec (``store_codec.py``), else
-    ``DEFAULT_KV_CODEC`` for a new folder; ``":memory:"``: ``MEMORY_KV_CODEC``, the compute dtype (no
-    disk to save, exact KV)."""
-    if kv_codec is not None and store_dtype is not None:
-        raise StoreConfigError(f"give kv_codec ({kv_codec!r}) or store_dtype ({store_dtype!r}), not both")
-    if store_dtype is not None and not isinstance(store_dtype, torch.dtype):
-        raise StoreConfigError(f"store_dtype must be a torch.dtype, got {store_dtype!r}")
+    ``kv_codec`` (``store_codec.py``) says how entries are kept. Not given: a folder's recorded
+    codec, else ``DEFAULT_KV_CODEC`` for a new folder; ``":memory:"``: ``MEMORY_KV_CODEC``, the
+    compute dtype (no disk to save, exact KV)."""
     if isinstance(store, TieredStore):
         if kv_codec is not None:
             _check_given_store(store, *_codec_settings(kv_codec), kv_codec)
         return store
     if store is None or not isinstance(store, (str, Path)):
         raise StoreConfigError(f"store must be a folder, {MEMORY!r} or a TieredStore, got {type(store).__name__}")
-    requested = check_kv_codec(kv_codec) if kv_codec is not None else _codec_of_dtype(store_dtype)
+    requested = None if kv_codec is None else check_kv_codec(kv_codec)
     folder = None if store == MEMORY else Path(store).expanduser()
     if folder is not None:
         _make_folder(folder)
-    storage_dtype, codec_id = store_dtype, "raw"
-    if store_dtype is None or requested is not None:  # a store_dtype without a codec name is kept as given
-        name = store_kv_codec(folder, requested) if folder is not None else requested or MEMORY_KV_CODEC
-        storage_dtype, codec_id = _codec_settings(name)
+    name = store_kv_codec(folder, requested) if folder is not None else requested or MEMORY_KV_CODEC
+    storage_dtype, codec_id = _codec_settings(name)
     try:
         options = StoreOptions(remote_url=remote or None, codec=codec_id)
     except ValueError as exc:
@@ -66,11 +58,6 @@ def _codec_settings(kv_codec: str) -> tuple[torch.dtype | None, str]:
     """``(storage dtype, store codec id)`` of a ``kv_codec`` name."""
     dtype, codec_id = resolve_kv_codec(kv_codec)
     return (None if dtype is None else getattr(torch, dtype)), codec_id
-
-
-def _codec_of_dtype(storage_dtype: torch.dtype | None) -> str | None:
-    """The ``kv_codec`` name of an older ``store_dtype`` argument (None: none given, or no name fits)."""
-    return None if storage_dtype is None else kv_codec_of(str(storage_dtype).removeprefix("torch."), "raw")
 
 
 def _check_given_store(store: TieredStore, storage_dtype, codec_id: str, kv_codec: str) -> None:

@@ -1,4 +1,14 @@
-"""The ``kv_codec`` a store folder records, so every engine that opens it keeps entries the same way.
+"""The ``kv_codec`` setting: how a store keeps chunk KV (a float dtype, or a quantized codec), and the
+codec a store folder records.
+
+A float codec keeps the tensors in that dtype (the store's ``storage_dtype``, raw codec); a
+quantized one packs them with scales (``QuantCodec``). Either way the model computes in its
+own dtype: entries are cast or expanded on the way to it. A store whose KV is not the compute
+dtype's exact numbers (every codec but the compute dtype itself) gets keys of its own and holds no
+exact chunk entries (``fusion/entry_keys.py``); a float codec's store still keeps exact path
+blocks, in the compute dtype.
+
+``"model"`` names the compute dtype itself (exact entries).
 
 The codec is part of every entry key: an engine that opened a store with another codec than the
 one its entries were written with would find none of them and silently recompute everything. So
@@ -15,6 +25,16 @@ The file is plain JSON (``{"kv_codec": "bf16"}``), written once and atomically; 
 untrusted, so a record that is not one of the allowed names is an error naming the file and the fix.
 
 Example:
+    >>> resolve_kv_codec("bf16")
+    ('bfloat16', 'raw')
+    >>> resolve_kv_codec("int4")
+    (None, 'int4.2')
+    >>> resolve_kv_codec("model")
+    (None, 'raw')
+    >>> resolve_kv_codec("int3")
+    Traceback (most recent call last):
+    ...
+    fusionrag_llm.storage.errors.StoreConfigError: kv_codec 'int3' is not supported; allowed: model, float32, bf16, fp16, int8, fp8, int4
     >>> import tempfile
     >>> folder = Path(tempfile.mkdtemp())
     >>> store_kv_codec(folder, None)
@@ -34,12 +54,36 @@ import tempfile
 from pathlib import Path
 
 from .errors import StoreConfigError
-from .kv_codecs import DEFAULT_KV_CODEC, KV_CODECS, check_kv_codec
 
+# name -> (storage dtype, store codec id); bytes per token on SmolLM2-135M in docs/BENCHMARKS.md
+KV_CODECS: dict[str, tuple[str | None, str]] = {
+    "model": (None, "raw"),  # the compute dtype: exact
+    "float32": ("float32", "raw"),
+    "bf16": ("bfloat16", "raw"),
+    "fp16": ("float16", "raw"),
+    "int8": (None, "int8"),
+    "fp8": (None, "fp8"),
+    "int4": (None, "int4.2"),  # values grouped by 16 channels (quantize.py)
+}
+DEFAULT_KV_CODEC = "bf16"  # what a new store keeps: half of float32's bytes, no exact path block lost
+_ALIASES = {"fp32": "float32", "bfloat16": "bf16", "float16": "fp16"}
 CODEC_FILE = "kv_codec.json"
 LEGACY_CODEC = "model"  # what stores made before the record kept: the compute dtype
 _STORE_FILES = ("cache.db", "catalog.jsonl")  # a folder holding one of these already is a store
 logger = logging.getLogger(__name__)
+
+
+def check_kv_codec(kv_codec: str) -> str:
+    """The canonical name of ``kv_codec``; ``StoreConfigError`` listing the allowed ones otherwise."""
+    name = _ALIASES.get(kv_codec.lower(), kv_codec.lower()) if isinstance(kv_codec, str) else None
+    if name not in KV_CODECS:
+        raise StoreConfigError(f"kv_codec {kv_codec!r} is not supported; allowed: {', '.join(KV_CODECS)}")
+    return name
+
+
+def resolve_kv_codec(kv_codec: str) -> tuple[str | None, str]:
+    """``(storage dtype name or None, store codec id)`` of ``kv_codec``."""
+    return KV_CODECS[check_kv_codec(kv_codec)]
 
 
 def recorded_kv_codec(folder: Path) -> str | None:

@@ -6,7 +6,7 @@ tiers (a codec over a `ByteTier`: the disk, or a remote cache) hold encoded ones
 byte tier is the persistent home: every `put` writes through to it, and to the shared ones (a
 remote cache other processes read; best effort); the other tiers cache entries,
 promoted on access and demoted under pressure by heat (access count with exponential decay). See
-`placement.py` for the rules.
+`tier_list.py` for the rules.
 
 Faults of the disk are never fatal to queries: a failed write (full disk, read-only store, lock
 timeout) leaves the entry in memory and `put` says whether some tier holds it; ingestion passes
@@ -35,14 +35,12 @@ from .entry import KVEntry, normalise_token_ids
 from .errors import StoreWriteError
 from .heat import HeatTracker
 from .keys import check_key
-from .pins import PinTable
-from .pinning import PinningMixin
+from .pins import PinningMixin, PinTable
 from .record_log import FileRecordLog, MemoryRecordLog, RecordLog
-from .placement import TierStack
 from .settings import StoreBudgets, StoreOptions
 from .stats import StoreCounters, StoreStats, VerifyReport
-from .store_report import add_byte_tier_stats, memory_stats, verify_tiers
-from .tier_list import Tier, default_tiers, home_tier, split_tiers
+from .tier_list import (Tier, TierStack, add_byte_tier_stats, default_tiers, home_tier, memory_stats, split_tiers,
+                        verify_tiers)
 
 logger = logging.getLogger(__name__)
 _NOT_IN_MEMORY = object()

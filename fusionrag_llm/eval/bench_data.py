@@ -1,16 +1,27 @@
-"""Benchmark inputs: questions from ``synthetic`` or a MuSiQue-format file, and the KV store to use.
+"""Benchmark inputs: the questions (``synthetic`` or a MuSiQue-format file), the methods and ratios to
+run, the prompts, the offline stage, and the engine as the benchmarks open it.
 
 A passage becomes a chunk through its text alone (MuSiQue titles are empty in the shared file;
-synthetic titles are only the passage's subject).
+synthetic titles are only the passage's subject). A benchmark line is a method the engine registers
+(``fusionrag_llm.method_names()``, and any registered from ``bench/methods/``) at a recompute ratio;
+a method that selects nothing (Full Attention recomputes everything, Full Reuse and APE nothing)
+does not depend on the ratio, so it runs once per question, with ratio ``None``.
 
 Example:
     >>> examples = load_examples("synthetic", limit=2, passages=3, seed=0)
     >>> len(examples), len(chunk_texts(examples[0]))
     (2, 3)
+    >>> parse_methods("cacheblend,fusionrag")
+    ('full_attention', 'full_reuse', 'cacheblend', 'fusionrag')
+    >>> parse_ratios("0.15,0,1")
+    (0.0, 0.15, 1.0)
+    >>> jobs(("full_attention", "fusionrag"), (0.0, 0.15))
+    [('full_attention', None), ('fusionrag', 0.0), ('fusionrag', 0.15)]
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from fusionrag_llm.eval.datasets import QAExample, default_musique_path, load_musique
@@ -19,6 +30,7 @@ from fusionrag_llm.request import RAGRequest
 
 SYNTHETIC = "synthetic"
 DEFAULT_SYNTHETIC_QUESTIONS = 20
+BASELINES = ("full_attention", "full_reuse")
 
 
 def dataset_label(dataset: str | None) -> str:
@@ -53,29 +65,31 @@ def chunk_texts(example: QAExample) -> list[str]:
     return [p.text for p in example.passages]
 
 
-def passage_pool(examples: list[QAExample]) -> list[str]:
-    """All distinct chunk texts of ``examples``, in first-seen order."""
-    return list(dict.fromkeys(text for ex in examples for text in chunk_texts(ex)))
+def add_chunks(rag, texts: list[str], neighbors: int, methods: tuple[str, ...] = (), progress: bool = False) -> dict:
+    """The offline stage for the distinct ``texts``, with the notes on fused entries that ``methods`` read
+    (asked for only then: measuring them makes every fused entry slower); its chunk count and seconds."""
+    start = time.perf_counter()
+    pool = list(dict.fromkeys(texts))
+    extra = {"variant_notes": True} if needs_variant_notes(methods) else {}
+    rag.add_chunks(pool, neighbors=neighbors, progress=progress, **extra)
+    return {"chunks": len(pool), "seconds": time.perf_counter() - start}
 
 
-def add_chunks(rag, texts: list[str], neighbors: int, notes: bool = False, progress: bool = False) -> None:
-    """The offline stage for ``texts``; ``notes``: also the notes a method reads from fused entries
-    (asked for only then: measuring them makes every fused entry slower to compute)."""
-    extra = {"variant_notes": True} if notes else {}
-    rag.add_chunks(texts, neighbors=neighbors, progress=progress, **extra)
+def prompt_sizes(rag, question: str, passages: list[str], target: int) -> list[int]:
+    """Prompt lengths (tokens) of the question over the first 1, 2, ... passages, up to the first that
+    reaches ``target`` (or all of them)."""
+    sizes: list[int] = []
+    while len(sizes) < len(passages) and (not sizes or sizes[-1] < target):
+        request = RAGRequest(chunks=passages[: len(sizes) + 1], question=question)
+        sizes.append(sum(len(s.token_ids) for s in rag.segments(request)))
+    return sizes
 
 
 def closest_request(rag, passages: list[str], question: str, target: int) -> RAGRequest:
     """The question over the prefix of ``passages`` whose prompt length (in tokens) is closest to ``target``."""
-    best, best_gap = None, None
-    for count in range(1, len(passages) + 1):
-        request = RAGRequest(chunks=passages[:count], question=question)
-        size = sum(len(s.token_ids) for s in rag.segments(request))
-        if best is None or abs(size - target) < best_gap:
-            best, best_gap = request, abs(size - target)
-        if size >= target:
-            break
-    return best
+    sizes = prompt_sizes(rag, question, passages, target)
+    best = min(range(len(sizes)), key=lambda i: abs(sizes[i] - target))
+    return RAGRequest(chunks=passages[: best + 1], question=question)
 
 
 def workload_requests(rag, dataset: str, requests: int, target_tokens: int, seed: int = 0) -> list[RAGRequest]:
@@ -85,7 +99,7 @@ def workload_requests(rag, dataset: str, requests: int, target_tokens: int, seed
     examples = load_examples(dataset, requests, passages=passages, seed=seed)
     if len(examples) < requests:
         raise ValueError(f"the dataset has {len(examples)} questions; --questions asks for {requests}")
-    return [closest_request(rag, [p.text for p in ex.passages], ex.question, target_tokens) for ex in examples]
+    return [closest_request(rag, chunk_texts(ex), ex.question, target_tokens) for ex in examples]
 
 
 def open_bench_rag(model: str, device: str | None = None, dtype: str | None = None, store: str | None = None,
@@ -102,3 +116,60 @@ def open_bench_rag(model: str, device: str | None = None, dtype: str | None = No
 
     return FusionRAG.from_pretrained(model, device=device, dtype=dtype, store=":memory:" if store is None else store,
                                      options={"prefix_cache": False, "kv_codec": kv_codec or "model"})  # fmt: skip
+
+
+def parse_methods(text: str) -> tuple[str, ...]:
+    """Comma-separated method names; the two baselines (needed for eq. 11) always come first, once each."""
+    from fusionrag_llm import method_names
+
+    names = [s for s in (part.strip() for part in text.split(",")) if s]
+    if not names:
+        raise ValueError("--method is empty; give at least one method, e.g. 'fusionrag'")
+    unknown = [name for name in names if name not in method_names()]
+    if unknown:
+        raise ValueError(f"unknown method {unknown[0]!r}; valid methods: {', '.join(method_names())}")
+    return tuple(dict.fromkeys((*BASELINES, *names)))
+
+
+def jobs(methods: tuple[str, ...], ratios: tuple[float, ...]) -> list[tuple[str, float | None]]:
+    """(method, ratio) pairs to run; a method the ratio cannot change (it selects no token to
+    recompute) appears once with ratio ``None``."""
+    from fusionrag_llm import get_method
+
+    return [pair for m in methods for pair in ([(m, None)] if not get_method(m).selects else [(m, r) for r in ratios])]
+
+
+def needs_variant_notes(methods: tuple[str, ...]) -> bool:
+    """Whether a method of the run reads notes stored with the fused entries (Cache-Craft's), which
+    the offline stage then has to measure."""
+    from fusionrag_llm import get_method
+
+    return any(get_method(name).offline_notes for name in methods)
+
+
+def _numbers(text: str, name: str, kind: type) -> list:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise ValueError(f"--{name} is empty; give a comma-separated list")
+    try:
+        return [kind(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"--{name} must be a comma-separated list of {kind.__name__}s, got {text!r}") from None
+
+
+def parse_ratios(text: str) -> tuple[float, ...]:
+    """Sorted, de-duplicated recompute ratios in [0, 1]."""
+    ratios = _numbers(text, "ratios", float)
+    bad = [r for r in ratios if not 0.0 <= r <= 1.0]
+    if bad:
+        raise ValueError(f"--ratio must lie in [0, 1], got {bad}")
+    return tuple(sorted(set(ratios)))
+
+
+def parse_lengths(text: str) -> tuple[int, ...]:
+    """Sorted, de-duplicated prompt lengths in tokens (each >= 16)."""
+    lengths = _numbers(text, "lengths", int)
+    bad = [n for n in lengths if n < 16]
+    if bad:
+        raise ValueError(f"--lengths must be token counts >= 16, got {bad}")
+    return tuple(sorted(set(lengths)))

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import torch
 
-from fusionrag_llm.eval.bench_data import SYNTHETIC, closest_request, load_examples
-from fusionrag_llm.eval.llama_cpp_baseline import LLAMA_CPP, find_llama_cpp, llama_cpp_decode
-from fusionrag_llm.eval.results import fmt, markdown_table, write_json
+from fusionrag_llm.eval.baselines import LLAMA_CPP, find_llama_cpp, llama_cpp_decode
+from fusionrag_llm.eval.bench_data import SYNTHETIC, chunk_texts, closest_request, load_examples
+from fusionrag_llm.eval.metrics import kl_divergence
+from fusionrag_llm.eval.results import check_ints, fmt, machine_line, markdown_table, write_report
 from fusionrag_llm.models.forward import ForwardPass
 from fusionrag_llm.models.llama import DECODE_WEIGHTS
 from fusionrag_llm.request import RAGRequest
@@ -49,10 +50,7 @@ class DecodeConfig:
             raise ValueError(f"at least one format is needed ({ALLOWED})")
         for name in self.formats:
             format_parts(name)
-        for name in ("speed_tokens", "passages", "max_new_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_ints(self, ("speed_tokens", "passages", "max_new_tokens"))
         if any(length < 1 for length in self.lengths) or self.questions < 0:
             raise ValueError(f"lengths must be >= 1 and questions >= 0, got {self.lengths}, {self.questions}")
 
@@ -94,7 +92,7 @@ def run_speed(rag, config: DecodeConfig, gguf: Path | None = None) -> list[dict]
     """One row per prompt length: decode tokens/s of each format (same prompt, same process), and of
     llama.cpp on ``gguf`` with the same prompt token ids and threads when ``gguf`` is given."""
     examples = load_examples(config.dataset, 1, passages=10 if config.dataset == SYNTHETIC else None, seed=0)
-    passages, question = [p.text for p in examples[0].passages], examples[0].question
+    passages, question = chunk_texts(examples[0]), examples[0].question
     rows = []
     for target in config.lengths:
         request = closest_request(rag, passages, question, target)
@@ -118,7 +116,7 @@ def run_fidelity(rag, config: DecodeConfig) -> list[dict]:
     model = rag.engine.model
     rows = []
     for example in load_examples(config.dataset, config.questions, passages=config.passages, seed=0):
-        request = RAGRequest(chunks=[p.text for p in example.passages], question=example.question)
+        request = RAGRequest(chunks=chunk_texts(example), question=example.question)
         ids = [t for segment in rag.segments(request) for t in segment.token_ids]
         cache, first = _prefill(model, ids, config.max_new_tokens)
         use_format(model, "float" + LAYERS)  # the reference: float weights, layer by layer
@@ -160,19 +158,11 @@ def _decode(model, cache, n: int, first: int, count: int, forced: list[int] | No
 
 def _compare(reference: list[int], reference_logits, tokens: list[int], forced_logits) -> dict:
     first_difference = next((i for i, (a, b) in enumerate(zip(reference, tokens)) if a != b), None)
-    if not len(reference_logits):
-        return {"same_answer": tokens == reference, "first_difference": first_difference, "kl_mean": 0.0,
-                "kl_max": 0.0, "top1_agreement": 1.0}  # fmt: skip
-    p = torch.log_softmax(reference_logits.double(), dim=-1)
-    q = torch.log_softmax(forced_logits.double(), dim=-1)
-    kl = (p.exp() * (p - q)).sum(dim=-1)
-    return {
-        "same_answer": tokens == reference,
-        "first_difference": first_difference,
-        "kl_mean": float(kl.mean()),
-        "kl_max": float(kl.max()),
-        "top1_agreement": float((reference_logits.argmax(-1) == forced_logits.argmax(-1)).float().mean()),
-    }
+    steps = len(reference_logits) > 0  # a one-token answer has no decode step to compare
+    kl = kl_divergence(reference_logits, forced_logits) if steps else torch.zeros(1)
+    agree = reference_logits.argmax(-1) == forced_logits.argmax(-1) if steps else torch.ones(1)
+    return {"same_answer": tokens == reference, "first_difference": first_difference, "kl_mean": float(kl.mean()),
+            "kl_max": float(kl.max()), "top1_agreement": float(agree.float().mean())}  # fmt: skip
 
 
 def summarize(speed: list[dict], fidelity: list[dict], formats) -> dict:
@@ -210,8 +200,7 @@ def decode_markdown(result: dict, config: dict, machine: dict) -> str:
                                   "worst question"], fidelity_rows) + "\n") if result["fidelity"] else ""  # fmt: skip
     return (
         f"# Decode: {config['model']}, weight formats {', '.join(formats)}\n\n"
-        f"{machine['platform']}, {machine['cpu_count']} CPUs, torch {machine['torch']} "
-        f"({machine['torch_threads']} threads). One process, one run.\n\n"
+        f"{machine_line(machine)}. One process, one run.\n\n"
         f"## Speed: decode tokens/s, {config['speed_tokens']} new tokens after a Full Reuse prompt\n\n"
         + markdown_table(["prompt tokens", *(f"{w} tok/s" for w in columns), *ratios], speed_rows)
         + f"\n\n{result.get('baseline_note', '')}\n\n" + fidelity
@@ -220,10 +209,8 @@ def decode_markdown(result: dict, config: dict, machine: dict) -> str:
 
 def write_decode(out_dir: Path, config: dict, machine: dict, result: dict) -> list[Path]:
     """decode.json and decode.md in ``out_dir``."""
-    out_dir = Path(out_dir)
-    paths = [write_json(out_dir / "decode.json", {"config": config, "machine": machine, **result})]
-    (out_dir / "decode.md").write_text(decode_markdown(result, config, machine))
-    return paths + [out_dir / "decode.md"]
+    return write_report(out_dir, "decode", {"config": config, "machine": machine, **result},
+                        decode_markdown(result, config, machine))
 
 
 def run_decode(rag, config: DecodeConfig, llama_cpp: bool = True) -> dict:

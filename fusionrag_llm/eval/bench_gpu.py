@@ -16,7 +16,6 @@ context, so a run cut short keeps what it measured) and ``gpu.md`` the table.
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 
 from fusionrag_llm.api import FusionRAG
+from fusionrag_llm.eval.results import markdown_table, ms, write_json
 from fusionrag_llm.kernels.dispatch import resolve_backend
 from fusionrag_llm.models.config import config_from_hf
 from fusionrag_llm.models.llama import DecoderLM
@@ -128,13 +128,11 @@ def measure(rag: FusionRAG, texts: list[str], tier: str, context: int, repeats: 
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| tier | context | method | FA | whole | layer-wise | whole / layer-wise | FA / layer-wise |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['tier']} | {r['context']} | {r['method']} r={r['ratio']} | {r['full_attention_s'] * 1e3:.1f} ms "
-                     f"| {r['whole_s'] * 1e3:.1f} ms | {r['layerwise_s'] * 1e3:.1f} ms | {r['speedup']:.2f}x "
-                     f"| {r['full_attention_s'] / r['layerwise_s']:.1f}x |")  # fmt: skip
-    return "\n".join(lines)
+    headers = ["tier", "context", "method", "FA", "whole", "layer-wise", "whole / layer-wise", "FA / layer-wise"]
+    cells = [[r["tier"], r["context"], f"{r['method']} r={r['ratio']}", f"{ms(r['full_attention_s'])} ms",
+              f"{ms(r['whole_s'])} ms", f"{ms(r['layerwise_s'])} ms", f"{r['speedup']:.2f}x",
+              f"{r['full_attention_s'] / r['layerwise_s']:.1f}x"] for r in rows]  # fmt: skip
+    return markdown_table(headers, cells)
 
 
 def run_gpu_bench(shape: str, device: str, dtype: str, contexts: list[int], tiers: list[str], repeats: int,
@@ -153,12 +151,11 @@ def run_gpu_bench(shape: str, device: str, dtype: str, contexts: list[int], tier
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
     result = {"device": name, "shape": shape, "dtype": dtype, "kernels": loaded.model.kernels,
               "tokens_per_chunk": TOKENS_PER_CHUNK, "rows": []}
-    out.mkdir(parents=True, exist_ok=True)
     for tier in tiers:
         rag = engine_on(loaded, tier, texts)
         for context in contexts:
             result["rows"] += measure(rag, texts, tier, context, repeats)
-            (out / "gpu.json").write_text(json.dumps(result, indent=1))
+            write_json(out / "gpu.json", result)
         rag.store.close()
     heading = f"{name}, {shape} (random weights), {dtype}, {loaded.model.kernels} attention; TTFT + 1 token, median of {repeats}"
     (out / "gpu.md").write_text(f"{heading}\n\n{table(result['rows'])}\n")

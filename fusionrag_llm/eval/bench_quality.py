@@ -14,21 +14,17 @@ skips them.
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import asdict, dataclass, field
 
 from tqdm.auto import tqdm
 
-from fusionrag_llm.eval.bench_data import add_chunks, chunk_texts, passage_pool
-from fusionrag_llm.eval.bench_methods import jobs, needs_variant_notes
+from fusionrag_llm.eval.bench_data import add_chunks, chunk_texts, jobs
 from fusionrag_llm.eval.datasets import QAExample
 from fusionrag_llm.eval.metrics import (choice_gap, exact_match, f1_score, first_token_agreement, greedy_exact_match,
                                         mean_kl, parting_position, top_margins)
 from fusionrag_llm.eval.partial_log import PartialLog
+from fusionrag_llm.eval.results import check_ints
 from fusionrag_llm.request import RAGRequest
-
-logger = logging.getLogger(__name__)
 
 STAT_FIELDS = ("ttft_s", "load_s", "select_s", "prefill_s", "decode_s", "prompt_tokens", "reused_tokens",
                "recomputed_tokens", "computed_tokens", "generated_tokens", "path_hits", "tier_hits")  # fmt: skip
@@ -54,11 +50,8 @@ class QualityConfig:
     kv_codec: str = "model"  # how the store keeps chunk KV; "model": the compute dtype (checked by the engine)
 
     def __post_init__(self) -> None:
-        checks = (("passages", self.passages, 1), ("neighbors", self.neighbors, 0),
-                  ("max_new_tokens", self.max_new_tokens, 1), ("words_per_passage", self.words_per_passage, 1), ("skip", self.skip, 0))  # fmt: skip
-        for name, value, minimum in checks:
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        check_ints(self, ("passages", "max_new_tokens", "words_per_passage"))
+        check_ints(self, ("neighbors", "skip"), minimum=0)
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be >= 1 (or None for all questions), got {self.limit!r}")
         if not self.methods or not self.ratios:
@@ -93,37 +86,27 @@ class QualityRun:
 def run_quality(rag, examples: list[QAExample], config: QualityConfig, log: PartialLog,
                 progress: bool = True) -> QualityRun:  # fmt: skip
     """Fill ``log`` with a record per (question, method, ratio) of ``config``; return what was done."""
-    todo = {ex.id: [j for j in jobs(config.methods, config.ratios) if not log.has(_key(ex.id, *j))] for ex in examples}
+    todo = {ex.id: [j for j in jobs(config.methods, config.ratios) if not log.has((ex.id, *j))] for ex in examples}
     run = QualityRun(skipped=sum(len(jobs(config.methods, config.ratios)) - len(t) for t in todo.values()))
     pending = [ex for ex in examples if todo[ex.id]]
     if not pending:
         return run  # everything was resumed: no offline stage needed
-    run.offline = _offline_stage(rag, examples, config, progress)
+    # plain and fused entries of every passage of the run; neighbours come from that whole pool
+    pool = [text for ex in examples for text in chunk_texts(ex)]
+    run.offline = add_chunks(rag, pool, config.neighbors, config.methods, progress)
     _warm_up(rag, pending[0])
     for ex in tqdm(pending, desc="questions", unit="q", disable=not progress):
         # Entries evicted from a bounded store since the offline stage are recomputed here (same
         # neighbours: the catalog holds the whole pool), so no method silently falls back to plain.
-        add_chunks(rag, chunk_texts(ex), config.neighbors, notes=needs_variant_notes(config.methods))
+        add_chunks(rag, chunk_texts(ex), config.neighbors, config.methods)
         run.computed += _run_question(rag, ex, todo[ex.id], config, log)
     return run
 
 
-def _offline_stage(rag, examples: list[QAExample], config: QualityConfig, progress: bool) -> dict:
-    """Plain and fused entries of every passage of the run; neighbours come from that whole pool."""
-    start = time.perf_counter()
-    pool = passage_pool(examples)
-    add_chunks(rag, pool, config.neighbors, notes=needs_variant_notes(config.methods), progress=progress)
-    return {"chunks": len(pool), "seconds": time.perf_counter() - start}
-
-
 def records_of_run(log: PartialLog, examples: list[QAExample], config: QualityConfig) -> list[dict]:
     """The log's records for this run's questions, methods and ratios (a log may hold more)."""
-    keys = [_key(ex.id, method, ratio) for ex in examples for method, ratio in jobs(config.methods, config.ratios)]
+    keys = [(ex.id, method, ratio) for ex in examples for method, ratio in jobs(config.methods, config.ratios)]
     return [log.get(key) for key in keys if log.has(key)]
-
-
-def _key(qid: str, method: str, ratio: float | None):
-    return (qid, method, ratio)
 
 
 def _request(ex: QAExample) -> RAGRequest:
@@ -138,7 +121,7 @@ def _warm_up(rag, ex: QAExample) -> None:
 def _run_question(rag, ex: QAExample, todo: list, config: QualityConfig, log: PartialLog) -> int:
     request = _request(ex)
     fa = config.methods[0]  # parse_methods puts full_attention first
-    done_fa = log.get(_key(ex.id, fa, None))
+    done_fa = log.get((ex.id, fa, None))
     out = _answer(rag, request, fa, None, config)
     ref_ids = list(out.token_ids) if done_fa is None else done_fa["token_ids"]
     ref_logits = out.score(ref_ids)

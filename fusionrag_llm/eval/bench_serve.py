@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fusionrag_llm.eval.results import check_positive_ints, fmt, markdown_table, ms, write_report
+from fusionrag_llm.eval.results import check_ints, figure, fmt, machine_line, markdown_table, ms, write_report
 from fusionrag_llm.request import RAGRequest
 
 
@@ -39,7 +39,7 @@ class ServeConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_positive_ints(self, ("requests", "target_tokens", "max_new_tokens"))
+        check_ints(self, ("requests", "target_tokens", "max_new_tokens"))
         if not self.concurrency or any(not isinstance(c, int) or c < 1 for c in self.concurrency):
             raise ValueError(f"concurrency must be ints >= 1, got {self.concurrency!r}")
 
@@ -153,8 +153,7 @@ def serve_markdown(result: dict, config: dict, machine: dict) -> str:
     return (
         f"# Serving: {config['model']}, {config['requests']} requests of ~{config['target_tokens']} tokens, "
         f"{config['max_new_tokens']} new tokens, {config['method']} r={config['ratio']:g}\n\n"
-        f"{machine['platform']}, {machine['cpu_count']} CPUs, torch {machine['torch']} "
-        f"({machine['torch_threads']} threads). One server process (loopback HTTP, streamed); one warm-up "
+        f"{machine_line(machine)}. One server process (loopback HTTP, streamed); one warm-up "
         "request first; concurrency 1 is one by one.\n\n"
         + markdown_table(["clients", "wall s", "tokens", "tokens/s", "throughput", "requests/s", "TTFT p50 ms",
                           "TTFT p95 ms", "latency p50 ms", "same answers"], rows)  # fmt: skip
@@ -171,17 +170,12 @@ def write_serve(out_dir: Path, config: dict, machine: dict, offline: dict, resul
 
 def plot_serve(result: dict, path: Path, title: str) -> Path:
     """Throughput per level, and the TTFT distribution per level."""
-    from fusionrag_llm.eval.plots import pyplot, save_figure
-
-    plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 4.0))
     levels = result["levels"]
     names = [str(level["concurrency"]) for level in levels]
-    left.bar(names, [level["tokens_per_s"] for level in levels])
-    left.set_xlabel("concurrent clients")
-    left.set_ylabel("completion tokens / s")
-    right.boxplot([[t * 1000 for t in level["ttft_s"]] for level in levels], tick_labels=names)
-    right.set_xlabel("concurrent clients")
-    right.set_ylabel("TTFT (ms)")
-    fig.suptitle(title)
-    return save_figure(fig, plt, path)
+    with figure(path, ncols=2, figsize=(9.6, 4.0)) as (fig, (left, right)):
+        left.bar(names, [level["tokens_per_s"] for level in levels])
+        left.set(xlabel="concurrent clients", ylabel="completion tokens / s")
+        right.boxplot([[t * 1000 for t in level["ttft_s"]] for level in levels], tick_labels=names)
+        right.set(xlabel="concurrent clients", ylabel="TTFT (ms)")
+        fig.suptitle(title)
+    return Path(path)

@@ -21,12 +21,10 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from fusionrag_llm.eval.bench_data import SYNTHETIC, add_chunks, load_examples
-from fusionrag_llm.eval.bench_methods import jobs, needs_variant_notes
-from fusionrag_llm.eval.hf_baseline import hf_generate_timed
-from fusionrag_llm.eval.llama_cpp_baseline import LLAMA_CPP, LlamaCpp
-from fusionrag_llm.eval.plots import plot_ttft
-from fusionrag_llm.eval.results import markdown_table, median, ms, write_json
+from fusionrag_llm.eval.baselines import LLAMA_CPP, LlamaCpp, hf_generate_timed
+from fusionrag_llm.eval.bench_data import SYNTHETIC, add_chunks, jobs, load_examples, prompt_sizes
+from fusionrag_llm.eval.results import (check_ints, figure, finite_number, machine_line, markdown_table, median, ms,
+                                        reference_colour, run_label, write_report)
 from fusionrag_llm.request import RAGRequest
 
 TIMING_FIELDS = ("ttft_s", "load_s", "select_s", "prefill_s")
@@ -58,10 +56,7 @@ class TTFTConfig:
     new_tokens: int = 1  # decoded per run (TTFT is the first); > 1 adds the end-to-end table
 
     def __post_init__(self) -> None:
-        for name in ("repeats", "new_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_ints(self, ("repeats", "new_tokens"))
         if any(b not in BASELINES for b in self.baselines):
             raise ValueError(f"baselines must be some of {', '.join(BASELINES)}, got {list(self.baselines)}")
         if not self.lengths or not self.methods or not self.ratios:
@@ -97,11 +92,7 @@ def build_prompts(rag, question: str, passages: list[str], lengths: tuple[int, .
     too_long = [n for n in lengths if n >= window]
     if too_long:
         raise ValueError(f"--lengths {too_long} do not fit the context window of {window} tokens of {rag.model_name!r}")
-    sizes, count = [], 0
-    while count < len(passages) and (not sizes or sizes[-1] < max(lengths)):
-        count += 1
-        request = RAGRequest(chunks=passages[:count], question=question)
-        sizes.append(sum(len(s.token_ids) for s in rag.segments(request)))
+    sizes = prompt_sizes(rag, question, passages, max(lengths))
     if sizes[-1] < max(lengths) * 0.9:
         raise ValueError(f"the dataset has only enough passages for {sizes[-1]} prompt tokens; lower --lengths")
     fitting = [i for i, n in enumerate(sizes) if n < window]
@@ -161,8 +152,7 @@ def _length_rows(rag, prompt: LengthPrompt, config: TTFTConfig, hf_model, llama:
     base = {"length": prompt.target, "prompt_tokens": prompt.prompt_tokens, "chunks": len(prompt.request.chunks)}
     mine = []
     for method, ratio in jobs(config.methods, config.ratios):
-        label = method if ratio is None else f"{method}@{ratio:g}"
-        mine.append({**base, "label": label, "method": method, "ratio": ratio,
+        mine.append({**base, "label": run_label(method, ratio), "method": method, "ratio": ratio,
                      **_timed(rag, prompt, method, ratio, config)})  # fmt: skip
     if hf_model is not None:
         row = _baseline_row(lambda: hf_generate_timed(hf_model, ids, config.new_tokens), config.repeats, engine_first)
@@ -190,10 +180,7 @@ def ingest_prompts(rag, prompts: list[LengthPrompt], neighbors: int, progress: b
                    methods: tuple[str, ...] = ()) -> dict:  # fmt: skip
     """The offline stage for every chunk of every prompt (not part of any TTFT), with the notes on
     fused entries that ``methods`` read."""
-    start = time.perf_counter()
-    pool = list(dict.fromkeys(chunk for p in prompts for chunk in p.request.chunks))
-    add_chunks(rag, pool, neighbors, notes=needs_variant_notes(methods), progress=progress)
-    return {"chunks": len(pool), "seconds": time.perf_counter() - start}
+    return add_chunks(rag, [chunk for p in prompts for chunk in p.request.chunks], neighbors, methods, progress)
 
 
 def _times(value: float) -> str:
@@ -208,8 +195,7 @@ def ttft_markdown(rows: list[dict], config: dict, machine: dict, note: str = "")
               _times(r["speedup_vs_hf"]), _times(r.get("speedup_vs_llama_cpp", math.nan))]
              for r in rows]  # fmt: skip
     head = (f"# TTFT: {config['model']}\n\n"
-            f"median of {config['repeats']} after one warm-up; {machine['platform']}, {machine['cpu_count']} CPUs, "
-            f"torch {machine['torch']} ({machine['torch_threads']} threads), {machine.get('device')} {machine.get('dtype')}. "
+            f"median of {config['repeats']} after one warm-up; {machine_line(machine)}. "
             "'vs FA' = Full Attention TTFT / TTFT (same engine, same run); "
             "'vs HF' = transformers generate TTFT / TTFT; 'vs llama.cpp' = llama.cpp TTFT / TTFT (same prompt ids).\n\n")  # fmt: skip
     text = head + (f"{note}\n\n" if note else "") + markdown_table(headers, table) + "\n"
@@ -227,10 +213,20 @@ def ttft_markdown(rows: list[dict], config: dict, machine: dict, note: str = "")
 
 def write_ttft(out_dir: Path, config: dict, machine: dict, offline: dict, rows: list[dict], note: str = "") -> list[Path]:
     """ttft.json, ttft.md and ttft.png in ``out_dir``."""
-    out_dir = Path(out_dir)
-    paths = [write_json(out_dir / "ttft.json", {"config": config, "machine": machine, "offline": offline,
-                                                  "baseline_note": note, "rows": rows})]  # fmt: skip
-    (out_dir / "ttft.md").write_text(ttft_markdown(rows, config, machine, note))
-    paths.append(out_dir / "ttft.md")
-    paths.append(plot_ttft(rows, out_dir / "ttft.png", f"TTFT, {config['model']}"))
-    return paths
+    data = {"config": config, "machine": machine, "offline": offline, "baseline_note": note, "rows": rows}
+    return write_report(out_dir, "ttft", data, ttft_markdown(rows, config, machine, note),
+                        lambda path: plot_ttft(rows, path, f"TTFT, {config['model']}"))
+
+
+def plot_ttft(rows: list[dict], path: Path, title: str) -> Path:
+    """Median TTFT against the prompt length, one line per method/ratio (log y)."""
+    with figure(path, figsize=(6.4, 4.2)) as (fig, ax):
+        for label in dict.fromkeys(r["label"] for r in rows):
+            mine = sorted((r for r in rows if r["label"] == label and finite_number(r["ttft_s"])),
+                          key=lambda r: r["prompt_tokens"])  # fmt: skip
+            ax.plot([r["prompt_tokens"] for r in mine], [r["ttft_s"] * 1000 for r in mine], marker="o", label=label,
+                    color=reference_colour(label))  # fmt: skip
+        ax.set(xlabel="prompt tokens", ylabel="median TTFT (ms)", yscale="log", title=title)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    return Path(path)

@@ -47,14 +47,10 @@ class Passage:
     title: str
     text: str
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.title, str) or not isinstance(self.text, str):
-            raise ValueError("Passage title and text must both be str")
-
 
 @dataclass(frozen=True)
 class QAExample:
-    """A question with its gold answers and retrieved passages.
+    """A question with its gold answers and retrieved passages (checked where they are read: ``load_musique``).
 
     ``supporting`` lists the indices (into ``passages``) of the passages needed to answer, or is
     ``None`` when the source does not say.
@@ -70,24 +66,6 @@ class QAExample:
     answers: list[str]
     passages: list[Passage]
     supporting: tuple[int, ...] | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.id, str) or not self.id:
-            raise ValueError(f"QAExample id must be a non-empty str, got {self.id!r}")
-        if not isinstance(self.question, str) or not self.question.strip():
-            raise ValueError(f"QAExample {self.id}: question must be a non-empty str")
-        if not self.answers or not all(isinstance(a, str) for a in self.answers):
-            raise ValueError(f"QAExample {self.id}: answers must be a non-empty list of str")
-        if not all(isinstance(p, Passage) for p in self.passages):
-            raise ValueError(f"QAExample {self.id}: passages must be a list of Passage")
-        if self.supporting is not None:
-            n = len(self.passages)
-            if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n
-                   for i in self.supporting):
-                raise ValueError(
-                    f"QAExample {self.id}: supporting indices must be ints in [0, {n}), "
-                    f"got {self.supporting!r}"
-                )
 
 
 def default_musique_path() -> Path | None:

@@ -16,7 +16,6 @@ Example:
 from __future__ import annotations
 
 import math
-import numbers
 import re
 import string
 from collections import Counter
@@ -42,15 +41,9 @@ def normalize_answer(s: str) -> str:
 
 
 def _gold_list(golds: str | Sequence[str]) -> list[str]:
-    # A bare string would otherwise be iterated character by character.
-    if isinstance(golds, str):
-        return [golds]
-    golds = list(golds)
-    if not golds:
-        raise ValueError("golds must hold at least one gold answer; got an empty sequence")
-    for gold in golds:
-        if not isinstance(gold, str):
-            raise ValueError(f"gold answers must be str, got {type(gold).__name__}")
+    golds = [golds] if isinstance(golds, str) else list(golds)  # a bare string is one answer, not its characters
+    if not golds or not all(isinstance(gold, str) for gold in golds):
+        raise ValueError(f"golds must be a str or a non-empty sequence of str, got {golds!r}")
     return golds
 
 
@@ -88,73 +81,42 @@ def f1_score(prediction: str, golds: str | Sequence[str]) -> float:
     return max(_token_f1(pred_tokens, normalize_answer(g).split()) for g in _gold_list(golds))
 
 
-def kl_divergence(
-    reference_logits: torch.Tensor,
-    method_logits: torch.Tensor,
-    dtype: torch.dtype = torch.float64,
-) -> torch.Tensor:
-    """Per-position KL(P_ref || P_method) from logits; shape ``[n, vocab] -> [n]``.
+def kl_divergence(reference_logits: torch.Tensor, method_logits: torch.Tensor) -> torch.Tensor:
+    """Per-position KL(P_ref || P_method) from logits, in float64; shape ``[..., vocab] -> [...]``.
 
-    Any leading shape works (``[..., vocab] -> [...]``). Both inputs go through ``log_softmax``
-    in ``dtype`` (float64 by default, float32 allowed). Tokens with zero reference probability
-    contribute 0; a token the reference allows but the method forbids (``-inf`` logit) gives
-    ``inf``. Tiny negative round-off is clamped to 0.
+    Tokens with zero reference probability contribute 0; a token the reference allows but the method
+    forbids (``-inf`` logit) gives ``inf``. Tiny negative round-off is clamped to 0.
 
     Example:
         >>> ref = torch.tensor([[0.0, 0.0]])
         >>> kl_divergence(ref, ref).tolist()
         [0.0]
     """
-    if dtype not in (torch.float64, torch.float32):
-        raise ValueError(f"dtype must be torch.float64 or torch.float32, got {dtype}")
-    for name, t in (("reference_logits", reference_logits), ("method_logits", method_logits)):
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point torch.Tensor")
-        if t.dim() < 1 or t.shape[-1] == 0:
-            raise ValueError(
-                f"{name} must have a non-empty last (vocab) dim, got shape {tuple(t.shape)}"
-            )
-    if reference_logits.shape != method_logits.shape:
-        raise ValueError(
-            "reference_logits and method_logits must have the same shape, got "
-            f"{tuple(reference_logits.shape)} and {tuple(method_logits.shape)}"
-        )
-    ref_logp = torch.log_softmax(reference_logits.to(dtype), dim=-1)
-    method_logp = torch.log_softmax(method_logits.to(device=ref_logp.device, dtype=dtype), dim=-1)
+    if reference_logits.shape != method_logits.shape or not reference_logits.shape or not reference_logits.shape[-1]:
+        raise ValueError("reference_logits and method_logits must have the same shape with a non-empty last (vocab) "
+                         f"dim, got {tuple(reference_logits.shape)} and {tuple(method_logits.shape)}")  # fmt: skip
+    ref_logp = torch.log_softmax(reference_logits.double(), dim=-1)
+    method_logp = torch.log_softmax(method_logits.to(device=ref_logp.device, dtype=torch.float64), dim=-1)
     ref_p = ref_logp.exp()
     terms = torch.where(ref_p > 0, ref_p * (ref_logp - method_logp), torch.zeros_like(ref_p))
     return terms.sum(dim=-1).clamp_min(0.0)
 
 
-def mean_kl(
-    reference_logits: torch.Tensor,
-    method_logits: torch.Tensor,
-    dtype: torch.dtype = torch.float64,
-) -> float:
+def mean_kl(reference_logits: torch.Tensor, method_logits: torch.Tensor) -> float:
     """Mean of :func:`kl_divergence` over all positions, as a Python float.
 
     Example:
         >>> mean_kl(torch.zeros(3, 5), torch.zeros(3, 5))
         0.0
     """
-    per_position = kl_divergence(reference_logits, method_logits, dtype=dtype)
+    per_position = kl_divergence(reference_logits, method_logits)
     if per_position.numel() == 0:
         raise ValueError("mean_kl needs at least one position; got 0 positions")
     return float(per_position.mean())
 
 
-def _as_ids(ids: Sequence[int] | torch.Tensor, name: str) -> list[int]:
-    if isinstance(ids, torch.Tensor):
-        if ids.dim() != 1 or ids.is_floating_point():
-            raise ValueError(f"{name} must be a 1-D integer tensor, got shape {tuple(ids.shape)}")
-        return [int(i) for i in ids.tolist()]
-    if isinstance(ids, (str, bytes)):
-        raise ValueError(f"{name} must be a sequence of token ids, got {type(ids).__name__}")
-    out = list(ids)
-    for i in out:
-        if isinstance(i, bool) or not isinstance(i, int):
-            raise ValueError(f"{name} must hold int token ids, found {type(i).__name__}")
-    return out
+def _as_ids(ids: Sequence[int] | torch.Tensor) -> list[int]:
+    return ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
 
 
 def first_token_agreement(
@@ -168,10 +130,7 @@ def first_token_agreement(
         >>> first_token_agreement([5, 7, 9], [5, 8])
         1.0
     """
-    ref, got = _as_ids(ref_ids, "ref_ids"), _as_ids(ids, "ids")
-    if not ref or not got:
-        return float(not ref and not got)
-    return float(ref[0] == got[0])
+    return float(_as_ids(ref_ids)[:1] == _as_ids(ids)[:1])
 
 
 def greedy_exact_match(
@@ -183,7 +142,7 @@ def greedy_exact_match(
         >>> greedy_exact_match([5, 7], [5, 7]), greedy_exact_match([5, 7], [5, 7, 2])
         (1.0, 0.0)
     """
-    return float(_as_ids(ref_ids, "ref_ids") == _as_ids(ids, "ids"))
+    return float(_as_ids(ref_ids) == _as_ids(ids))
 
 
 def parting_position(ref_ids: Sequence[int] | torch.Tensor, ids: Sequence[int] | torch.Tensor) -> int | None:
@@ -193,7 +152,7 @@ def parting_position(ref_ids: Sequence[int] | torch.Tensor, ids: Sequence[int] |
         >>> parting_position([5, 7, 9], [5, 8, 9]), parting_position([5, 7], [5, 7, 2]), parting_position([5], [5])
         (1, 2, None)
     """
-    ref, got = _as_ids(ref_ids, "ref_ids"), _as_ids(ids, "ids")
+    ref, got = _as_ids(ref_ids), _as_ids(ids)
     if ref == got:
         return None
     return next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
@@ -224,10 +183,6 @@ def choice_gap(logits_row: torch.Tensor, chosen: int, other: int) -> float:
     return float(probs[chosen] - probs[other])
 
 
-def _is_real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 def normalized_score(
     x: float, x_full_reuse: float, x_full_attention: float, tol: float = 0.0
 ) -> float:
@@ -242,12 +197,8 @@ def normalized_score(
         >>> normalized_score(0.5, 0.0, 1.0), normalized_score(0.3, 0.3, 0.3)
         (0.5, 1.0)
     """
-    values = {"x": x, "x_full_reuse": x_full_reuse, "x_full_attention": x_full_attention}
-    for name, value in values.items():
-        if not _is_real(value) or not math.isfinite(value):
-            raise ValueError(f"{name} must be a finite real number, got {value!r}")
-    if not _is_real(tol) or not tol >= 0:
-        raise ValueError(f"tol must be a non-negative real number, got {tol!r}")
+    if not all(math.isfinite(value) for value in (x, x_full_reuse, x_full_attention)) or not tol >= 0:
+        raise ValueError(f"scores must be finite and tol >= 0, got {x!r}, {x_full_reuse!r}, {x_full_attention!r}, {tol!r}")
     gap = x_full_attention - x_full_reuse
     if abs(gap) <= tol:
         return 1.0 if abs(x - x_full_attention) <= tol else math.nan

@@ -6,13 +6,13 @@ import math
 
 import pytest
 
-from fusionrag_llm.eval import bench_data, bench_methods, partial_log, results
-from fusionrag_llm.eval.bench_methods import jobs, needs_variant_notes, parse_lengths, parse_methods, parse_ratios
+from fusionrag_llm.eval import bench_data, partial_log, results
+from fusionrag_llm.eval.bench_data import jobs, needs_variant_notes, parse_lengths, parse_methods, parse_ratios
 from fusionrag_llm.eval.partial_log import PartialLog
 from fusionrag_llm.eval.quality_report import aggregate
 
 
-@pytest.mark.parametrize("module", [bench_methods, partial_log, results, bench_data])
+@pytest.mark.parametrize("module", [partial_log, results, bench_data])
 def test_doctests(module):
     assert doctest.testmod(module).failed == 0
 

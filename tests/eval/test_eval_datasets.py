@@ -11,7 +11,6 @@ from fusionrag_llm.eval import datasets
 from fusionrag_llm.eval.datasets import (
     DatasetError,
     Passage,
-    QAExample,
     default_musique_path,
     load_musique,
 )
@@ -134,13 +133,6 @@ def test_bad_arguments(tmp_path, kwargs, message):
     path = _write(tmp_path, [_entry()])
     with pytest.raises(ValueError, match=message):
         load_musique(path, **kwargs)
-
-
-def test_qaexample_validation():
-    with pytest.raises(ValueError, match="answers must be a non-empty list"):
-        QAExample("id", "q?", [], [])
-    with pytest.raises(ValueError, match=r"supporting indices must be ints in \[0, 1\)"):
-        QAExample("id", "q?", ["a"], [Passage("", "t")], (1,))
 
 
 def test_default_path_found_from_cwd(tmp_path, monkeypatch):

@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 
-import fusionrag_llm.eval as eval_pkg
 from fusionrag_llm.eval import metrics
 from fusionrag_llm.eval.metrics import (
     exact_match,
@@ -56,9 +55,9 @@ def test_f1_takes_best_gold_and_handles_empty_answers():
 
 
 def test_answer_metrics_reject_bad_golds():
-    with pytest.raises(ValueError, match="at least one gold"):
+    with pytest.raises(ValueError, match="non-empty sequence of str"):
         f1_score("x", [])
-    with pytest.raises(ValueError, match="must be str"):
+    with pytest.raises(ValueError, match="non-empty sequence of str"):
         exact_match("x", [1])
 
 
@@ -79,7 +78,6 @@ def test_kl_two_class_by_hand():
     # KL is not symmetric: KL(method || ref) = 3/4 ln(3/2) + 1/4 ln(1/2).
     expected = 0.75 * math.log(1.5) + 0.25 * math.log(0.5)
     assert kl_divergence(method, ref).item() == pytest.approx(expected, abs=1e-12)
-    assert kl_divergence(ref, method, dtype=torch.float32).dtype == torch.float32
 
 
 def test_kl_masked_tokens_and_bf16_inputs():
@@ -98,22 +96,10 @@ def test_mean_kl():
         mean_kl(torch.zeros(0, 5), torch.zeros(0, 5))
 
 
-@pytest.mark.parametrize(
-    ("ref", "method", "message"),
-    [
-        (torch.zeros(2, 3), torch.zeros(3, 3), "same shape"),
-        (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3), "floating-point"),
-        (torch.zeros(2, 0), torch.zeros(2, 0), "non-empty last"),
-    ],
-)
-def test_kl_rejects_bad_inputs(ref, method, message):
-    with pytest.raises(ValueError, match=message):
+@pytest.mark.parametrize(("ref", "method"), [(torch.zeros(2, 3), torch.zeros(3, 3)), (torch.zeros(2, 0), torch.zeros(2, 0))])
+def test_kl_rejects_bad_shapes(ref, method):
+    with pytest.raises(ValueError, match="same shape with a non-empty last"):
         kl_divergence(ref, method)
-
-
-def test_kl_rejects_half_precision_compute_dtype():
-    with pytest.raises(ValueError, match="float64 or torch.float32"):
-        kl_divergence(torch.zeros(1, 2), torch.zeros(1, 2), dtype=torch.float16)
 
 
 def test_first_token_agreement_and_greedy_exact_match():
@@ -125,15 +111,6 @@ def test_first_token_agreement_and_greedy_exact_match():
     assert greedy_exact_match([5, 7], [5, 7]) == 1.0
     assert greedy_exact_match([5, 7], [5, 7, 2]) == 0.0
     assert greedy_exact_match(torch.tensor([1, 2]), (1, 2)) == 1.0
-
-
-def test_token_id_metrics_reject_non_ids():
-    with pytest.raises(ValueError, match="int token ids"):
-        greedy_exact_match([1.0], [1])
-    with pytest.raises(ValueError, match="1-D integer tensor"):
-        first_token_agreement(torch.zeros(2, 2, dtype=torch.long), [0])
-    with pytest.raises(ValueError, match="sequence of token ids"):
-        first_token_agreement("abc", [0])
 
 
 def test_normalized_score_regular_cases():
@@ -157,17 +134,14 @@ def test_normalized_score_degenerate_gap():
 
 
 def test_normalized_score_rejects_bad_numbers():
-    with pytest.raises(ValueError, match="x_full_reuse must be a finite real"):
+    with pytest.raises(ValueError, match="must be finite"):
         normalized_score(0.1, math.nan, 0.5)
-    with pytest.raises(ValueError, match="x must be a finite real"):
-        normalized_score("0.1", 0.0, 0.5)
-    with pytest.raises(ValueError, match="tol must be"):
+    with pytest.raises(ValueError, match="tol >= 0"):
         normalized_score(0.1, 0.0, 0.5, tol=-1)
 
 
-@pytest.mark.parametrize("module", [metrics, eval_pkg])
-def test_docstring_examples_run(module):
-    result = doctest.testmod(module)
+def test_docstring_examples_run():
+    result = doctest.testmod(metrics)
     assert result.failed == 0 and result.attempted > 0
 
 
@@ -179,5 +153,3 @@ def test_parting_position_and_margins():
     assert metrics.choice_gap(torch.tensor([0.0, math.log(3.0)]), 0, 1) == pytest.approx(-0.5)
     with pytest.raises(ValueError, match=r"\[n, vocab\] with vocab >= 2"):
         metrics.top_margins(torch.zeros(3))
-    with pytest.raises(ValueError, match="ids must be a sequence of token ids"):
-        metrics.parting_position([1], "1")

@@ -3,7 +3,7 @@
 import pytest
 
 from fusionrag_llm import RAGRequest
-from fusionrag_llm.eval.llama_cpp_baseline import LlamaCpp, default_gguf, find_llama_cpp, llama_cpp_decode
+from fusionrag_llm.eval.baselines import LlamaCpp, default_gguf, find_llama_cpp, llama_cpp_decode
 
 pytest.importorskip("llama_cpp")
 

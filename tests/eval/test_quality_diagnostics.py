@@ -2,8 +2,8 @@
 
 import pytest
 
-from fusionrag_llm.eval.quality_diagnostics import (distribution, greedy_agreement, greedy_agreement_markdown,
-                                                    partings, partings_markdown, per_question)
+from fusionrag_llm.eval.quality_report import (distribution, greedy_agreement, greedy_agreement_markdown, partings,
+                                               partings_markdown, per_question)
 
 
 def _record(qid, method, ratio, kl, greedy_em=1.0):

@@ -253,7 +253,7 @@ def test_cache_craft_chooses_its_variant_by_fix_overhead_and_reads_notes():
 
 
 def test_benchmarks_store_notes_only_for_methods_that_read_them():
-    from fusionrag_llm.eval.bench_methods import needs_variant_notes, parse_methods
+    from fusionrag_llm.eval.bench_data import needs_variant_notes, parse_methods
 
     assert needs_variant_notes(parse_methods("cache_craft"))
     assert not needs_variant_notes(parse_methods("fusionrag,fusionrag_paper,cacheblend,ape"))
