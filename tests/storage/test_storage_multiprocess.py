@@ -139,7 +139,11 @@ def test_writer_killed_midway_leaves_only_valid_entries_and_resumes(tmp_path):
             break
         completed.append(line.strip())
     proc.send_signal(signal.SIGKILL)
-    rest, _ = proc.communicate(timeout=30)  # lines printed before the kill but not yet read
+    proc.wait(timeout=30)
+    # lines printed before the kill but not yet read: through the same reader, whose buffer may hold
+    # lines ``readline`` read ahead (``communicate`` would read the pipe past that buffer)
+    rest = proc.stdout.read()
+    proc.stderr.close()
     if proc.returncode != -signal.SIGKILL or "done" in rest:
         pytest.fail(f"writer finished before it could be killed (rc {proc.returncode}); raise `total`")
     completed += rest.split()
