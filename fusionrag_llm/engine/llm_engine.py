@@ -238,11 +238,16 @@ class LLMEngine:
                 seq.finish("error", exc)
             return
         for seq, token in zip(firsts + decodes, tokens):
-            seq.accept(token)
-            if seq.stop_strings and seq.token_ids:
-                seq.find_stop_string(self._answer_so_far(seq))
-            if seq.finished and self.turns is not None:
-                self._remember_turn(seq)
+            try:
+                if isinstance(token, Exception):
+                    raise token
+                seq.accept(token)
+                if seq.stop_strings and seq.token_ids:
+                    seq.find_stop_string(self._answer_so_far(seq))
+                if seq.finished and self.turns is not None:
+                    self._remember_turn(seq)
+            except Exception as exc:  # its draw, stop search or turn keeping: this sequence fails alone
+                seq.finish("error", exc)
 
     # ------------------------------------------------------------------ one sequence's prefill
     def _sequence(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int) -> Sequence:

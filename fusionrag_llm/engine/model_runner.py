@@ -58,9 +58,9 @@ class ModelRunner:
         return position_free_kv(self.model, cache, start, n)
 
     @staticmethod
-    def next_tokens(logits: Seq[torch.Tensor], seqs: Seq[Sequence]) -> list[int]:
+    def next_tokens(logits: Seq[torch.Tensor], seqs: Seq[Sequence]) -> list[int | Exception]:
         """Each sequence's next token from its [vocab] logits row, by its sampling settings (greedy:
-        the argmax of every row, read back in one transfer)."""
+        the argmax of every row, read back in one transfer), or the exception its draw raised."""
         if not logits:
             return []
         states = [SamplingState(seq.sampling, seq.generator, seq.prompt_ids, seq.token_ids) for seq in seqs]

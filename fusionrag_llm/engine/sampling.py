@@ -141,12 +141,20 @@ class SamplingState:
     output_ids: Sequence[int]
 
 
-def next_tokens(logits: torch.Tensor, states: Sequence[SamplingState]) -> list[int]:
+def next_tokens(logits: torch.Tensor, states: Sequence[SamplingState]) -> list[int | Exception]:
     """One token per row of ``logits`` ([n, vocab]), each by its own state; one read-back when all
-    rows are plain greedy."""
+    rows are plain greedy. A row whose draw fails (non-finite logits, say) gets its exception in its
+    place: that sequence fails alone."""
     if all(state.params.plain_greedy for state in states):
         return logits.argmax(dim=-1).tolist()
-    return [_one_token(row, state) for row, state in zip(logits, states)]
+    return [_guarded(row, state) for row, state in zip(logits, states)]
+
+
+def _guarded(row: torch.Tensor, state: SamplingState) -> int | Exception:
+    try:
+        return _one_token(row, state)
+    except Exception as exc:  # one request's draw fails alone
+        return exc
 
 
 def _one_token(row: torch.Tensor, state: SamplingState) -> int:

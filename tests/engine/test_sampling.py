@@ -8,6 +8,7 @@ import torch
 from fusionrag_llm import FusionRAG, RAGRequest, SamplingParams
 from fusionrag_llm.engine.sampling import SamplingState, filtered_probs, next_tokens, penalise
 from fusionrag_llm.errors import FusionRAGError
+from fusionrag_llm.methods import make_plan
 from method_spy import spy
 
 CHUNKS = [
@@ -148,3 +149,29 @@ def test_draws_follow_the_filtered_distribution():
     for token, p in enumerate([0.6, 0.3, 0.1]):
         share = draws.count(token) / len(draws)
         assert abs(share - p) < 4 * math.sqrt(p * (1 - p) / len(draws))  # within four standard errors
+
+
+def test_a_request_whose_draw_fails_fails_alone(rag, monkeypatch):
+    """Batched with two others, a request whose sampling step raises ends with that error; the others
+    finish with the answers they get alone (the sampled one with its seed's draws)."""
+    from fusionrag_llm.engine import sampling
+
+    other = RAGRequest(chunks=CHUNKS[::-1], question="When was it lit?")
+    alone = [rag.generate(REQUEST, max_new_tokens=6), rag.generate(other, max_new_tokens=6, sampling=HOT)]
+    original = sampling._one_token
+
+    def failing(row, state):
+        if state.params.seed == 13:
+            raise RuntimeError("probability tensor contains either inf, nan or element < 0")
+        return original(row, state)
+
+    monkeypatch.setattr(sampling, "_one_token", failing)
+    engine, plan = rag.engine, make_plan("fusionrag", None)
+    seqs = [engine.add_request(rag.segments(REQUEST), plan, 6),
+            engine.add_request(rag.segments(REQUEST), plan, 6, sampling={**HOT, "seed": 13}),
+            engine.add_request(rag.segments(other), plan, 6, sampling=HOT)]  # fmt: skip
+    while not all(seq.finished for seq in seqs):
+        engine.step()
+    assert seqs[1].finish_reason == "error" and "inf, nan" in str(seqs[1].error)
+    assert [seqs[0].token_ids, seqs[2].token_ids] == [alone[0].token_ids, alone[1].token_ids]
+    assert seqs[0].error is None and seqs[2].error is None
