@@ -58,7 +58,7 @@ def demo(ctx: click.Context, model: str, device: str | None, dtype: str | None, 
         hf_logging.disable_progress_bar()  # its weight-loading bar
     corpus, extra = demo_corpus(), distractor_passages(distractors)
     rag = load_rag(model, device, dtype, store, **engine_options, prefix_cache=False)
-    click.echo(f"model: {rag.model_name} ({rag.parts.loaded.model.device}, {rag.parts.loaded.model.dtype})")
+    click.echo(f"model: {rag.model_name} ({rag.engine.model.device}, {rag.engine.model.dtype})")
     report = rag.add_chunks(corpus["passages"] + extra, neighbors=3, progress=verbose)
     click.echo(f"ingested {len(corpus['passages']) + len(extra)} passages: {report.plain_computed} plain and "
                f"{report.fused_computed} fused entries computed")  # fmt: skip

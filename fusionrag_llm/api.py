@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -15,7 +15,8 @@ from fusionrag_llm.engine.sampling import SamplingParams
 from fusionrag_llm.engine.turn_cache import TurnCache
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion.catalog import CATALOG_FILE, ChunkCatalog, chunk_id_of
-from fusionrag_llm.fusion.chunk_entries import ChunkEntries
+from fusionrag_llm.fusion.chunk_view import RegisteredChunks, StoredEntry, read_stored
+from fusionrag_llm.fusion.entry_store import EntryStore
 from fusionrag_llm.fusion.offline import IngestReport, add_chunks
 from fusionrag_llm.fusion.embeddings import Embedder
 from fusionrag_llm.methods import Method, make_plan
@@ -30,13 +31,6 @@ from fusionrag_llm.storage import StoreConfigError, StoreDamagedError
 from fusionrag_llm.storage.store import StoreSpec, open_store
 
 Request = RAGRequest | str | Sequence[dict] | TextPrompt
-
-
-@dataclass(frozen=True)
-class EngineParts:
-    loaded: LoadedModel  # name, source, the DecoderLM, its tokenizer and context window
-    entries: ChunkEntries  # keys and store access of this model's chunk entries
-    catalog: ChunkCatalog  # registered chunks: token ids, neighbours
 
 
 class FusionRAG:
@@ -58,12 +52,13 @@ class FusionRAG:
         self.embedder = embedder
         fingerprint = fingerprint_of(loaded.name, loaded.source, loaded.hf_config, loaded.tokenizer.hf, loaded.model.dtype)
         s0_ids = self.segments(RAGRequest(chunks=["-"], question="-"))[0].token_ids
-        self._entries = ChunkEntries(loaded.model, self.store, fingerprint, s0_ids)
+        entry_store = EntryStore.of(self.store, fingerprint, s0_ids, loaded.model.dtype)
         self._catalog = ChunkCatalog(self.store.record_log(CATALOG_FILE), self.tokenizer.encode)
         self.context_index = ContextIndex()  # reorder=True: the orders earlier requests were given
-        self.engine = LLMEngine(loaded, self._entries, prefix_cache=options.prefix_cache,
+        self.engine = LLMEngine(loaded, entry_store, prefix_cache=options.prefix_cache,
                                 auxiliary=_auxiliary(options.auxiliary, loaded), turns=turn_cache(options.turn_cache_gib),
                                 craft_variants=options.craft_variants, layerwise_load=options.layerwise_load)  # fmt: skip
+        self._chunks = RegisteredChunks(self._catalog, entry_store.keys, self.engine.lock)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path = DEFAULT_MODEL, *, device: str | torch.device | None = None,
@@ -84,12 +79,6 @@ class FusionRAG:
         return cls(loaded, store=store, embedder=embedder, options=options)
 
     @property
-    def parts(self) -> EngineParts:
-        """The loaded model, this model's chunk entries in the store and the chunk catalog, for
-        benchmarks and tools that measure or inspect them (not needed to answer requests)."""
-        return EngineParts(self._loaded, self._entries, self._catalog)
-
-    @property
     def tokenizer(self):
         return self._loaded.tokenizer
 
@@ -105,7 +94,33 @@ class FusionRAG:
     @property
     def fingerprint(self) -> str:
         """The model fingerprint every stored entry of this engine is keyed by."""
-        return self._entries.fingerprint
+        return self.engine.keys.fingerprint
+
+    @property
+    def chunks(self) -> RegisteredChunks:
+        """The registered chunks, a read-only mapping from chunk id to ``ChunkInfo`` (``chunk_id``,
+        ``text``, ``token_ids``, ``neighbor_ids``: the chunks its fused entry was computed after).
+
+        >>> rag = FusionRAG.from_pretrained("tiny", store=":memory:")
+        >>> ids = rag.add_chunks(["Paris is in France.", "Lyon is in France too."], embeddings=[[1, 0], [1, 1]])
+        >>> len(rag.chunks), rag.chunks[ids[0]].text, rag.chunks[ids[0]].neighbor_ids == (ids[1],)
+        (2, 'Paris is in France.', True)
+        """
+        return self._chunks
+
+    def stored(self, chunk: str | Sequence[int], variant: str = "plain") -> StoredEntry | None:
+        """This model's stored ``variant`` entry (``"plain"`` or ``"fused"``) of a chunk, given by its
+        chunk id or its token ids (a chunk computed on a miss is stored without being registered).
+        Read and checked as a request reads it; returns a ``StoredEntry`` (``key``, ``tier``, a copy
+        of the ``entry``), or None when the store has none.
+
+        >>> rag = FusionRAG.from_pretrained("tiny", store=":memory:")
+        >>> ids = rag.add_chunks(["Paris is in France."], embeddings=[[1, 0]])
+        >>> found = rag.stored(ids[0], "fused")
+        >>> found.tier, found.entry.token_ids == rag.chunks[ids[0]].token_ids, found.entry.meta["variant"]
+        ('host', True, 'fused')
+        """
+        return read_stored(self.engine.entry_store, self._chunks, chunk, variant)
 
     def add_chunks(self, texts: Sequence[str], fuse: bool = True, neighbors: int = 10,
                    embeddings=None, progress: bool = False, variant_notes: bool = False,
@@ -125,10 +140,11 @@ class FusionRAG:
             if workers is not None:
                 from fusionrag_llm.engine.ray_ingest import ingest_with_workers  # Ray only when asked for
 
-                return ingest_with_workers(self._loaded, self._entries, self._catalog, texts, workers, fuse=fuse,
-                                           neighbors=neighbors, embeddings=embeddings, embedder=self.embedder,
-                                           progress=progress, variant_notes=variant_notes)  # fmt: skip
-            return add_chunks(self._entries, self._catalog, self.tokenizer.encode, texts, fuse=fuse,
+                return ingest_with_workers(self._loaded, self.engine.computer, self._catalog, texts, workers,
+                                           fuse=fuse, neighbors=neighbors, embeddings=embeddings,
+                                           embedder=self.embedder, progress=progress,
+                                           variant_notes=variant_notes)  # fmt: skip
+            return add_chunks(self.engine.computer, self._catalog, self.tokenizer.encode, texts, fuse=fuse,
                               neighbors=neighbors, embeddings=embeddings, embedder=self.embedder, progress=progress,
                               variant_notes=variant_notes)  # fmt: skip
 
@@ -291,7 +307,7 @@ class DamagedStoreError(FusionRAGError, StoreDamagedError):
 def _open_store(store: StoreSpec, device: torch.device, remote: str | None, kv_codec: str | None):
     """``open_store`` with the facade's defaults (the default folder, ``$FUSIONRAG_REMOTE``) and errors."""
     try:
-        return open_store(store_dir() if store is None else store, device, None,
+        return open_store(store_dir() if store is None else store, device,
                           remote=remote_url() if remote is None else remote, kv_codec=kv_codec)  # fmt: skip
     except StoreDamagedError as exc:
         raise DamagedStoreError(exc.directory, exc.problem) from exc
@@ -309,7 +325,7 @@ def turn_cache(gib: float) -> TurnCache | None:
 def _auxiliary(value, loaded: LoadedModel):
     """CacheClip's auxiliary model as the engine takes it: a number of layers, or a loaded model."""
     if isinstance(value, FusionRAG):
-        return value.parts.loaded
+        return value.engine.loaded
     if isinstance(value, (str, Path)):
         return load_model(value, device=loaded.model.device, dtype=loaded.model.dtype)
     return value

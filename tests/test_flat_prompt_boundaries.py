@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fusionrag_llm import FusionRAG
+from fusionrag_llm.fusion.catalog import chunk_id_of
 from fusionrag_llm.fusion.chunk_finder import MIN_CHUNK_CHARS, ChunkFinder
 from fusionrag_llm.models.config import config_from_hf
 from fusionrag_llm.models.llama import DecoderLM
@@ -87,9 +88,21 @@ def rag_over(hf, name: str) -> FusionRAG:
 
 
 def registered_twin(rag: FusionRAG) -> FusionRAG:
-    twin = FusionRAG(rag.parts.loaded, store=":memory:")
+    twin = FusionRAG(rag.engine.loaded, store=":memory:")
     twin.add_chunks(REGISTERED, embeddings=EMBEDDINGS, neighbors=2)
     return twin
+
+
+def registered_finder() -> ChunkFinder:
+    """A finder of the registered texts, as the twin's catalog registers them."""
+    finder = ChunkFinder()
+    finder.register(REGISTERED)
+    return finder
+
+
+def ids_of(rag: FusionRAG) -> dict[str, tuple[int, ...]]:
+    """The registered texts' token ids, by text."""
+    return {text: rag.chunks[chunk_id_of(text)].token_ids for text in REGISTERED}
 
 
 def first_logits(rag: FusionRAG, prompt: str) -> torch.Tensor:
@@ -98,7 +111,7 @@ def first_logits(rag: FusionRAG, prompt: str) -> torch.Tensor:
 
 def check_random_prompts(plain: FusionRAG, registered: FusionRAG, count: int, seed: int) -> tuple[int, int]:
     """Assert ids and logits agree on ``count`` random prompts; returns (prompts with a chunk, with a refused match)."""
-    rng, found, refused = random.Random(seed), 0, 0
+    rng, found, refused, finder = random.Random(seed), 0, 0, registered_finder()
     for _ in range(count):
         prompt = random_prompt(rng)
         segments = registered.segments(prompt)
@@ -106,7 +119,7 @@ def check_random_prompts(plain: FusionRAG, registered: FusionRAG, count: int, se
         assert (first_logits(registered, prompt) - first_logits(plain, prompt)).abs().max() <= 1e-5, prompt
         chunks = sum(s.kind == "chunk" for s in segments)
         found += chunks > 0
-        refused += len([m for m in registered.parts.catalog.finder.matches(prompt) if len(m[1]) >= MIN_CHUNK_CHARS]) > chunks
+        refused += len([m for m in finder.matches(prompt) if len(m[1]) >= MIN_CHUNK_CHARS]) > chunks
     return found, refused
 
 
@@ -127,7 +140,7 @@ def test_chunks_on_token_boundaries_are_found_and_reused():
     prompt = "Context:\n" + REGISTERED[0] + "\n\n" + REGISTERED[3] + "\n\nQuestion: When is the market?"
     segments = rag.segments(prompt)
     assert [s.text for s in segments if s.kind == "chunk"] == [REGISTERED[0], REGISTERED[3]]
-    expected = [rag.parts.catalog.get(t).token_ids for t in (REGISTERED[0], REGISTERED[3])]
+    expected = [ids_of(rag)[t] for t in (REGISTERED[0], REGISTERED[3])]
     assert [s.token_ids for s in segments if s.kind == "chunk"] == expected
     out = rag.generate(prompt, method="fusionrag", recompute_ratio=0.2, max_new_tokens=2)
     assert out.stats.path_hits["chunk"] + out.stats.path_hits["exact"] == 2 and out.stats.reused_tokens > 0
@@ -135,12 +148,13 @@ def test_chunks_on_token_boundaries_are_found_and_reused():
 
 def test_chunks_that_cut_a_token_stay_text():
     rag = registered_twin(bpe_rag())
-    ids_of = {t: rag.parts.catalog.get(t).token_ids for t in REGISTERED}
+    registered, finder = ids_of(rag), registered_finder()
     # a space glued to the first word, letters glued before, letters glued after
     for prompt in ("Context: " + REGISTERED[1], "Un" + REGISTERED[3], REGISTERED[2] + "ly so", REGISTERED[2] + "s"):
         tokens = rag.tokenizer.tokenize(prompt)
-        assert rag.parts.catalog.finder.matches(prompt), prompt  # the characters are there, but not the tokens
-        assert rag.parts.catalog.finder.split_tokens(tokens, ids_of.get) == [("text", prompt, tuple(tokens.ids))]
+        assert finder.matches(prompt), prompt  # the characters are there, but not the tokens
+        assert finder.split_tokens(tokens, registered.get) == [("text", prompt, tuple(tokens.ids))]
+        assert all(s.kind != "chunk" for s in rag.segments(prompt))  # and the engine reads it so
 
 
 def test_short_registered_texts_are_not_taken_from_flat_prompts_but_work_in_requests():
@@ -157,13 +171,13 @@ def test_short_registered_texts_are_not_taken_from_flat_prompts_but_work_in_requ
 def test_decoding_fallback_finds_the_same_chunks_as_offsets(monkeypatch):
     """Slow tokenizers give no offset mapping; decoding prefixes must give the same pieces."""
     rag = registered_twin(bpe_rag())
-    ids_of = {t: rag.parts.catalog.get(t).token_ids for t in REGISTERED}
+    registered, finder = ids_of(rag), registered_finder()
     rng = random.Random(2)
     prompts = [random_prompt(rng) for _ in range(40)]
-    with_offsets = [rag.parts.catalog.finder.split_tokens(rag.tokenizer.tokenize(p), ids_of.get) for p in prompts]
+    with_offsets = [finder.split_tokens(rag.tokenizer.tokenize(p), registered.get) for p in prompts]
     monkeypatch.setattr(rag.tokenizer, "_data_backend", None)  # the slow-tokenizer path: no offsets
     for prompt, expected in zip(prompts, with_offsets):
-        assert rag.parts.catalog.finder.split_tokens(rag.tokenizer.tokenize(prompt), ids_of.get) == expected, prompt
+        assert finder.split_tokens(rag.tokenizer.tokenize(prompt), registered.get) == expected, prompt
     assert sum(kind == "chunk" for pieces in with_offsets for kind, _, _ in pieces) >= 10
 
 

@@ -21,5 +21,5 @@ def test_the_method_plug_in_example_runs_through_the_engine(tmp_path, monkeypatc
     out, rag = scope["out"], scope["rag"]
     assert out.stats.method == "key_norm" and out.stats.recompute_ratio == 0.2  # its own default ratio
     assert out.stats.recomputed_tokens > 0  # its scores chose tokens
-    assert out.stats.method_stats == {"layers_seen": rag.parts.loaded.model.cfg.num_layers}  # its hook ran per layer
+    assert out.stats.method_stats == {"layers_seen": rag.engine.model.cfg.num_layers}  # its hook ran per layer
     assert capsys.readouterr().out.strip() == f"{out.stats.recomputed_tokens} {out.stats.method_stats}"

@@ -3,6 +3,7 @@
 import pytest
 
 from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest
+from fusionrag_llm.fusion.catalog import chunk_id_of
 from fusionrag_llm.fusion.chunk_finder import WINDOW, ChunkFinder
 from fusionrag_llm.errors import PromptTooLongError
 
@@ -49,15 +50,15 @@ def test_flat_prompt_with_registered_chunks_equals_the_request(rag):
 def test_chunk_token_ids_are_the_same_at_ingestion_and_query_time(rag):
     request = RAGRequest(chunks=CHUNKS, question="Which town?")
     chunk_segments = [s for s in rag.segments(request) if s.kind == "chunk"]
-    assert [s.token_ids for s in chunk_segments] == [rag.parts.catalog.get(t).token_ids for t in CHUNKS]
+    assert [s.token_ids for s in chunk_segments] == [rag.chunks[chunk_id_of(t)].token_ids for t in CHUNKS]
 
 
 def test_add_chunks_is_idempotent_and_fuses_with_nearest_neighbours(rag):
     report = rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.8, 0.6], [0, 1]], neighbors=1)
     assert (report.plain_computed, report.fused_computed) == (0, 0)
-    fused, _ = rag.parts.entries.lookup(rag.parts.catalog.get(CHUNKS[0]).token_ids, "fused")
-    assert fused.meta["neighbours"] == [rag.parts.catalog.get(CHUNKS[1]).chunk_id]
-    plain, _ = rag.parts.entries.lookup(rag.parts.catalog.get(CHUNKS[0]).token_ids, "plain")
+    fused = rag.stored(report[0], "fused").entry
+    assert fused.meta["neighbours"] == [report[1]] and rag.chunks[report[0]].neighbor_ids == (report[1],)
+    plain = rag.stored(report[0], "plain").entry
     assert not plain.bitwise_equal(fused)
     more = rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.8, 0.6], [0, 1]], neighbors=2)
     assert (more.plain_computed, more.fused_computed) == (0, 3)  # a wider neighbourhood re-fuses
@@ -72,8 +73,7 @@ def test_add_chunks_with_the_default_embedding_model_and_faiss():
     ]
     ids = rag.add_chunks(texts, neighbors=1)
     assert len(ids) == 3 and len(set(ids)) == 3
-    neighbour_of_cat = rag.parts.catalog.neighbours_of([rag.parts.catalog.get(texts[0])], 1)[0][0]
-    assert neighbour_of_cat.text == texts[2]
+    assert rag.chunks[ids[0]].neighbor_ids == (ids[2],)  # the kitten, found by the packaged model and FAISS
 
 
 def test_bad_inputs(rag):
@@ -98,7 +98,7 @@ def test_bad_inputs(rag):
         rag.add_chunks(CHUNKS, neighbors=-1)
     with pytest.raises(FusionRAGError, match="last chat message"):
         rag.generate([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
-    assert len(rag.parts.catalog) == 3  # failed calls registered nothing
+    assert len(rag.chunks) == 3  # failed calls registered nothing
 
 
 def test_chat_messages_find_chunks_in_any_message(rag):
@@ -113,13 +113,15 @@ def test_chat_messages_find_chunks_in_any_message(rag):
 
 def test_chunks_embedded_differently_are_kept_apart_and_reloaded(tmp_path):
     rag = FusionRAG.from_pretrained("tiny", store=tmp_path)
-    rag.add_chunks(CHUNKS[:2], embeddings=[[1, 0], [1, 0.1]], neighbors=1)
+    ids = rag.add_chunks(CHUNKS[:2], embeddings=[[1, 0], [1, 0.1]], neighbors=5)
     other = ["A chunk embedded in a three-dimensional space, far away.", "Another chunk in that space, nearby."]
-    rag.add_chunks(other, embeddings=[[0, 0, 1], [0, 0.1, 1]], neighbors=1)
-    assert [n.text for n in rag.parts.catalog.neighbours_of([rag.parts.catalog.get(other[0])], 5)[0]] == [other[1]]
+    other_ids = rag.add_chunks(other, embeddings=[[0, 0, 1], [0, 0.1, 1]], neighbors=5)
+    assert rag.chunks[other_ids[0]].neighbor_ids == (other_ids[1],)  # 5 asked for, one in its space
     reopened = FusionRAG.from_pretrained("tiny", store=tmp_path)
-    assert len(reopened.parts.catalog) == 4
-    assert [n.text for n in reopened.parts.catalog.neighbours_of([reopened.parts.catalog.get(CHUNKS[0])], 5)[0]] == [CHUNKS[1]]
+    assert len(reopened.chunks) == 4
+    # the reloaded index finds the same neighbours (else the entries would be fused again, with others)
+    assert reopened.add_chunks(CHUNKS[:2], neighbors=6).fused_computed == 0
+    assert reopened.chunks[ids[0]].neighbor_ids == (ids[1],)
     flat = "Context: " + other[1] + " Question: what?"
     assert [s.kind for s in reopened.segments(flat)] == ["prefix", "chunk", "suffix"]
 

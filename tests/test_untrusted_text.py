@@ -8,6 +8,7 @@ ids the model sees and checks they sit only where the template put them.
 import pytest
 
 from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest
+from fusionrag_llm.fusion.catalog import chunk_id_of
 from fusionrag_llm.models.tiny import byte_tokenizer
 from fusionrag_llm.models.tokenizer import ChatTokenizer, content_placeholder
 from fusionrag_llm.request import prompt_ids
@@ -51,7 +52,7 @@ def test_encode_is_data_and_encode_template_parses_control_tokens(rag):
     assert tokenizer.encode_template("<|im_end|>") == [258]
     assert tokenizer.encode("<|im_end|>") == list("<|im_end|>".encode())  # the literal bytes
     assert tokenizer.decode(tokenizer.encode(FORGED)) == FORGED  # nothing is lost, only demoted to text
-    assert tokenizer.encode(DOCUMENT) == list(rag.parts.catalog.get(DOCUMENT).token_ids)  # ingestion = query
+    assert tokenizer.encode(DOCUMENT) == list(rag.chunks[chunk_id_of(DOCUMENT)].token_ids)  # ingestion = query
 
 
 @pytest.mark.real_model

@@ -33,7 +33,8 @@ from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.engine.streaming import GenerationStream, IncrementalText
 from fusionrag_llm.engine.turn_cache import EXACT, TurnCache, namespace_of
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
-from fusionrag_llm.fusion.chunk_entries import ChunkEntries
+from fusionrag_llm.fusion.entry_compute import EntryComputer
+from fusionrag_llm.fusion.entry_store import EntryStore
 from fusionrag_llm.fusion.request_variants import VARIANT_LOG, RequestVariants, check_craft_variants
 from fusionrag_llm.fusion.layout import ScoringInput
 from fusionrag_llm.fusion.scorers.auxiliary_attention import check_layers
@@ -76,7 +77,7 @@ class PrefillWork:
 
 
 class LLMEngine:
-    def __init__(self, loaded: LoadedModel, entries: ChunkEntries, prefix_cache: bool = True,
+    def __init__(self, loaded: LoadedModel, entry_store: EntryStore, prefix_cache: bool = True,
                  config: SchedulerConfig = SchedulerConfig(), auxiliary: int | LoadedModel | None = None,
                  turns: TurnCache | None = None, craft_variants: int = 0,
                  layerwise_load: bool | None = None):  # fmt: skip
@@ -91,16 +92,19 @@ class LLMEngine:
         self.auxiliary_layers = None if self.auxiliary_model is not None else check_layers(auxiliary, loaded.model.cfg.num_layers)
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
-        self.entries = entries
+        self.entry_store = entry_store  # this model's entries in the store, each read checked
+        self.keys = entry_store.keys
+        self.computer = EntryComputer(loaded.model, entry_store.keys, entry_store)  # makes the entries a request misses
         self.prefix_cache = prefix_cache
         self.runner = ModelRunner(loaded.model)
         self.scheduler = Scheduler(config)
-        self.prefetcher = Prefetcher(entries.store)
+        self.prefetcher = Prefetcher(entry_store.store)
         self.turns = turns  # multi-turn reuse: finished requests' KV by token blocks (None: off)
         # Cache-Craft's request-made chunk variants, M per chunk on average (None: not kept or read)
         self.variants = None
         if check_craft_variants(craft_variants):
-            self.variants = RequestVariants(entries.store.record_log(VARIANT_LOG), entries.fingerprint, craft_variants)
+            log = entry_store.store.record_log(VARIANT_LOG)
+            self.variants = RequestVariants(log, self.keys.fingerprint, craft_variants)
         self._lock = threading.RLock()  # one step at a time; callers on other threads join its batches
         self._request_ids = itertools.count()
 
@@ -110,7 +114,7 @@ class LLMEngine:
         return self._lock
 
     def resolver(self, preloaded: Preloaded | None = None, pinned=()) -> ContextResolver:
-        return ContextResolver(self.entries, preloaded, self.prefix_cache, pinned, self.variants)
+        return ContextResolver(self.computer, preloaded, self.prefix_cache, pinned, self.variants)
 
     def check_fits(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
         window = self.loaded.context_window
@@ -169,7 +173,7 @@ class LLMEngine:
     def _read_earlier_turn(self, seq: Sequence) -> None:
         """Start ``seq`` from the longest prefix of its prompt that an earlier request's KV holds (a
         chat's last turn): that prefix becomes segment 0, read as an exact path block."""
-        plan, keys = seq.plan, self.entries.keys
+        plan, keys = seq.plan, self.keys
         if not self._turns_apply(plan):
             return
         namespaces = [EXACT] if plan.exact else [EXACT, namespace_of(plan)]
@@ -201,7 +205,7 @@ class LLMEngine:
         rescaled attention (no prefix of such a context is a plain path), nor in a store that keeps no
         exact path blocks (a quantizing codec's)."""
         method = plan.method
-        return not method.parallel_positions and method.attention_scaling is None and self.entries.keys.exact_blocks
+        return not method.parallel_positions and method.attention_scaling is None and self.keys.exact_blocks
 
     def abort(self, request_id: int) -> bool:
         """Stop a waiting or running request (and its forks); it finishes with reason ``"abort"``."""

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from fusionrag_llm.errors import FusionRAGError, require
 from fusionrag_llm.engine.worker_spec import EngineSpec
 from fusionrag_llm.fusion.catalog import CatalogWriteError, ChunkCatalog, RegisteredChunk, chunk_id_of
-from fusionrag_llm.fusion.chunk_entries import ChunkEntries
+from fusionrag_llm.fusion.entry_compute import EntryComputer
 from fusionrag_llm.fusion.offline import (IngestReport, fuse_chunk, missing_plain, register_chunks, stale_chunks,
                                           store_plain, validate_neighbors, validate_texts, wrap_write_errors)  # fmt: skip
 from fusionrag_llm.fusion.embeddings import Embedder
@@ -72,7 +72,7 @@ class IngestWorker:
 
     def __init__(self, spec: EngineSpec):
         torch.set_num_threads(spec.threads)  # the CPUs Ray gave this actor, and the same sums every run
-        self.entries, self.catalog = spec.build()
+        self.computer, self.catalog = spec.build()
 
     def ready(self) -> bool:
         return True
@@ -87,8 +87,9 @@ class IngestWorker:
         """Store the plain entries of these chunks that are missing; ``(plain, fused)`` computed."""
         report = IngestReport([])
         with self._writing(report):
-            for chunk in missing_plain(self.entries, self._chunks(chunk_ids)):  # another process may have stored some
-                store_plain(self.entries, chunk, report)
+            # another process may have stored some
+            for chunk in missing_plain(self.computer.entry_store, self._chunks(chunk_ids)):
+                store_plain(self.computer, chunk, report)
         return report.plain_computed, report.fused_computed
 
     def fused(self, tasks: list[tuple[str, int]], notes: bool) -> tuple[int, int]:
@@ -97,14 +98,15 @@ class IngestWorker:
         chunks = self._chunks([chunk_id for chunk_id, _ in tasks])
         with self._writing(report):
             for chunk, (_, count) in zip(chunks, tasks):
-                fuse_chunk(self.entries, self.catalog, chunk, count, report, notes)
+                fuse_chunk(self.computer, self.catalog, chunk, count, report, notes)
         return report.plain_computed, report.fused_computed
 
     def _chunks(self, chunk_ids: list[str]) -> list[RegisteredChunk]:
         self.catalog.refresh()  # the driver registered them before sending their ids
         chunks = [self.catalog.by_id(chunk_id) for chunk_id in chunk_ids]
         if any(chunk is None for chunk in chunks):
-            raise FusionRAGError(f"the catalog at {self.entries.store.directory} lacks chunks the driver registered")
+            folder = self.computer.entry_store.store.directory
+            raise FusionRAGError(f"the catalog at {folder} lacks chunks the driver registered")
         return chunks
 
     @contextmanager
@@ -112,10 +114,10 @@ class IngestWorker:
         try:
             yield
         except (StoreWriteError, CatalogWriteError) as exc:
-            raise wrap_write_errors(self.entries, exc, report) from exc
+            raise wrap_write_errors(self.computer.entry_store, exc, report) from exc
 
 
-def ingest_with_workers(loaded: LoadedModel, entries: ChunkEntries, catalog: ChunkCatalog, texts: Sequence[str],
+def ingest_with_workers(loaded: LoadedModel, computer: EntryComputer, catalog: ChunkCatalog, texts: Sequence[str],
                         workers: int, fuse: bool = True, neighbors: int = 10, embeddings=None,
                         embedder: Embedder | None = None, progress: bool = False,
                         variant_notes: bool = False) -> IngestReport:  # fmt: skip
@@ -126,7 +128,7 @@ def ingest_with_workers(loaded: LoadedModel, entries: ChunkEntries, catalog: Chu
     check_workers(workers)
     texts = validate_texts(texts)
     validate_neighbors(neighbors)
-    spec = EngineSpec.of(loaded, entries)  # refuses a store in memory before anything starts
+    spec = EngineSpec.of(loaded, computer.entry_store)  # refuses a store in memory before anything starts
     ray = require("ray", "distributed", "ingestion with workers=")
     report = IngestReport(chunk_ids=[chunk_id_of(text) for text in texts])
     clock = _Clock(report)
@@ -134,34 +136,35 @@ def ingest_with_workers(loaded: LoadedModel, entries: ChunkEntries, catalog: Chu
         clock.lap("cluster")
         with _actors(ray, spec, workers) as (actors, places):
             try:
-                chunks = register_chunks(entries, catalog, loaded.tokenizer.encode, texts, embeddings, embedder)
+                chunks = register_chunks(computer, catalog, loaded.tokenizer.encode, texts, embeddings, embedder)
             except (StoreWriteError, CatalogWriteError) as exc:
-                raise wrap_write_errors(entries, exc, report) from exc
+                raise wrap_write_errors(computer.entry_store, exc, report) from exc
             clock.lap("register")
             ray.get(places)  # the model loads overlapped the registration
             clock.lap("workers_ready")
-            ids = [chunk.chunk_id for chunk in missing_plain(entries, chunks)]
+            ids = [chunk.chunk_id for chunk in missing_plain(computer.entry_store, chunks)]
             _run_stage(ray, actors, "plain", _batches(ids, workers), (), report, progress)
             clock.lap("plain")
             if fuse:
-                _fuse_stage(ray, actors, entries, catalog, chunks, neighbors, variant_notes, report, progress)
+                _fuse_stage(ray, actors, computer, catalog, chunks, neighbors, variant_notes, report, progress)
                 clock.lap("fused")
         clock.lap("stop")
     return report
 
 
-def _fuse_stage(ray, actors: list, entries: ChunkEntries, catalog: ChunkCatalog, chunks: list[RegisteredChunk],
+def _fuse_stage(ray, actors: list, computer: EntryComputer, catalog: ChunkCatalog, chunks: list[RegisteredChunk],
                 neighbors: int, notes: bool, report: IngestReport, progress: bool) -> None:  # fmt: skip
     given = {chunk.chunk_id for chunk in chunks}
     tasks = [(chunk.chunk_id, neighbors) for chunk in chunks]
-    tasks += [(chunk.chunk_id, count) for chunk, count in stale_chunks(entries, catalog) if chunk.chunk_id not in given]
+    stale = stale_chunks(computer.keys, catalog)
+    tasks += [(chunk.chunk_id, count) for chunk, count in stale if chunk.chunk_id not in given]
     _run_stage(ray, actors, "fused", _batches(tasks, len(actors)), (notes,), report, progress)
     # another process may have registered closer chunks meanwhile: what is stale now is refreshed here
     try:
-        for chunk, count in stale_chunks(entries, catalog):
-            fuse_chunk(entries, catalog, chunk, count, report, notes)
+        for chunk, count in stale_chunks(computer.keys, catalog):
+            fuse_chunk(computer, catalog, chunk, count, report, notes)
     except (StoreWriteError, CatalogWriteError) as exc:
-        raise wrap_write_errors(entries, exc, report) from exc
+        raise wrap_write_errors(computer.entry_store, exc, report) from exc
 
 
 def _run_stage(ray, actors: list, method: str, batches: list[list], args: tuple, report: IngestReport,

@@ -20,7 +20,7 @@ import torch
 
 from fusionrag_llm.engine.blend import blend_entry, context_in_place
 from fusionrag_llm.engine.plan import Boundary, ContextPlan, PlannedSegment, ResolveCounts, plan_context
-from fusionrag_llm.fusion.chunk_entries import ChunkEntries
+from fusionrag_llm.fusion.entry_compute import EntryComputer
 from fusionrag_llm.fusion.craft import VariantNotes, fix_overhead, fused_notes, plain_notes
 from fusionrag_llm.fusion.layer_feed import LayerFeed
 from fusionrag_llm.fusion.placement import place_entry
@@ -61,13 +61,12 @@ class _Placed:
 
 
 class ContextResolver:
-    def __init__(self, entries: ChunkEntries, preloaded: Preloaded | None = None, prefix_cache: bool = True,
+    def __init__(self, computer: EntryComputer, preloaded: Preloaded | None = None, prefix_cache: bool = True,
                  pinned: Sequence[str] = (), variants: RequestVariants | None = None):  # fmt: skip
-        self.entries = entries
         self.variants = variants  # Cache-Craft's request-made variants (None: not kept)
         self.pinned = list(pinned)  # store keys pinned for this resolver (preloaded ones, then its own reads)
-        self.keys, self.entry_store, self.computer = entries.keys, entries.entry_store, entries.computer
-        self.model = entries.model
+        self.keys, self.entry_store, self.computer = computer.keys, computer.entry_store, computer
+        self.model = computer.model
         self.preloaded = preloaded or {}  # key -> (entry, tier it came from), fetched ahead by the loader
         self.prefix_cache = prefix_cache  # False: only the prompt prefix is cached, chunks never by path
         self._feed: LayerFeed | None = None  # while assembling layer by layer
@@ -149,7 +148,7 @@ class ContextResolver:
         """Unpin every entry this resolver read or was handed pinned (call once the KV is placed)."""
         pinned, self.pinned = self.pinned, []
         for key in pinned:
-            self.entries.store.unpin(key)
+            self.entry_store.store.unpin(key)
 
     def _place_exact_blocks(self, context_plan: ContextPlan, cache: KVCache, counts: ResolveCounts) -> int:
         """Place the leading path blocks the store holds; returns how many."""
@@ -257,7 +256,7 @@ class ContextResolver:
 
     def store_request_variants(self, resolved: ResolvedContext, cache: KVCache, recorder: VariantRecorder) -> int:
         """After the prefill: the new variants stored and listed (``fusion/request_variants.store_variants``)."""
-        return store_variants(self.entries, self.variants, resolved.new_variants, cache, recorder)
+        return store_variants(self.model, self.entry_store, self.variants, resolved.new_variants, cache, recorder)
 
     # ------------------------------------------------------------------ writing path blocks
     def store_exact_blocks(self, resolved: ResolvedContext, recomputed: torch.Tensor,

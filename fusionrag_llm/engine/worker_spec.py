@@ -19,7 +19,8 @@ import torch
 
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion.catalog import CATALOG_FILE, ChunkCatalog
-from fusionrag_llm.fusion.chunk_entries import ChunkEntries
+from fusionrag_llm.fusion.entry_compute import EntryComputer
+from fusionrag_llm.fusion.entry_store import EntryStore
 from fusionrag_llm.models.fingerprint import fingerprint_of
 from fusionrag_llm.models.loader import LoadedModel, load_model
 from fusionrag_llm.storage import StoreBudgets, StoreOptions, TieredStore
@@ -87,17 +88,18 @@ class EngineSpec:
             raise ValueError(f"EngineSpec.threads must be an int >= 1, got {self.threads!r}")
 
     @classmethod
-    def of(cls, loaded: LoadedModel, entries: ChunkEntries, threads: int = 1) -> EngineSpec:
-        """The spec of an engine's loaded model and chunk entries."""
+    def of(cls, loaded: LoadedModel, entry_store: EntryStore, threads: int = 1) -> EngineSpec:
+        """The spec of an engine's loaded model and its entries in the store."""
         name = loaded.name
         if Path(name).expanduser().exists():  # a folder or file: workers may run in another folder
             name = str(Path(name).expanduser().resolve())
         model = loaded.model
         return cls(name, str(model.device), str(model.dtype).removeprefix("torch."), model.kernels,
                    fingerprint_of(loaded.name, loaded.source, loaded.hf_config, loaded.tokenizer.hf, model.dtype),
-                   entries.fingerprint, tuple(entries.s0_ids), StoreSettings.of(entries.store), threads)  # fmt: skip
+                   entry_store.keys.fingerprint, entry_store.keys.s0_ids, StoreSettings.of(entry_store.store),
+                   threads)  # fmt: skip
 
-    def build(self) -> tuple[ChunkEntries, ChunkCatalog]:
+    def build(self) -> tuple[EntryComputer, ChunkCatalog]:
         """Load the model, reopen the store and check both against the spec (in the worker process)."""
         loaded = load_model(self.model, device=self.device, dtype=self.dtype, kernels=self.kernels)
         fingerprint = fingerprint_of(loaded.name, loaded.source, loaded.hf_config, loaded.tokenizer.hf,
@@ -106,8 +108,9 @@ class EngineSpec:
             raise FusionRAGError(f"the worker loaded {self.model!r} as another model than the engine's "
                                  f"(fingerprint {fingerprint} != {self.fingerprint}); are its files changing?")  # fmt: skip
         store = self.store.open(loaded.model.device)
-        entries = ChunkEntries(loaded.model, store, fingerprint, self.s0_ids)
-        if entries.fingerprint != self.storage_key:
-            raise FusionRAGError(f"the worker's store at {self.store.folder} keys entries as {entries.fingerprint}, "
-                                 f"the engine as {self.storage_key}")  # fmt: skip
-        return entries, ChunkCatalog(store.record_log(CATALOG_FILE), loaded.tokenizer.encode)
+        entry_store = EntryStore.of(store, fingerprint, self.s0_ids, loaded.model.dtype)
+        if entry_store.keys.fingerprint != self.storage_key:
+            raise FusionRAGError(f"the worker's store at {self.store.folder} keys entries as "
+                                 f"{entry_store.keys.fingerprint}, the engine as {self.storage_key}")  # fmt: skip
+        computer = EntryComputer(loaded.model, entry_store.keys, entry_store)
+        return computer, ChunkCatalog(store.record_log(CATALOG_FILE), loaded.tokenizer.encode)

@@ -153,6 +153,10 @@ class ChunkCatalog:
     def by_id(self, chunk_id: str) -> RegisteredChunk | None:
         return self._by_id.get(chunk_id)
 
+    def chunk_ids(self) -> list[str]:
+        """The registered chunks' ids, in registration order."""
+        return list(self._by_id)
+
     def fused_record(self, key: str) -> FusedRecord | None:
         return self._fused.get(key)
 

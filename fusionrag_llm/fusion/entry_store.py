@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import torch
+
 from fusionrag_llm.fusion.entry_keys import EntryKeys, TokenIds
 from fusionrag_llm.storage import KVEntry, TieredStore
 
@@ -19,6 +21,12 @@ Found = tuple[KVEntry, str]  # the entry and the tier it came from
 class EntryStore:
     store: TieredStore
     keys: EntryKeys
+
+    @classmethod
+    def of(cls, store: TieredStore, fingerprint: str, s0_ids: Sequence[int], model_dtype: torch.dtype) -> EntryStore:
+        """The entries a model (``fingerprint``, computing in ``model_dtype``) keeps in ``store`` after S0,
+        keyed as the store's dtype and codec ask (``EntryKeys.for_store``)."""
+        return cls(store, EntryKeys.for_store(fingerprint, s0_ids, model_dtype, store.storage_dtype, store.codec_id))
 
     def fetch(self, key: str, token_ids: Sequence[int], variant: str, pin: bool = False) -> Found | None:
         """``(entry, tier)`` stored under ``key`` when its token ids, variant and model all match: the

@@ -42,7 +42,9 @@ from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
 from fusionrag_llm.fusion.craft import META_KEY
 from fusionrag_llm.fusion.catalog import (CatalogWriteError, ChunkCatalog, FusedRecord, Neighbourhood,
                                           RegisteredChunk, chunk_id_of)  # fmt: skip
-from fusionrag_llm.fusion.chunk_entries import ChunkEntries
+from fusionrag_llm.fusion.entry_compute import EntryComputer
+from fusionrag_llm.fusion.entry_keys import EntryKeys
+from fusionrag_llm.fusion.entry_store import EntryStore
 from fusionrag_llm.fusion.embeddings import Embedder, default_embedder, normalized
 from fusionrag_llm.storage import KVEntry, StoreWriteError
 
@@ -111,7 +113,7 @@ def validate_texts(texts: Sequence[str]) -> list[str]:
 
 
 def add_chunks(
-    entries: ChunkEntries,
+    computer: EntryComputer,
     catalog: ChunkCatalog,
     encode,
     texts: Sequence[str],
@@ -128,18 +130,18 @@ def add_chunks(
     fused entry without them is computed again with them."""
     texts = validate_texts(texts)
     validate_neighbors(neighbors)
-    chunks = register_chunks(entries, catalog, encode, texts, embeddings, embedder)
+    chunks = register_chunks(computer, catalog, encode, texts, embeddings, embedder)
     report = IngestReport(chunk_ids=[chunk_id_of(text) for text in texts])
     try:
-        _ensure_plain(entries, chunks, report, progress)
+        _ensure_plain(computer, chunks, report, progress)
         if fuse:
-            _ensure_fused(entries, catalog, chunks, neighbors, report, progress, variant_notes)
+            _ensure_fused(computer, catalog, chunks, neighbors, report, progress, variant_notes)
     except (StoreWriteError, CatalogWriteError) as exc:
-        raise wrap_write_errors(entries, exc, report) from exc
+        raise wrap_write_errors(computer.entry_store, exc, report) from exc
     return report
 
 
-def register_chunks(entries: ChunkEntries, catalog: ChunkCatalog, encode, texts: list[str], embeddings=None,
+def register_chunks(computer: EntryComputer, catalog: ChunkCatalog, encode, texts: list[str], embeddings=None,
                     embedder: Embedder | None = None) -> list[RegisteredChunk]:  # fmt: skip
     """Register ``texts`` (validated) in the catalog, embedding the new ones; their chunks, each text once."""
     vectors = normalized(embeddings, len(texts)) if embeddings is not None else None
@@ -148,7 +150,7 @@ def register_chunks(entries: ChunkEntries, catalog: ChunkCatalog, encode, texts:
     new_texts = [text for text in unique if catalog.get(text) is None]
     if new_texts:
         token_ids = [tuple(encode(text)) for text in new_texts]
-        _check_window(entries, token_ids)
+        _check_window(computer, token_ids)
         if vectors is None:
             new_vectors = normalized((embedder or default_embedder())(new_texts), len(new_texts))
         else:
@@ -158,70 +160,71 @@ def register_chunks(entries: ChunkEntries, catalog: ChunkCatalog, encode, texts:
     return [catalog.get(text) for text in unique]
 
 
-def _check_window(entries: ChunkEntries, token_ids: list[tuple[int, ...]]) -> None:
-    window = entries.model.cfg.max_position_embeddings
+def _check_window(computer: EntryComputer, token_ids: list[tuple[int, ...]]) -> None:
+    window, s0_ids = computer.model.cfg.max_position_embeddings, computer.keys.s0_ids
     for ids in token_ids:
-        if len(entries.keys.s0_ids) + len(ids) > window:
+        if len(s0_ids) + len(ids) > window:
             raise PromptTooLongError(
                 f"a chunk of {len(ids)} tokens does not fit the context window of {window} tokens "
-                f"after the {len(entries.keys.s0_ids)}-token prefix; split it into smaller chunks"
+                f"after the {len(s0_ids)}-token prefix; split it into smaller chunks"
             )
 
 
-def wrap_write_errors(entries: ChunkEntries, exc: StoreWriteError | CatalogWriteError,
+def wrap_write_errors(entry_store: EntryStore, exc: StoreWriteError | CatalogWriteError,
                       report: IngestReport) -> IngestionWriteError:  # fmt: skip
-    directory = getattr(exc, "directory", None) or entries.store.directory
+    directory = getattr(exc, "directory", None) or entry_store.store.directory
     return IngestionWriteError(directory, getattr(exc, "cause", None) or exc.__cause__ or exc, report)
 
 
-def _put(entries: ChunkEntries, entry: KVEntry, variant: str) -> bool:
+def _put(entry_store: EntryStore, entry: KVEntry, variant: str) -> bool:
     # with a folder, a write that did not reach the disk must stop ingestion, not pass as stored
-    return entries.entry_store.put(entry, variant, persist=entries.store.directory is not None)
+    return entry_store.put(entry, variant, persist=entry_store.store.directory is not None)
 
 
 # ---------------------------------------------------------------------- plain entries
-def missing_plain(entries: ChunkEntries, chunks: list[RegisteredChunk]) -> list[RegisteredChunk]:
+def missing_plain(entry_store: EntryStore, chunks: list[RegisteredChunk]) -> list[RegisteredChunk]:
     """The chunks whose plain entry is not stored (what a resumed ingestion still computes)."""
-    return [c for c in chunks if not entries.entry_store.contains(c.token_ids, "plain")]
+    return [c for c in chunks if not entry_store.contains(c.token_ids, "plain")]
 
 
-def _ensure_plain(entries: ChunkEntries, chunks: list[RegisteredChunk], report: IngestReport, progress: bool) -> None:
-    missing = missing_plain(entries, chunks)
+def _ensure_plain(computer: EntryComputer, chunks: list[RegisteredChunk], report: IngestReport, progress: bool) -> None:
+    missing = missing_plain(computer.entry_store, chunks)
     for chunk in tqdm(missing, desc="plain entries", unit="chunk", disable=not progress or not missing):
-        store_plain(entries, chunk, report)
+        store_plain(computer, chunk, report)
 
 
-def store_plain(entries: ChunkEntries, chunk: RegisteredChunk, report: IngestReport) -> KVEntry:
-    entry = entries.computer.compute_plain([chunk.token_ids])[0]  # one chunk per pass: see the module docstring
-    entry = entries.entry_store.as_stored(entry)  # fused neighbours read what the store holds
-    _put(entries, entry, "plain")
+def store_plain(computer: EntryComputer, chunk: RegisteredChunk, report: IngestReport) -> KVEntry:
+    entry = computer.compute_plain([chunk.token_ids])[0]  # one chunk per pass: see the module docstring
+    entry = computer.entry_store.as_stored(entry)  # fused neighbours read what the store holds
+    _put(computer.entry_store, entry, "plain")
     report.plain_computed += 1
     return entry
 
 
-def _plain_entry(entries: ChunkEntries, chunk: RegisteredChunk, report: IngestReport) -> KVEntry:
-    found = entries.entry_store.lookup(chunk.token_ids, "plain")
+def _plain_entry(computer: EntryComputer, chunk: RegisteredChunk, report: IngestReport) -> KVEntry:
+    found = computer.entry_store.lookup(chunk.token_ids, "plain")
     # absent: registered by another process that has not stored it yet, or evicted from a bounded store
-    return found[0] if found is not None else store_plain(entries, chunk, report)
+    return found[0] if found is not None else store_plain(computer, chunk, report)
 
 
 # ---------------------------------------------------------------------- fused entries
-def _ensure_fused(entries: ChunkEntries, catalog: ChunkCatalog, chunks: list[RegisteredChunk],
+def _ensure_fused(computer: EntryComputer, catalog: ChunkCatalog, chunks: list[RegisteredChunk],
                   neighbors: int, report: IngestReport, progress: bool, notes: bool = False) -> None:  # fmt: skip
     catalog.refresh()
     for chunk in tqdm(chunks, desc="fused entries", unit="chunk", disable=not progress):
-        fuse_chunk(entries, catalog, chunk, neighbors, report, notes)
-    _refresh_stale(entries, catalog, report, notes)
+        fuse_chunk(computer, catalog, chunk, neighbors, report, notes)
+    _refresh_stale(computer, catalog, report, notes)
 
 
-def fuse_chunk(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, count: int,
+def fuse_chunk(computer: EntryComputer, catalog: ChunkCatalog, chunk: RegisteredChunk, count: int,
                report: IngestReport, notes: bool = False) -> None:  # fmt: skip
     """Make ``chunk``'s fused entry the one its current ``count`` neighbours give (with notes if asked)."""
     near = catalog.neighbourhood(chunk, count)
-    if _is_current(entries, catalog, chunk, near) and (not notes or _has_notes(entries, catalog, chunk)):
+    entry_store = computer.entry_store
+    if _is_current(entry_store, catalog, chunk, near) and (not notes or _has_notes(entry_store, catalog, chunk)):
         return
     for _ in range(MAX_RECOMPUTES):
-        _store_fused(entries, catalog, chunk, near, report, notes)
+        _store_fused(computer, catalog, chunk, near, report, notes)
         catalog.refresh()
         latest = catalog.neighbourhood(chunk, count)
         if latest.ids == near.ids:
@@ -231,52 +234,52 @@ def fuse_chunk(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredCh
                    chunk.chunk_id)  # fmt: skip
 
 
-def _has_notes(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk) -> bool:
+def _has_notes(entry_store: EntryStore, catalog: ChunkCatalog, chunk: RegisteredChunk) -> bool:
     """Whether the chunk's current fused entry carries notes, from its record (reading the entry only
     where a read-only store could not record it)."""
-    record = catalog.fused_record(entries.keys.key(chunk.token_ids, "fused"))
+    record = catalog.fused_record(entry_store.keys.key(chunk.token_ids, "fused"))
     if record is not None:
         return record.notes
-    found = entries.entry_store.lookup(chunk.token_ids, "fused")
+    found = entry_store.lookup(chunk.token_ids, "fused")
     return found is not None and META_KEY in found[0].meta
 
 
-def _store_fused(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, near: Neighbourhood,
+def _store_fused(computer: EntryComputer, catalog: ChunkCatalog, chunk: RegisteredChunk, near: Neighbourhood,
                  report: IngestReport, notes: bool = False) -> None:  # fmt: skip
-    plain = [_plain_entry(entries, neighbour, report) for neighbour in near.chunks]
-    entry = entries.computer.compute_fused(chunk.token_ids, plain, list(near.ids), notes=notes)
-    stored = _put(entries, entry, "fused")
+    plain = [_plain_entry(computer, neighbour, report) for neighbour in near.chunks]
+    entry = computer.compute_fused(chunk.token_ids, plain, list(near.ids), notes=notes)
+    stored = _put(computer.entry_store, entry, "fused")
     report.fused_computed += 1
     if stored:  # a record of an entry the store refused would claim it current
-        catalog.record_fused(_record(entries, chunk, near, entry))
+        catalog.record_fused(_record(computer.keys, chunk, near, entry))
 
 
-def _record(entries: ChunkEntries, chunk: RegisteredChunk, near: Neighbourhood, entry: KVEntry) -> FusedRecord:
+def _record(keys: EntryKeys, chunk: RegisteredChunk, near: Neighbourhood, entry: KVEntry) -> FusedRecord:
     """The record of ``entry``, the chunk's fused entry computed after ``near``."""
-    key = entries.keys.key(chunk.token_ids, "fused")
+    key = keys.key(chunk.token_ids, "fused")
     used = tuple(entry.meta.get("neighbours", near.ids))
     return FusedRecord(key, chunk.chunk_id, near.count, near.ids, used, near.view, near.floor, META_KEY in entry.meta)
 
 
-def _is_current(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk, near: Neighbourhood) -> bool:
-    record = catalog.fused_record(entries.keys.key(chunk.token_ids, "fused"))
+def _is_current(entry_store: EntryStore, catalog: ChunkCatalog, chunk: RegisteredChunk, near: Neighbourhood) -> bool:
+    record = catalog.fused_record(entry_store.keys.key(chunk.token_ids, "fused"))
     if record is None:
-        return _adopt_unrecorded(entries, catalog, chunk, near)
-    if record.requested != near.ids or not entries.entry_store.contains(chunk.token_ids, "fused"):
+        return _adopt_unrecorded(entry_store, catalog, chunk, near)
+    if record.requested != near.ids or not entry_store.contains(chunk.token_ids, "fused"):
         return False
     if record.count != near.count:  # same neighbours asked differently: later refreshes use the new count
         _record_if_writable(catalog, replace(record, count=near.count, view=near.view, floor=near.floor))
     return True
 
 
-def _adopt_unrecorded(entries: ChunkEntries, catalog: ChunkCatalog, chunk: RegisteredChunk,
+def _adopt_unrecorded(entry_store: EntryStore, catalog: ChunkCatalog, chunk: RegisteredChunk,
                       near: Neighbourhood) -> bool:  # fmt: skip
     """A fused entry stored before records existed: current if it was computed after ``near``."""
-    found = entries.entry_store.lookup(chunk.token_ids, "fused")
+    found = entry_store.lookup(chunk.token_ids, "fused")
     if found is None or list(found[0].meta.get("requested", ())) != list(near.ids):
         return False
     # recorded from now on, so that later ingestions can tell when it goes stale
-    _record_if_writable(catalog, _record(entries, chunk, near, found[0]))
+    _record_if_writable(catalog, _record(entry_store.keys, chunk, near, found[0]))
     return True
 
 
@@ -288,13 +291,13 @@ def _record_if_writable(catalog: ChunkCatalog, record: FusedRecord) -> None:
         logger.debug("the record of fused entry %s is not updated: %s", record.key, exc)
 
 
-def _refresh_stale(entries: ChunkEntries, catalog: ChunkCatalog, report: IngestReport, notes: bool = False) -> None:
+def _refresh_stale(computer: EntryComputer, catalog: ChunkCatalog, report: IngestReport, notes: bool = False) -> None:
     """Fuse again this model's chunks whose recorded neighbours are no longer their nearest."""
-    for chunk, count in stale_chunks(entries, catalog):
-        fuse_chunk(entries, catalog, chunk, count, report, notes)
+    for chunk, count in stale_chunks(computer.keys, catalog):
+        fuse_chunk(computer, catalog, chunk, count, report, notes)
 
 
-def stale_chunks(entries: ChunkEntries, catalog: ChunkCatalog) -> list[tuple[RegisteredChunk, int]]:
+def stale_chunks(keys: EntryKeys, catalog: ChunkCatalog) -> list[tuple[RegisteredChunk, int]]:
     """This model's chunks whose fused entry's recorded neighbours are no longer their nearest, each
     with the neighbour count it was fused with (a cheap check first, a search only where it may be)."""
     catalog.refresh()
@@ -303,7 +306,7 @@ def stale_chunks(entries: ChunkEntries, catalog: ChunkCatalog) -> list[tuple[Reg
         chunk = catalog.by_id(record.chunk_id)
         if chunk is None or not catalog.may_have_changed(record):
             continue
-        if entries.keys.key(chunk.token_ids, "fused") != record.key:
+        if keys.key(chunk.token_ids, "fused") != record.key:
             continue  # another model's (or prefix's) entry of this chunk
         if catalog.neighbourhood(chunk, record.count).ids != record.requested:
             stale.append((chunk, record.count))

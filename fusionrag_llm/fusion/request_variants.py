@@ -39,12 +39,13 @@ from typing import Sequence
 import torch
 
 from fusionrag_llm.errors import FusionRAGError
-from fusionrag_llm.fusion.chunk_entries import ChunkEntries
+from fusionrag_llm.fusion.entry_store import EntryStore
 from fusionrag_llm.fusion.craft import VariantNotes, span_attention
 from fusionrag_llm.fusion.placement import position_free_kv
 from fusionrag_llm.fusion.jsonl import parse_line, whole_lines
 from fusionrag_llm.models.forward import LayerHook
 from fusionrag_llm.models.kv_cache import KVCache
+from fusionrag_llm.models.llama import DecoderLM
 from fusionrag_llm.storage import KVEntry, RecordLog
 
 logger = logging.getLogger(__name__)
@@ -244,18 +245,18 @@ def recorder_for(segments: Sequence, chunk_spans: Sequence[tuple[int, int]], hea
     return VariantRecorder(spans, [spans.index((seg.start, seg.end)) for seg in segments])
 
 
-def store_variants(entries: ChunkEntries, index: RequestVariants, new_variants: Sequence, cache: KVCache,
-                   recorder: VariantRecorder) -> int:  # fmt: skip
+def store_variants(model: DecoderLM, entry_store: EntryStore, index: RequestVariants, new_variants: Sequence,
+                   cache: KVCache, recorder: VariantRecorder) -> int:  # fmt: skip
     """After a request's prefill: each ``(segment, prefix, served_order)`` of ``new_variants`` stored
     as ``cache`` holds it (keys back to position-free) with its notes, and listed; returns how many."""
     made = []
     for segment, prefix, served_order in new_variants:
         notes = recorder.notes(recorder.spans.index((segment.start, segment.end)), prefix, served_order)
-        keys, values = position_free_kv(entries.model, cache, segment.start, segment.end)
-        key = entries.keys.request_key(segment.token_ids, prefix)
+        keys, values = position_free_kv(model, cache, segment.start, segment.end)
+        key = entry_store.keys.request_key(segment.token_ids, prefix)
         entry = KVEntry(tuple(segment.token_ids), keys.contiguous(), values.clone(),
-                        entries.keys.meta("request", prefix=list(prefix), craft=notes.to_meta()))  # fmt: skip
-        if entries.entry_store.put_keyed(key, entries.entry_store.as_stored(entry)):
+                        entry_store.keys.meta("request", prefix=list(prefix), craft=notes.to_meta()))  # fmt: skip
+        if entry_store.put_keyed(key, entry_store.as_stored(entry)):
             made.append(StoredVariant(key, segment.chunk_id, prefix, notes.inter, notes.cci))
-    index.add(made, entries.store)
+    index.add(made, entry_store.store)
     return len(made)

@@ -98,7 +98,8 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
 
     @app.get("/v1/chunks")
     async def chunk_count() -> dict[str, Any]:
-        return {"object": "chunk_count", "count": len(rag.parts.catalog)}
+        count = await run_in_threadpool(len, rag.chunks)  # waits for the engine's step, off the event loop
+        return {"object": "chunk_count", "count": count}
 
     async def _complete(request: Request, body, kind: str):
         if body.model != name:

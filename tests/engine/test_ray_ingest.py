@@ -13,6 +13,7 @@ import torch
 from fusionrag_llm import FusionRAG
 from fusionrag_llm.engine import ray_ingest
 from fusionrag_llm.errors import MissingDependencyError
+from fusionrag_llm.fusion.catalog import chunk_id_of
 
 COUNT, DIM, NEIGHBOURS = 12, 16, 3
 VECTORS = np.random.default_rng(11).standard_normal((COUNT, DIM)).astype(np.float32)  # no ties among similarities
@@ -38,11 +39,11 @@ def entries_of(rag: FusionRAG) -> dict:
     """Every stored plain and fused entry of the texts, by (chunk number, variant)."""
     found = {}
     for number, text in enumerate(TEXTS):
-        chunk = rag.parts.catalog.get(text)
+        chunk_id = chunk_id_of(text)
         for variant in ("plain", "fused"):
-            entry = rag.parts.entries.lookup(chunk.token_ids, variant) if chunk is not None else None
-            if entry is not None:
-                found[number, variant] = entry[0]
+            hit = rag.stored(chunk_id, variant) if chunk_id in rag.chunks else None
+            if hit is not None:
+                found[number, variant] = hit.entry
     return found
 
 
@@ -131,7 +132,7 @@ def test_a_store_in_memory_cannot_be_shared_with_workers():
         rag.add_chunks(TEXTS, embeddings=VECTORS, workers=2)
     with pytest.raises(ValueError, match=r"needs a store folder .* in memory"):  # add_chunks takes the same path
         rag.add_chunks(TEXTS, embeddings=VECTORS, workers=1)
-    assert len(rag.parts.catalog) == 0  # refused before anything was registered
+    assert len(rag.chunks) == 0  # refused before anything was registered
 
 
 def test_more_workers_than_the_cluster_has_cpus_are_refused(ray_cluster, tmp_path):
@@ -176,9 +177,9 @@ def test_ray_workers_write_into_the_shared_remote_tier(ray_cluster, reference, r
                                       options={"prefix_cache": False, "remote": redis_server.url})
     found = {}
     for number, text in enumerate(TEXTS):
-        token_ids = rag.parts.catalog.get(text).token_ids
+        token_ids = rag.chunks[chunk_id_of(text)].token_ids  # registered in the first store only
         for variant in ("plain", "fused"):
-            hit = other.parts.entries.lookup(token_ids, variant)
-            assert hit is not None and hit[1] == "remote", (number, variant)
-            found[number, variant] = hit[0]
+            hit = other.stored(token_ids, variant)
+            assert hit is not None and hit.tier == "remote", (number, variant)
+            found[number, variant] = hit.entry
     assert_same_entries(found, reference)

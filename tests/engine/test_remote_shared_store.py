@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from fusionrag_llm import FusionRAG, RAGRequest
+from fusionrag_llm.fusion.catalog import chunk_id_of
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -40,20 +41,21 @@ def test_a_second_process_computes_nothing_and_a_corrupt_shared_entry_is_recompu
     assert ingest_in_a_process(tmp_path / "second", redis_server.url) == {"plain": 0, "fused": 0}
 
     local = FusionRAG.from_pretrained("tiny", store=tmp_path / "first", options={"prefix_cache": False})
-    token_ids = local.parts.catalog.get(text_of(CHUNKS[2])).token_ids
-    victim = local.parts.entries.key(token_ids, "plain")
+    token_ids = local.chunks[chunk_id_of(text_of(CHUNKS[2]))].token_ids
+    victim = local.stored(token_ids, "plain").key
     data = bytearray(server.get(PREFIX + "e:" + victim))
     data[len(data) // 2] ^= 0x01
     server.set(PREFIX + "e:" + victim, bytes(data))
     third = FusionRAG.from_pretrained("tiny", store=tmp_path / "third",
                                       options={"prefix_cache": False, "remote": redis_server.url})
-    assert third.parts.entries.lookup(token_ids, "plain") is None  # detected: a miss, never served
+    assert third.stored(token_ids, "plain") is None  # detected: a miss, never served
     assert third.store.stats().corrupt == 1 and not server.exists(PREFIX + "e:" + victim)  # and dropped
     report = third.add_chunks([text_of(n) for n in CHUNKS], neighbors=NEIGHBOURS, embeddings=VECTORS[CHUNKS])
     assert (report.plain_computed, report.fused_computed) == (1, 0)  # recomputed, that entry only
-    recomputed, tier = FusionRAG.from_pretrained("tiny", store=tmp_path / "fifth",
-                                                 options={"prefix_cache": False, "remote": redis_server.url}).parts.entries.lookup(token_ids, "plain")  # fmt: skip
-    assert tier == "remote" and recomputed.bitwise_equal(local.parts.entries.lookup(token_ids, "plain")[0])
+    fifth = FusionRAG.from_pretrained("tiny", store=tmp_path / "fifth",
+                                      options={"prefix_cache": False, "remote": redis_server.url})  # fmt: skip
+    recomputed = fifth.stored(token_ids, "plain")
+    assert recomputed.tier == "remote" and recomputed.entry.bitwise_equal(local.stored(token_ids, "plain").entry)
     assert ingest_in_a_process(tmp_path / "fourth", redis_server.url) == {"plain": 0, "fused": 0}
 
 

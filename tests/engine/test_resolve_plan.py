@@ -9,7 +9,6 @@ import torch
 import fusionrag_llm.storage.keys as store_keys
 from fusionrag_llm import FusionRAG, RAGRequest
 from fusionrag_llm.engine.plan import ResolveCounts, plan_boundaries, plan_context
-from fusionrag_llm.engine.resolve import ContextResolver
 from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.fusion.entry_keys import EntryKeys
 from fusionrag_llm.methods import make_plan
@@ -160,7 +159,7 @@ def rag():
 
 
 def assemble_recording_reads(rag, monkeypatch, segments, run_plan):
-    resolver = ContextResolver(rag.parts.entries, prefix_cache=True)
+    resolver = rag.engine.resolver()  # the engine's prefix cache is on
     context_plan = resolver.plan(segments, run_plan)
     reads, get = [], rag.store.get
 
@@ -169,7 +168,7 @@ def assemble_recording_reads(rag, monkeypatch, segments, run_plan):
         return get(key, **kw)
 
     monkeypatch.setattr(rag.store, "get", recording)
-    cache = rag.parts.loaded.model.new_cache(len(context_plan.prompt_ids))
+    cache = rag.engine.model.new_cache(len(context_plan.prompt_ids))
     resolved, counts = resolver.assemble_plan(context_plan, cache)
     monkeypatch.setattr(rag.store, "get", get)
     return context_plan, reads, resolved, counts
@@ -224,9 +223,9 @@ def test_the_request_layout_carries_every_chunks_span(tiny_rag):
 
 def test_entries_read_without_a_copy_stay_pinned_until_released(rag):
     segments = rag.segments(RAGRequest(chunks=TEXTS, question="When does the ferry leave?"))
-    resolver = ContextResolver(rag.parts.entries, prefix_cache=True)
+    resolver = rag.engine.resolver()  # the engine's prefix cache is on
     context_plan = resolver.plan(segments, FUSIONRAG)
-    cache = rag.parts.loaded.model.new_cache(len(context_plan.prompt_ids))
+    cache = rag.engine.model.new_cache(len(context_plan.prompt_ids))
     resolver.assemble_plan(context_plan, cache)
     read = list(resolver.pinned)
     assert len(read) == 4  # S0's block, the first chunk's exact plain entry, two fused entries

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest
-from fusionrag_llm.fusion.catalog import CATALOG_FILE, registered_chunk_count
+from fusionrag_llm.fusion.catalog import CATALOG_FILE, chunk_id_of, registered_chunk_count
 from fusionrag_llm.storage import StoreWriteError
 
 TEXTS = [f"Passage {i}: the harbour of town {i} holds {i * 7} boats each day." for i in range(5)]
@@ -42,7 +42,7 @@ def test_bad_lines_are_skipped_with_their_line_numbers(tmp_path, caplog):
     path.write_bytes(b"".join(lines[:1] + extra + lines[1:]) + b'{"text": "torn writ')  # extra: lines 2 to 6
     with caplog.at_level(logging.WARNING, logger="fusionrag_llm.fusion.catalog"):
         rag = open_rag(folder)
-    assert {t for t in TEXTS if rag.parts.catalog.get(t) is not None} == set(TEXTS) - {TEXTS[1]}
+    assert {t for t in TEXTS if chunk_id_of(t) in rag.chunks} == set(TEXTS) - {TEXTS[1]}
     warned = [r.getMessage() for r in caplog.records if "skipping line" in r.getMessage()]
     assert [int(message.split()[2]) for message in warned] == [2, 3, 4, 5, 6, 7], warned
     assert "not UTF-8" in warned[0] and "not JSON" in warned[1] and "not UTF-8" in warned[5]
@@ -56,7 +56,7 @@ def test_a_torn_last_line_does_not_swallow_the_next_registration(tmp_path):
         handle.write(b'{"text": "a writer killed mid-wri')
     open_rag(folder).add_chunks(TEXTS[2:4], neighbors=2, embeddings=VECTORS[2:4])
     reopened = open_rag(folder)
-    assert all(reopened.parts.catalog.get(t) is not None for t in TEXTS[:4])
+    assert all(chunk_id_of(t) in reopened.chunks for t in TEXTS[:4])
     assert registered_chunk_count(folder) == 4
 
 
@@ -84,7 +84,7 @@ def test_a_read_only_catalog_is_read_and_queried_and_refuses_new_chunks_clearly(
     code = unwritable_catalog()
     rag = open_rag(folder)
     out = rag.generate(RAGRequest(chunks=TEXTS[:3], question="How many boats?"), max_new_tokens=2)
-    assert out.stats.path_hits["miss"] == 0 and len(rag.parts.catalog) == len(TEXTS)
+    assert out.stats.path_hits["miss"] == 0 and len(rag.chunks) == len(TEXTS)
     assert rag.add_chunks(TEXTS, neighbors=2, embeddings=VECTORS).fused_computed == 0  # nothing to write: fine
     with pytest.raises(FusionRAGError) as caught:
         rag.add_chunks(["A new passage about the lighthouse of the town."], embeddings=[[0.0, 1.0, 0.0]])

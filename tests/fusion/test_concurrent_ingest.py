@@ -42,11 +42,11 @@ def fused_entries(store: Path) -> dict[int, object]:
     rag = FusionRAG.from_pretrained("tiny", store=store, options={"prefix_cache": False})
     found = {}
     for number in range(COUNT):
-        chunk = rag.parts.catalog.get(text_of(number))
-        assert chunk is not None, f"chunk {number} is not registered in {store}"
-        entry = rag.parts.entries.lookup(chunk.token_ids, "fused")
-        assert entry is not None, f"chunk {number} has no fused entry in {store}"
-        found[number] = entry[0]
+        chunk_id = chunk_id_of(text_of(number))
+        assert chunk_id in rag.chunks, f"chunk {number} is not registered in {store}"
+        hit = rag.stored(chunk_id, "fused")
+        assert hit is not None, f"chunk {number} has no fused entry in {store}"
+        found[number] = hit.entry
     return found
 
 
@@ -84,7 +84,7 @@ VX, VZ, VY = [1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.9, 0.1, 0.0]
 
 
 def neighbour_texts(rag: FusionRAG, text: str) -> list[str]:
-    entry, _ = rag.parts.entries.lookup(rag.parts.catalog.get(text).token_ids, "fused")
+    entry = rag.stored(chunk_id_of(text), "fused").entry
     return [{chunk_id_of(t): t for t in (X, Y, Z)}[chunk_id] for chunk_id in entry.meta["neighbours"]]
 
 
@@ -107,9 +107,9 @@ def test_an_entry_computed_from_an_older_view_is_computed_again_after_it_is_writ
     def other_process_meanwhile(self, token_ids, neighbours, neighbour_ids, **options):
         # While the first engine computes X after Z, the second registers Y (closer to X) and
         # finishes; X has no record yet, so only the first engine can still put X right.
-        if self is first.parts.entries.computer and "second" not in seen:
+        if self is first.engine.computer and "second" not in seen:
             seen["second"] = second.add_chunks([Y], neighbors=1, embeddings=[VY])
-        elif self is first.parts.entries.computer and token_ids == first.parts.catalog.get(Z).token_ids:
+        elif self is first.engine.computer and token_ids == first.chunks[chunk_id_of(Z)].token_ids:
             seen["X when Z starts"] = neighbour_texts(first, X)  # right away, not only at the end
         return compute_fused(self, token_ids, neighbours, neighbour_ids, **options)
 

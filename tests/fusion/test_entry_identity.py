@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fusionrag_llm import FusionRAG, RAGRequest
+from fusionrag_llm.fusion.catalog import chunk_id_of
 from fusionrag_llm.storage import KVEntry
 
 CHUNKS = [
@@ -29,9 +30,8 @@ def test_fused_entry_filed_as_plain_is_not_served(caplog):
     tokens, expected = reference_logits()
     rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
     rag.add_chunks(CHUNKS, embeddings=EMBEDDINGS, neighbors=2)
-    ids = rag.parts.catalog.get(CHUNKS[0]).token_ids
-    fused, _ = rag.parts.entries.lookup(ids, "fused")
-    rag.store.put(rag.parts.entries.key(ids, "plain"), fused)  # filed under the wrong variant
+    fused, plain = rag.stored(chunk_id_of(CHUNKS[0]), "fused"), rag.stored(chunk_id_of(CHUNKS[0]), "plain")
+    rag.store.put(plain.key, fused.entry)  # filed under the wrong variant
     with caplog.at_level(logging.WARNING):
         logits = rag.logits(REQUEST, tokens, method="fusionrag", recompute_ratio=1.0)
     assert "claims variant 'fused'" in caplog.text
@@ -41,15 +41,16 @@ def test_fused_entry_filed_as_plain_is_not_served(caplog):
 def test_entry_of_another_model_is_a_miss(caplog):
     rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
     rag.add_chunks(CHUNKS, fuse=False, embeddings=EMBEDDINGS)
-    ids = rag.parts.catalog.get(CHUNKS[1]).token_ids
-    entry, _ = rag.parts.entries.lookup(ids, "plain")
+    chunk_id = chunk_id_of(CHUNKS[1])
+    stored = rag.stored(chunk_id, "plain")
+    entry = stored.entry
     forged = KVEntry(entry.token_ids, entry.keys, entry.values, {"variant": "plain", "model": "0" * 64})
-    rag.store.put(rag.parts.entries.key(ids, "plain"), forged)
+    rag.store.put(stored.key, forged)
     with caplog.at_level(logging.WARNING):
-        assert rag.parts.entries.lookup(ids, "plain") is None
+        assert rag.stored(chunk_id, "plain") is None
     out = rag.generate(REQUEST, method="full_reuse", max_new_tokens=2)
     assert out.stats.path_hits["miss"] == 1  # recomputed, then stored again under the right identity
-    assert rag.parts.entries.lookup(ids, "plain") is not None
+    assert rag.stored(chunk_id, "plain") is not None
 
 
 def test_lossy_store_never_serves_approximate_kv_as_exact(tmp_path):
@@ -58,7 +59,7 @@ def test_lossy_store_never_serves_approximate_kv_as_exact(tmp_path):
     ever served as exact, not even the first chunk's after S0)."""
     tokens, expected = reference_logits()
     rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "fp16"})
-    assert not rag.parts.entries.lossless
+    assert not rag.engine.keys.lossless
     rag.add_chunks(CHUNKS, embeddings=EMBEDDINGS, neighbors=2)
     for _ in range(2):  # the second round finds whatever the first one stored
         for method in ("full_attention", "fusionrag", "cacheblend"):
@@ -75,20 +76,20 @@ def test_lossy_store_never_serves_approximate_kv_as_exact(tmp_path):
 def test_lossy_and_exact_stores_in_one_folder_keep_apart(tmp_path):
     exact = FusionRAG.from_pretrained("tiny", store=tmp_path)
     exact.add_chunks(CHUNKS, fuse=False, embeddings=EMBEDDINGS)
+    chunk_id = chunk_id_of(CHUNKS[0])
+    exact_key = exact.stored(chunk_id, "plain").key
     exact.store.close()
     lossy = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "fp16"})
-    ids = lossy.parts.catalog.get(CHUNKS[0]).token_ids
-    assert lossy.parts.entries.lookup(ids, "plain") is None
-    assert lossy.parts.entries.key(ids, "plain") != exact.parts.entries.key(ids, "plain")
+    assert lossy.stored(chunk_id, "plain") is None  # the chunk is registered, its float32 entry not served
     lossy.add_chunks(CHUNKS, fuse=False, embeddings=EMBEDDINGS)
-    entry, _ = lossy.parts.entries.lookup(ids, "plain")
-    assert entry.dtype == torch.float16
+    found = lossy.stored(chunk_id, "plain")
+    assert found.key != exact_key and found.entry.dtype == torch.float16
 
 
 @pytest.mark.parametrize("store_dtype", ["model", "float32"])
 def test_store_in_the_compute_dtype_is_lossless(tmp_path, store_dtype):
     rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": store_dtype})
-    assert rag.parts.entries.lossless
+    assert rag.engine.keys.lossless
     rag.add_chunks(CHUNKS, fuse=False, embeddings=EMBEDDINGS)
     rag.generate(REQUEST, method="full_attention", max_new_tokens=2)
     again = rag.generate(REQUEST, method="full_reuse", max_new_tokens=2)

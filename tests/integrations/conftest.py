@@ -22,4 +22,4 @@ def rag() -> FusionRAG:
 @pytest.fixture
 def fresh_rag(rag) -> FusionRAG:
     """A new engine (empty store and catalog) over the already loaded tiny model."""
-    return FusionRAG(rag.parts.loaded, store=":memory:", embedder=RecordingEmbedder())
+    return FusionRAG(rag.engine.loaded, store=":memory:", embedder=RecordingEmbedder())

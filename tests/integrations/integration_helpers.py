@@ -7,6 +7,8 @@ import numpy as np
 from langchain_core.embeddings import Embeddings
 from llama_index.core.embeddings import BaseEmbedding
 
+from fusionrag_llm.fusion.catalog import chunk_id_of
+
 DIM = 64
 
 
@@ -53,8 +55,8 @@ class BagOfWordsEmbeddings(Embeddings):
 
 
 def fused_entry_exists(rag, text: str) -> bool:
-    chunk = rag.parts.catalog.get(text.strip())
-    return chunk is not None and rag.parts.entries.contains(chunk.token_ids, "fused")
+    chunk_id = chunk_id_of(text.strip())
+    return chunk_id in rag.chunks and rag.stored(chunk_id, "fused") is not None
 
 
 class TextOnlyCapabilities:

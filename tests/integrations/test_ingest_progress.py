@@ -28,7 +28,7 @@ def test_llama_index_ingestion_progress(rag, capfd, how):
     ingestion = FusionRAGIngestion(rag=rag, neighbors=1, progress=how == "progress")
     ingestion(_nodes(), **({"show_progress": True} if how == "show_progress" else {}))
     shown = "plain entries" in capfd.readouterr().err
-    assert shown == (how != "quiet") and len(rag.parts.catalog) == 2
+    assert shown == (how != "quiet") and len(rag.chunks) == 2
 
 
 @pytest.mark.parametrize("progress", [False, True])
@@ -43,4 +43,4 @@ def test_langchain_ingestion_progress(rag, capfd, progress):
     add_documents(rag, store, [Document(page_content=TEXTS[0])], neighbors=1, progress=progress)
     FusionRAGDocumentTransformer(rag, embeddings=DeterministicFakeEmbedding(size=8), neighbors=1,
                                  progress=progress).transform_documents([Document(page_content=TEXTS[1])])  # fmt: skip
-    assert ("plain entries" in capfd.readouterr().err) == progress and len(rag.parts.catalog) == 2
+    assert ("plain entries" in capfd.readouterr().err) == progress and len(rag.chunks) == 2

@@ -123,8 +123,9 @@ def test_decode_steps_read_quantized_weights_and_prefills_stay_float(monkeypatch
     assert rag.fingerprint == plain.fingerprint  # stored entries do not depend on it
     for engine in (plain, rag):
         engine.add_chunks(request.chunks, fuse=False)
-    key = plain.parts.entries.key(tuple(plain.segments(request)[1].token_ids), "plain")
-    assert torch.equal(plain.store.get(key)[0].keys, rag.store.get(key)[0].keys)
+    ids = plain.segments(request)[1].token_ids
+    ours, theirs = rag.stored(ids, "plain"), plain.stored(ids, "plain")
+    assert ours.key == theirs.key and torch.equal(ours.entry.keys, theirs.entry.keys)
 
     calls = []
     run_linear = cpu_quant.run_linear

@@ -20,7 +20,7 @@ def build(kernels, device="cpu"):
 
 def compare_paths(device):
     torch_rag, triton_rag = build("torch", device), build("triton", device)
-    assert triton_rag.parts.loaded.model.kernels == "triton" and torch_rag.parts.loaded.model.kernels == "torch"
+    assert triton_rag.engine.model.kernels == "triton" and torch_rag.engine.model.kernels == "torch"
     request = RAGRequest(chunks=CHUNKS[::-1], question="When?")
     for method, ratio in (("full_attention", 1.0), ("fusionrag", 0.3)):
         a = torch_rag.generate(request, method=method, recompute_ratio=ratio, max_new_tokens=3)

@@ -11,7 +11,7 @@ import torch
 from fusionrag_llm import FusionRAG, RAGRequest, get_method
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion import craft
-from fusionrag_llm.fusion.catalog import chunk_id_of
+from fusionrag_llm.fusion.catalog import CATALOG_FILE, ChunkCatalog, chunk_id_of
 from fusionrag_llm.fusion.craft import (FocusTracker, VariantNotes, adjusted_overlap, chunk_budgets, fix_overhead,
                                         focused_chunks, kendall_distance, plain_notes)  # fmt: skip
 from fusionrag_llm.fusion.layout import RequestLayout, ScoringInput
@@ -94,9 +94,7 @@ def test_notes_are_stored_only_when_asked_and_added_to_entries_without_them():
 
 
 def fused_entry(rag, text):
-    entries = rag.parts.entries
-    ids = rag.tokenizer.encode(text)
-    return entries.entry_store.fetch(entries.keys.key(ids, "fused"), ids, "fused")[0]
+    return rag.stored(rag.tokenizer.encode(text), "fused").entry
 
 
 def test_a_fused_entry_keeps_notes_measured_from_its_own_attention(rag):
@@ -107,10 +105,9 @@ def test_a_fused_entry_keeps_notes_measured_from_its_own_attention(rag):
     assert notes is not None and sorted(notes.order) == list(range(len(entry.token_ids)))
 
     # recompute as the fused entry was made: S0, then B's and A's plain entries, then C, keeping queries
-    model, entries = rag.engine.model, rag.parts.entries
-    s0, _ = entries.computer.prefix_entry(entries.keys.s0_ids)
-    placed = [s0] + [entries.entry_store.fetch(entries.keys.key(ids, "plain"), ids, "plain")[0]
-                     for ids in (rag.tokenizer.encode(B), rag.tokenizer.encode(A))]  # fmt: skip
+    model, computer = rag.engine.model, rag.engine.computer
+    s0, _ = computer.prefix_entry(computer.keys.s0_ids)
+    placed = [s0] + [rag.stored(rag.tokenizer.encode(text), "plain").entry for text in (B, A)]
     start = sum(len(e.token_ids) for e in placed)
     length = start + len(entry.token_ids)
     cache, position, spans = model.new_cache(length), 0, []
@@ -280,10 +277,13 @@ def test_the_catalog_records_which_fused_entries_carry_notes():
     rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
     texts, vectors = list(EMBEDDINGS)[:3], list(EMBEDDINGS.values())[:3]
     rag.add_chunks(texts, embeddings=vectors, neighbors=2)
-    catalog, keys = rag.parts.catalog, rag.parts.entries.keys
-    key = keys.key(rag.tokenizer.encode(C), "fused")
-    assert catalog.fused_record(key).notes is False
+    key = rag.stored(rag.tokenizer.encode(C), "fused").key
+
+    def recorded():  # the record as the store's catalog log holds it, read afresh
+        return ChunkCatalog(rag.store.record_log(CATALOG_FILE), rag.tokenizer.encode).fused_record(key)
+
+    assert recorded().notes is False
     rag.add_chunks(texts, embeddings=vectors, neighbors=2, variant_notes=True)
-    record = catalog.fused_record(key)
+    record = recorded()
     assert record.notes is True
     assert type(record).from_json(json.loads(record.to_json())) == record

@@ -37,9 +37,10 @@ def made(out) -> int:
 
 
 def variant(rag, text, prefix):
-    entries, ids = rag.parts.entries, rag.tokenizer.encode(text)
-    key = entries.keys.request_key(ids, [chunk_id_of(t) for t in prefix])
-    found = entries.entry_store.fetch(key, ids, "request")
+    """The request-made variant of ``text`` after the chunks ``prefix``, read from the engine's entry store."""
+    engine, ids = rag.engine, rag.tokenizer.encode(text)
+    key = engine.keys.request_key(ids, [chunk_id_of(t) for t in prefix])
+    found = engine.entry_store.fetch(key, ids, "request")
     return None if found is None else found[0]
 
 
@@ -119,17 +120,16 @@ def test_the_next_request_after_the_same_prefix_reads_it_with_nothing_to_fix():
 
 def test_variants_made_at_a_low_ratio_serve_and_shared_entries_never_change():
     rag = engine()
-    entries = rag.parts.entries
-    before = {t: entries.lookup(tuple(rag.tokenizer.encode(t)), v)[0] for t in (C, E) for v in ("plain", "fused")
-              if entries.lookup(tuple(rag.tokenizer.encode(t)), v) is not None}  # fmt: skip
+    before = {t: found.entry for t in (C, E) for v in ("plain", "fused")
+              if (found := rag.stored(rag.tokenizer.encode(t), v)) is not None}  # fmt: skip
     before = {t: (e.keys.clone(), e.values.clone()) for t, e in before.items()}
     first = ask(rag, [D, E, C], 0.15)
     assert made(first) == 2
     again = ask(rag, [D, E, C], 0.15)
     assert again.stats.variant_hits.get("request") == 2
     for text, (keys, values) in before.items():
-        ids = tuple(rag.tokenizer.encode(text))
-        stored = [entries.lookup(ids, v)[0] for v in ("plain", "fused") if entries.lookup(ids, v) is not None]
+        ids = rag.tokenizer.encode(text)
+        stored = [found.entry for v in ("plain", "fused") if (found := rag.stored(ids, v)) is not None]
         assert any(torch.equal(e.keys, keys) and torch.equal(e.values, values) for e in stored)
 
 
@@ -178,7 +178,7 @@ def test_a_damaged_listing_line_is_skipped(tmp_path):
     rag = engine(tmp_path / "store")
     ask(rag, [D, E, C], 0.3)
     log = tmp_path / "store" / VARIANT_LOG
-    log.write_bytes(log.read_bytes() + b'{"variant": "x", "model": "' + rag.parts.entries.fingerprint.encode()
+    log.write_bytes(log.read_bytes() + b'{"variant": "x", "model": "' + rag.fingerprint.encode()
                     + b'", "chunk": "c", "prefix": ["a"], "inter": [], "cci": 2}\nnot json\n')  # fmt: skip
     other = FusionRAG.from_pretrained("tiny", store=tmp_path / "store",
                                       options={"prefix_cache": False, "craft_variants": 5})

@@ -226,19 +226,17 @@ def test_a_batch_mixes_evicting_and_whole_caches(rag):
 
 
 def test_shared_store_entries_are_never_modified(rag):
-    entries = rag.engine.entries
-    before = {key: (e.keys.clone(), e.values.clone()) for key, e in _stored(entries)}
+    before = {key: (e.keys.clone(), e.values.clone()) for key, e in _stored(rag.store)}
     assert before
     rag.generate(REQUEST, method=get_method("a3", decode_kv_budget=5), max_new_tokens=4)
     rag.generate_many([REQUEST, REQUEST], method=get_method("a3", decode_kv_budget=5), recompute_ratio=0.0,
                       max_new_tokens=4)  # fmt: skip
-    after = dict(_stored(entries))
+    after = dict(_stored(rag.store))
     for key, (keys, values) in before.items():
         assert torch.equal(after[key].keys, keys) and torch.equal(after[key].values, values)
 
 
-def _stored(entries):
-    store = entries.store
+def _stored(store):
     return [(key, store.get(key, copy=False)[0]) for key in store.keys()]
 
 

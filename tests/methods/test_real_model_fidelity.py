@@ -16,7 +16,7 @@ def test_fusionrag_is_closer_to_full_attention_than_full_reuse(smollm2_rag):
         pytest.skip("../shared/data/musique_dev.json is not next to the checkout")
     examples = load_musique(path, limit=QUESTIONS, passages=PASSAGES)
     # its own store without the exact-path cache: Full Attention's exact KV must not serve the others
-    rag = FusionRAG(smollm2_rag.parts.loaded, store=":memory:", options={"prefix_cache": False})
+    rag = FusionRAG(smollm2_rag.engine.loaded, store=":memory:", options={"prefix_cache": False})
     rag.add_chunks([p.text for e in examples for p in e.passages], neighbors=PASSAGES - 1)
     kl = {"full_reuse": [], "fused_only": [], "fusionrag": []}
     for example in examples:

@@ -48,7 +48,7 @@ def _second_chunk_exact(rag, request):
     ids = [token for segment in segments for token in segment.token_ids]
     second = [s for s in segments if s.kind == "chunk"][1]
     start = sum(len(s.token_ids) for s in segments[: segments.index(second)])
-    exact = rag.parts.entries.computer.compute_exact(tuple(ids))
+    exact = rag.engine.computer.compute_exact(tuple(ids))
     return second, exact, slice(start, start + len(second.token_ids))
 
 

@@ -71,7 +71,7 @@ def test_model_folder_round_trip(tmp_path):
 
 @pytest.mark.real_model
 def test_smollm2_logits_and_greedy_match_transformers(smollm2_rag):
-    loaded = smollm2_rag.parts.loaded
+    loaded = smollm2_rag.engine.loaded
     text = " ".join(f"Fact {i}: the {i}th lantern of Varn is painted {['red', 'blue', 'green'][i % 3]}." for i in range(16))
     prompt = loaded.tokenizer.render_chat([{"role": "user", "content": text + " Which colour is lantern 7?"}])
     ids = torch.tensor(loaded.tokenizer.encode_template(prompt))  # our own rendered chat: control tokens wanted

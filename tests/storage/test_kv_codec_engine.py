@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest
+from fusionrag_llm.fusion.catalog import chunk_id_of
 from fusionrag_llm.storage import kv_tensors
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -34,7 +35,7 @@ def corrupt_stored(folder: Path, key: str) -> None:
 
 
 def plain_key(rag: FusionRAG, text: str) -> str:
-    return rag.parts.entries.key(rag.parts.catalog.get(text).token_ids, "plain")
+    return rag.stored(chunk_id_of(text), "plain").key
 
 
 @pytest.mark.parametrize("codec", ["int8", "fp8", "int4", "bf16"])
@@ -59,9 +60,8 @@ def test_each_codec_has_its_own_keys_and_the_entries_are_smaller(tmp_path):
     for codec in ("float32", "bf16", "int8", "int4"):
         rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False, "kv_codec": codec})
         rag.add_chunks(chunks(0, 1), fuse=False, embeddings=VECTORS[:1])
-        entry, _ = rag.parts.entries.lookup(rag.parts.catalog.get(chunks(0, 1)[0]).token_ids, "plain")
-        sizes[codec] = entry.nbytes
-        assert rag.parts.entries.lossless == (codec == "float32")
+        sizes[codec] = rag.stored(chunk_id_of(chunks(0, 1)[0]), "plain").entry.nbytes
+        assert rag.engine.keys.lossless == (codec == "float32")
         rag.store.close()
     assert sizes["float32"] == 2 * sizes["bf16"] and sizes["bf16"] > sizes["int8"] > sizes["int4"]
 
@@ -98,8 +98,8 @@ def test_recomputing_everything_equals_full_attention_in_a_quantized_store(tmp_p
 def test_packed_entries_expand_on_the_models_device_and_dtype(tmp_path):
     rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "fp8"})
     rag.add_chunks(chunks(0, 1), fuse=False, embeddings=VECTORS[:1])
-    entry, _ = rag.parts.entries.lookup(rag.parts.catalog.get(chunks(0, 1)[0]).token_ids, "plain")
-    model = rag.parts.loaded.model
+    entry = rag.stored(chunk_id_of(chunks(0, 1)[0]), "plain").entry
+    model = rag.engine.model
     keys, values = kv_tensors(entry, model.device, model.dtype)
     assert entry.dtype == torch.float8_e4m3fn and keys.dtype == model.dtype and keys.shape[-1] == values.shape[-1]
 

@@ -59,7 +59,7 @@ def test_engines_on_one_memory_store_share_the_chunk_catalog():
     texts = ["The ferry to Osterholm leaves at nine every morning.", "Osterholm's harbour master is Lene Vik."]
     first.add_chunks(texts, embeddings=[[1.0, 0.0], [0.6, 0.8]], neighbors=1)
     second = FusionRAG.from_pretrained("tiny", store=store)
-    assert len(second.parts.catalog) == 2
+    assert len(second.chunks) == 2
     prompt = f"Context: {texts[0]}\n\n{texts[1]}\n\nWho is the harbour master?"
     out = second.generate(prompt, method="full_reuse", max_new_tokens=2)
     assert out.stats.path_hits["chunk"] + out.stats.path_hits["exact"] >= 1 and out.stats.path_hits["miss"] == 0

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from fusionrag_llm import DEFAULT_KV_CODEC, FusionRAG, FusionRAGError, RAGRequest
 from fusionrag_llm.cli.main import cli
+from fusionrag_llm.fusion.catalog import chunk_id_of
 from fusionrag_llm.storage import StoreConfigError
 from fusionrag_llm.storage.store_codec import CODEC_FILE, _record, recorded_kv_codec, store_kv_codec
 
@@ -24,7 +25,7 @@ VECTORS = [[1, 0], [0, 1], [1, 1]]
 def test_a_new_store_records_the_default_and_reopens_with_it(tmp_path):
     rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False})
     assert DEFAULT_KV_CODEC == "bf16" and recorded_kv_codec(tmp_path) == "bf16"
-    assert rag.store.storage_dtype == torch.bfloat16 and not rag.parts.entries.lossless
+    assert rag.store.storage_dtype == torch.bfloat16 and not rag.engine.keys.lossless
     rag.add_chunks(chunks(0, 2), fuse=False, embeddings=VECTORS[:2])
     rag.store.close()
     again = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False})
@@ -45,7 +46,7 @@ def test_a_store_ingested_with_a_codec_is_read_with_it_by_an_engine_given_none(t
     assert result.exit_code == 0, result.output
     assert recorded_kv_codec(store) == "int8"
     rag = FusionRAG.from_pretrained("tiny", store=store)
-    assert rag.store.codec_id == "int8" and len(rag.parts.catalog) == 3
+    assert rag.store.codec_id == "int8" and len(rag.chunks) == 3
     out = rag.generate(RAGRequest(chunks=texts, question="How many boats?"), method="fusionrag", max_new_tokens=2)
     assert out.stats.path_hits["miss"] == 0 and out.stats.variant_hits == {"fused": 2, "plain": 1}  # plain: the first
 
@@ -56,8 +57,8 @@ def test_a_store_made_before_records_keeps_the_compute_dtype(tmp_path):
     rag.store.close()
     (tmp_path / CODEC_FILE).unlink()  # as a store written before stores recorded their codec
     old = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False})
-    assert recorded_kv_codec(tmp_path) == "model" and old.parts.entries.lossless
-    assert old.parts.entries.lookup(old.parts.catalog.get(chunks(0, 1)[0]).token_ids, "plain")[0] is not None
+    assert recorded_kv_codec(tmp_path) == "model" and old.engine.keys.lossless
+    assert old.stored(chunk_id_of(chunks(0, 1)[0]), "plain") is not None
 
 
 def test_a_codec_given_wins_and_the_record_stays(tmp_path, caplog):
@@ -98,15 +99,14 @@ def test_a_bf16_store_keeps_exact_path_blocks_in_the_compute_dtype(tmp_path):
     texts = chunks(0, 3)
     request = RAGRequest(chunks=texts, question="How many ferries?")
     rag = FusionRAG.from_pretrained("tiny", store=tmp_path)
-    assert rag.parts.entries.keys.exact_blocks and not rag.parts.entries.lossless
+    assert rag.engine.keys.exact_blocks and not rag.engine.keys.lossless
     rag.add_chunks(texts, embeddings=VECTORS, neighbors=2)
     full = rag.generate(request, method="full_attention", max_new_tokens=6)  # exact: stores its path blocks
     again = rag.generate(request, method="fusionrag", recompute_ratio=0.15, max_new_tokens=6)
     assert again.stats.path_hits["exact"] == 3 and again.token_ids == full.token_ids
-    block_key = rag.parts.entries.keys.path_key(rag.parts.entries.s0_ids)
+    block_key = rag.engine.keys.path_key(rag.engine.keys.s0_ids)
     assert rag.store.get(block_key)[0].dtype == torch.float32
-    plain, _ = rag.parts.entries.lookup(rag.parts.catalog.get(texts[0]).token_ids, "plain")
-    assert plain.dtype == torch.bfloat16
+    assert rag.stored(chunk_id_of(texts[0]), "plain").entry.dtype == torch.bfloat16
     other = RAGRequest(chunks=texts[::-1], question="How many ferries?")
     fresh = FusionRAG.from_pretrained("tiny", store=":memory:", options={"kv_codec": "model"})
     expected = fresh.generate(other, method="full_attention", max_new_tokens=6)
@@ -115,13 +115,13 @@ def test_a_bf16_store_keeps_exact_path_blocks_in_the_compute_dtype(tmp_path):
 
 def test_an_int8_store_keeps_no_exact_blocks(tmp_path):
     rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "int8"})
-    assert not rag.parts.entries.keys.exact_blocks
+    assert not rag.engine.keys.exact_blocks
     with pytest.raises(ValueError, match="packed entries only"):
-        rag.store.put("ab" * 32, rag.parts.entries.computer.compute_exact((1, 2, 3)), exact=True)
+        rag.store.put("ab" * 32, rag.engine.computer.compute_exact((1, 2, 3)), exact=True)
 
 
 def test_a_memory_store_keeps_the_compute_dtype_unless_told():
-    assert FusionRAG.from_pretrained("tiny", store=":memory:").parts.entries.lossless
+    assert FusionRAG.from_pretrained("tiny", store=":memory:").engine.keys.lossless
     assert FusionRAG.from_pretrained("tiny", store=":memory:", options={"kv_codec": "bf16"}).store.storage_dtype == torch.bfloat16
 
 
@@ -145,7 +145,7 @@ def test_cache_verify_checks_entries_of_every_codec_with_their_own(tmp_path):
     stats = runner.invoke(cli, ["cache", "stats", "--store", str(tmp_path)])
     assert "kv_codec: int8" in stats.output
     rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "int8"})
-    victim = rag.parts.entries.key(rag.parts.catalog.get(chunks(0, 2)[1]).token_ids, "plain")
+    victim = rag.stored(chunk_id_of(chunks(0, 2)[1]), "plain").key
     rag.store.close()
     corrupt_stored(tmp_path, victim)
     damaged = runner.invoke(cli, ["cache", "verify", "--store", str(tmp_path)])

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fusionrag_llm import FusionRAG, RAGRequest
+from fusionrag_llm.fusion.catalog import chunk_id_of
 from fusionrag_llm.storage import StoreBudgets, TieredStore
 
 WORKER = str(Path(__file__).with_name("store_worker.py"))
@@ -51,8 +52,9 @@ def test_corrupt_entry_is_dropped_recomputed_and_reported(tmp_path, caplog):
     rag.add_chunks(texts, fuse=False, embeddings=[[1, 0], [0, 1], [1, 1]])
     request = RAGRequest(chunks=texts, question="How many boats?")
     clean = rag.generate(request, method="full_reuse", max_new_tokens=6)
+    victim_key = rag.stored(chunk_id_of(texts[1]), "plain").key
     rag.store.close()
-    victim = file_of(tmp_path, rag.parts.entries.key(rag.parts.catalog.get(texts[1]).token_ids, "plain"))
+    victim = file_of(tmp_path, victim_key)
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
@@ -89,7 +91,7 @@ def test_two_processes_ingest_and_read_one_store_at_once(tmp_path):
     assert rag.store.verify().corrupt == []
     report = rag.add_chunks(chunks(0, 18), fuse=False, embeddings=[[1.0, float(i % 5), float(i % 3)] for i in range(18)])
     assert report.plain_computed == 0  # every entry either process wrote is there and readable
-    assert len(rag.parts.catalog) == 18
+    assert len(rag.chunks) == 18
 
 
 def test_killed_ingestion_keeps_completed_entries_and_resumes(tmp_path):
@@ -141,7 +143,7 @@ def test_fp16_codec_on_disk_while_computing_in_float32(tmp_path):
     rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"kv_codec": "fp16"})
     texts = chunks(0, 2)
     rag.add_chunks(texts, fuse=False, embeddings=[[1, 0], [0, 1]])
-    entry, _ = rag.parts.entries.lookup(rag.parts.catalog.get(texts[0]).token_ids, "plain")
+    entry = rag.stored(chunk_id_of(texts[0]), "plain").entry
     assert str(entry.keys.dtype) == "torch.float16"
     out = rag.generate(RAGRequest(chunks=texts, question="q?"), method="full_reuse", max_new_tokens=3)
     assert out.stats.path_hits == {"exact": 0, "chunk": 2, "miss": 0}  # float16 KV is never served as exact
