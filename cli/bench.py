@@ -315,26 +315,31 @@ def serve(dataset, questions, tokens, max_new_tokens, concurrency, method, ratio
               help="A random-weight model of this shape (no download).")  # fmt: skip
 @device_option
 @dtype_option
-@lengths_option("8192,16384,32768", "Prompt lengths in tokens of chunks (512 per chunk).")
-@click.option("--tiers", default="host,device", show_default=True,
-              callback=lambda ctx, param, value: [t for t in value.split(",") if t],
-              help="Where the entries live: host (pinned memory) and/or device (GPU memory).")  # fmt: skip
+@lengths_option("8192,16384,32768", "Context lengths in tokens of chunks (512 per chunk) for TTFT; the longest "
+                                    "also for end to end and the attention keys.")  # fmt: skip
+@click.option("--sections", default="all", show_default=True,
+              callback=lambda ctx, param, value: tuple(value.split(",")),
+              help="Comma-separated: add_chunks, decode, ttft, e2e, attention, layerwise (entries in host memory, "
+                   "placed whole or layer by layer), tests (the GPU-marked tests); all: every one but layerwise, "
+                   "tests only with CUDA.")  # fmt: skip
 @repeats_option(5)
+@max_new_tokens_option(128, None, "Tokens each decode and end-to-end run generates (end tokens ignored).")
+@click.option("--concurrency", default="8,32", show_default=True, callback=_ints,
+              help="Requests decoded at once through generate_many.")  # fmt: skip
 @engine_option(("kernels",), help="kernels=K: the model's attention backend, auto (Triton on CUDA), torch or triton; "
                                   "default $FUSIONRAG_KERNELS, else auto.")  # fmt: skip
 @out_option
-def gpu(shape, device, dtype, lengths, tiers, repeats, engine_options, out) -> None:
-    """TTFT on a GPU of Full Attention, Full Reuse and fusionrag, with stored KV placed whole before the
-    prefill or layer by layer during it (Cache-Craft)."""
-    from fusionrag_llm.eval.bench_gpu import run_gpu_bench
+def gpu(shape, device, dtype, lengths, sections, repeats, max_new_tokens, concurrency, engine_options, out) -> None:
+    """Every GPU figure against its target: decode tokens/s, TTFT and end to end against Full Attention,
+    the recompute attention against FlexAttention and causal SDPA, add_chunks; then the GPU-marked tests."""
+    from fusionrag_llm.eval.bench_gpu import GPUBenchConfig, run_gpu_bench
 
-    unknown = [t for t in tiers if t not in ("host", "device")]
-    if unknown or not tiers:
-        raise click.ClickException(f"--tiers takes host and/or device, got {','.join(tiers) or 'nothing'}")
     try:
         kernels = engine_options.get("kernels")  # None: $FUSIONRAG_KERNELS, else auto
-        run_gpu_bench(shape, device or "cuda", dtype or "bfloat16", lengths, tiers, repeats, Path(out),
-                      None if kernels is None else str(kernels))  # fmt: skip
+        kernels = None if kernels is None else str(kernels)
+        config = GPUBenchConfig(shape, device or "cuda", dtype or "bfloat16", tuple(lengths), repeats, sections,
+                                max_new_tokens, concurrency, kernels=kernels)  # fmt: skip
+        run_gpu_bench(config, Path(out))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     _echo_outputs([Path(out) / "gpu.json", Path(out) / "gpu.md"])

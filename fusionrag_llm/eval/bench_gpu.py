@@ -1,29 +1,29 @@
-"""The GPU benchmark: TTFT of Full Attention, Full Reuse and ``fusionrag`` on a random-weight model with
-a real model's shape (weights' values do not change speed, and nothing is downloaded), with a
-request's stored KV placed whole before the prefill or layer by layer during it (Cache-Craft's
-layer-wise preloading, ``fusion/layer_feed.py``):
+"""The GPU benchmark: every GPU figure in one run, each against its target, on a random-weight model with
+a real model's shape (weights' values do not change speed, and nothing is downloaded):
 
-    fusionrag bench gpu --model llama3-8b --lengths 8192,16384,32768 --out results/
-    fusionrag bench gpu --model small --device cpu --dtype float32 --lengths 1024 --tiers host  # smoke run
+    fusionrag bench gpu --out results/     # llama3-8b in bf16, within about 6 minutes on one H100
+    fusionrag bench gpu --model small --device cpu --dtype float32 --lengths 1024 --max-new-tokens 4 \\
+        --concurrency 2 --repeats 1        # smoke run
 
-Per tier the chunk entries live in (``host``: pinned host memory, every read copies them to the GPU;
-``device``: GPU memory, placing is a device copy and rotary), per context length and method, the
-request runs alternately with ``layerwise_load`` off and on (``--repeats`` each, after a warm-up),
-timed on the host with the device synchronised (one new token, so TTFT plus one sampling step). The
-table gives the medians and their ratio; ``gpu.json`` keeps every run (written after each
-context, so a run cut short keeps what it measured) and ``gpu.md`` the table.
+The sections (SECTIONS, run in that order; what each measures: docs/BENCHMARKS.md#gpu) write into
+``gpu.json`` as each ends, so a run cut short keeps what it measured; ``gpu.md`` and the printout hold
+one table of every figure. ``all`` is every section but ``layerwise``, with ``tests`` only on CUDA. A
+time budget thins the repeats above 16k tokens and skips a section that would start past it.
 """
 
 from __future__ import annotations
 
+import gc
 import random
 import statistics
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from fusionrag_llm.api import FusionRAG
+from fusionrag_llm.eval.gpu_checks import attention_rows, header, run_gpu_tests, tests_folder
 from fusionrag_llm.eval.results import markdown_table, ms, write_json
 from fusionrag_llm.kernels.dispatch import resolve_backend
 from fusionrag_llm.models.config import config_from_hf
@@ -46,7 +46,55 @@ SHAPES = {
 }  # fmt: skip
 METHODS = (("full_reuse", 0.0), ("fusionrag", 0.15))
 DTYPES = ("bfloat16", "float16", "float32")
+SECTIONS = ("add_chunks", "decode", "ttft", "e2e", "attention", "layerwise", "tests")  # in the order they run
 TOKENS_PER_CHUNK = 512
+DECODE_CONTEXTS = (1024, 8192)
+QUESTION = "Which passage names the river?"
+TESTS_RESERVE_S = 120.0  # of the time budget, for the tests
+ADD_CHUNKS_BEFORE_S = 12.7  # 32 chunks on an H200, 2026-11-27
+TARGETS = {  # figure key -> (least value, as the table says it)
+    "decode_1": (150, ">= 150 tok/s"), "decode_32": (3000, ">= 3000 tok/s"),
+    "ttft_fusionrag_16384": (4, ">= 4x"), "ttft_fusionrag_32768": (5, ">= 5x"), "ttft_full_reuse_32768": (30, ">= 30x"),
+    "e2e_32768": (3, ">= 3x"), "add_chunks": (5, f">= 5x faster than {ADD_CHUNKS_BEFORE_S} s"),
+    "tests": (1, "all pass"),
+}  # fmt: skip
+
+
+@dataclass
+class GPUBenchConfig:
+    """What ``run_gpu_bench`` measures: ``sections`` of SECTIONS or "all" (see the module docstring); the
+    tests run from ``tests_dir`` (default: the checkout's ``tests`` folder). ``budget_s``: the whole run's;
+    a section that would start past it (less TESTS_RESERVE_S when the tests run) is skipped."""
+
+    shape: str = "llama3-8b"
+    device: str = "cuda"
+    dtype: str = "bfloat16"
+    contexts: tuple[int, ...] = (8192, 16384, 32768)
+    repeats: int = 5
+    sections: tuple[str, ...] = ("all",)
+    new_tokens: int = 128
+    batches: tuple[int, ...] = (8, 32)
+    add_chunks: int = 32
+    kernels: str | None = None
+    tests_dir: Path | None = None
+    budget_s: float = 360.0
+
+    def __post_init__(self) -> None:
+        cuda = self.device.startswith("cuda")
+        every = {*SECTIONS[:5], *(("tests",) if cuda else ())} if "all" in self.sections else set()
+        if unknown := set(self.sections) - {"all", *SECTIONS}:
+            raise ValueError(f"unknown sections {','.join(sorted(unknown))}; all or some of {', '.join(SECTIONS)}")
+        self.sections = tuple(name for name in SECTIONS if name in every or name in self.sections)
+        if self.shape not in SHAPES:
+            raise ValueError(f"unknown shape {self.shape!r}; choose one of {', '.join(SHAPES)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if cuda and not torch.cuda.is_available():
+            raise ValueError("no CUDA device here; a smoke run on the CPU: --model small --device cpu --dtype float32")
+        if not self.contexts or min(self.contexts) < TOKENS_PER_CHUNK:
+            raise ValueError(f"lengths must be at least one chunk ({TOKENS_PER_CHUNK} tokens), got {self.contexts}")
+        if min(self.repeats, self.new_tokens, self.add_chunks, *self.batches) < 1:
+            raise ValueError("repeats, new tokens, add_chunks and batch sizes must be >= 1")
 
 
 def random_model(shape: str, device: str, dtype: torch.dtype, seed: int = 0, kernels: str = "auto") -> LoadedModel:
@@ -83,80 +131,216 @@ def chunk_texts(count: int, seed: int = 0) -> list[str]:
     return texts
 
 
-def engine_on(loaded: LoadedModel, tier: str, texts: list[str]) -> FusionRAG:
+def engine_on(loaded: LoadedModel, tier: str) -> FusionRAG:
     budgets = StoreBudgets(device_bytes=0, host_bytes=256 * GiB) if tier == "host" else \
         StoreBudgets(device_bytes=256 * GiB, host_bytes=0)  # fmt: skip
     store = TieredStore(None, budgets, loaded.model.device)
-    rag = FusionRAG(loaded, store=store, options={"prefix_cache": False, "layerwise_load": False})
-    g = torch.Generator().manual_seed(1)
-    rag.add_chunks(texts, embeddings=torch.randn(len(texts), 16, generator=g).tolist(), neighbors=2)
-    return rag
+    return FusionRAG(loaded, store=store, options={"prefix_cache": False, "layerwise_load": False})
 
 
-def timed(rag: FusionRAG, request: RAGRequest, method: str, ratio: float, layerwise: bool) -> dict:
+def add_timed(rag: FusionRAG, texts: list[str], seed: int = 1) -> float:
+    """Seconds to store plain and fused entries of ``texts`` (2 neighbours, random embeddings)."""
+    embeddings = torch.randn(len(texts), 16, generator=torch.Generator().manual_seed(seed)).tolist()
+    sync = _sync(rag.engine.model.device)
+    started = time.perf_counter()
+    rag.add_chunks(texts, embeddings=embeddings, neighbors=2)
+    sync()
+    return time.perf_counter() - started
+
+
+def _sync(device: torch.device):
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def timed(rag: FusionRAG, requests: list[RAGRequest], method: str, ratio: float | None, new_tokens: int = 1,
+          layerwise: bool = False) -> dict:  # fmt: skip
+    """One request through ``generate`` (with its TTFT's parts) or several through ``generate_many``, every
+    answer ``new_tokens`` long: wall seconds, the time to the last first token, decode tokens/s after it."""
     rag.engine.layerwise_load = layerwise
-    sync = torch.cuda.synchronize if rag.engine.model.device.type == "cuda" else (lambda: None)
+    sync, sampling = _sync(rag.engine.model.device), {"ignore_eos": True}
     sync()
     started = time.perf_counter()
-    out = rag.generate(request, method=method, recompute_ratio=ratio, max_new_tokens=1)
+    if len(requests) == 1:
+        outs = [rag.generate(requests[0], method, ratio, new_tokens, sampling=sampling)]
+    else:
+        outs = rag.generate_many(requests, method, ratio, new_tokens, sampling=sampling)
     sync()
-    stats = out.stats
-    return {"s": time.perf_counter() - started, "load_s": stats.load_s, "select_s": stats.select_s,
-            "prefill_s": stats.prefill_s, "reused": stats.reused_tokens, "computed": stats.computed_tokens,
-            "tiers": dict(stats.tier_hits)}  # fmt: skip
+    total, stats = time.perf_counter() - started, outs[0].stats
+    first = max(out.stats.queue_s + out.stats.ttft_s for out in outs)
+    decoded = sum(len(out.token_ids) - 1 for out in outs)
+    return {"s": total, "ttft_s": first, "decode_tok_s": decoded / max(total - first, 1e-9), "requests": len(outs),
+            "tokens": decoded + len(outs), "tok_s": (decoded + len(outs)) / total, "load_s": stats.load_s,
+            "select_s": stats.select_s, "prefill_s": stats.prefill_s, "reused": stats.reused_tokens,
+            "computed": stats.computed_tokens, "tiers": dict(stats.tier_hits)}  # fmt: skip
 
 
-def measure(rag: FusionRAG, texts: list[str], tier: str, context: int, repeats: int) -> list[dict]:
-    request = RAGRequest(chunks=texts[: max(1, context // TOKENS_PER_CHUNK)], question="Which passage names the river?")
+def measure(rag: FusionRAG, request: RAGRequest, context: int, repeats: int, layerwise: bool = False) -> list[dict]:
+    """TTFT (+ one sampling step) per method, with entries placed whole (and, ``layerwise``, layer by layer)."""
+    modes = {"whole": False, "layerwise": True} if layerwise else {"whole": False}
     rows = []
     for method, ratio in METHODS:
-        runs = {False: [], True: []}
-        for layerwise in (False, True):  # warm-up
-            timed(rag, request, method, ratio, layerwise)
+        for layerwise in modes.values():  # warm-up
+            timed(rag, [request], method, ratio, layerwise=layerwise)
+        runs = {name: [] for name in modes}
         for _ in range(repeats):
-            for layerwise in (False, True):
-                runs[layerwise].append(timed(rag, request, method, ratio, layerwise))
-        whole = statistics.median(r["s"] for r in runs[False])
-        layer = statistics.median(r["s"] for r in runs[True])
-        rows.append({"tier": tier, "context": context, "method": method, "ratio": ratio, "whole_s": whole,
-                     "layerwise_s": layer, "speedup": whole / layer, "runs": {"whole": runs[False], "layerwise": runs[True]}})  # fmt: skip
-    timed(rag, request, "full_attention", 1.0, False)  # warm-up for the FA reference
-    fa = statistics.median(timed(rag, request, "full_attention", 1.0, False)["s"] for _ in range(max(1, repeats // 2)))
+            for name, layerwise in modes.items():
+                runs[name].append(timed(rag, [request], method, ratio, layerwise=layerwise))
+        medians = {f"{name}_s": statistics.median(r["s"] for r in runs[name]) for name in modes}
+        rows.append({"context": context, "method": method, "ratio": ratio, "layerwise_s": None, **medians,
+                     "runs": runs})  # fmt: skip
+    if layerwise:
+        return rows
+    timed(rag, [request], "full_attention", 1.0)  # warm-up for the FA reference
+    fa = statistics.median(timed(rag, [request], "full_attention", 1.0)["s"] for _ in range(max(1, repeats // 2)))
     for row in rows:
-        row["full_attention_s"] = fa
+        row.update(full_attention_s=fa, vs_full_attention=fa / row["whole_s"])
     return rows
 
 
-def table(rows: list[dict]) -> str:
-    headers = ["tier", "context", "method", "FA", "whole", "layer-wise", "whole / layer-wise", "FA / layer-wise"]
-    cells = [[r["tier"], r["context"], f"{r['method']} r={r['ratio']}", f"{ms(r['full_attention_s'])} ms",
-              f"{ms(r['whole_s'])} ms", f"{ms(r['layerwise_s'])} ms", f"{r['speedup']:.2f}x",
-              f"{r['full_attention_s'] / r['layerwise_s']:.1f}x"] for r in rows]  # fmt: skip
-    return markdown_table(headers, cells)
+class _Run:
+    """One run's model, engines (one per store tier, made when a section first needs it) and results; a
+    method per section returns that section's results and adds its rows to the summary (``figure``)."""
+
+    def __init__(self, config: GPUBenchConfig) -> None:
+        c = self.config = config
+        self.deadline = time.perf_counter() + c.budget_s
+        self.loaded = random_model(c.shape, c.device, getattr(torch, c.dtype), kernels=c.kernels)
+        self.tier = "device" if c.device.startswith("cuda") else "host"  # where the entries live
+        self.texts = chunk_texts(max(c.contexts) // TOKENS_PER_CHUNK)
+        self.engines: dict[str, FusionRAG] = {}
+        config = asdict(c) | {"tests_dir": c.tests_dir and str(c.tests_dir)}
+        self.result = {"header": header(c.device), "config": config, "kernels": self.loaded.model.kernels,
+                       "figures": [], "section_s": {}}  # fmt: skip
+
+    def release(self) -> None:
+        """Close the engines and drop the model (the tests' own models need the device memory)."""
+        for rag in self.engines.values():
+            rag.store.close()
+        self.engines, self.loaded = {}, None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def engine(self, tier: str) -> FusionRAG:
+        if tier not in self.engines:
+            self.engines[tier] = engine_on(self.loaded, tier)
+            add_timed(self.engines[tier], self.texts)
+        return self.engines[tier]
+
+    def request(self, context: int, index: int = 0) -> RAGRequest:
+        count = max(1, context // TOKENS_PER_CHUNK)
+        chunks = [self.texts[(index + i) % len(self.texts)] for i in range(count)]
+        return RAGRequest(chunks=chunks, question=QUESTION if index == 0 else f"{QUESTION} ({index})")
+
+    def figure(self, label: str, measured: str, key: str | None = None, value: float | None = None) -> None:
+        least, target = TARGETS.get(key, (None, "-"))
+        met = "-" if least is None or value is None else ("yes" if value >= least else "no")
+        self.result["figures"].append({"figure": label, "measured": measured, "target": target, "met": met, "key": key,
+                                       "value": value})  # fmt: skip
+
+    def add_chunks(self) -> dict:
+        count = self.config.add_chunks  # new ones, after the engine stored the benchmark's own (its warm-up)
+        seconds = add_timed(self.engine(self.tier), chunk_texts(count, seed=3), seed=3)
+        self.figure(f"add_chunks, {count} chunks of {TOKENS_PER_CHUNK} tokens, 2 neighbours", f"{seconds:.2f} s "
+                    f"({count / seconds:.1f} chunks/s)", "add_chunks", ADD_CHUNKS_BEFORE_S / seconds)  # fmt: skip
+        return {"chunks": count, "tokens_per_chunk": TOKENS_PER_CHUNK, "neighbors": 2, "s": seconds,
+                "chunks_per_s": count / seconds}  # fmt: skip
+
+    def decode(self) -> dict:
+        c, rag = self.config, self.engine(self.tier)
+        single = [x for x in DECODE_CONTEXTS if x <= max(c.contexts)] or [min(c.contexts)]
+        batch_context = min(DECODE_CONTEXTS[0], max(c.contexts))
+        runs = []
+        for context, size in [(x, 1) for x in single] + [(batch_context, n) for n in c.batches]:
+            requests = [self.request(context, i) for i in range(size)]
+            timed(rag, requests, "fusionrag", None, min(8, c.new_tokens))  # warm-up
+            runs.append({"context": context, **timed(rag, requests, "fusionrag", None, c.new_tokens)})
+            label = "1 sequence" if size == 1 else f"{size} requests at once, in all"
+            self.figure(f"decode, {label}, {context} context", f"{runs[-1]['decode_tok_s']:.1f} tok/s",
+                        f"decode_{size}", runs[-1]["decode_tok_s"])  # fmt: skip
+        return {"new_tokens": c.new_tokens, "runs": runs}
+
+    def ttft(self, tier: str | None = None, layerwise: bool = False) -> dict:
+        rows = []
+        for context in self.config.contexts:
+            repeats = max(1, self.config.repeats * 16384 // max(context, 16384))  # fewer at 32k
+            rows += measure(self.engine(tier or self.tier), self.request(context), context, repeats, layerwise)
+        for r in rows:
+            label, whole = f"TTFT {r['method']} r={r['ratio']}", r["whole_s"]
+            if layerwise:
+                self.figure(f"{label} from host memory, whole vs layer by layer, {r['context']}",
+                            f"{whole / r['layerwise_s']:.2f}x ({ms(whole)} vs {ms(r['layerwise_s'])} ms)")  # fmt: skip
+            else:
+                self.figure(f"{label} vs full_attention, {r['context']}", f"{r['vs_full_attention']:.1f}x ({ms(whole)} "
+                            f"vs {ms(r['full_attention_s'])} ms)", f"ttft_{r['method']}_{r['context']}",
+                            r["vs_full_attention"])  # fmt: skip
+        return {"tier": tier or self.tier, "rows": rows}
+
+    def layerwise(self) -> dict:
+        return self.ttft("host", layerwise=True)
+
+    def e2e(self) -> dict:
+        c, context = self.config, max(self.config.contexts)
+        rag, request = self.engine(self.tier), [self.request(context)]
+        runs = {}
+        for method, ratio in (("fusionrag", 0.15), ("full_attention", 1.0)):
+            if "ttft" not in c.sections:  # else warm at this length
+                timed(rag, request, method, ratio, 2)
+            runs[method] = timed(rag, request, method, ratio, c.new_tokens)
+        fr, fa = runs["fusionrag"]["s"], runs["full_attention"]["s"]
+        self.figure(f"end to end (TTFT + {c.new_tokens} tokens) fusionrag r=0.15 vs full_attention, {context}",
+                    f"{fa / fr:.2f}x ({fr:.2f} vs {fa:.2f} s)", f"e2e_{context}", fa / fr)  # fmt: skip
+        return {"context": context, "new_tokens": c.new_tokens, "runs": runs, "vs_full_attention": fa / fr}
+
+    def attention(self) -> dict:
+        rows = attention_rows(self.loaded.model, max(self.config.contexts), self.config.repeats)
+        for r in rows:
+            flex = f"{r['flex_ms']:.2f} ms (max diff {r['max_abs_diff']:.1e})" if "flex_ms" in r else r["flex"]
+            self.figure(f"recompute attention, {r['fraction']:.0%} of {r['keys']} keys", f"own {r['own_ms']:.2f} ms, "
+                        f"FlexAttention {flex}, causal SDPA of all keys {r['causal_sdpa_ms']:.2f} ms")  # fmt: skip
+        return {"rows": rows}
+
+    def tests(self) -> dict:
+        folder = self.config.tests_dir or tests_folder()
+        if folder is None:
+            self.figure("GPU-marked tests", "not run: no tests folder (run from a checkout)")
+            return {"skipped": "no tests folder next to the package"}
+        done = run_gpu_tests(Path(folder), max(60.0, self.deadline - time.perf_counter()))
+        state = " (timed out)" if done["timed_out"] else ""
+        passed = done["failed"] + done["error"] == 0 and done["passed"] > 0 and not state
+        self.figure("GPU-marked tests", f"{done['passed']} passed, {done['failed']} failed, {done['error']} errors"
+                    f"{state}", "tests", 1.0 if passed else 0.0)  # fmt: skip
+        return done
 
 
-def run_gpu_bench(shape: str, device: str, dtype: str, contexts: list[int], tiers: list[str], repeats: int,
-                      out: Path, kernels: str = "auto") -> dict:  # fmt: skip
-    """Measure every (tier, context, method); writes ``gpu.json`` and ``gpu.md`` into ``out``."""
-    if shape not in SHAPES:
-        raise ValueError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if "device" in tiers and not device.startswith("cuda"):
-        raise ValueError("the device tier needs a CUDA device (--device cuda); on the CPU measure --tiers host")
-    if min(contexts) < TOKENS_PER_CHUNK:
-        raise ValueError(f"lengths must be at least one chunk ({TOKENS_PER_CHUNK} tokens), got {min(contexts)}")
-    loaded = random_model(shape, device, getattr(torch, dtype), kernels=kernels)
-    texts = chunk_texts(max(contexts) // TOKENS_PER_CHUNK)
-    name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
-    result = {"device": name, "shape": shape, "dtype": dtype, "kernels": loaded.model.kernels,
-              "tokens_per_chunk": TOKENS_PER_CHUNK, "rows": []}
-    for tier in tiers:
-        rag = engine_on(loaded, tier, texts)
-        for context in contexts:
-            result["rows"] += measure(rag, texts, tier, context, repeats)
-            write_json(out / "gpu.json", result)
-        rag.store.close()
-    heading = f"{name}, {shape} (random weights), {dtype}, {loaded.model.kernels} attention; TTFT + 1 token, median of {repeats}"
-    (out / "gpu.md").write_text(f"{heading}\n\n{table(result['rows'])}\n")
-    return result
+def run_gpu_bench(config: GPUBenchConfig, out: Path) -> dict:
+    """Run the chosen sections (then the tests); ``gpu.json`` after each, ``gpu.md`` at the end, in ``out``."""
+    run, out = _Run(config), Path(out)
+    write_json(out / "gpu.json", run.result)
+    reserve = TESTS_RESERVE_S if "tests" in config.sections else 0.0
+    for section in config.sections:
+        started = time.perf_counter()
+        if section == "tests":
+            run.release()
+            run.result[section] = run.tests()
+        elif started > run.deadline - reserve:
+            run.result[section] = {"skipped": f"past the time budget ({config.budget_s:g} s, tests included)"}
+            run.figure(section, "skipped: past the time budget")
+        else:
+            run.result[section] = getattr(run, section)()
+        run.result["section_s"][section] = time.perf_counter() - started
+        write_json(out / "gpu.json", run.result)
+    run.release()
+    (out / "gpu.md").write_text(report(run.result) + "\n")
+    return run.result
+
+
+def report(result: dict) -> str:
+    """The heading (machine, model) and one table of every figure against its target."""
+    h, c = result["header"], result["config"]
+    heading = (
+        f"{h['device']} (driver {h['driver']}), torch {h['torch']}, Triton {h['triton']}, CUDA "
+        f"{h['cuda_version']}; {c['shape']} (random weights), {c['dtype']}, {result['kernels']} attention"
+    )
+    cells = [[f["figure"], f["measured"], f["target"], f["met"]] for f in result["figures"]]
+    return f"{heading}\n\n{markdown_table(['figure', 'measured', 'target', 'met'], cells)}"

@@ -1,44 +1,103 @@
-"""``fusionrag bench gpu``: layer-wise against whole placement, on a small random-weight model on
-the CPU (the numbers that matter come from a GPU; here the run, its files and its errors)."""
+"""``fusionrag bench gpu``: every section on a small random-weight model on the CPU (the numbers that
+matter come from a GPU; here the run, its files, its summary and its errors)."""
 
 import json
 
+import pytest
 import torch
 from click.testing import CliRunner
 
 from fusionrag_llm.cli.main import cli
-from fusionrag_llm.eval.bench_gpu import chunk_texts, random_model
+from fusionrag_llm.eval.bench_gpu import SECTIONS, GPUBenchConfig, chunk_texts, random_model, run_gpu_bench
+
+SMALL = {"shape": "small", "device": "cpu", "dtype": "float32", "contexts": (1024,), "repeats": 1}
+GPU_TESTS = """import pytest
+
+pytestmark = pytest.mark.gpu
 
 
-def test_gpu_bench_writes_both_modes_for_every_context_and_method(tmp_path):
-    args = ["bench", "gpu", "--model", "small", "--device", "cpu", "--dtype", "float32", "--lengths", "1024,1536",
-            "--tiers", "host", "--repeats", "1", "--out", str(tmp_path)]  # fmt: skip
+def test_passes():
+    pass
+
+
+def test_fails():
+    assert False
+"""
+
+
+def test_every_section_writes_its_figures_and_the_tests_their_counts(tmp_path):
+    tests_dir = tmp_path / "checkout" / "tests"
+    tests_dir.mkdir(parents=True)
+    (tests_dir / "test_on_gpu.py").write_text(GPU_TESTS)
+    (tests_dir / "test_elsewhere.py").write_text("def test_not_marked():\n    pass\n")
+    config = GPUBenchConfig(**SMALL, sections=("all", "layerwise", "tests"), new_tokens=3, batches=(2,), add_chunks=1,
+                            tests_dir=tests_dir)  # fmt: skip
+    result = run_gpu_bench(config, tmp_path / "out")
+
+    written = json.loads((tmp_path / "out" / "gpu.json").read_text())
+    assert set(SECTIONS) | {"header", "figures"} <= set(written)
+    assert written["header"]["device"] == "cpu" and written["header"]["torch"] == torch.__version__
+    assert written["add_chunks"]["chunks"] == 1 and written["add_chunks"]["s"] > 0
+    assert [(r["requests"], r["tokens"]) for r in written["decode"]["runs"]] == [(1, 3), (2, 6)]
+    assert all(r["decode_tok_s"] > 0 for r in written["decode"]["runs"])
+    ttft, layerwise = written["ttft"]["rows"], written["layerwise"]["rows"]
+    assert [r["method"] for r in ttft] == [r["method"] for r in layerwise] == ["full_reuse", "fusionrag"]
+    assert ttft[1]["runs"]["whole"][0]["reused"] > 0 and ttft[0]["full_attention_s"] > 0
+    assert all(r["layerwise_s"] is None for r in ttft) and all(r["layerwise_s"] > 0 for r in layerwise)
+    assert set(written["e2e"]["runs"]) == {"fusionrag", "full_attention"} and written["e2e"]["vs_full_attention"] > 0
+    attention = written["attention"]["rows"]
+    assert [r["fraction"] for r in attention] == [0.05, 0.15, 0.3]
+    assert all(r["max_abs_diff"] < 1e-4 and r["flex_ms"] > 0 for r in attention)  # eager FlexAttention agrees
+    tests = written["tests"]
+    assert (tests["passed"], tests["failed"], tests["error"]) == (1, 1, 0)  # the unmarked test deselected
+    assert tests["failing"] == ["tests/test_on_gpu.py::test_fails"] and not tests["timed_out"]
+
+    figures = {f["key"]: f for f in result["figures"]}
+    assert figures["tests"]["met"] == "no" and figures["add_chunks"]["target"].startswith(">= 5x")
+    assert figures["decode_1"]["target"] == ">= 150 tok/s" and figures["ttft_fusionrag_1024"]["met"] == "-"
+    summary = (tmp_path / "out" / "gpu.md").read_text()
+    assert "| figure | measured | target | met |" in summary and "| GPU-marked tests | 1 passed, 1 failed" in summary
+    assert "| TTFT fusionrag r=0.15 from host memory, whole vs layer by layer, 1024 |" in summary
+
+
+def test_the_command_prints_the_summary_of_the_chosen_sections(tmp_path):
+    args = ["bench", "gpu", "--model", "small", "--device", "cpu", "--dtype", "float32", "--lengths", "512",
+            "--sections", "ttft", "--repeats", "1", "--out", str(tmp_path)]  # fmt: skip
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     written = json.loads((tmp_path / "gpu.json").read_text())
-    rows = written["rows"]
-    assert written["kernels"] == "torch"  # auto on the CPU
-    assert [(r["context"], r["method"]) for r in rows] == [(c, m) for c in (1024, 1536) for m in ("full_reuse", "fusionrag")]
-    for row in rows:
-        whole, layerwise = row["runs"]["whole"], row["runs"]["layerwise"]
-        assert len(whole) == len(layerwise) == 1 and row["whole_s"] > 0 and row["layerwise_s"] > 0
-        assert whole[0]["reused"] == layerwise[0]["reused"] > 0  # the same request both ways, chunks reused
-    assert "| host | 1536 | fusionrag r=0.15 |" in result.output
+    assert "ttft" in written and "decode" not in written
+    assert "| TTFT fusionrag r=0.15 vs full_attention, 512 |" in result.output
+
+
+def test_all_sections_are_the_figures_and_with_cuda_the_tests():
+    assert GPUBenchConfig(**SMALL).sections == ("add_chunks", "decode", "ttft", "e2e", "attention")
+    assert GPUBenchConfig(**SMALL, sections=("tests", "all")).sections[-1] == "tests"
+    assert GPUBenchConfig(**SMALL, sections=("layerwise", "ttft")).sections == ("ttft", "layerwise")
+
+
+def test_a_section_past_the_time_budget_is_skipped(tmp_path):
+    result = run_gpu_bench(GPUBenchConfig(**SMALL, sections=("decode",), budget_s=0), tmp_path)
+    assert (
+        result["decode"] == {"skipped": "past the time budget (0 s, tests included)"}
+        and result["figures"][0]["figure"] == "decode"
+    )
 
 
 def test_gpu_bench_refuses_what_it_cannot_measure(tmp_path):
     run = CliRunner().invoke
-    out = ["--out", str(tmp_path)]
-    assert "needs a CUDA device" in run(cli, ["bench", "gpu", "--model", "small", "--device", "cpu", *out]).output
-    assert "host and/or device" in run(cli, ["bench", "gpu", "--tiers", "disk", *out]).output
-    cpu = ["bench", "gpu", "--model", "small", "--device", "cpu", "--tiers", "host", *out]
+    cpu = ["bench", "gpu", "--model", "small", "--device", "cpu", "--out", str(tmp_path)]
     assert "at least one chunk" in run(cli, [*cpu, "--lengths", "100"]).output
     assert "dtype must be one of bfloat16, float16, float32" in run(cli, [*cpu, "--dtype", "bf16"]).output
+    assert "unknown sections gpus" in run(cli, [*cpu, "--sections", "decode,gpus"]).output
+    if not torch.cuda.is_available():
+        assert "no CUDA device here" in run(cli, ["bench", "gpu", "--out", str(tmp_path)]).output
 
 
-def test_random_model_has_the_shape_and_real_numbers():
-    loaded = random_model("small", "cpu", torch.float32)
-    assert loaded.model.kernels == "torch" and random_model("small", "cpu", torch.float32, kernels="triton").model.kernels == "triton"
+@pytest.mark.parametrize("kernels", ["auto", "triton"])
+def test_random_model_has_the_shape_and_real_numbers(kernels):
+    loaded = random_model("small", "cpu", torch.float32, kernels=kernels)
+    assert loaded.model.kernels == {"auto": "torch", "triton": "triton"}[kernels]  # auto: torch on the CPU
     cfg = loaded.model.cfg
     assert (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size) == (4, 2, 64, 256)
     assert all(bool(torch.isfinite(p).all()) for p in loaded.model.parameters())

@@ -1,0 +1,136 @@
+"""What ``fusionrag bench gpu`` checks besides the engine's own figures: the machine it ran on, the
+recompute set's attention (the own query-sparse kernel against FlexAttention and causal SDPA on the
+same inputs) and the GPU-marked tests, run in a subprocess."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import re
+import subprocess
+import sys
+import time
+import warnings
+from collections import Counter
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from fusionrag_llm.eval.results import machine_info
+from fusionrag_llm.kernels.dispatch import q_sparse_attention
+
+log = logging.getLogger(__name__)
+FRACTIONS = (0.05, 0.15, 0.3)
+
+
+def time_call(fn, device: torch.device, repeats: int) -> float:
+    """Seconds of ``fn``: the median of triton's ``do_bench`` on CUDA, else the mean of ``repeats`` calls after one."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=10, rep=100, return_mode="median") / 1e3
+    fn()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - started) / repeats
+
+
+def attention_rows(model, keys: int, repeats: int) -> list[dict]:
+    """The recompute set's attention at FRACTIONS of ``keys`` context keys, on the model's head shape: the
+    own query-sparse kernel, FlexAttention with a block mask from the query positions, and causal SDPA of
+    every key (what Full Attention pays)."""
+    cfg, device, dtype = model.cfg, model.device, model.dtype
+    g = torch.Generator().manual_seed(3)
+
+    def rnd(*size):
+        return torch.randn(*size, generator=g).to(device, dtype)
+
+    k, v = rnd(cfg.num_kv_heads, keys, cfg.head_dim), rnd(cfg.num_kv_heads, keys, cfg.head_dim)  # [Hkv, N, D]
+    full_q = rnd(1, cfg.num_heads, keys, cfg.head_dim)
+    full_k, full_v = (x.repeat_interleave(cfg.num_heads // cfg.num_kv_heads, 0)[None] for x in (k, v))
+    flash_s = time_call(lambda: F.scaled_dot_product_attention(full_q, full_k, full_v, is_causal=True), device, repeats)
+    positions, rows = torch.arange(keys, device=device), []
+    for fraction in FRACTIONS:
+        q_positions = torch.randperm(keys, generator=g)[: max(1, round(fraction * keys))].sort().values.to(device)
+        q = rnd(cfg.num_heads, len(q_positions), cfg.head_dim)  # [Hq, Nq, D]
+        own = partial(q_sparse_attention, q, q_positions, k, v, positions, None, backend=model.kernels)
+        own_s = time_call(own, device, repeats)
+        rows.append({"fraction": fraction, "keys": keys, "queries": len(q_positions), "own_ms": own_s * 1e3,
+                     "causal_sdpa_ms": flash_s * 1e3, **flex_timing(q, q_positions, k, v, own, repeats)})  # fmt: skip
+    return rows
+
+
+def flex_timing(q, q_positions, k, v, own, repeats: int) -> dict:
+    """FlexAttention (compiled on CUDA, eager elsewhere) on the same inputs, and its max difference to ``own``."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    cuda = q.device.type == "cuda"
+    try:
+        mask = create_block_mask(lambda b, h, qi, ki: q_positions[qi] >= ki, None, None, q.shape[1], k.shape[1],
+                                 device=q.device)  # fmt: skip
+        flex = torch.compile(flex_attention) if cuda else flex_attention
+
+        def call():
+            return flex(q[None], k[None], v[None], block_mask=mask, enable_gqa=True)[0]
+
+        with warnings.catch_warnings():  # eager FlexAttention warns that it materialises the scores
+            warnings.simplefilter("ignore", UserWarning)
+            diff = (call().float() - own().float()).abs().max().item()
+            seconds = time_call(call, q.device, repeats)
+    except Exception as exc:  # a compile or memory failure costs this row, not the run
+        log.warning("FlexAttention failed: %s", exc)
+        return {"flex": f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+    return {"flex": "compiled" if cuda else "eager (compiled needs CUDA)", "flex_ms": seconds * 1e3,
+            "max_abs_diff": diff}  # fmt: skip
+
+
+def tests_folder() -> Path | None:
+    """The checkout's ``tests`` folder next to the package, when the package runs from a checkout."""
+    import fusionrag_llm
+
+    checkout = Path(fusionrag_llm.__file__).resolve().parents[1]
+    return checkout / "tests" if (checkout / "pyproject.toml").is_file() and (checkout / "tests").is_dir() else None
+
+
+def run_gpu_tests(folder: Path, timeout: float) -> dict:
+    """``pytest -m gpu`` on ``folder`` in a subprocess: counts and failing test ids, read from the verbose
+    lines as they come (so a run cut short by ``timeout`` still counts what finished)."""
+    command = [sys.executable, "-m", "pytest", "-v", "-m", "gpu", "-p", "no:cacheprovider", str(folder)]
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, cwd=folder.parent, capture_output=True, text=True, timeout=timeout)
+        output, code = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as exc:
+        output, code = "".join(o.decode() if isinstance(o, bytes) else o or "" for o in (exc.stdout, exc.stderr)), None
+    outcomes = re.findall(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", output, re.MULTILINE)
+    found = Counter(outcome.lower() for _, outcome in outcomes)
+    counts = {word: found[word] for word in ("passed", "failed", "error", "skipped")}
+    return {"command": " ".join(command[1:]), "returncode": code, "timed_out": code is None, **counts,
+            "seconds": time.perf_counter() - started, "output_tail": output[-3000:],
+            "failing": [test for test, outcome in outcomes if outcome in ("FAILED", "ERROR")]}  # fmt: skip
+
+
+def header(device: str) -> dict:
+    """The machine: device name, driver, torch, Triton and CUDA versions."""
+    info = machine_info() | {"device": "cpu", "driver": "unknown", "cuda_version": torch.version.cuda}
+    try:
+        info["triton"] = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        info["triton"] = "not installed"
+    if device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(device)
+        info.update(device=props.name, memory_gib=round(props.total_memory / (1 << 30), 1), driver=_driver(),
+                    capability=f"{props.major}.{props.minor}")  # fmt: skip
+    return info
+
+
+def _driver() -> str:
+    try:
+        query = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):  # no nvidia-smi
+        return "unknown"
+    return (query.stdout.split() or ["unknown"])[0]
