@@ -28,7 +28,8 @@ class ChunkEntries:
     def __init__(self, model: DecoderLM, store: TieredStore, fingerprint: str, s0_ids: TokenIds):
         self.model = model
         self.store = store
-        self.keys = EntryKeys.for_store(fingerprint, s0_ids, model.dtype, store.storage_dtype, store.codec_id)
+        kv_shape = (model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim)
+        self.keys = EntryKeys.for_store(fingerprint, s0_ids, model.dtype, store.storage_dtype, store.codec_id, kv_shape)
         self.entry_store = EntryStore(self.store, self.keys)
         self.computer = EntryComputer(self.model, self.keys, self.entry_store)
 
