@@ -2,8 +2,8 @@
 
 A damaged index never ends in a traceback: ``stats`` reports it, ``verify --repair`` rebuilds it from
 the entry files and ``clear --yes`` starts empty; both keep the damaged file as
-``cache.db.damaged-<time>``. ``verify`` exits 0 when the store is clean and 1 when it found problems
-(its output says whether they were repaired).
+``cache.db.damaged-<time>``. ``verify`` exits 0 when the store is clean or ``--repair`` repaired every
+problem it found, and 1 when problems remain (its output says what was found and what was repaired).
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ def _codec_line(path: Path) -> str:
 def verify(folder: str | None, remote: str | None, repair: bool) -> None:
     """Check every entry, row and entry file; corrupt entries are always removed.
 
-    Exit status 0 when the store is clean, 1 when problems were found (repaired or not).
+    Exit status 0 when the store is clean, or with --repair once every problem found was repaired
+    (a damaged index rebuilt included); 1 when problems were found and not repaired.
     """
     path = _folder(folder)
     options = _options(remote)
@@ -115,11 +116,11 @@ def verify(folder: str | None, remote: str | None, repair: bool) -> None:
             report = store.verify(repair=repair)
     except StoreDamagedError as exc:
         _recover_index(path, exc, repair)
-        raise SystemExit(1) from None
+        raise SystemExit(0 if repair else 1) from None
     except StoreWriteError as exc:  # --repair on a read-only store
         raise click.ClickException(str(exc)) from None
     _echo_report(path, report)
-    if not report.ok:
+    if not (report.ok or report.repaired):
         raise SystemExit(1)
 
 

@@ -52,7 +52,7 @@ class FusionRAG:
         self.embedder = embedder
         fingerprint = fingerprint_of(loaded.name, loaded.source, loaded.hf_config, loaded.tokenizer.hf, loaded.model.dtype)
         s0_ids = self.segments(RAGRequest(chunks=["-"], question="-"))[0].token_ids
-        entry_store = EntryStore.of(self.store, fingerprint, s0_ids, loaded.model.dtype)
+        entry_store = EntryStore.of(self.store, fingerprint, s0_ids, loaded.model.dtype, loaded.model.cfg.kv_shape)
         self._catalog = ChunkCatalog(self.store.record_log(CATALOG_FILE), self.tokenizer.encode)
         self.context_index = ContextIndex()  # reorder=True: the orders earlier requests were given
         self.engine = LLMEngine(loaded, entry_store, prefix_cache=options.prefix_cache,

@@ -3,7 +3,8 @@
 The disk tier is safe to share and robust to faults: it never runs code, follows a link or touches
 a file outside its folder whatever `cache.db` holds, binds every entry to its key, survives a full
 disk, a killed writer and a read-only folder, and reports a damaged index with the fix
-(`StoreDamagedError`).
+(`StoreDamagedError`). A reader states the form it can use an entry in (`EntryForm`: layers, kv
+heads, head dim, dtype or packing, finite values) and refuses entries that do not fit it.
 
 Pluggable parts: a codec (`EntryCodec`; `RawCodec` by default, `QuantCodec` for int8/fp8/int4 entries,
 others registered in `CODECS` by id; `kv_tensors` expands a packed entry on the compute device),
@@ -22,11 +23,13 @@ from .disk_files import entry_files
 from .disk_repair import RebuildReport, clear_damaged, quarantine_index, rebuild_index
 from .redis_bytes import RedisBytes  # imports the redis client only when one is opened
 from .entry import KVEntry
+from .entry_form import EntryForm
 from .errors import StoreConfigError, StoreDamagedError, StoreWriteError
 from .heat import HeatTracker
 from .keys import chunk_key, path_key
 from .loader import LoaderStats, LoadResult, PrefetchLoader
 from .memory_tier import DeviceTier, HostTier, MemoryTier, TierLedger
+from .no_follow import UnsafePathError, read_file_in
 from .pins import PinTable
 from .quant_codec import QuantCodec
 from .quantize import kv_tensors
@@ -46,6 +49,7 @@ __all__ = [
     "DiskBytes",
     "RedisBytes",
     "EntryCodec",
+    "EntryForm",
     "DeviceTier",
     "DiskTier",
     "HeatTracker",
@@ -69,6 +73,7 @@ __all__ = [
     "TierLedger",
     "TierStats",
     "TieredStore",
+    "UnsafePathError",
     "VerifyReport",
     "chunk_key",
     "clear_damaged",
@@ -80,5 +85,6 @@ __all__ = [
     "open_store",
     "path_key",
     "quarantine_index",
+    "read_file_in",
     "rebuild_index",
 ]

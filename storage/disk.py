@@ -12,7 +12,8 @@ The index `cache.db` holds one row per entry: its key, size and heat and, for a 
   detected on read (by `CodedTier`), logged, deleted and reported as a miss.
 * The store runs no code and touches no file outside its folder, whatever `cache.db` holds: values
   are bytes, never unpickled; file paths come from keys, never from the index, and links are never
-  followed. Rows not in the store's form are ignored, and reported by `verify`.
+  followed (the folder itself is resolved once, at open). Rows not in the store's form are ignored,
+  and reported by `verify`; so are links planted among the entry files.
 * A failed write (full disk, quota, read-only file system, lock timeout) is never fatal: `put`
   removes its temporary file, logs, and returns False, or raises `StoreWriteError` with `persist=True`.
 * A read-only folder (or `read_only=True`) opens and serves hits; writes are skipped, said once.
@@ -42,6 +43,7 @@ from .disk_repair import clear_disk, verify_disk
 from .errors import DB_NAME, WRITE_FAILURES, StoreDamagedError, StoreWriteError, unwritable_reason
 from .frame import CorruptEntryError
 from .keys import check_key, is_store_key
+from .no_follow import resolve_folder
 from .stats import VerifyReport
 
 logger = logging.getLogger(__name__)
@@ -57,7 +59,7 @@ class DiskBytes(ByteTierBase):
     def __init__(self, directory: str | Path, budget_bytes: int, *, min_file_bytes: int = 32 * 1024,
                  timeout_s: float = 60.0, read_only: bool = False, heat_half_life_s: float = 3600.0):  # fmt: skip
         super().__init__()
-        self.directory = self.where = Path(directory)
+        self.directory = self.where = resolve_folder(directory)  # a link the user chose, resolved once
         self.budget_bytes, self.min_file_bytes, self.heat_half_life_s = budget_bytes, min_file_bytes, heat_half_life_s
         self._prepare_folder(read_only)
         self.files = EntryFiles(self.directory)

@@ -2,9 +2,11 @@
 
 An entry too large to live inside the index is the file `<key[:2]>/<key>.val` under the store
 folder. Its path comes from the key alone: nothing read from `cache.db` is ever used as a path.
-Every file and sub-folder is opened relative to the store folder with `O_NOFOLLOW`, so a symlink
-planted in the folder (for a file or a sub-folder) is refused, never followed, for reading and
-writing; removing one removes the link itself. A write goes to a fresh temporary file
+Every file and sub-folder is opened relative to the store folder with `O_NOFOLLOW` (`no_follow.py`),
+so a symlink planted in the folder (for a file or a sub-folder) is refused, never followed, for
+reading and writing; removing one removes the link itself. `listing` lists planted links named like
+the store's files or sub-folders at once (no grace period: the store never makes a link), so
+`verify` reports them and its repair removes them. A write goes to a fresh temporary file
 (`<key[:2]>/.<key>.<random>.tmp`) that `install` renames into place.
 
 Files of the older layout (`ab/cd/<28 hex>.val`, named by no key) are listed too, for
@@ -17,19 +19,17 @@ import errno
 import os
 import re
 import secrets
-import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from .frame import CorruptEntryError
+from .no_follow import CLOEXEC, LINK_ERRNOS, UnsafePathError, open_file, open_folder
 
 _HEX2 = re.compile(r"[0-9a-f]{2}\Z")
 _ENTRY = re.compile(r"([0-9a-f]{64})\.val\Z")
 _TEMP = re.compile(r"\.[0-9a-f]{64}\.[0-9a-f]{16}\.tmp\Z")
 _LEGACY = re.compile(r"[0-9a-f]{28}\.val\Z")
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
-_LINKS = (errno.ELOOP, errno.ENOTDIR)  # what O_NOFOLLOW answers for a link (ENOTDIR: a link as a folder)
+_LINK_AGE = 0.0  # the mtime a planted link is listed with: older than any grace period
 
 
 class UnsafeValueError(CorruptEntryError):
@@ -65,7 +65,8 @@ class EntryFiles:
     """The files of one store folder; thread-safe (every call opens what it needs relative to the folder)."""
 
     def __init__(self, directory: str | os.PathLike):
-        self.root: int | None = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+        self.directory = os.fspath(directory)
+        self.root: int | None = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | CLOEXEC)
 
     def close(self) -> None:
         if self.root is not None:
@@ -74,17 +75,18 @@ class EntryFiles:
 
     @contextmanager
     def _folder(self, parts: Sequence[str], create: bool = False) -> Iterator[int]:
-        """A descriptor of the sub-folder `parts`; `OSError` (ELOOP/ENOTDIR) when a step is a link."""
+        """A descriptor of the sub-folder `parts`; `UnsafePathError` (ELOOP/ENOTDIR) when a step is a
+        link or not a folder."""
         opened: list[int] = []
         try:
             folder = self.root
-            for part in parts:
+            for depth, part in enumerate(parts):
                 if create:
                     try:
                         os.mkdir(part, 0o755, dir_fd=folder)
                     except FileExistsError:
                         pass
-                folder = os.open(part, _FOLDER, dir_fd=folder)
+                folder = open_folder(part, folder, os.path.join(self.directory, *parts[: depth + 1]))
                 opened.append(folder)
             yield folder
         finally:
@@ -95,24 +97,20 @@ class EntryFiles:
         """`(bytes, mtime)` of the file `name`; `UnsafeValueError` for a link or a non-regular file."""
         *parts, leaf = name.split("/")
         try:
-            with self._folder(parts) as folder:  # O_NONBLOCK: a FIFO must not block the reader
-                fd = os.open(leaf, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC, dir_fd=folder)
-        except OSError as exc:
-            if exc.errno in _LINKS:
-                raise UnsafeValueError(f"refusing {name}: it is reached through a symbolic link") from None
-            raise
+            with self._folder(parts) as folder:
+                fd = open_file(leaf, os.O_RDONLY, dir_fd=folder, shown=os.path.join(self.directory, name))
+        except UnsafePathError as exc:
+            raise UnsafeValueError(exc.strerror) from None
         with os.fdopen(fd, "rb") as handle:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise UnsafeValueError(f"refusing {name}: not a regular file")
-            return handle.read(), info.st_mtime
+            return handle.read(), os.fstat(fd).st_mtime
 
     def write_temporary(self, key: str, data: bytes) -> str:
         """Write `data` to a fresh temporary file beside `key`'s; its name. Nothing is left on failure."""
         name = f"{key[:2]}/.{key}.{secrets.token_hex(8)}.tmp"
         with self._folder([key[:2]], create=True) as folder:
             leaf = name.split("/")[1]
-            fd = os.open(leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o644, dir_fd=folder)
+            fd = open_file(leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=folder,
+                           shown=os.path.join(self.directory, name))  # fmt: skip
             try:
                 with os.fdopen(fd, "wb") as handle:
                     handle.write(data)
@@ -138,32 +136,39 @@ class EntryFiles:
             with self._folder(parts) as folder:
                 _unlink(leaf, folder)
         except OSError as exc:
-            if exc.errno not in (errno.ENOENT, *_LINKS):
+            if exc.errno not in (errno.ENOENT, *LINK_ERRNOS):
                 raise
 
     def listing(self) -> list[tuple[str, float]]:
-        """`(relative name, mtime)` of entry files of either layout and temporary files; links
-        named like them are listed (to be removed), never followed."""
+        """`(relative name, mtime)` of entry files of either layout and temporary files. Links named
+        like them or like the sub-folders are listed too (to be removed, never followed), with the
+        mtime 0: the store never makes a link, so no writer can be about to use one."""
         found = []
-        for sub, is_dir, _ in self._scan([]):
-            if not (is_dir and _HEX2.match(sub)):
+        for sub, kind, _ in self._scan([]):
+            if kind == "link" and _HEX2.match(sub):
+                found.append((sub, _LINK_AGE))
+            if not (kind == "folder" and _HEX2.match(sub)):
                 continue
-            for item, is_dir, mtime in self._scan([sub]):
+            for item, kind, mtime in self._scan([sub]):
                 name = f"{sub}/{item}"
-                if is_dir and _HEX2.match(item):
-                    found += [(f"{name}/{old}", old_mtime) for old, old_is_dir, old_mtime in self._scan([sub, item])
-                              if _LEGACY.match(old) and not old_is_dir]  # fmt: skip
-                elif not is_dir and (key_of(name) is not None or is_temporary(name)):
-                    found.append((name, mtime))
+                if kind == "folder" and _HEX2.match(item):
+                    found += [(f"{name}/{old}", _LINK_AGE if old_kind == "link" else old_mtime)
+                              for old, old_kind, old_mtime in self._scan([sub, item])
+                              if _LEGACY.match(old) and old_kind != "folder"]  # fmt: skip
+                elif kind == "link" and _HEX2.match(item):
+                    found.append((name, _LINK_AGE))
+                elif kind != "folder" and (key_of(name) is not None or is_temporary(name)):
+                    found.append((name, _LINK_AGE if kind == "link" else mtime))
         return found
 
-    def _scan(self, parts: list[str]) -> list[tuple[str, bool, float]]:
-        """`(name, is a folder (not a link), mtime)` of each item of the sub-folder `parts`."""
+    def _scan(self, parts: list[str]) -> list[tuple[str, str, float]]:
+        """`(name, "folder" | "link" | "file", mtime)` of each item of the sub-folder `parts` ("file":
+        anything else that is neither a folder nor a link)."""
         try:
             with self._folder(parts) as folder, os.scandir(folder) as items:
-                return [(item.name, item.is_dir(follow_symlinks=False), _mtime(item)) for item in items]
+                return [(item.name, _kind(item), _mtime(item)) for item in items]
         except OSError as exc:
-            if exc.errno in (errno.ENOENT, *_LINKS):
+            if exc.errno in (errno.ENOENT, *LINK_ERRNOS):
                 return []
             raise
 
@@ -173,6 +178,12 @@ def _unlink(leaf: str, folder: int) -> None:
         os.unlink(leaf, dir_fd=folder)
     except FileNotFoundError:
         pass
+
+
+def _kind(item: os.DirEntry) -> str:
+    if item.is_symlink():
+        return "link"
+    return "folder" if item.is_dir(follow_symlinks=False) else "file"
 
 
 def _mtime(item: os.DirEntry) -> float:

@@ -7,8 +7,11 @@ own connection in WAL mode; a change holds SQLite's write lock (`BEGIN IMMEDIATE
 Read-only, SQLite opens the file with `mode=ro`; a WAL database whose `-shm` file is absent cannot
 be opened that way from a folder SQLite may not write to, and is opened `immutable=1`: sound, as no
 process can write through such a folder (a writer elsewhere would have left the `-shm` file).
-SQLite's damage errors, a file of another format and a link in place of the index's files become
-`StoreDamagedError` naming the fix.
+A disk too full to create the `-shm` file (or any write failure at open) opens the index read-only
+the same way, for this process: reopen the store once space is freed.
+SQLite's damage errors, a file of another format and a link (or a FIFO...) in place of any of the
+index's files (`INDEX_SUFFIXES`, checked before every connection: SQLite opens them by path, following
+links) become `StoreDamagedError` naming the fix.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import DB_NAME, StoreDamagedError, damage_guard, is_damage, is_read_only_error
+from .errors import DB_NAME, StoreDamagedError, damage_guard, is_damage, is_full_error, is_read_only_error
 from .heat import bump_heat_time
+from .no_follow import UnsafePathError, check_files
 
 logger = logging.getLogger(__name__)
 FORMAT = 1  # `PRAGMA user_version` of an index in this layout
@@ -33,6 +37,7 @@ SCHEMA = (
     f"PRAGMA user_version = {FORMAT}",
 )
 OURS = "(typeof(key) = 'text' AND length(key) = 64 AND key NOT GLOB '*[^0-9a-f]*')"  # rows this store writes
+INDEX_SUFFIXES = ("", "-wal", "-shm", "-journal")  # the files SQLite opens for an index `cache.db`, by path
 
 
 def _bump_heat(old: object, now: float, half_life_s: float) -> float:
@@ -41,7 +46,9 @@ def _bump_heat(old: object, now: float, half_life_s: float) -> float:
 
 
 def connect(db: Path, timeout_s: float, read_only: bool = False) -> sqlite3.Connection:
-    """A connection to the index `db` in autocommit mode (transactions are explicit)."""
+    """A connection to the index `db` in autocommit mode (transactions are explicit);
+    `UnsafePathError` when one of its files is a link or not a regular file."""
+    check_files(db.parent, [f"{db.name}{suffix}" for suffix in INDEX_SUFFIXES])
     options = dict(timeout=timeout_s, isolation_level=None, check_same_thread=False)
     if not read_only:
         con = sqlite3.connect(str(db), **options)
@@ -52,7 +59,7 @@ def connect(db: Path, timeout_s: float, read_only: bool = False) -> sqlite3.Conn
     try:
         return _distrust_schema(sqlite3.connect(f"{uri}?mode=ro", uri=True, **options))
     except sqlite3.OperationalError as exc:
-        if "unable to open" not in str(exc):
+        if "unable to open" not in str(exc) and not is_full_error(exc):
             raise
     logger.info("opening %s immutable: it is in WAL mode and its folder cannot hold the -shm file", db)
     return _distrust_schema(sqlite3.connect(f"{uri}?immutable=1", uri=True, **options))
@@ -110,16 +117,14 @@ class EntryIndex:
             raise
 
     def _open(self) -> None:
-        for name in (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm"):
-            if (self.directory / name).is_symlink():
-                raise StoreDamagedError(self.directory, f"{name} is a symbolic link, which the store never follows")
         if self.read_only_reason is None:
             try:
                 create_index(self._connection())
             except (sqlite3.OperationalError, OSError) as exc:
-                if is_damage(exc) or not is_read_only_error(exc):
+                if is_damage(exc) or not (is_read_only_error(exc) or is_full_error(exc)):
                     raise
-                self.read_only_reason = f"opening it for writing failed: {exc}"
+                hint = "; is the disk full? reopen the store once space is freed" if is_full_error(exc) else ""
+                self.read_only_reason = f"opening it for writing failed: {exc}{hint}"
                 self.close()
         con = self._connection()
         if con is None:
@@ -137,9 +142,12 @@ class EntryIndex:
             local.con, local.pid = None, os.getpid()
         if local.con is None:
             db = self.directory / DB_NAME
-            if self.read_only_reason is not None and not db.exists():
+            if self.read_only_reason is not None and not os.path.lexists(db):
                 return None
-            local.con = connect(db, self._timeout_s, self.read_only_reason is not None)
+            try:
+                local.con = connect(db, self._timeout_s, self.read_only_reason is not None)
+            except UnsafePathError as exc:
+                raise StoreDamagedError(self.directory, exc.strerror) from None
             with self._lock:
                 self._connections.append(local.con)
         return local.con

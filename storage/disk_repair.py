@@ -6,8 +6,9 @@ removes corrupt entries always, the other problems with `repair` (see `VerifyRep
 row names counts only once older than `ORPHAN_GRACE_S`: a live writer writes its file a moment
 before its row, and gives up after its lock timeout.
 
-The damaged index is never deleted: it is renamed `cache.db.damaged-<time>` (with its `-wal` and
-`-shm` files, which SQLite would otherwise replay into a fresh index). `rebuild_index` then indexes
+The damaged index is never deleted: it is renamed `cache.db.damaged-<time>` (with its `-wal`,
+`-shm` and `-journal` files, which SQLite would otherwise replay into a fresh index; a link in
+place of any of them is moved aside as the link, never followed). `rebuild_index` then indexes
 again every entry file that decodes and verifies with the codec its frame names (looked up in
 `codec_registry.CODECS`) under the key its name says: an entry's bytes carry their key. Files of
 the older layout (`ab/cd/<28 hex>.val`, an index of diskcache's format) move to their key's name,
@@ -46,7 +47,7 @@ from typing import TYPE_CHECKING
 from .byte_tier import Classify, verify_values
 from .codec_registry import CODECS
 from .disk_files import EntryFiles, entry_name, is_temporary, key_of
-from .disk_index import OURS, connect, create_index, transaction
+from .disk_index import INDEX_SUFFIXES, OURS, connect, create_index, transaction
 from .errors import DB_NAME, WRITE_FAILURES, StoreWriteError, unwritable_reason
 from .frame import CorruptEntryError, unpack_frame
 from .stats import VerifyReport
@@ -124,23 +125,26 @@ class RebuildReport:
 
 
 def quarantine_index(directory: str | Path) -> Path | None:
-    """Rename `cache.db` (and its `-wal`/`-shm`) to `cache.db.damaged-<time>`; the new path, or None."""
+    """Rename `cache.db` (and its `-wal`/`-shm`/`-journal`, also without it) to `cache.db.damaged-<time>`;
+    the new path of `cache.db`, or None when there was none."""
     directory = Path(directory)
     db = directory / DB_NAME
-    if not os.path.lexists(db):
+    sides = {suffix: directory / f"{DB_NAME}{suffix}" for suffix in INDEX_SUFFIXES[1:]}
+    if not any(os.path.lexists(path) for path in (db, *sides.values())):
         return None
     target = directory / f"{DB_NAME}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
     for n in range(1, 1000):
-        if not os.path.lexists(target):
+        if not any(os.path.lexists(f"{target}{suffix}") for suffix in ("", *sides)):
             break
         target = target.with_name(f"{DB_NAME}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
-    os.rename(db, target)
-    for suffix in ("-wal", "-shm"):
-        side = directory / f"{DB_NAME}{suffix}"
+    moved = os.path.lexists(db)
+    if moved:
+        os.rename(db, target)
+    for suffix, side in sides.items():
         if os.path.lexists(side):
             os.rename(side, f"{target}{suffix}")
     logger.warning("moved the damaged index of %s to %s", directory, target.name)
-    return target
+    return target if moved else None
 
 
 def _start(directory: Path) -> tuple[RebuildReport, EntryFiles]:

@@ -88,6 +88,16 @@ def is_read_only_error(exc: BaseException) -> bool:
         "readonly" in text or "unable to open" in text  # fmt: skip
 
 
+def is_full_error(exc: BaseException) -> bool:
+    """Whether a write failed for want of space (full disk, quota), as far as the error tells: SQLite
+    reports a `-shm` file it cannot size as a generic I/O error."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    return isinstance(exc, sqlite3.OperationalError) and (
+        name.startswith(("SQLITE_FULL", "SQLITE_IOERR")) or "disk is full" in str(exc) or "disk I/O error" in str(exc))
+
+
 def unwritable_reason(directory: Path) -> str | None:
     """Why the store folder cannot take writes, or None when it can (as far as `access` tells)."""
     if not os.access(directory, os.W_OK):

@@ -7,8 +7,9 @@ in memory, shared by everything that holds the same store object. Other stores (
 offer the same two operations.
 
 Only bytes move here; what a line means is the reader's business. A torn last line (a writer killed
-mid-write) is ended by the next writer before its own lines, so those stay whole. A log file that is
-a symlink is never followed: reading or appending it raises `OSError` (ELOOP).
+mid-write) is ended by the next writer before its own lines, so those stay whole. A log file is
+opened without following a link and must be a regular file (`no_follow.py`): a planted symlink or
+FIFO makes reading or appending raise `UnsafePathError`, an `OSError` (ELOOP for a link) naming it.
 
     >>> log = MemoryRecordLog("catalog.jsonl")
     >>> with log.appending() as session:
@@ -20,12 +21,13 @@ a symlink is never followed: reading or appending it raises `OSError` (ELOOP).
 from __future__ import annotations
 
 import fcntl
-import os
 import re
 import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator, Protocol
+
+from .no_follow import opener
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
 
@@ -56,10 +58,6 @@ class RecordLog(Protocol):
     def appending(self): ...  # context manager -> AppendSession, exclusive until it exits
 
 
-def _no_link(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW)
-
-
 class FileRecordLog:
     def __init__(self, folder: Path, name: str):
         self.name = check_log_name(name)
@@ -67,7 +65,7 @@ class FileRecordLog:
 
     def read_from(self, offset: int) -> bytes:
         try:
-            handle = open(self.path, "rb", opener=_no_link)
+            handle = open(self.path, "rb", opener=opener)
         except FileNotFoundError:
             return b""
         with handle:
@@ -80,7 +78,7 @@ class FileRecordLog:
         """Raises ``OSError`` when the folder cannot be written (read-only mount, full disk)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # unbuffered: a failed write raises at once, not again from close()
-        with open(self.path, "a+b", buffering=0, opener=_no_link) as handle:
+        with open(self.path, "a+b", buffering=0, opener=opener) as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)  # released on close
             yield _FileSession(handle)
 

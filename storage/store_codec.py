@@ -54,6 +54,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import StoreConfigError
+from .no_follow import opener
 
 # name -> (storage dtype, store codec id); bytes per token on SmolLM2-135M in docs/BENCHMARKS.md
 KV_CODECS: dict[str, tuple[str | None, str]] = {
@@ -89,8 +90,8 @@ def resolve_kv_codec(kv_codec: str) -> tuple[str | None, str]:
 def recorded_kv_codec(folder: Path) -> str | None:
     """The codec ``folder`` records, None when it records none; ``StoreConfigError`` for a damaged record."""
     path = Path(folder) / CODEC_FILE
-    try:  # never through a link: the folder is untrusted
-        with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW)) as handle:
+    try:  # never through a link, never a FIFO: the folder is untrusted
+        with open(path, "rb", opener=opener) as handle:
             text = handle.read().decode("utf-8")
     except FileNotFoundError:
         return None

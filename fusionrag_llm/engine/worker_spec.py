@@ -108,7 +108,7 @@ class EngineSpec:
             raise FusionRAGError(f"the worker loaded {self.model!r} as another model than the engine's "
                                  f"(fingerprint {fingerprint} != {self.fingerprint}); are its files changing?")  # fmt: skip
         store = self.store.open(loaded.model.device)
-        entry_store = EntryStore.of(store, fingerprint, self.s0_ids, loaded.model.dtype)
+        entry_store = EntryStore.of(store, fingerprint, self.s0_ids, loaded.model.dtype, loaded.model.cfg.kv_shape)
         if entry_store.keys.fingerprint != self.storage_key:
             raise FusionRAGError(f"the worker's store at {self.store.folder} keys entries as "
                                  f"{entry_store.keys.fingerprint}, the engine as {self.storage_key}")  # fmt: skip

@@ -1,7 +1,7 @@
 """The key scheme of one model's entries in one store: chunk keys, path-block keys, meta and its check.
 
 Plain Python over ints and strings, so the resolve plan and the offline stage can name every entry
-a request or an ingestion touches without a model or a tensor. What an entry claims to be is
+a request or an ingestion touches without a model or a tensor (only ``accepts`` reads a tensor). What an entry claims to be is
 checked on every read, not only its bytes: the store binds each entry to its key, and the entry's
 meta names its variant and the model fingerprint, so an entry filed under the wrong variant or
 written by another model is a miss. Fused entries are laid out as the paper does (most similar
@@ -35,8 +35,9 @@ from typing import Sequence
 
 import torch
 
-from fusionrag_llm.storage import KVEntry, chunk_key
+from fusionrag_llm.storage import EntryForm, KVEntry, chunk_key
 from fusionrag_llm.storage.keys import path_block_key, path_key
+from fusionrag_llm.storage.quantize import SCHEMES
 
 TokenIds = tuple[int, ...]
 RAW_CODEC = "raw"  # today's format: the stored tensors exactly
@@ -62,22 +63,29 @@ class EntryKeys:
     ``fingerprint`` is the storage fingerprint of chunk entries (see ``for_store``); ``lossless``:
     chunk entries keep the compute dtype's exact numbers; ``block_fingerprint``: the fingerprint of
     exact path blocks kept in the compute dtype beside approximate chunk entries (None: a lossless
-    store's blocks share ``fingerprint``, a quantizing codec's store keeps none).
+    store's blocks share ``fingerprint``, a quantizing codec's store keeps none). ``chunk_form`` and
+    ``block_form``: the form a chunk entry and a path block must have to be used (None: unchecked).
     """
 
     fingerprint: str
     s0_ids: TokenIds
     lossless: bool
     block_fingerprint: str | None = None
+    chunk_form: EntryForm | None = None
+    block_form: EntryForm | None = None
 
     @classmethod
     def for_store(cls, fingerprint: str, s0_ids: Sequence[int], model_dtype: torch.dtype,
-                  storage_dtype: torch.dtype | None, codec_id: str = RAW_CODEC) -> "EntryKeys":  # fmt: skip
-        """A codec other than the raw one may be lossy, so its entries never serve as exact path blocks."""
+                  storage_dtype: torch.dtype | None, codec_id: str = RAW_CODEC,
+                  kv_shape: tuple[int, int, int] | None = None) -> "EntryKeys":  # fmt: skip
+        """A codec other than the raw one may be lossy, so its entries never serve as exact path blocks.
+        ``kv_shape``: the model's ``(num_layers, num_kv_heads, head_dim)``; given, every entry read is
+        checked against the form this store keeps it in (``chunk_form``, ``block_form``)."""
         lossless = storage_dtype in (None, model_dtype) and codec_id == RAW_CODEC
         blocks = fingerprint if not lossless and codec_id == RAW_CODEC else None
+        forms = (None, None) if kv_shape is None else _forms(kv_shape, model_dtype, storage_dtype, codec_id)
         fingerprint = storage_fingerprint(fingerprint, model_dtype, storage_dtype, codec_id)
-        return cls(fingerprint, tuple(s0_ids), lossless, blocks)
+        return cls(fingerprint, tuple(s0_ids), lossless, blocks, *forms)
 
     @property
     def exact_blocks(self) -> bool:
@@ -120,4 +128,22 @@ class EntryKeys:
         if variant == "fused" and layout != "similar_first":
             logger.warning("store entry %s is a fused entry of layout %r, not the paper's; treated as a miss", key, layout)
             return False
+        form = self.block_form if variant == "path" else self.chunk_form
+        problem = None if form is None else form.problem(entry)
+        if problem is not None:
+            logger.warning("store entry %s does not fit this model (%s); treated as a miss", key, problem)
+            return False
         return True
+
+
+def _forms(kv_shape: tuple[int, int, int], model_dtype: torch.dtype, storage_dtype: torch.dtype | None,
+           codec_id: str) -> tuple[EntryForm | None, EntryForm]:  # fmt: skip
+    """``(chunk form, block form)``: chunk entries as the store keeps them (cast to its dtype, or packed
+    by its quantizing codec; None for a codec of unknown form), path blocks in the compute dtype."""
+    def name(dtype: torch.dtype) -> str:
+        return str(dtype).removeprefix("torch.")
+
+    block = EntryForm(*kv_shape, dtype=name(model_dtype))
+    if codec_id == RAW_CODEC:
+        return EntryForm(*kv_shape, dtype=name(storage_dtype or model_dtype)), block
+    return (EntryForm(*kv_shape, scheme=codec_id) if codec_id in SCHEMES else None), block

@@ -23,10 +23,13 @@ class EntryStore:
     keys: EntryKeys
 
     @classmethod
-    def of(cls, store: TieredStore, fingerprint: str, s0_ids: Sequence[int], model_dtype: torch.dtype) -> EntryStore:
-        """The entries a model (``fingerprint``, computing in ``model_dtype``) keeps in ``store`` after S0,
-        keyed as the store's dtype and codec ask (``EntryKeys.for_store``)."""
-        return cls(store, EntryKeys.for_store(fingerprint, s0_ids, model_dtype, store.storage_dtype, store.codec_id))
+    def of(cls, store: TieredStore, fingerprint: str, s0_ids: Sequence[int], model_dtype: torch.dtype,
+           kv_shape: tuple[int, int, int]) -> EntryStore:  # fmt: skip
+        """The entries a model (``fingerprint``, computing in ``model_dtype``, KV of ``kv_shape`` =
+        (layers, kv heads, head dim)) keeps in ``store`` after S0, keyed as the store's dtype and codec
+        ask and checked against that form on every read (``EntryKeys.for_store``)."""
+        keys = EntryKeys.for_store(fingerprint, s0_ids, model_dtype, store.storage_dtype, store.codec_id, kv_shape)
+        return cls(store, keys)
 
     def fetch(self, key: str, token_ids: Sequence[int], variant: str, pin: bool = False) -> Found | None:
         """``(entry, tier)`` stored under ``key`` when its token ids, variant and model all match: the

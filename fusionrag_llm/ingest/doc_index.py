@@ -17,6 +17,8 @@ product) is built in memory from the vectors when first searched and extended as
 Stores written before the log existed kept the index as files in ``<store>/documents/``
 (``meta.json``, ``chunks.jsonl``, ``index.faiss``). Opening such a store moves their records into
 the log and then removes the folder; a store that cannot be written is searched from the folder.
+Like every file of a store, those are read without following a link: a ``documents`` folder or a
+file in it that is a link is not read (the store folder is untrusted).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import numpy as np
 
 from fusionrag_llm.errors import FusionRAGError, require
 from fusionrag_llm.fusion.jsonl import parse_line, whole_lines, why_unreadable, write_problem
-from fusionrag_llm.storage import AppendSession, RecordLog
+from fusionrag_llm.storage import AppendSession, RecordLog, read_file_in
 
 logger = logging.getLogger(__name__)
 DOCUMENTS_LOG = "documents.jsonl"  # the record log of the retrieval index
@@ -82,8 +84,9 @@ class DocumentIndex:
         self._offset = 0  # bytes of the log read so far: whole lines only
         self._lines = 0  # lines read so far, to name bad lines in warnings
         self.refresh()
-        if legacy is not None and self.meta is None and not self.texts and Path(legacy).is_dir():
-            self._migrate(Path(legacy))
+        legacy = None if legacy is None else Path(legacy)
+        if legacy is not None and self.meta is None and not self.texts and _is_real_folder(legacy):
+            self._migrate(legacy)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -219,16 +222,24 @@ class DocumentIndex:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _is_real_folder(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()  # a link in the store folder is never followed
+
+
 def _legacy_records(folder: Path) -> bytes:
     """The records of an old-layout index folder as log lines: its meta first, then its chunk lines."""
     data = b""
     try:
-        meta = json.loads((folder / "meta.json").read_bytes())
+        meta = json.loads(read_file_in(folder.parent, f"{folder.name}/meta.json"))
         data = json.dumps({"meta": meta}).encode() + b"\n"
     except (OSError, ValueError) as exc:
         logger.warning("cannot read %s (%s); the chunks are moved without it", folder / "meta.json", exc)
     try:
-        lines, _ = whole_lines((folder / "chunks.jsonl").read_bytes())  # a torn last line is dropped
-    except OSError:
+        chunks = read_file_in(folder.parent, f"{folder.name}/chunks.jsonl")
+    except FileNotFoundError:
         return data
+    except OSError as exc:
+        logger.warning("cannot read %s (%s); its chunks are not moved", folder / "chunks.jsonl", exc)
+        return data
+    lines, _ = whole_lines(chunks)  # a torn last line is dropped
     return data + b"".join(line + b"\n" for line in lines)

@@ -44,6 +44,11 @@ class ModelConfig:
     def num_query_groups(self) -> int:
         return self.num_heads // self.num_kv_heads
 
+    @property
+    def kv_shape(self) -> tuple[int, int, int]:
+        """(layers, kv heads, head dim): the form of every layer stack of K or V this model reads."""
+        return self.num_layers, self.num_kv_heads, self.head_dim
+
 
 def config_from_hf(hf: Mapping[str, Any], model_name: str) -> ModelConfig:
     """Build a ModelConfig from a `transformers` config dict, refusing what we do not implement."""

@@ -91,8 +91,8 @@ def test_verify_repair_rebuilds_the_index_from_entry_files(store, damage):
         (store / "cache.db").unlink()
     damaged = (store / "cache.db").read_bytes() if damage == "garbage" else None
     result = run("cache", "verify", "--repair", "--store", str(store))
-    assert result.exit_code == 1, result.output  # problems were found ...
-    assert "problems repaired" in result.output  # ... and repaired
+    assert result.exit_code == 0, result.output  # problems were found and every one repaired
+    assert "problems repaired" in result.output
     assert f"{len(LARGE)} entries recovered" in result.output and "lost:" in result.output
     if damage == "garbage":
         (kept,) = store.glob("cache.db.damaged-*")
@@ -123,7 +123,7 @@ def test_verify_reports_rows_without_files_and_files_without_rows(store):
     assert "1 with a missing file" in found.output and "1 orphan files" in found.output
     assert _key(3) in found.output and "not repaired" in found.output and orphan.exists()
     repaired = run("cache", "verify", "--repair", "--store", str(store))
-    assert repaired.exit_code == 1 and "problems repaired" in repaired.output and not orphan.exists()
+    assert repaired.exit_code == 0 and "problems repaired" in repaired.output and not orphan.exists()
     clean = run("cache", "verify", "--store", str(store))
     assert clean.exit_code == 0 and "checked 4 entries" in clean.output
 
@@ -134,4 +134,19 @@ def test_verify_removes_corrupt_entries_and_says_so(store):
     result = run("cache", "verify", "--store", str(store))
     assert result.exit_code == 1 and f"removed corrupt entry {_key(4)}" in result.output
     assert "corrupt entries removed" in result.output
+    assert run("cache", "verify", "--store", str(store)).exit_code == 0
+
+
+@pytest.mark.parametrize("name", ["cache.db-journal", "cache.db-wal"])
+def test_verify_repair_moves_a_planted_index_link_aside_and_never_follows_it(store, tmp_path, name):
+    outside = tmp_path / "profile"
+    outside.write_bytes(b"export PATH=/usr/bin\n")
+    (store / name).symlink_to(outside)
+    found = run("cache", "verify", "--store", str(store))
+    assert found.exit_code == 1 and f"{name}: it is a symbolic link" in found.output and "Traceback" not in found.output
+    repaired = run("cache", "verify", "--repair", "--store", str(store))
+    assert repaired.exit_code == 0, repaired.output
+    (aside,) = store.glob(f"cache.db.damaged-*{name.removeprefix('cache.db')}")
+    assert aside.is_symlink() and outside.read_bytes() == b"export PATH=/usr/bin\n"
+    assert not os.path.lexists(store / name) and _hits(store) == LARGE
     assert run("cache", "verify", "--store", str(store)).exit_code == 0

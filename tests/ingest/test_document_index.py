@@ -105,6 +105,25 @@ def test_an_older_documents_folder_moves_into_the_log_once(tmp_path):
     assert file_index(tmp_path, legacy=folder).texts == ["x", "y", "w"]
 
 
+@pytest.mark.parametrize("planted", ["the folder", "its chunk file"])
+def test_an_older_folder_reached_through_a_link_is_never_read(tmp_path, planted):
+    """A ``documents`` folder (or a file in it) that is a symlink to data outside the store is not
+    moved into the log: the store folder is untrusted, and nothing outside it is read."""
+    elsewhere = legacy_folder(tmp_path / "elsewhere")
+    before = {p.name: p.read_bytes() for p in elsewhere.iterdir()}
+    store = tmp_path / "store"
+    store.mkdir()
+    if planted == "the folder":
+        (store / LEGACY_FOLDER).symlink_to(elsewhere, target_is_directory=True)
+    else:
+        (store / LEGACY_FOLDER).mkdir()
+        (store / LEGACY_FOLDER / "meta.json").write_text(json.dumps(META.__dict__))
+        (store / LEGACY_FOLDER / "chunks.jsonl").symlink_to(elsewhere / "chunks.jsonl")
+    index = file_index(store, legacy=store / LEGACY_FOLDER)
+    assert index.texts == [] and file_index(store).texts == []
+    assert {p.name: p.read_bytes() for p in elsewhere.iterdir()} == before  # read by no one, removed by no one
+
+
 def test_an_older_folder_is_read_in_place_when_the_log_cannot_be_written(tmp_path, monkeypatch, caplog):
     folder = legacy_folder(tmp_path)
 

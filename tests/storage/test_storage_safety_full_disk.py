@@ -129,3 +129,76 @@ def test_verify_repair_reclaims_old_unreferenced_files_only(tmp_path):
         assert not any(p.exists() for p in (old, old_temp, old_layout)) and young.exists()  # a young file may be a live writer's
         assert all(p.exists() for p in others)
         assert store.verify().ok and store.get(key_for(1, 300)) is not None
+
+
+def test_a_relative_store_folder_on_a_full_disk_fails_each_write_with_the_disk_error(tmp_path, monkeypatch, caplog):
+    """ENOSPC injected into the entry file writes of a store opened by a relative path: each write is
+    a `StoreWriteError` naming the folder and the cause (never a path error of the store's own)."""
+    monkeypatch.chdir(tmp_path)
+    real_fdopen = os.fdopen
+
+    class FullDisk:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def fdopen(fd, mode="r", *args, **kwargs):
+        handle = real_fdopen(fd, mode, *args, **kwargs)
+        return FullDisk(handle) if "w" in mode else handle
+
+    with TieredStore("kv/store", BUDGETS, options=OPTIONS) as store:
+        monkeypatch.setattr(os, "fdopen", fdopen)
+        with caplog.at_level(logging.WARNING, logger="fusionrag_llm.storage"):
+            assert store.put(key_for(1, 300), _big(1))  # kept in memory, the failure logged
+        for seed in (2, 3):
+            with pytest.raises(StoreWriteError) as info:
+                store.put(key_for(seed, 300), _big(seed), persist=True)
+            assert info.value.errno == errno.ENOSPC and "No space left on device" in str(info.value)
+            assert info.value.directory == tmp_path / "kv" / "store" and info.value.key == key_for(seed, 300)
+        assert "No space left on device" in caplog.text and store.stats().disk_write_failures == 3
+        monkeypatch.setattr(os, "fdopen", real_fdopen)
+        assert entry_files(tmp_path / "kv" / "store") == []  # nothing partial left
+        assert store.put(key_for(4, 300), _big(4), persist=True)
+
+
+def _reopen_full(folder, caplog):
+    """Open `folder` on a disk that takes no more bytes: read-only for this process, hits served."""
+    with caplog.at_level(logging.WARNING, logger="fusionrag_llm.storage"):
+        store = TieredStore(folder, StoreBudgets(host_bytes=0), options=OPTIONS)
+    with store:
+        assert store.read_only and "is the disk full?" in caplog.text and str(folder) in caplog.text
+        assert store.get(key_for(1, 300))[0].bitwise_equal(_big(1))
+        assert not store.put(key_for(2, 300), _big(2))  # skipped, said once at open
+        with pytest.raises(StoreWriteError):
+            store.put(key_for(2, 300), _big(2), persist=True)
+
+
+def test_reopening_a_store_whose_disk_takes_no_more_bytes_serves_hits(tmp_path, file_size_limit, caplog):
+    # SQLite must size the -shm file of a WAL index before it reads anything; a file size limit
+    # fails that write as a full disk does (tmpfs stand-in: see the next test)
+    folder = tmp_path / "store"
+    with TieredStore(folder, BUDGETS, options=OPTIONS) as store:
+        assert store.put(key_for(1, 300), _big(1))
+    file_size_limit(1024)
+    _reopen_full(folder, caplog)
+    file_size_limit(resource.RLIM_INFINITY)
+    with TieredStore(folder, BUDGETS, options=OPTIONS) as store:  # space again: writable again
+        assert not store.read_only and store.put(key_for(2, 300), _big(2), persist=True)
+
+
+def test_reopening_a_store_on_a_full_file_system_serves_hits(tmp_path, caplog):
+    with mounted(tmp_path / "small", tmpfs_size="1m") as mount:
+        folder = mount / "store"
+        with TieredStore(folder, BUDGETS, options=OPTIONS) as store:
+            assert store.put(key_for(1, 300), _big(1))
+        with pytest.raises(OSError):
+            (mount / "ballast").write_bytes(b"\0" * 2**20)  # fills the rest
+        _reopen_full(folder, caplog)
