@@ -11,6 +11,7 @@ import logging
 
 import pytest
 
+from fusionrag_llm.fusion.catalog import chunk_id_of
 from fusionrag_llm import FusionRAG, RAGRequest
 from fusionrag_llm.storage import KVEntry, StoreBudgets, StoreOptions, TieredStore
 
@@ -63,9 +64,8 @@ def _engine(store=":memory:", **options):
 
 def _forge(rag, forgery) -> str:
     """Replace the second chunk's plain entry with a forged one (valid but for its form); its key."""
-    ids = rag.parts.catalog.get(CHUNKS[1]).token_ids
-    key = rag.parts.entries.key(ids, "plain")
-    entry, _ = rag.parts.entries.lookup(ids, "plain")
+    found = rag.stored(chunk_id_of(CHUNKS[1]), "plain")
+    key, entry = found.key, found.entry
     keys, values = forgery(entry.keys.float(), entry.values.float())
     forged = KVEntry(entry.token_ids, keys.contiguous(), values.contiguous(), dict(entry.meta))
     assert rag.store.put(key, forged)
