@@ -31,6 +31,19 @@ class PromptFormat:
     question_prefix: str = "\n\nQuestion: "
     doc_label: str | None = None  # e.g. "[Doc_{n}] ": put before the n-th document (from 1), so a note can name it
 
+    def __post_init__(self) -> None:
+        for name in ("instruction", "separator", "question_prefix"):
+            if not isinstance(getattr(self, name), str):
+                raise FusionRAGError(f"PromptFormat.{name} must be a string, got {getattr(self, name)!r:.40}")
+        if self.doc_label is not None:
+            try:
+                if not isinstance(self.doc_label, str):
+                    raise TypeError
+                self.doc_label.format(n=1)
+            except (TypeError, ValueError, KeyError, IndexError, AttributeError):
+                raise FusionRAGError(f"PromptFormat.doc_label must be a string whose only field is {{n}} (the "
+                                     f"document's number), e.g. '[Doc_{{n}}] ', got {self.doc_label!r:.60}") from None
+
 
 @dataclass(frozen=True)
 class RAGRequest:
@@ -47,8 +60,8 @@ class RAGRequest:
     note: str | None = None  # text between the documents and the question (e.g. an order hint)
 
     def __post_init__(self) -> None:
-        if isinstance(self.chunks, str):
-            raise FusionRAGError("RAGRequest.chunks must be a list of strings, not a single string")
+        if isinstance(self.chunks, (str, bytes)) or not hasattr(self.chunks, "__iter__"):
+            raise FusionRAGError(f"RAGRequest.chunks must be a list of strings, got {type(self.chunks).__name__}")
         object.__setattr__(self, "chunks", tuple(self.chunks))
         for index, chunk in enumerate(self.chunks):
             if not isinstance(chunk, str) or not chunk.strip():
@@ -59,6 +72,8 @@ class RAGRequest:
             raise FusionRAGError("RAGRequest.system must be a string or None")
         if self.note is not None and not isinstance(self.note, str):
             raise FusionRAGError("RAGRequest.note must be a string or None")
+        if not isinstance(self.format, PromptFormat):
+            raise FusionRAGError(f"RAGRequest.format must be a PromptFormat, got {type(self.format).__name__}")
 
     def pieces(self) -> list[tuple[str, str]]:
         """The user message as (kind, text) pieces, kind 'chunk' or 'text'."""

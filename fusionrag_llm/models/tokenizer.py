@@ -134,12 +134,14 @@ class ChatTokenizer:
         >>> ChatTokenizer(byte_tokenizer()).encode("<|im_end|>")[:3]  # the bytes '<', '|', 'i'
         [60, 124, 105]
         """
+        check_text(text)
         if self._data_backend is not None:
             return list(self._data_backend.encode(text, add_special_tokens=False).ids)
         return list(self.hf.encode(text, add_special_tokens=False, split_special_tokens=True))
 
     def tokenize(self, text: str) -> TokenizedText:
         """``encode`` that also knows where its token boundaries fall (for finding chunks in prompts)."""
+        check_text(text)
         if self._data_backend is not None:
             encoding = self._data_backend.encode(text, add_special_tokens=False)
             return TokenizedText(text, encoding.ids, encoding.offsets, self._decode_exact)
@@ -210,6 +212,24 @@ class ChatTokenizer:
         """Whether the template strips whitespace around contents (e.g. Llama 3's ``| trim``)."""
         padded = " " + content_placeholder(0) + " "
         return padded not in self.render_chat([{"role": "user", "content": padded}])
+
+
+def check_text(text: str) -> None:
+    """Refuse text that is not valid Unicode (a lone surrogate such as ``"\\ud800"``, which JSON and
+    Python strings can carry but no tokenizer can encode) with the position of the first bad character.
+
+    >>> check_text("caf\\u00e9")
+    >>> check_text("a\\ud800b")
+    Traceback (most recent call last):
+    ...
+    fusionrag_llm.errors.FusionRAGError: text is not valid Unicode: a lone surrogate U+D800 at character 1; send UTF-8 text
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = ord(text[exc.start])
+        raise FusionRAGError(f"text is not valid Unicode: a lone surrogate U+{bad:04X} at character {exc.start}; "
+                             "send UTF-8 text") from None  # fmt: skip
 
 
 def _data_backend(hf: Any) -> Any | None:
