@@ -68,11 +68,13 @@ class Scheduler:
         budget = self.config.max_prefill_tokens
         room = self.config.max_num_seqs - len(self.running)
         for seq in admission_order(self.waiting, is_ready):
-            if room == 0 or (seq.num_prompt_tokens > budget and (step.prefills or step.decodes)):
+            # a request of n answers takes n places; one too large for the batch or the budget runs alone
+            alone = not (step.prefills or step.decodes)
+            if (seq.n > room or seq.num_prompt_tokens > budget) and not alone:
                 break
             step.prefills.append(seq)
             budget -= seq.num_prompt_tokens
-            room -= 1
+            room -= seq.n
         for seq in step.prefills:
             self.waiting.remove(seq)
         return step

@@ -43,6 +43,22 @@ def test_loaded_sequences_are_admitted_first_then_the_others_while_there_is_room
     assert step.prefills == [] and step.decodes == [loaded, loading]  # full: decode on, `later` waits
 
 
+def test_a_request_of_n_answers_takes_n_places():
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=3))
+    two, other, one = _seq(0), _seq(1), _seq(2)
+    two.n = other.n = 2
+    for seq in (two, other, one):
+        scheduler.add(seq)
+    step = scheduler.schedule(lambda s: True)
+    assert step.prefills == [two]  # 2 of 3 places taken: the next request of 2 answers waits (so does the one behind it)
+    wide = _seq(3)
+    wide.n = 4  # more answers than the batch holds: it runs, alone
+    alone = Scheduler(SchedulerConfig(max_num_seqs=3))
+    alone.add(wide)
+    alone.add(_seq(4))
+    assert alone.schedule(lambda s: True).prefills == [wide]
+
+
 def test_a_prompt_over_the_token_budget_still_runs_alone():
     scheduler = Scheduler(SchedulerConfig(max_prefill_tokens=5))
     big = _seq(0, prompt_tokens=50)
