@@ -141,8 +141,8 @@ class ChatTokenizer:
 
     def tokenize(self, text: str) -> TokenizedText:
         """``encode`` that also knows where its token boundaries fall (for finding chunks in prompts)."""
-        check_text(text)
         if self._data_backend is not None:
+            check_text(text)  # the other path's ``encode`` checks it
             encoding = self._data_backend.encode(text, add_special_tokens=False)
             return TokenizedText(text, encoding.ids, encoding.offsets, self._decode_exact)
         return TokenizedText(text, self.encode(text), None, self._decode_exact)
