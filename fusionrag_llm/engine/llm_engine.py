@@ -321,9 +321,9 @@ class LLMEngine:
         stats.computed_tokens += len(work.recompute)
         work.prefill = Prefill(self.model, layout, work.seq.cache, work.recompute, selected, work.exact,
                                stats.method_stats, work.resolver, work.resolved)  # fmt: skip
-        work.run = work.seq.plan.method.start(work.prefill)
+        work.run = work.seq.method_run = work.seq.plan.method.start(work.prefill)
         work.forward = self.runner.recompute_pass(layout, work.recompute, capture_raw_kv=work.exact,
-                                                  hooks=tuple(work.run.hooks))  # fmt: skip
+                                                  hooks=tuple(work.run.hooks), scaling=work.run.scaling)  # fmt: skip
 
     def _finish_prefill(self, work: PrefillWork, out: ForwardOutput) -> None:
         seq = work.seq
@@ -338,6 +338,7 @@ class LLMEngine:
         seq.prompt_logits, seq.first_token_at = out.logits[-1], done
         kept = work.run.after_prefill(work.prefill)  # e.g. write-back, decode KV eviction
         seq.cache = seq.cache if kept is None else kept
+        seq.prompt_slots = seq.cache.length
         seq.forks = [self._fork(seq, index) for index in range(1, seq.n)]
 
     def _answer_so_far(self, seq: Sequence) -> str:
@@ -352,7 +353,8 @@ class LLMEngine:
                         seq.stop_ids, sampling=seq.sampling, stop_strings=seq.stop_strings, status=Status.RUNNING,
                         stats=copy.deepcopy(seq.stats), arrival=seq.arrival, first_token_at=seq.first_token_at,
                         cache=seq.cache.fork(), prompt_logits=seq.prompt_logits, prompt_end=seq.prompt_end,
-                        kv_namespace=seq.kv_namespace)  # fmt: skip
+                        prompt_slots=seq.prompt_slots, kv_namespace=seq.kv_namespace,
+                        method_run=seq.method_run)  # fmt: skip
         twin.generator = seq.sampling.generator(self.model.device, offset=index)
         return twin
 
@@ -410,7 +412,7 @@ class LLMEngine:
             if not work:
                 raise seq.error
             self._finish_prefill(work[0], self.runner.run([work[0].forward], [seq.cache])[0])
-        return self.runner.teacher_forced(seq.cache, seq.prompt_logits, seq.prompt_end, continuation)
+        return self.runner.teacher_forced(seq, continuation)
 
 
 def _chunk_aligned(segments: Seq[Segment], length: int) -> int:

@@ -16,6 +16,7 @@ from fusionrag_llm.engine.sequence import Sequence
 from fusionrag_llm.fusion.placement import position_free_kv
 from fusionrag_llm.fusion.layout import RequestLayout
 from fusionrag_llm.models.kv_cache import KVCache
+from fusionrag_llm.models.forward import AttentionScaling
 from fusionrag_llm.models.llama import DecoderLM, ForwardOutput, ForwardPass
 
 
@@ -27,10 +28,10 @@ class ModelRunner:
         return self.model.new_cache(capacity)
 
     def recompute_pass(self, layout: RequestLayout, recompute: torch.Tensor, capture_raw_kv: bool,
-                       hooks: tuple = ()) -> ForwardPass:  # fmt: skip
+                       hooks: tuple = (), scaling: AttentionScaling | None = None) -> ForwardPass:  # fmt: skip
         """The sparse prefill: the recompute set (sorted slots), logits of the last prompt token only."""
         last_row = torch.tensor([len(recompute) - 1], device=recompute.device)
-        return layout.step(recompute, logit_rows=last_row, capture_raw_kv=capture_raw_kv, hooks=hooks)
+        return layout.step(recompute, logit_rows=last_row, capture_raw_kv=capture_raw_kv, hooks=hooks, scaling=scaling)
 
     def decode_pass(self, seq: Sequence) -> ForwardPass:
         """Feed the sequence's last token at its position, into the next free slot of its cache."""
@@ -40,6 +41,7 @@ class ModelRunner:
             positions=torch.tensor([seq.next_position], device=device),
             slots=seq.cache.reserve(1),
             decode=True,
+            scaling=_scaling(seq),
         )
 
     def run(self, passes: Seq[ForwardPass], caches: Seq[KVCache]) -> list[ForwardOutput]:
@@ -50,10 +52,10 @@ class ModelRunner:
     def fed_kv(self, cache: KVCache, start: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Raw (position-free) K and V of the tokens fed into ``cache`` from ``start`` on, ``[layers,
         kv_heads, n - start, head_dim]``; None unless its slots hold positions 0..n-1 in order (then
-        they are a prefix another request can read)."""
+        they are a prefix another request can read; a cache compacted by decode KV eviction never does)."""
         n = cache.length
         positions = torch.arange(n, device=cache.keys.device)
-        if not n or cache.evicted or not bool((cache.positions[:n] == positions).all() and cache.valid[:n].all()):
+        if not n or not bool((cache.positions[:n] == positions).all() and cache.valid[:n].all()):
             return None
         return position_free_kv(self.model, cache, start, n)
 
@@ -66,14 +68,18 @@ class ModelRunner:
         states = [SamplingState(seq.sampling, seq.generator, seq.prompt_ids, seq.token_ids) for seq in seqs]
         return next_tokens(torch.stack(list(logits)), states)
 
-    def teacher_forced(self, cache: KVCache, first_logits: torch.Tensor, next_position: int,
-                       tokens: Seq[int]) -> torch.Tensor:  # fmt: skip
-        """``[len(tokens) + 1, vocab]``: ``first_logits`` then the logits after each of ``tokens``, which
-        run in one pass at the positions after the prompt (the cache needs room for them)."""
+    def teacher_forced(self, seq: Sequence, tokens: Seq[int]) -> torch.Tensor:
+        """``[len(tokens) + 1, vocab]``: the logits after ``seq``'s prompt, then after each of ``tokens``,
+        which run in one pass at the positions after the prompt (its cache needs room for them)."""
         if not tokens:
-            return first_logits[None]
-        device = cache.keys.device
+            return seq.prompt_logits[None]
+        cache, device = seq.cache, seq.cache.keys.device
         ids = torch.tensor(list(tokens), device=device, dtype=torch.long)
-        positions = torch.arange(next_position, next_position + len(ids), device=device)
-        out = self.model(ForwardPass(ids, positions, cache.reserve(len(ids))), cache)
-        return torch.cat([first_logits[None], out.logits])
+        positions = torch.arange(seq.prompt_end, seq.prompt_end + len(ids), device=device)
+        out = self.model(ForwardPass(ids, positions, cache.reserve(len(ids)), scaling=_scaling(seq)), cache)
+        return torch.cat([seq.prompt_logits[None], out.logits])
+
+
+def _scaling(seq: Sequence) -> AttentionScaling | None:
+    """The rescaled attention ``seq``'s method gives every step of it, if any."""
+    return None if seq.method_run is None else seq.method_run.scaling

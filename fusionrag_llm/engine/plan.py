@@ -74,7 +74,6 @@ class ContextPlan:
     prompt_ids: TokenIds
     exact_blocks: bool  # the store keeps exact path blocks; False: none, exact prefixes in memory
     chunk_kv: str | None = "plain"  # the method's ``chunk_kv``: which stored variant serves each chunk
-    attention_scaling: tuple[float, float] | None = None  # the method's (temperature, scale) on chunk attention
 
     @property
     def chunk_ids(self) -> frozenset[str]:
@@ -142,8 +141,7 @@ def plan_context(segments: Sequence[Segment], run_plan: RunPlan, keys: EntryKeys
         chunk_id = chunk_id_of(segment.text) if segment.kind == "chunk" else None
         planned.append(PlannedSegment(segment.kind, tuple(segment.token_ids), start, end, ends.get(index),
                                       candidates, index == exact, chunk_id, positions[index]))  # fmt: skip
-    return ContextPlan(tuple(planned), tuple(boundaries), ids, keys.exact_blocks, run_plan.method.chunk_kv,
-                       run_plan.method.attention_scaling)  # fmt: skip
+    return ContextPlan(tuple(planned), tuple(boundaries), ids, keys.exact_blocks, run_plan.method.chunk_kv)
 
 
 def _parallel_positions(segments: Sequence[Segment]) -> list[int | None]:

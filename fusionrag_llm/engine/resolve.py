@@ -27,7 +27,7 @@ from fusionrag_llm.fusion.placement import place_entry
 from fusionrag_llm.fusion.request_variants import RequestVariants, StoredVariant, VariantRecorder, recorder_for, store_variants
 from fusionrag_llm.fusion.layout import RequestLayout
 from fusionrag_llm.methods.base import RunPlan
-from fusionrag_llm.models.kv_cache import AttentionScaling, KVCache
+from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.request import Segment
 from fusionrag_llm.storage import KVEntry
 
@@ -114,8 +114,6 @@ class ContextResolver:
             else:
                 self._reserve_fresh(segment, cache, placed)
         layout = _layout(context_plan, placed, cache)
-        if context_plan.attention_scaling is not None:
-            cache.scaling = _chunk_scaling(context_plan, cache)
         if self._feed is not None:
             cache.feed, self._feed = self._feed, None
             cache.feed.start()
@@ -285,16 +283,6 @@ def _chunks_ahead(context_plan: ContextPlan) -> dict[int, list[str]]:
 
 def _count_tier(counts: ResolveCounts, tier: str) -> None:
     counts.tier_hits[tier] = counts.tier_hits.get(tier, 0) + 1
-
-
-def _chunk_scaling(context_plan: ContextPlan, cache: KVCache) -> AttentionScaling:
-    """The request's chunk slots, whose attention logits and weights the method rescales."""
-    chunks = torch.zeros(cache.capacity, dtype=torch.bool, device=cache.keys.device)
-    for segment in context_plan.segments:
-        if segment.kind == "chunk":
-            chunks[segment.start : segment.end] = True
-    temperature, scale = context_plan.attention_scaling
-    return AttentionScaling(chunks, temperature, scale)
 
 
 def _layout(context_plan: ContextPlan, placed: _Placed, cache: KVCache) -> RequestLayout:

@@ -56,6 +56,8 @@ class Sequence:
     cache: Any = None  # the request's KVCache, owned by the model runner's allocations
     prompt_logits: Any = None  # [vocab] logits after the last prompt token
     prompt_end: int | None = None  # the position after the prompt's last one (set once assembled)
+    prompt_slots: int = 0  # cache slots the prompt holds after its prefill (fewer after decode KV eviction)
+    method_run: Any = None  # its method's state (``MethodRun``), from its prefill on
     # whose KV its context holds (engine/turn_cache.py): before its prefill None, or the namespace of an
     # approximated earlier turn it starts from; after it "exact" or its own plan's namespace
     kv_namespace: str | None = None

@@ -167,7 +167,7 @@ class GenerationStream:
         continuation = check_token_ids(continuation, self._engine.model.cfg.vocab_size, "continuation")
         self.close()
         cache = seq.cache
-        prompt_len = seq.num_prompt_tokens - cache.evicted  # its slots: fewer after decode KV eviction
+        prompt_len = seq.prompt_slots
         if len(continuation) - 1 > cache.capacity - prompt_len:
             raise FusionRAGError(
                 f"cannot score {len(continuation)} tokens: this stream has room for "
@@ -175,4 +175,4 @@ class GenerationStream:
             )
         cache.valid[prompt_len : cache.length] = False  # forget the generated tokens' KV
         cache.length = prompt_len
-        return self._engine.runner.teacher_forced(cache, seq.prompt_logits, seq.prompt_end, continuation[:-1])
+        return self._engine.runner.teacher_forced(seq, continuation[:-1])

@@ -58,5 +58,5 @@ class _Eviction(MethodRun):
         candidates[self.scores.window_start :] = False
         index = keep_index(torch.stack(self.scores.scores), candidates, cache.valid[:n], self.settings)
         kept = cache if index is None else cache.compact(index)
-        prefill.stats.update(decode_kv_tokens=kept.length, evicted_kv_tokens=kept.evicted)
+        prefill.stats.update(decode_kv_tokens=kept.length, evicted_kv_tokens=n - kept.length)
         return kept

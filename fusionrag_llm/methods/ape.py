@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusionrag_llm.methods.base import Method
+import torch
+
+from fusionrag_llm.methods.base import AttentionScaling, Method, MethodRun, Prefill
 
 
 @dataclass(frozen=True)
@@ -16,3 +18,13 @@ class APE(Method):
     default_ratio = 0.0
     parallel_positions = True
     attention_scaling = (0.9, 0.9)
+
+    def start(self, prefill: Prefill) -> MethodRun:
+        """Every step of the request sees the chunk slots with rescaled attention."""
+        cache = prefill.cache
+        chunks = torch.zeros(cache.capacity, dtype=torch.bool, device=cache.keys.device)
+        for start, end in prefill.layout.chunk_spans:
+            chunks[start:end] = True
+        run = MethodRun()
+        run.scaling = AttentionScaling(chunks, *self.attention_scaling)
+        return run

@@ -13,8 +13,9 @@ registered by name (``fusionrag_llm.methods.register_method``). The engine asks 
   ``scores_from``) so the engine batches it with other requests'. A method without ``scores``
   recomputes nothing, whatever the ratio;
 * **its per-request work** (``start``): a ``MethodRun`` holding the typed layer hooks of the sparse
-  prefill (``LayerHook``: early stop, KV shift, attention statistics) and the work after it
-  (write-back, decode KV eviction), with the request's state and stats (``stats.method_stats``);
+  prefill (``LayerHook``: early stop, KV shift, attention statistics), the rescaled attention every
+  step of the request takes (``AttentionScaling``), and the work after the prefill (write-back, decode
+  KV eviction), with the request's state and stats (``stats.method_stats``);
 * **its default ratio** (``default_ratio``).
 
     >>> from fusionrag_llm.methods import get_method
@@ -32,7 +33,7 @@ import torch
 
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion.layout import RequestLayout, ScoringInput
-from fusionrag_llm.models.forward import LayerHook
+from fusionrag_llm.models.forward import AttentionScaling, LayerHook
 from fusionrag_llm.models.kv_cache import KVCache
 
 CHUNK_KV = (None, "plain", "fused", "blend", "cfo")
@@ -54,9 +55,11 @@ class Prefill:
 
 
 class MethodRun:
-    """A method's state for one request: the prefill's layer hooks and the work after it."""
+    """A method's state for one request: the prefill's layer hooks, the attention its prefill and decode
+    steps take, and the work after the prefill."""
 
     hooks: tuple[LayerHook, ...] = ()
+    scaling: AttentionScaling | None = None  # rescaled attention for every step of the request (APE)
 
     def after_prefill(self, prefill: Prefill) -> KVCache | None:
         """Runs once the first token's logits are known; may return a new cache for decoding."""
@@ -167,5 +170,5 @@ def select_many(jobs: list[tuple[Method, int, ScoringInput]], model) -> list[tor
     return results
 
 
-__all__ = ["CHUNK_KV", "LayerHook", "Method", "MethodRun", "Prefill", "RunPlan",
+__all__ = ["CHUNK_KV", "AttentionScaling", "LayerHook", "Method", "MethodRun", "Prefill", "RunPlan",
            "ScoringInput", "check_fraction", "select_many"]

@@ -4,7 +4,7 @@ A backend prepares per-sequence metadata once per forward (``prepare``) and atte
 sequence over its cache (``__call__``). ``torch`` picks the fastest exact CPU path for the shape of
 the step (see ``models/attention.py``); ``triton`` runs the query-sparse attention kernel, and the
 masked torch path where a step uses attention groups (batched plain-entry computation), which the
-kernel does not model. A cache with ``scaling`` (APE) takes the rescaled softmax on either backend.
+kernel does not model. A step with ``scaling`` (APE) takes the rescaled softmax on either backend.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ def _masked(step, cache: KVCache) -> AttentionMeta:
     return AttentionMeta(mask=cache.attention_mask(step.positions, step.groups)[None, None])
 
 
-def _scaled(q: torch.Tensor, cache: KVCache, layer: int, meta: AttentionMeta) -> torch.Tensor:
-    """A cache with ``scaling`` (APE) takes the rescaled softmax, whatever the backend."""
-    n, scaling = cache.length, cache.scaling
+def _scaled(q: torch.Tensor, cache: KVCache, layer: int, step, meta: AttentionMeta) -> torch.Tensor:
+    """A step with ``scaling`` (APE) takes the rescaled softmax, whatever the backend."""
+    n, scaling = cache.length, step.scaling
     return attend_scaled(q, cache.keys[layer, :, :n], cache.values[layer, :, :n], meta.mask[0, 0],
                          scaling.slots[:n], scaling.temperature, scaling.scale)  # fmt: skip
 
@@ -42,7 +42,7 @@ class TorchAttention:
     name = "torch"
 
     def prepare(self, step, cache: KVCache) -> AttentionMeta:
-        if step.groups is not None or cache.scaling is not None:
+        if step.groups is not None or step.scaling is not None:
             return _masked(step, cache)
         tail = causal_tail_start(step.slots, step.positions, cache.positions, cache.valid, cache.length)
         if tail is not None:
@@ -52,8 +52,8 @@ class TorchAttention:
         return _masked(step, cache)
 
     def __call__(self, q: torch.Tensor, cache: KVCache, layer: int, step, meta: AttentionMeta) -> torch.Tensor:
-        if cache.scaling is not None:
-            return _scaled(q, cache, layer, meta)
+        if step.scaling is not None:
+            return _scaled(q, cache, layer, step, meta)
         n = cache.length
         return attend(q, cache.keys[layer, :, :n], cache.values[layer, :, :n], meta.mask, meta.tail_start,
                       meta.sorted_positions)  # fmt: skip
@@ -63,7 +63,7 @@ class TritonAttention:
     name = "triton"
 
     def prepare(self, step, cache: KVCache) -> AttentionMeta | None:
-        if step.groups is not None or cache.scaling is not None:
+        if step.groups is not None or step.scaling is not None:
             return _masked(step, cache)
         if len(step.slots) > 1:  # a prefill block ending the cache: PyTorch's fused causal attention
             tail = causal_tail_start(step.slots, step.positions, cache.positions, cache.valid, cache.length,
@@ -73,8 +73,8 @@ class TritonAttention:
         return None
 
     def __call__(self, q: torch.Tensor, cache: KVCache, layer: int, step, meta: AttentionMeta | None) -> torch.Tensor:
-        if cache.scaling is not None:
-            return _scaled(q, cache, layer, meta)
+        if step.scaling is not None:
+            return _scaled(q, cache, layer, step, meta)
         n = cache.length
         keys, values = cache.keys[layer, :, :n], cache.values[layer, :, :n]
         if meta is not None and meta.tail_start is not None:

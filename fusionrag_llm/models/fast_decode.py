@@ -18,7 +18,7 @@ take its plainest path; anything else runs layer by layer as before:
 * the model is float32 on the CPU with the torch attention backend; each decoder linear is read as
   its quantized copy where it has one (``DecoderLM.quantize_linears``: "auto" on a GGUF model), else
   as its float32 weight;
-* the cache is float32 without APE scaling or KV still arriving.
+* the step has no APE scaling; the cache is float32 with no KV still arriving.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ class DecodeProgram:
                     and not step.capture_raw_kv
                     and not step.capture_query_layers):  # fmt: skip
                 return False
-            if getattr(meta, "tail_start", None) is None or cache.scaling is not None or cache.feed is not None:
+            if getattr(meta, "tail_start", None) is None or step.scaling is not None or cache.feed is not None:
                 return False
             if cache.keys.dtype != torch.float32 or not cache.keys.is_contiguous():
                 return False

@@ -37,6 +37,16 @@ class LayerHook:
         pass
 
 
+@dataclass(frozen=True)
+class AttentionScaling:
+    """APE's rescaled attention: computed queries see the ``slots`` marked True with logits divided by
+    ``temperature`` and softmax weights multiplied by ``scale`` (then renormalised over all keys)."""
+
+    slots: torch.Tensor  # [capacity] bool, over the request cache's slots
+    temperature: float
+    scale: float
+
+
 @dataclass
 class ForwardPass:
     """One sequence's part of a forward call."""
@@ -51,6 +61,7 @@ class ForwardPass:
     decode: bool = False  # a decode step: may read the quantized weights (``DecoderLM.quantize_linears``)
     # a method's per-layer work in this step (``LayerHook``), in the order given
     hooks: tuple["LayerHook", ...] = ()
+    scaling: AttentionScaling | None = None  # a method's rescaled attention (APE); None: plain softmax
 
     def narrowed(self, keep: torch.Tensor) -> "ForwardPass":
         """The same step with only the ``keep`` rows (without the hook that decided it)."""
@@ -65,7 +76,8 @@ class ForwardPass:
             raise ValueError("a step that returns logits for every row cannot drop rows")
         groups = None if self.groups is None else self.groups[keep]
         return ForwardPass(self.token_ids[keep], self.positions[keep], self.slots[keep], logit_rows,
-                           groups=groups, decode=self.decode, hooks=tuple(h for h in self.hooks if h.keep is None))  # fmt: skip
+                           groups=groups, decode=self.decode, hooks=tuple(h for h in self.hooks if h.keep is None),
+                           scaling=self.scaling)  # fmt: skip
 
 
 @dataclass

@@ -13,16 +13,6 @@ from typing import Any
 import torch
 
 
-@dataclass(frozen=True)
-class AttentionScaling:
-    """APE's rescaled attention: computed queries see the ``slots`` marked True with logits divided by
-    ``temperature`` and softmax weights multiplied by ``scale`` (then renormalised over all keys)."""
-
-    slots: torch.Tensor  # [capacity] bool
-    temperature: float
-    scale: float
-
-
 @dataclass
 class KVCache:
     keys: torch.Tensor  # [num_layers, num_kv_heads, capacity, head_dim], rotary applied
@@ -31,10 +21,6 @@ class KVCache:
     valid: torch.Tensor  # [capacity] bool
     groups: torch.Tensor  # [capacity] int32; group 0 is seen by all, others only by their own group
     length: int = 0  # slots [0, length) are in use
-    scaling: AttentionScaling | None = None  # None: plain softmax attention
-    # prompt tokens each (layer, kv-head) dropped by decode KV eviction (``compact``); 0: none. An
-    # evicted cache holds different tokens per head, so it is no prefix another request can read.
-    evicted: int = 0
     # stored KV still arriving layer by layer (``fusion/layer_feed.LayerFeed``): the forward asks for
     # each layer before reading it (``ready``); anything else reading the cache calls ``settle`` first
     feed: Any = None
@@ -74,7 +60,7 @@ class KVCache:
         answer to the same prompt."""
         self.settle()
         return KVCache(self.keys.clone(), self.values.clone(), self.positions.clone(), self.valid.clone(),
-                       self.groups.clone(), self.length, self.scaling, evicted=self.evicted)  # fmt: skip
+                       self.groups.clone(), self.length)  # fmt: skip
 
     def compact(self, index: torch.Tensor) -> "KVCache":
         """A new, smaller cache holding only the slots ``index`` [layers, kv_heads, m] names for each
@@ -89,8 +75,8 @@ class KVCache:
         >>> slots = cache.reserve(4); cache.positions[:4] = slots; cache.valid[:4] = True
         >>> cache.keys[0, :, :4] = torch.arange(4.0)[:, None]
         >>> small = cache.compact(torch.tensor([[[0, 2], [1, 3]]]))
-        >>> small.keys[0, :, :2, 0].tolist(), small.positions[:2].tolist(), small.capacity, small.evicted
-        ([[0.0, 2.0], [1.0, 3.0]], [1, 3], 4, 2)
+        >>> small.keys[0, :, :2, 0].tolist(), small.positions[:2].tolist(), small.capacity
+        ([[0.0, 2.0], [1.0, 3.0]], [1, 3], 4)
         """
         self.settle()
         layers, heads, kept = index.shape
@@ -104,7 +90,7 @@ class KVCache:
         out.values[:, :, :kept] = torch.gather(self.values[:, :, : self.length], 2, gather)
         out.positions[:kept] = self.positions[index].flatten(0, 1).max(dim=0).values
         out.valid[:kept] = True
-        out.length, out.evicted = kept, self.evicted + self.length - kept
+        out.length = kept
         return out
 
     @property

@@ -72,9 +72,10 @@ def test_every_chunk_starts_right_after_the_prefix(rag):
             assert positions[start:end].tolist() == list(range(after, after + end - start))
             after += end - start
     assert seq.prompt_end == after
-    scaled = cache.scaling.slots[: cache.length]
+    scaling = seen[0].run.scaling  # every step of the request: its prefill and its decode steps
+    scaled = scaling.slots[: cache.length]
     assert scaled.tolist() == [kind == "chunk" for (start, end), kind in zip(spans, kinds) for _ in range(start, end)]
-    assert (cache.scaling.temperature, cache.scaling.scale) == APE.attention_scaling == (0.9, 0.9)
+    assert (scaling.temperature, scaling.scale) == APE.attention_scaling == (0.9, 0.9)
 
 
 def test_generated_tokens_continue_after_the_prompt(rag):
