@@ -2,7 +2,7 @@
 asks it with the chunks out of order, and hand-made embeddings that make each chunk's neighbours the
 other two; shared by the engine tests that run every method."""
 
-from fusionrag_llm import RAGRequest
+from fusionrag_llm import FusionRAG, RAGRequest
 
 CHUNKS = [
     "The lighthouse at Keldmouth was designed by the engineer Tamsin Orrery in 1872.",
@@ -11,3 +11,11 @@ CHUNKS = [
 ]
 EMBEDDINGS = [[1, 0.2], [0.9, 0.4], [0.7, 0.7]]
 REQUEST = RAGRequest(chunks=[CHUNKS[2], CHUNKS[0], CHUNKS[1]], question="Where was the lighthouse designer born?")
+
+
+def lighthouse_rag(**options):
+    """The tiny model over an in-memory store (no prefix cache) with the three chunks registered, each
+    fused with the other two; ``options`` add engine options."""
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False, **options})
+    rag.add_chunks(CHUNKS, embeddings=EMBEDDINGS, neighbors=2)
+    return rag

@@ -8,27 +8,20 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from fusionrag_llm import DecodeEviction, FusionRAG, FusionRAGError, MethodRun, RAGRequest, get_method
+from fusionrag_llm import DecodeEviction, FusionRAGError, MethodRun, get_method
 from fusionrag_llm.methods import make_plan
 from fusionrag_llm.methods.a3 import A3
 from fusionrag_llm.models.forward import ForwardPass
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.models.kv_eviction import decode_eviction, keep_index
+from lighthouse import REQUEST, lighthouse_rag
 
-CHUNKS = [
-    "The lighthouse at Keldmouth was designed by the engineer Tamsin Orrery in 1872.",
-    "Tamsin Orrery was born in Brightwater, a city at the mouth of the river Sel.",
-    "Brightwater is the capital of Lowmarch, a flat province crossed by canals.",
-]
-REQUEST = RAGRequest(chunks=[CHUNKS[2], CHUNKS[0], CHUNKS[1]], question="Where was the lighthouse designer born?")
 BUDGET = 20
 
 
 @pytest.fixture(scope="module")
 def rag():
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
-    rag.add_chunks(CHUNKS, embeddings=[[1, 0.2], [0.9, 0.4], [0.7, 0.7]], neighbors=2)
-    return rag
+    return lighthouse_rag()
 
 
 @dataclass

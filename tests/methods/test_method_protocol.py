@@ -9,20 +9,15 @@ from dataclasses import FrozenInstanceError, dataclass
 import pytest
 import torch
 
-from fusionrag_llm import (FusionRAG, FusionRAGError, LayerHook, Method, MethodRun, Prefill, RAGRequest, get_method,
+from fusionrag_llm import (FusionRAGError, LayerHook, Method, MethodRun, Prefill, get_method,
                            method_names, register_method)  # fmt: skip
 from fusionrag_llm import methods as registry
 from fusionrag_llm.fusion.layout import RequestLayout, ScoringInput
 from fusionrag_llm.methods import make_plan
 from fusionrag_llm.methods.a3 import A3
 from fusionrag_llm.methods.base import select_many
+from lighthouse import REQUEST, lighthouse_rag
 
-CHUNKS = [
-    "The lighthouse at Keldmouth was designed by the engineer Tamsin Orrery in 1872.",
-    "Tamsin Orrery was born in Brightwater, a city at the mouth of the river Sel.",
-    "Brightwater is the capital of Lowmarch, a flat province crossed by canals.",
-]
-REQUEST = RAGRequest(chunks=[CHUNKS[2], CHUNKS[0], CHUNKS[1]], question="Where was the lighthouse designer born?")
 BUILT_IN = ("full_attention", "full_reuse", "cacheblend", "fusionrag", "fusionrag_paper", "a3", "epic", "cacheclip",
             "cache_craft", "ape")  # fmt: skip
 
@@ -35,9 +30,7 @@ def own_registry(monkeypatch):
 
 @pytest.fixture(scope="module")
 def rag():
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
-    rag.add_chunks(CHUNKS, embeddings=[[1, 0.2], [0.9, 0.4], [0.7, 0.7]], neighbors=2)
-    return rag
+    return lighthouse_rag()
 
 
 # ---------------------------------------------------------------- the registry

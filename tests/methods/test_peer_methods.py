@@ -8,20 +8,15 @@ import torch
 from click.testing import CliRunner
 from cli_store import cli_ingested_store
 
-from fusionrag_llm import FusionRAG, RAGRequest, get_method, method_names
+from fusionrag_llm import FusionRAG, get_method, method_names
 from fusionrag_llm.cli.main import cli
 from fusionrag_llm.fusion.layout import RequestLayout, ScoringInput
 from fusionrag_llm.fusion.scorers import auxiliary_attention
 from fusionrag_llm.methods.base import select_many
 from fusionrag_llm.models.forward import ForwardPass
 from method_spy import spy
+from lighthouse import CHUNKS, REQUEST, lighthouse_rag
 
-CHUNKS = [
-    "The lighthouse at Keldmouth was designed by the engineer Tamsin Orrery in 1872.",
-    "Tamsin Orrery was born in Brightwater, a city at the mouth of the river Sel.",
-    "Brightwater is the capital of Lowmarch, a flat province crossed by canals.",
-]
-REQUEST = RAGRequest(chunks=[CHUNKS[2], CHUNKS[0], CHUNKS[1]], question="Where was the lighthouse designer born?")
 
 
 def chunk_layout(spans):
@@ -45,9 +40,7 @@ def test_epic_recomputes_the_first_tokens_of_every_chunk():
 
 @pytest.fixture(scope="module")
 def rag():
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
-    rag.add_chunks(CHUNKS, embeddings=[[1, 0.2], [0.9, 0.4], [0.7, 0.7]], neighbors=2)
-    return rag
+    return lighthouse_rag()
 
 
 def test_a3_ranks_by_the_exact_layer_one_attention_of_the_question(rag):
@@ -122,8 +115,7 @@ def test_cacheclip_scores_are_the_shallow_models_attention_to_each_chunk_alone()
     """The auxiliary model is the first 2 of tiny's 3 layers. Its score of a chunk token must be the
     attention the question gives it in an exact run of [S0, that chunk, question] through those
     layers (softmax over all three parts, only the chunk read), whatever the other chunks."""
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False, "auxiliary": 2})
-    rag.add_chunks(CHUNKS, embeddings=[[1, 0.2], [0.9, 0.4], [0.7, 0.7]], neighbors=2)
+    rag = lighthouse_rag(auxiliary=2)
     model = rag.engine.model
     method, seen = spy("cacheclip")
     rag.generate(REQUEST, method=method, recompute_ratio=0.3, max_new_tokens=1)
