@@ -1,5 +1,7 @@
 """Layer-wise loading on a GPU: entries held in pinned host memory reach the request cache on a
-stream of their own while the forward runs, with the same logits as placing them whole first."""
+stream of their own while the forward runs, with the same answers and logits as placing them whole
+first (logits to float32's last digits: the two ways reach the same KV, and GPU kernels may sum in
+another order from one launch to the next)."""
 
 import pytest
 import torch
@@ -38,7 +40,7 @@ def test_layer_by_layer_on_a_stream_gives_the_same_logits(dtype):
         assert a.token_ids == b.token_ids, method
         la = whole.logits(REQUEST, a.token_ids, method=method, recompute_ratio=ratio)
         lb = layerwise.logits(REQUEST, a.token_ids, method=method, recompute_ratio=ratio)
-        assert torch.equal(la, lb), method
+        torch.testing.assert_close(la, lb, rtol=1e-5, atol=1e-5, msg=method)
 
 
 def test_a_slow_copy_stream_is_waited_for_layer_by_layer(monkeypatch):
@@ -56,5 +58,6 @@ def test_a_slow_copy_stream_is_waited_for_layer_by_layer(monkeypatch):
         return stage(self, start, end, stream)
 
     monkeypatch.setattr(LayerFeed, "_stage", slow)
-    assert torch.equal(layerwise.logits(REQUEST, [5, 6], method="fusionrag", recompute_ratio=0.15), expected)
+    got = layerwise.logits(REQUEST, [5, 6], method="fusionrag", recompute_ratio=0.15)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert streams and all(stream is not None for stream in streams)  # entries in host memory: copied
