@@ -25,8 +25,13 @@ from fusionrag_llm.cli.options import (device_option, dtype_option, engine_optio
 def ingest(paths, model, store, remote, device, dtype, neighbors, max_words, no_fuse, variant_notes, workers,
            engine_options) -> None:  # fmt: skip
     """Ingest text and markdown files (folders are searched for *.txt, *.md, *.rst). Resumable."""
+    from fusionrag_llm.ingest.documents import load_chunks
     from fusionrag_llm.ingest.pipeline import ingest_paths
 
+    try:  # every file is read and checked before the model loads
+        load_chunks(paths, max_words)
+    except user_errors() as exc:
+        raise click.ClickException(str(exc)) from None
     rag = load_rag(model, device, dtype, store, **with_flags(engine_options, remote=remote))
     try:
         summary = ingest_paths(rag, paths, max_words=max_words, neighbors=neighbors, fuse=not no_fuse,

@@ -56,11 +56,26 @@ def query(question, model, store, remote, device, dtype, method, ratio, top_k, m
 
 
 def _require_store(store: str | None) -> None:
-    """A query reads an ingested store: a missing folder is an error, never created as a side effect."""
+    """A query reads an ingested store: a missing folder is an error, never created as a side effect,
+    and a store without a document index is one too, found before the model loads."""
+    import os
+    import stat
     from pathlib import Path
 
+    from fusionrag_llm.ingest.doc_index import DOCUMENTS_LOG, LEGACY_FOLDER
     from fusionrag_llm.paths import store_dir
 
     folder = Path(store).expanduser() if store else store_dir()
     if not folder.is_dir():
         raise click.ClickException(f"no KV store at {str(folder)!r}: run `fusionrag ingest` first, or pass --store")
+
+    def present(name: str, kind) -> bool:  # looked at, never followed: the store reads it without links
+        try:
+            info = os.lstat(folder / name)
+        except OSError:
+            return False
+        return kind(info.st_mode) and (kind is stat.S_ISDIR or info.st_size > 0)
+
+    if not present(DOCUMENTS_LOG, stat.S_ISREG) and not present(LEGACY_FOLDER, stat.S_ISDIR):
+        raise click.ClickException(f"the document index of the store {str(folder)!r} is empty; "
+                                   "run 'fusionrag ingest PATH' first")  # fmt: skip

@@ -83,6 +83,20 @@ def test_query_on_an_empty_store_and_cache_clear(tmp_path):
     assert cleared.exit_code == 0 and "removed" in cleared.output
 
 
+def test_inputs_are_checked_before_the_model_loads(corpus, tmp_path):
+    """A missing path to ingest and a store with nothing ingested are reported as such, not as the
+    model that failed to load first (no model is found under the name given)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    absent_model = str(tmp_path / "no-such-model")
+    missing = run("ingest", str(tmp_path / "missing"), "--model", absent_model, "--store", str(store))
+    assert missing.exit_code != 0 and "does not exist" in missing.output
+    empty = run("query", "anything?", "--model", absent_model, "--store", str(store))
+    assert empty.exit_code != 0 and "run 'fusionrag ingest PATH' first" in empty.output
+    loads = run("ingest", str(corpus), "--model", absent_model, "--store", str(store))  # good input: the model is next
+    assert loads.exit_code != 0 and "does not exist" not in loads.output
+
+
 def test_a_query_without_a_store_creates_no_folder(tmp_path):
     missing = tmp_path / "nowhere" / "store"
     result = run("query", "anything?", "--model", "tiny", "--store", str(missing))
