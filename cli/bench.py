@@ -7,14 +7,14 @@ live in the repository's ``bench/`` folder, outside the package.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import click
 
 from fusionrag_llm.cli.options import (baselines_option, device_option, dtype_option, engine_option, max_new_tokens_option,
-                                       method_options, model_option, neighbors_option)  # fmt: skip
+                                       method_options, model_option, neighbors_option, progress_on,
+                                       repeats_option)  # fmt: skip
 
 DEFAULT_METHODS = "full_attention,full_reuse,cacheblend,fusionrag_paper,fusionrag"
 
@@ -117,11 +117,6 @@ def passages_option(default: int):
                         help="Passages per question.")  # fmt: skip
 
 
-def repeats_option(default: int):
-    return click.option("--repeats", default=default, show_default=True, type=click.IntRange(1),
-                        help="Timed runs after one warm-up (median).")  # fmt: skip
-
-
 def out_option(command):
     return click.option("--out", default="bench_results", show_default=True, type=click.Path(file_okay=False),
                         help="Folder for the JSON, table and plots.")(command)  # fmt: skip
@@ -134,11 +129,6 @@ def _load(model: str, device: str | None, dtype: str | None, store: str | None, 
         return open_bench_rag(model, device, dtype, store, kv_codec)
     except ValueError as exc:  # FusionRAGError is a ValueError
         raise click.ClickException(str(exc)) from None
-
-
-def _progress() -> bool:
-    """Progress bars on stderr when it is a terminal (not in logs, pipes or tests)."""
-    return sys.stderr.isatty()
 
 
 def _echo_outputs(paths) -> None:
@@ -187,7 +177,7 @@ def quality(dataset, methods, ratios, passages, question_range, model, device, d
         examples = load_examples(dataset, limit, passages, config.seed, config.words_per_passage, skip)
         log = PartialLog(Path(out) / "quality.partial.jsonl", config.identity(), fresh=fresh)
         rag = _load(model, device, dtype, store, kv_codec)
-        run = run_quality(rag, examples, config, log, progress=_progress())
+        run = run_quality(rag, examples, config, log, progress=progress_on())
     except ValueError as exc:  # FusionRAGError and DatasetError are ValueErrors
         raise click.ClickException(str(exc)) from None
     click.echo(f"records: {run.computed} computed, {run.skipped} resumed from {log.path}")
@@ -229,9 +219,9 @@ def ttft(lengths, methods, ratios, dataset, model, device, dtype, neighbors, rep
     try:
         question, passages = source_passages(dataset, max(lengths), config.seed)
         prompts = build_prompts(rag, question, passages, lengths)
-        offline = ingest_prompts(rag, prompts, neighbors, progress=_progress(), methods=config.methods)
+        offline = ingest_prompts(rag, prompts, neighbors, progress=progress_on(), methods=config.methods)
         hf_model = load_hf_twin(rag.engine.loaded) if "transformers" in baselines else None
-        rows = run_ttft(rag, prompts, config, hf_model, gguf, progress=_progress())
+        rows = run_ttft(rag, prompts, config, hf_model, gguf, progress=progress_on())
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     _echo_outputs(write_ttft(Path(out), config.to_dict(), machine_info(rag), offline, rows, note))
@@ -302,7 +292,7 @@ def serve(dataset, questions, tokens, max_new_tokens, concurrency, method, ratio
         prompts = workload_requests(rag, dataset, questions, tokens)
         start = time.perf_counter()
         pool = list(dict.fromkeys(chunk for prompt in prompts for chunk in prompt.chunks))
-        add_chunks(rag, pool, neighbors, progress=_progress())
+        add_chunks(rag, pool, neighbors, progress=progress_on())
         offline = {"chunks": len(pool), "seconds": time.perf_counter() - start}
         result = run_serve(rag, prompts, config)
     except ValueError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
@@ -108,3 +109,13 @@ def load_rag(model: str, device: str | None, dtype: str | None, store=None, **op
         return FusionRAG.from_pretrained(model, device=device, dtype=dtype, store=store, options=options)
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def progress_on() -> bool:
+    """Progress bars on stderr when it is a terminal (not in logs, pipes or tests)."""
+    return sys.stderr.isatty()
+
+
+def repeats_option(default: int):
+    return click.option("--repeats", default=default, show_default=True, type=click.IntRange(1),
+                        help="Timed runs after one warm-up (median).")  # fmt: skip
