@@ -130,6 +130,13 @@ class RedisBytes(ByteTierBase):
     def __len__(self) -> int:
         return int(self._call("hlen", self._client.hlen, self._keys[0]) or 0)
 
+    def head(self, key: str, size: int) -> bytes | None:
+        """The first `size` bytes of the value under `key` (without reading the rest), or None:
+        absent or down. Lets `AuthenticatedBytes` tell whose secret wrote a value."""
+        check_key(key)
+        found = self._call("getrange", self._client.getrange, self.prefix + "e:" + key, 0, size - 1)
+        return found or None
+
     def keys(self) -> list[str]:
         found = self._call("hkeys", self._client.hkeys, self._keys[0]) or []
         return [k.decode() for k in found if is_store_key(k.decode(errors="replace"))]
