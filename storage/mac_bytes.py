@@ -45,6 +45,7 @@ import logging
 import threading
 
 from .byte_tier import ByteTier, Classify
+from .keys import is_store_key
 from .stats import TierStats, VerifyReport
 
 logger = logging.getLogger(__name__)
@@ -140,9 +141,9 @@ class AuthenticatedBytes:
     def __contains__(self, key: object) -> bool:
         """Whether `key` holds a value, written with this secret when the tier can tell cheaply (`head`)."""
         head = getattr(self.tier, "head", None)
-        if self._secret is None or head is None or key not in self.tier:
+        if self._secret is None or head is None or not is_store_key(key):
             return key in self.tier
-        return head(key, len(self._head)) == self._head
+        return head(key, len(self._head)) == self._head  # one round trip: None when absent
 
     def __len__(self) -> int:
         return len(self.tier)

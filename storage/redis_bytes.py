@@ -3,8 +3,8 @@
 * Values are the framed bytes the disk holds (the store has one codec) behind the keyed MAC of
   `AuthenticatedBytes`, which a store always puts in front of this tier (`tier_list.remote_tier`):
   a value is used only when its MAC verifies, then `CodedTier` checks it (checksum, key binding)
-  and discards a corrupt one. The server is not trusted with anything: nothing read from it is
-  unpickled or run, and a value written without the secret is a miss.
+  and discards a corrupt one. Nothing read from the server is unpickled or run, and with a secret
+  a value written without it is a miss (on a trusted network, the server is trusted with bytes).
 * Keys live under a prefix (`fusionrag:kv:` by default), so a Redis database can hold other data;
   the budget's used bytes and each entry's heat live in Redis too (the layout below), and
   every write is one Lua script (atomic), so processes agree on what is held and what is cold.
@@ -15,11 +15,11 @@
   to its local tiers. The `redis` client is imported only when a tier is opened.
 
 The Lua scripts at the end run one per operation. Layout under a prefix `p` (`RedisBytes.prefix`):
-`p e:<key>` holds a value (the framed bytes the disk holds, after their MAC), the hash `p size` each value's length,
-the sorted set `p heat` each key's heat time (see `heat.bump_heat_time`) and `p used` the sum of the
-sizes. Every script keeps the four in step. Scripts touch only keys under the prefix (value keys are
-built from it, so this tier needs a single Redis server, not a cluster). Their KEYS are [size hash,
-heat zset, used counter]; the value key is `ARGV[1] .. 'e:' .. key`.
+`p e:<key>` holds a value (the framed bytes the disk holds, after their MAC), the hash `p size` each
+value's length, the sorted set `p heat` each key's heat time (see `heat.bump_heat_time`) and
+`p used` the sum of the sizes. Every script keeps the four in step. Scripts touch only keys under the
+prefix (value keys are built from it, so this tier needs a single Redis server, not a cluster).
+Their KEYS are [size hash, heat zset, used counter]; the value key is `ARGV[1] .. 'e:' .. key`.
 """
 
 from __future__ import annotations
