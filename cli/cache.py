@@ -15,7 +15,7 @@ import click
 
 from fusionrag_llm import CATALOG_FILE, recorded_kv_codec, registered_chunk_count
 from fusionrag_llm.ingest.doc_index import DOCUMENTS_LOG, LEGACY_FOLDER, DocumentIndex
-from fusionrag_llm.paths import store_dir
+from fusionrag_llm.paths import remote_secret, remote_trusted, store_dir
 from fusionrag_llm.storage import (
     FileRecordLog,
     StoreConfigError,
@@ -34,13 +34,16 @@ store_option = click.option(
 )
 remote_option = click.option(
     "--remote", default=None, metavar="URL",
-    help="Also the shared Redis tier at URL (only when given here: $FUSIONRAG_REMOTE is not read by cache commands).",
+    help="Also the shared Redis tier at URL (only when given here: $FUSIONRAG_REMOTE is not read by cache commands), "
+         "with $FUSIONRAG_REMOTE_SECRET (or $FUSIONRAG_REMOTE_TRUSTED=1).",
 )  # fmt: skip
 
 
 def _options(remote: str | None) -> StoreOptions:
     try:
-        return StoreOptions(remote_url=remote)
+        if remote is None:
+            return StoreOptions()
+        return StoreOptions(remote_url=remote, remote_secret=remote_secret(), remote_trusted=remote_trusted())
     except ValueError as exc:
         raise click.ClickException(f"--remote: {exc}") from None
 

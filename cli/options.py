@@ -17,7 +17,8 @@ store_option = click.option("--store", default=None, help="KV store folder (defa
 remote_option = click.option(
     "--remote", default=None, metavar="URL",
     help="Redis/Valkey server of a KV tier shared by several engines, e.g. redis://127.0.0.1:6379/0 "
-         "(default: $FUSIONRAG_REMOTE; unreachable: logged, local tiers only).",
+         "(default: $FUSIONRAG_REMOTE; unreachable: logged, local tiers only). Its values are authenticated "
+         "with $FUSIONRAG_REMOTE_SECRET; $FUSIONRAG_REMOTE_TRUSTED=1 opens it without one (docs/SECURITY.md).",
 )  # fmt: skip
 device_option = click.option("--device", default=None, help="'cpu' or 'cuda' (default: cuda when available).")
 dtype_option = click.option("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU).")

@@ -26,7 +26,7 @@ from fusionrag_llm.models.loader import LoadedModel, load_model
 from fusionrag_llm.models.tokenizer import ChatPart
 from fusionrag_llm.options import EngineOptions
 from fusionrag_llm.request import RAGRequest, Segment, TextPrompt, build_segments, validate_messages
-from fusionrag_llm.paths import remote_url, store_dir
+from fusionrag_llm.paths import remote_secret, remote_trusted, remote_url, store_dir
 from fusionrag_llm.storage import StoreConfigError, StoreDamagedError
 from fusionrag_llm.storage.store import StoreSpec, open_store
 
@@ -48,7 +48,7 @@ class FusionRAG:
                  options: EngineOptions | dict | None = None):  # fmt: skip
         options = EngineOptions.of(options)
         self._loaded = loaded
-        self.store = _open_store(store, loaded.model.device, options.remote, options.kv_codec)
+        self.store = _open_store(store, loaded.model.device, options)
         self.embedder = embedder
         fingerprint = fingerprint_of(loaded.name, loaded.source, loaded.hf_config, loaded.tokenizer.hf, loaded.model.dtype)
         s0_ids = self.segments(RAGRequest(chunks=["-"], question="-"))[0].token_ids
@@ -304,15 +304,26 @@ class DamagedStoreError(FusionRAGError, StoreDamagedError):
     """The store's index is damaged; the message names the file and the commands that fix it."""
 
 
-def _open_store(store: StoreSpec, device: torch.device, remote: str | None, kv_codec: str | None):
-    """``open_store`` with the facade's defaults (the default folder, ``$FUSIONRAG_REMOTE``) and errors."""
+def _open_store(store: StoreSpec, device: torch.device, options: EngineOptions):
+    """``open_store`` with the facade's defaults (the default folder, ``$FUSIONRAG_REMOTE`` and, for a
+    remote tier, ``$FUSIONRAG_REMOTE_SECRET`` / ``$FUSIONRAG_REMOTE_TRUSTED`` unless the options give
+    either) and errors."""
+    remote = remote_url() if options.remote is None else options.remote
     try:
-        return open_store(store_dir() if store is None else store, device,
-                          remote=remote_url() if remote is None else remote, kv_codec=kv_codec)  # fmt: skip
+        secret, trusted = _remote_auth(options) if remote else (None, False)
+        return open_store(store_dir() if store is None else store, device, remote=remote, kv_codec=options.kv_codec,
+                          remote_secret=secret, remote_trusted=trusted)  # fmt: skip
     except StoreDamagedError as exc:
         raise DamagedStoreError(exc.directory, exc.problem) from exc
     except StoreConfigError as exc:
         raise FusionRAGError(str(exc)) from None
+
+
+def _remote_auth(options: EngineOptions) -> tuple[str | None, bool]:
+    """``(secret, trusted)`` of the remote tier: the options' when they give either, else the environment's."""
+    if options.remote_secret is None and options.remote_trusted is None:
+        return remote_secret(), remote_trusted()
+    return options.remote_secret, bool(options.remote_trusted)
 
 
 def turn_cache(gib: float) -> TurnCache | None:

@@ -9,12 +9,12 @@ field is an error that lists the known ones.
     >>> EngineOptions.of({"turn_cache": 1})
     Traceback (most recent call last):
     ...
-    fusionrag_llm.errors.FusionRAGError: unknown engine option(s) turn_cache; known: kernels, decode_weights, prefix_cache, turn_cache_gib, kv_codec, remote, auxiliary, craft_variants, layerwise_load
+    fusionrag_llm.errors.FusionRAGError: unknown engine option(s) turn_cache; known: kernels, decode_weights, prefix_cache, turn_cache_gib, kv_codec, remote, remote_secret, remote_trusted, auxiliary, craft_variants, layerwise_load
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from fusionrag_llm.errors import FusionRAGError
@@ -36,6 +36,11 @@ class EngineOptions:
       ``"int8"``, ``"fp8"``, ``"int4"``; default the codec the store folder records, ``"bf16"`` for a new
       folder, ``"model"`` for ``":memory:"`` (docs/store.md).
     * ``remote``: a Redis/Valkey URL for a KV tier shared with other engines; default ``$FUSIONRAG_REMOTE``.
+    * ``remote_secret``: the key of the MAC on every value of the remote tier (at least 16 characters, the
+      same in every engine sharing it); default ``$FUSIONRAG_REMOTE_SECRET``. Not shown by ``repr``.
+    * ``remote_trusted``: True opens the remote tier without a secret, trusting everyone who can write the
+      server (its values carry no MAC); default ``$FUSIONRAG_REMOTE_TRUSTED``. A remote tier needs one of
+      the two (docs/SECURITY.md). When either is given here, neither is read from the environment.
     * ``auxiliary``: CacheClip's auxiliary model: a model of the same tokenizer (a name, path, ``FusionRAG``
       or loaded model) or an int, how many layers of this model it keeps (default: a quarter).
     * ``craft_variants``: Cache-Craft's request-made chunk variants, about M per chunk kept (0: off).
@@ -49,6 +54,8 @@ class EngineOptions:
     turn_cache_gib: float = 0.0
     kv_codec: str | None = None
     remote: str | None = None
+    remote_secret: str | None = field(default=None, repr=False)
+    remote_trusted: bool | None = None
     auxiliary: Any = None
     craft_variants: int = 0
     layerwise_load: bool | None = None
@@ -56,12 +63,15 @@ class EngineOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.prefix_cache, bool):
             raise FusionRAGError(f"prefix_cache must be True or False, got {self.prefix_cache!r}")
-        if self.layerwise_load is not None and not isinstance(self.layerwise_load, bool):
-            raise FusionRAGError(f"layerwise_load must be True, False or None (auto), got {self.layerwise_load!r}")
-        for name in ("kernels", "decode_weights", "kv_codec", "remote"):
+        for name, default in (("layerwise_load", "auto"), ("remote_trusted", "$FUSIONRAG_REMOTE_TRUSTED")):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise FusionRAGError(f"{name} must be True, False or None ({default}), got {value!r}")
+        for name in ("kernels", "decode_weights", "kv_codec", "remote", "remote_secret"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
-                raise FusionRAGError(f"{name} must be a string or None, got {value!r}")
+                shown = "a value" if name == "remote_secret" else repr(value)
+                raise FusionRAGError(f"{name} must be a string or None, got {shown}")
 
     @classmethod
     def of(cls, value: "EngineOptions | Mapping[str, Any] | None") -> "EngineOptions":

@@ -8,7 +8,8 @@ heads, head dim, dtype or packing, finite values) and refuses entries that do no
 
 Pluggable parts: a codec (`EntryCodec`; `RawCodec` by default, `QuantCodec` for int8/fp8/int4 entries,
 others registered in `CODECS` by id; `kv_tensors` expands a packed entry on the compute device),
-byte tiers (`ByteTier`: the disk's `DiskBytes`, a Redis server's `RedisBytes`) behind a codec (`CodedTier`), a
+byte tiers (`ByteTier`: the disk's `DiskBytes`, a Redis server's `RedisBytes`, the latter behind
+`AuthenticatedBytes`: values tagged with a keyed MAC) behind a codec (`CodedTier`), a
 tier list fastest first (`TieredStore.from_tiers`), and pins (`TieredStore.pin`/`pinned`) that keep
 entries handed out without a copy from being evicted. `open_store` opens the store an engine uses
 (a folder, its recorded `kv_codec`, `":memory:"`).
@@ -28,6 +29,7 @@ from .errors import StoreConfigError, StoreDamagedError, StoreWriteError
 from .heat import HeatTracker
 from .keys import chunk_key, path_key
 from .loader import LoaderStats, LoadResult, PrefetchLoader
+from .mac_bytes import AuthenticatedBytes
 from .memory_tier import DeviceTier, HostTier, MemoryTier, TierLedger
 from .no_follow import UnsafePathError, read_file_in
 from .pins import PinTable
@@ -42,6 +44,7 @@ from .tiered import TieredStore
 __all__ = [
     "AppendSession", "FileRecordLog", "MemoryRecordLog", "RecordLog",
     "CODECS",
+    "AuthenticatedBytes",
     "ByteTier",
     "CodecRegistry",
     "CodedTier",

@@ -1,8 +1,10 @@
 """`RedisBytes`: a `ByteTier` on a Redis (or Valkey) server, shared by every process that opens it.
 
-* Values are the framed bytes the disk holds (the store has one codec), so `CodedTier` checks every
-  value read (checksum, key binding) and discards a corrupt one; the server is trusted with bytes
-  only: nothing read from it is unpickled or run.
+* Values are the framed bytes the disk holds (the store has one codec) behind the keyed MAC of
+  `AuthenticatedBytes`, which a store always puts in front of this tier (`tier_list.remote_tier`):
+  a value is used only when its MAC verifies, then `CodedTier` checks it (checksum, key binding)
+  and discards a corrupt one. Nothing read from the server is unpickled or run, and with a secret
+  a value written without it is a miss (on a trusted network, the server is trusted with bytes).
 * Keys live under a prefix (`fusionrag:kv:` by default), so a Redis database can hold other data;
   the budget's used bytes and each entry's heat live in Redis too (the layout below), and
   every write is one Lua script (atomic), so processes agree on what is held and what is cold.
@@ -13,11 +15,11 @@
   to its local tiers. The `redis` client is imported only when a tier is opened.
 
 The Lua scripts at the end run one per operation. Layout under a prefix `p` (`RedisBytes.prefix`):
-`p e:<key>` holds a value (the framed bytes the disk holds), the hash `p size` each value's length,
-the sorted set `p heat` each key's heat time (see `heat.bump_heat_time`) and `p used` the sum of the
-sizes. Every script keeps the four in step. Scripts touch only keys under the prefix (value keys are
-built from it, so this tier needs a single Redis server, not a cluster). Their KEYS are [size hash,
-heat zset, used counter]; the value key is `ARGV[1] .. 'e:' .. key`.
+`p e:<key>` holds a value (the framed bytes the disk holds, after their MAC), the hash `p size` each
+value's length, the sorted set `p heat` each key's heat time (see `heat.bump_heat_time`) and
+`p used` the sum of the sizes. Every script keeps the four in step. Scripts touch only keys under the
+prefix (value keys are built from it, so this tier needs a single Redis server, not a cluster).
+Their KEYS are [size hash, heat zset, used counter]; the value key is `ARGV[1] .. 'e:' .. key`.
 """
 
 from __future__ import annotations
@@ -129,6 +131,13 @@ class RedisBytes(ByteTierBase):
 
     def __len__(self) -> int:
         return int(self._call("hlen", self._client.hlen, self._keys[0]) or 0)
+
+    def head(self, key: str, size: int) -> bytes | None:
+        """The first `size` bytes of the value under `key` (without reading the rest), or None:
+        absent or down. Lets `AuthenticatedBytes` tell whose secret wrote a value."""
+        check_key(key)
+        found = self._call("getrange", self._client.getrange, self.prefix + "e:" + key, 0, size - 1)
+        return found or None
 
     def keys(self) -> list[str]:
         found = self._call("hkeys", self._client.hkeys, self._keys[0]) or []

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .redis_bytes import check_remote_url
+from .mac_bytes import check_secret
+from .redis_bytes import check_remote_url, redacted
 
 GiB = 2**30
 
@@ -65,6 +66,12 @@ class StoreOptions:
     * `remote_timeout_s`: connect and read timeout of one call to the server.
     * `remote_retry_s`: after a failed call, how long the remote tier is skipped (reads miss, writes
       stay local) before it is tried again; the failure is logged once per interval.
+    * `remote_secret`: the key of the MAC every value of the remote tier carries (a str of at least
+      16 characters, the same in every engine sharing the tier); a value whose MAC does not verify
+      is a miss. Not shown by `repr`. See `mac_bytes.py`.
+    * `remote_trusted`: True opens the remote tier without a secret, on a network where everyone
+      who can write the server is trusted: values carry no MAC, and a forged one with a valid
+      checksum is served. A remote tier needs exactly one of `remote_secret` and `remote_trusted`.
     """
 
     heat_half_life: float = 1024.0
@@ -78,6 +85,8 @@ class StoreOptions:
     remote_prefix: str = "fusionrag:kv:"
     remote_timeout_s: float = 0.5
     remote_retry_s: float = 30.0
+    remote_secret: str | None = field(default=None, repr=False)
+    remote_trusted: bool = False
 
     def __post_init__(self) -> None:
         number = (int, float)
@@ -85,8 +94,27 @@ class StoreOptions:
                "shared_heat_half_life_s", "remote_timeout_s")  # fmt: skip
         _check(self, number, lambda v: v >= 0, "a number >= 0 (seconds)", "remote_retry_s")
         _check(self, (int,), lambda v: v >= 0, "an int >= 0 (bytes)", "disk_min_file_bytes")
-        _check(self, (bool,), lambda v: True, "a bool", "copy_on_get", "read_only")
+        _check(self, (bool,), lambda v: True, "a bool", "copy_on_get", "read_only", "remote_trusted")
         _check(self, (str,), bool, "a registered codec id such as 'raw'", "codec")
         _check(self, (str,), bool, "a non-empty str", "remote_prefix")
+        if self.remote_secret is not None:
+            check_secret(self.remote_secret)
         if self.remote_url is not None:
             check_remote_url(self.remote_url)
+            self._check_remote_auth()
+
+    def _check_remote_auth(self) -> None:
+        """A remote tier needs a secret, or the explicit word that its network is trusted: not both."""
+        if self.remote_secret is not None and self.remote_trusted:
+            raise ValueError(
+                "remote_secret and remote_trusted=True exclude each other: with a secret the remote "
+                "tier's values are authenticated, on a trusted network they are not; set one"
+            )
+        if self.remote_secret is None and not self.remote_trusted:
+            raise ValueError(
+                f"the remote tier at {redacted(self.remote_url)} needs a secret to authenticate its values (anyone "
+                "who can write the server could otherwise plant KV that is served): set remote_secret to the "
+                f"same string of at least 16 characters in every engine sharing it ($FUSIONRAG_REMOTE_SECRET for "
+                "engines and the CLI), or remote_trusted=True ($FUSIONRAG_REMOTE_TRUSTED=1) on a network where "
+                "everyone who can write the server is trusted (docs/SECURITY.md)"
+            )

@@ -20,14 +20,15 @@ class StoreStats:
     """Snapshot of a store: per-tier occupancy and this process's access counters.
 
     `hits[tier]` counts `get` calls answered from that tier (where the entry was found, before any
-    promotion); `misses` counts the rest, including token-id mismatches, corrupt entries, entries
-    bound to another key (`key_mismatches`) and entries of another codec version (`stale`).
-    `evictions` counts entries that left the memory tiers; `disk_evictions` entries this process
-    deleted from disk to stay within the disk budget; `disk_write_failures` writes to disk that
-    failed (full disk, lock timeout...); `read_only` whether the disk tier takes no writes. With
-    several byte tiers, `corrupt`, `stale`, `key_mismatches`, `disk_evictions` and
-    `disk_write_failures` add up all of them. `pinned` counts keys pinned now; `pin_overshoots` how
-    often a memory tier went over its budget because only pinned entries stood in the way.
+    promotion); `misses` counts the rest, including token-id mismatches, corrupt entries (values a
+    shared tier refused for their MAC included), entries bound to another key (`key_mismatches`) and
+    entries of another codec version (`stale`). `evictions` counts entries that left the memory
+    tiers; `disk_evictions` entries this process deleted from disk to stay within the disk budget;
+    `disk_write_failures` writes to disk that failed (full disk, lock timeout...); `read_only`
+    whether the disk tier takes no writes. With several byte tiers, `corrupt`, `stale`,
+    `key_mismatches`, `disk_evictions` and `disk_write_failures` add up all of them. `pinned` counts
+    keys pinned now; `pin_overshoots` how often a memory tier went over its budget because only
+    pinned entries stood in the way.
     """
 
     tiers: dict[str, TierStats]

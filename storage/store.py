@@ -2,9 +2,11 @@
 
 A store folder that exists but is read-only (a precomputed store shared by several users) opens
 read-only; a damaged store raises ``StoreDamagedError`` naming the fix; a setting that cannot be
-used raises ``StoreConfigError``. A remote URL adds the shared Redis tier after the disk; a server
-that cannot be reached is logged and the local tiers serve alone. The caller supplies the defaults
-(the default store folder, ``$FUSIONRAG_REMOTE``): this package reads no environment.
+used raises ``StoreConfigError``. A remote URL adds the shared Redis tier after the disk, its values
+authenticated with ``remote_secret`` (or, with ``remote_trusted=True``, on a trusted network: no
+MAC); a URL with neither is refused. A server that cannot be reached is logged and the local tiers
+serve alone. The caller supplies the defaults (the default store folder, ``$FUSIONRAG_REMOTE``,
+``$FUSIONRAG_REMOTE_SECRET``): this package reads no environment.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ StoreSpec = TieredStore | str | Path | None
 
 
 def open_store(store: StoreSpec, device: torch.device, budgets: StoreBudgets | None = None,
-               remote: str | None = None, kv_codec: str | None = None) -> TieredStore:  # fmt: skip
+               remote: str | None = None, kv_codec: str | None = None, *, remote_secret: str | None = None,
+               remote_trusted: bool = False) -> TieredStore:  # fmt: skip
     """A ``TieredStore`` from a folder, ``":memory:"`` or a store itself (None is the caller's to
-    resolve: the default folder); ``remote``: a Redis URL for the shared tier (not for a store given).
+    resolve: the default folder); ``remote``: a Redis URL for the shared tier (not for a store given),
+    with ``remote_secret`` (the MAC key of its values) or ``remote_trusted=True`` (``StoreOptions``).
 
     ``kv_codec`` (``store_codec.py``) says how entries are kept. Not given: a folder's recorded
     codec, else ``DEFAULT_KV_CODEC`` for a new folder; ``":memory:"``: ``MEMORY_KV_CODEC``, the
@@ -44,7 +48,8 @@ def open_store(store: StoreSpec, device: torch.device, budgets: StoreBudgets | N
     name = store_kv_codec(folder, requested) if folder is not None else requested or MEMORY_KV_CODEC
     storage_dtype, codec_id = _codec_settings(name)
     try:
-        options = StoreOptions(remote_url=remote or None, codec=codec_id)
+        options = StoreOptions(remote_url=remote or None, codec=codec_id, remote_secret=remote_secret,
+                               remote_trusted=remote_trusted)  # fmt: skip
     except ValueError as exc:
         raise StoreConfigError(f"remote store: {exc}") from None
     tier_device = device if device.type == "cuda" else None

@@ -8,7 +8,9 @@ as they are and the store has one `codec_id`.
 
 A shared byte tier (a remote cache several processes use, `RedisBytes`) is the exception to "the
 last byte tier is the home": the home is then the last local one, and every put writes through to
-the shared tiers too, so what one process computes, the others load.
+the shared tiers too, so what one process computes, the others load. Others can write a shared tier,
+so it is always seen through `AuthenticatedBytes` (values tagged with a keyed MAC, unless the
+settings declare the network trusted): a store refuses a shared byte tier without it.
 
 Placement (`TierStack`) is plain bookkeeping (`TieredStore` holds the lock and calls in):
 
@@ -38,6 +40,7 @@ from .coded_tier import CodedTier
 from .disk import DiskTier
 from .entry import KVEntry
 from .heat import HeatTracker
+from .mac_bytes import AuthenticatedBytes
 from .memory_tier import DeviceTier, HostTier, MemoryTier
 from .pins import PinTable
 from .settings import StoreBudgets, StoreOptions
@@ -79,13 +82,15 @@ def default_tiers(
 
 
 def remote_tier(options: StoreOptions, budget_bytes: int, codec) -> CodedTier:
-    """The shared remote tier `options.remote_url` names (the redis client is imported here only)."""
+    """The shared remote tier `options.remote_url` names, its values tagged with `options.remote_secret`
+    (none on a trusted network: `StoreOptions` has checked that one of the two is set). The redis
+    client is imported here only."""
     from .redis_bytes import RedisBytes
 
     remote = RedisBytes(options.remote_url, budget_bytes, prefix=options.remote_prefix, timeout_s=options.remote_timeout_s,
                         retry_s=options.remote_retry_s, read_only=options.read_only,
                         heat_half_life_s=options.shared_heat_half_life_s)  # fmt: skip
-    return CodedTier(remote, codec)
+    return CodedTier(AuthenticatedBytes(remote, options.remote_secret), codec)
 
 
 def home_tier(byte_tiers: Sequence[CodedTier]) -> CodedTier | None:
@@ -104,6 +109,10 @@ def split_tiers(tiers: Sequence[Tier]) -> tuple[list[MemoryTier], list[CodedTier
             raise ValueError(f"a tier must be a MemoryTier or a CodedTier (a codec over a ByteTier), got {tier!r}")
     memory = [t for t in tiers if isinstance(t, MemoryTier)]
     coded = [t for t in tiers if isinstance(t, CodedTier)]
+    for tier in coded:
+        if tier.shared and not isinstance(tier.bytes, AuthenticatedBytes):
+            raise ValueError(f"the shared byte tier {tier.name!r} must authenticate its values: use "
+                             "CodedTier(AuthenticatedBytes(tier, secret), codec) (secret=None only on a trusted network)")  # fmt: skip
     if tiers != memory + coded:
         raise ValueError(f"memory tiers must come before byte tiers (fastest first), got {[t.name for t in tiers]}")
     names = [t.name for t in tiers]

@@ -7,12 +7,13 @@ and codec), so a worker can never write entries under keys the engine would not 
 
 The store travels as ``StoreSettings``: its folder, budgets, ``StoreOptions`` (as a dict: a new
 option, such as the address of a remote tier, travels with it) and storage dtype. A store with a
-remote tier gives its workers the same server: what they compute lands in the shared tier too.
+remote tier gives its workers the same server and the secret its values are authenticated with:
+what they compute lands in the shared tier too.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -34,7 +35,7 @@ class StoreSettings:
 
     folder: str
     budgets: dict[str, int]  # StoreBudgets fields
-    options: dict  # StoreOptions fields
+    options: dict = field(repr=False)  # StoreOptions fields (the remote tier's secret among them)
     storage_dtype: str | None = None  # e.g. "float16"; None: entries keep the model's dtype
 
     @classmethod

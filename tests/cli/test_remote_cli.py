@@ -1,12 +1,16 @@
-"""``--remote`` / ``$FUSIONRAG_REMOTE``: two ingests on separate folders share one redis-server."""
+"""``--remote`` / ``$FUSIONRAG_REMOTE``: two ingests on separate folders share one redis-server, its
+values authenticated with ``$FUSIONRAG_REMOTE_SECRET`` (or, declared trusted, without a MAC)."""
 
 from click.testing import CliRunner
 
 from fusionrag_llm.cli.main import cli
 
+SECRET = {"FUSIONRAG_REMOTE_SECRET": "the secret of these commands", "FUSIONRAG_REMOTE_TRUSTED": None}
+NO_SECRET = {"FUSIONRAG_REMOTE_SECRET": None, "FUSIONRAG_REMOTE_TRUSTED": None}
+
 
 def run(*args, env=None):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False, env=env)
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False, env={**SECRET, **(env or {})})
 
 
 def test_a_second_ingest_on_another_folder_loads_what_the_first_computed(tmp_path, redis_server):
@@ -20,6 +24,22 @@ def test_a_second_ingest_on_another_folder_loads_what_the_first_computed(tmp_pat
     second = run("ingest", str(docs), "--model", "tiny", "--store", str(tmp_path / "two"), "--neighbors", "1",
                  env={"FUSIONRAG_REMOTE": redis_server.url})  # fmt: skip
     assert "0 plain and 0 fused entries computed" in second.output, second.output
+    other = run("ingest", str(docs), "--model", "tiny", "--store", str(tmp_path / "three"), "--neighbors", "1",
+                "--remote", redis_server.url, env={"FUSIONRAG_REMOTE_SECRET": "another secret, another team"})  # fmt: skip
+    assert "2 plain and 2 fused entries computed" in other.output, other.output  # nothing served across secrets
+
+
+def test_a_remote_tier_without_a_secret_is_a_clean_error_unless_declared_trusted(tmp_path, redis_server):
+    (tmp_path / "a.txt").write_text("The Zorblat river flows through the city of Quennel.")
+    args = ["ingest", str(tmp_path / "a.txt"), "--model", "tiny", "--no-fuse", "--remote", redis_server.url]
+    refused = CliRunner().invoke(cli, [*args, "--store", str(tmp_path / "s")], env=NO_SECRET)
+    assert refused.exit_code != 0 and "Traceback" not in refused.output
+    assert "needs a secret" in refused.output and "FUSIONRAG_REMOTE_SECRET" in refused.output, refused.output
+    trusted = run(*args, "--store", str(tmp_path / "t"), env={**NO_SECRET, "FUSIONRAG_REMOTE_TRUSTED": "1"})
+    assert trusted.exit_code == 0 and "1 plain and 0 fused entries computed" in trusted.output, trusted.output
+    stats = CliRunner().invoke(cli, ["cache", "stats", "--store", str(tmp_path / "t"), "--remote", redis_server.url],
+                               env=NO_SECRET)  # fmt: skip
+    assert stats.exit_code != 0 and "--remote" in stats.output and "needs a secret" in stats.output
 
 
 def test_a_url_of_another_scheme_is_a_clean_error(tmp_path):

@@ -18,6 +18,7 @@ from fusionrag_llm.fusion.catalog import chunk_id_of
 COUNT, DIM, NEIGHBOURS = 12, 16, 3
 VECTORS = np.random.default_rng(11).standard_normal((COUNT, DIM)).astype(np.float32)  # no ties among similarities
 TEXTS = [f"Chunk {n}: the mill of village {n} grinds {n * 13} sacks a day." for n in range(COUNT)]
+SHARING = {"prefix_cache": False, "remote_secret": "the secret the engines and workers share"}
 
 
 @pytest.fixture(scope="module")
@@ -167,14 +168,15 @@ def test_ray_is_imported_only_when_workers_are_asked_for():
 
 
 def test_ray_workers_write_into_the_shared_remote_tier(ray_cluster, reference, redis_server, tmp_path):
-    """Workers reopen the engine's store with its Redis tier: an engine on another folder, sharing only
-    the server, reads every entry they computed from it, the same numbers as one process's."""
+    """Workers reopen the engine's store with its Redis tier and its secret: an engine on another folder,
+    sharing only the server and the secret, reads every entry they computed from it, the same numbers as
+    one process's."""
     rag = FusionRAG.from_pretrained("tiny", store=tmp_path / "first",
-                                    options={"prefix_cache": False, "remote": redis_server.url})
+                                    options={**SHARING, "remote": redis_server.url})
     report = rag.add_chunks(TEXTS, neighbors=NEIGHBOURS, embeddings=VECTORS, workers=2)
     assert (report.plain_computed, report.fused_computed) == (COUNT, COUNT)
     other = FusionRAG.from_pretrained("tiny", store=tmp_path / "second",
-                                      options={"prefix_cache": False, "remote": redis_server.url})
+                                      options={**SHARING, "remote": redis_server.url})
     found = {}
     for number, text in enumerate(TEXTS):
         token_ids = rag.chunks[chunk_id_of(text)].token_ids  # registered in the first store only

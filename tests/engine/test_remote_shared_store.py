@@ -1,7 +1,8 @@
 """Engines sharing a remote KV tier on a real redis-server: what one process computed, the others load.
 
-Each worker process has its own store folder and reaches the shared tier through $FUSIONRAG_REMOTE
-(the worker is test_concurrent_ingest's, unchanged).
+Each worker process has its own store folder and reaches the shared tier through $FUSIONRAG_REMOTE,
+its values authenticated with $FUSIONRAG_REMOTE_SECRET (the worker is test_concurrent_ingest's,
+unchanged); engines in this process pass the same secret as an option.
 """
 
 import logging
@@ -20,12 +21,14 @@ from concurrent_ingest_worker import NEIGHBOURS, VECTORS, text_of  # noqa: E402
 WORKER = str(HERE.parent / "concurrent_ingest_worker.py")
 CHUNKS = list(range(8))
 PREFIX = "fusionrag:kv:"
+SECRET = "the secret these engines share"
+SHARING = {"prefix_cache": False, "remote_secret": SECRET}
 
 
 def ingest_in_a_process(folder: Path, url: str) -> dict:
     import json
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "FUSIONRAG_REMOTE": url}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FUSIONRAG_REMOTE": url, "FUSIONRAG_REMOTE_SECRET": SECRET}
     command = [sys.executable, WORKER, str(folder), "-", folder.name, ",".join(map(str, CHUNKS))]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -46,14 +49,13 @@ def test_a_second_process_computes_nothing_and_a_corrupt_shared_entry_is_recompu
     data = bytearray(server.get(PREFIX + "e:" + victim))
     data[len(data) // 2] ^= 0x01
     server.set(PREFIX + "e:" + victim, bytes(data))
-    third = FusionRAG.from_pretrained("tiny", store=tmp_path / "third",
-                                      options={"prefix_cache": False, "remote": redis_server.url})
+    third = FusionRAG.from_pretrained("tiny", store=tmp_path / "third", options={**SHARING, "remote": redis_server.url})
     assert third.stored(token_ids, "plain") is None  # detected: a miss, never served
     assert third.store.stats().corrupt == 1 and not server.exists(PREFIX + "e:" + victim)  # and dropped
     report = third.add_chunks([text_of(n) for n in CHUNKS], neighbors=NEIGHBOURS, embeddings=VECTORS[CHUNKS])
     assert (report.plain_computed, report.fused_computed) == (1, 0)  # recomputed, that entry only
     fifth = FusionRAG.from_pretrained("tiny", store=tmp_path / "fifth",
-                                      options={"prefix_cache": False, "remote": redis_server.url})  # fmt: skip
+                                      options={**SHARING, "remote": redis_server.url})  # fmt: skip
     recomputed = fifth.stored(token_ids, "plain")
     assert recomputed.tier == "remote" and recomputed.entry.bitwise_equal(local.stored(token_ids, "plain").entry)
     assert ingest_in_a_process(tmp_path / "fourth", redis_server.url) == {"plain": 0, "fused": 0}
@@ -65,8 +67,7 @@ def ask(rag: FusionRAG) -> str:
 
 
 def test_killing_the_server_mid_run_keeps_answering_from_local_tiers(tmp_path, redis_server, caplog):
-    rag = FusionRAG.from_pretrained("tiny", store=tmp_path / "s",
-                                    options={"prefix_cache": False, "remote": redis_server.url})
+    rag = FusionRAG.from_pretrained("tiny", store=tmp_path / "s", options={**SHARING, "remote": redis_server.url})
     assert rag.store.tier_names[-2:] == ["disk", "remote"]
     rag.add_chunks([text_of(n) for n in CHUNKS[:4]], neighbors=NEIGHBOURS, embeddings=VECTORS[CHUNKS[:4]])
     before = ask(rag)
@@ -84,7 +85,7 @@ def test_an_unreachable_url_at_start_is_logged_and_queries_answer(tmp_path, capl
 
     with caplog.at_level(logging.WARNING):
         rag = FusionRAG.from_pretrained("tiny", store=tmp_path / "s",
-                                        options={"prefix_cache": False, "remote": f"redis://127.0.0.1:{free_port()}/0"})  # fmt: skip
+                                        options={**SHARING, "remote": f"redis://127.0.0.1:{free_port()}/0"})  # fmt: skip
     assert "unreachable" in caplog.text
     rag.add_chunks([text_of(n) for n in CHUNKS[:3]], neighbors=2, embeddings=VECTORS[CHUNKS[:3]])
     assert ask(rag)

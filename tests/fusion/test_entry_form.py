@@ -108,7 +108,7 @@ def test_an_entry_of_the_wrong_form_on_disk_is_a_miss(tmp_path, forgery, clean, 
 
 @pytest.mark.parametrize("forgery", ["one layer", "an infinity"])
 def test_an_entry_of_the_wrong_form_on_the_shared_remote_is_a_miss(tmp_path, redis_server, forgery, clean, caplog):
-    remote = StoreOptions(remote_url=redis_server.url)
+    remote = StoreOptions(remote_url=redis_server.url, remote_secret="the secret of both stores")  # checked first
     writer = TieredStore(tmp_path / "a", StoreBudgets(host_bytes=0), options=remote)
     key = _forge(_engine(writer), FORGERIES[forgery])
     writer.close()

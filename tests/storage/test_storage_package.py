@@ -35,7 +35,7 @@ def test_storage_imports_without_the_redis_client_and_says_what_to_install(tmp_p
     code = (
         "import sys; sys.modules['redis'] = None\n"
         "from fusionrag_llm.storage import StoreOptions, TieredStore\n"
-        "options = StoreOptions(remote_url='redis://127.0.0.1:1/0')\n"
+        "options = StoreOptions(remote_url='redis://127.0.0.1:1/0', remote_trusted=True)\n"
         "try:\n    TieredStore(sys.argv[1], options=options)\n"
         "except ImportError as exc:\n    print(exc)\n"
     )

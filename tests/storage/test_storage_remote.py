@@ -1,4 +1,7 @@
-"""The remote tier on a real redis-server: sharing, corruption, budgets by heat, outages, settings."""
+"""The remote tier on a real redis-server: sharing, corruption, budgets by heat, outages, settings.
+
+Every store here authenticates the remote tier's values with `SECRET` unless a test says otherwise;
+the values' MAC has tests of its own in test_storage_remote_auth.py."""
 
 import logging
 
@@ -9,11 +12,13 @@ from fusionrag_llm.storage import StoreBudgets, StoreOptions, TieredStore
 from fusionrag_llm.storage.redis_bytes import check_remote_url
 
 PREFIX = "fusionrag:kv:"
+SECRET = "a secret only these tests know"
 
 
 def open_store(folder, url, **options) -> TieredStore:
     budgets = StoreBudgets(host_bytes=0, disk_bytes=2**26, remote_bytes=2**26)
-    return TieredStore(folder, budgets, options=StoreOptions(remote_url=url, **options))
+    auth = {} if "remote_trusted" in options else {"remote_secret": SECRET}
+    return TieredStore(folder, budgets, options=StoreOptions(remote_url=url, **auth, **options))
 
 
 def test_what_one_store_puts_another_on_its_own_folder_loads_from_the_remote(tmp_path, redis_server):
@@ -29,21 +34,26 @@ def test_what_one_store_puts_another_on_its_own_folder_loads_from_the_remote(tmp
     assert int(server.get(PREFIX + "used")) == len(server.get(PREFIX + "e:" + key_for(1)))
 
 
-def test_a_corrupt_remote_entry_is_detected_dropped_and_a_miss(tmp_path, redis_server, caplog):
+@pytest.mark.parametrize(
+    ("auth", "caught_by"),
+    [({}, "not authenticated: its MAC does not verify"), ({"remote_trusted": True}, "corrupt (checksum mismatch")],
+)
+def test_a_corrupt_remote_entry_is_detected_dropped_and_a_miss(tmp_path, redis_server, caplog, auth, caught_by):
+    """With a secret the MAC catches a flipped bit first; on a trusted network the frame's checksum does."""
     server = redis_server.client()
-    with open_store(tmp_path / "a", redis_server.url) as first:
+    with open_store(tmp_path / "a", redis_server.url, **auth) as first:
         first.put(key_for(2), make_entry(2))
     value_key = PREFIX + "e:" + key_for(2)
     data = bytearray(server.get(value_key))
     data[-5] ^= 0xFF  # one flipped bit in the payload
     server.set(value_key, bytes(data))
-    with open_store(tmp_path / "b", redis_server.url) as second, caplog.at_level(logging.WARNING):
+    with open_store(tmp_path / "b", redis_server.url, **auth) as second, caplog.at_level(logging.WARNING):
         assert second.get(key_for(2)) is None
-        assert second.stats().corrupt == 1 and "corrupt" in caplog.text
+        assert second.stats().corrupt == 1 and caught_by in caplog.text
         assert not server.exists(value_key) and server.hlen(PREFIX + "size") == 0
         assert int(server.get(PREFIX + "used")) == 0
         assert second.put(key_for(2), make_entry(2))  # recomputed and shared again
-    with open_store(tmp_path / "c", redis_server.url) as third:
+    with open_store(tmp_path / "c", redis_server.url, **auth) as third:
         assert third.get(key_for(2))[0].bitwise_equal(make_entry(2))
 
 
@@ -118,13 +128,15 @@ def test_keys_live_under_the_prefix_and_clear_leaves_other_data(tmp_path, redis_
 @pytest.mark.parametrize("url", ["http://127.0.0.1:6379", "127.0.0.1:6379", "redis://", 6379])
 def test_non_redis_urls_are_refused_naming_what_is_allowed(url):
     with pytest.raises(ValueError, match="redis://, rediss:// or unix://"):
-        StoreOptions(remote_url=url)
+        StoreOptions(remote_url=url, remote_secret=SECRET)
     with pytest.raises(ValueError, match="redis://"):
         check_remote_url(url)
 
 
 def test_remote_settings_are_checked():
-    for bad in ({"remote_timeout_s": 0}, {"remote_retry_s": -1}, {"remote_prefix": ""}, {"shared_heat_half_life_s": 0}):
+    bad_settings = ({"remote_timeout_s": 0}, {"remote_retry_s": -1}, {"remote_prefix": ""},
+                    {"shared_heat_half_life_s": 0}, {"remote_trusted": 1})  # fmt: skip
+    for bad in bad_settings:
         with pytest.raises(ValueError, match=next(iter(bad))):
             StoreOptions(**bad)
     with pytest.raises(ValueError, match="remote_bytes"):
