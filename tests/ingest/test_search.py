@@ -32,9 +32,8 @@ def test_hits_are_the_registered_chunks_best_first(rag):
     assert [type(hit) for hit in hits] == [DocumentHit, DocumentHit]
     assert hits[0].text == DOCS["river.md"] and hits[0].source.endswith("river.md")
     assert hits[0].score >= hits[1].score and 0 < hits[0].score <= 1.0 + 1e-6
-    assert all(
-        rag.chunks[hit.chunk_id].text == hit.text for hit in hits
-    )  # their KV is stored under that id
+    # their KV is stored under that id
+    assert all(rag.chunks[hit.chunk_id].text == hit.text for hit in hits)
     assert len(search_documents(rag, "boats", top_k=50)) == 3
 
 
@@ -54,9 +53,8 @@ def test_a_later_ingest_is_found_by_an_engine_that_searched_before(rag, tmp_path
         "The windmill of Ostrava grinds grain for the whole valley."
     )
     ingest_paths(rag, [tmp_path / "mill.md"], neighbors=1, progress=False)
-    assert search_documents(rag, "Which windmill grinds grain?", top_k=1)[
-        0
-    ].source.endswith("mill.md")
+    [hit] = search_documents(rag, "Which windmill grinds grain?", top_k=1)
+    assert hit.source.endswith("mill.md")
 
 
 def test_bad_queries_are_clear_errors(rag):
