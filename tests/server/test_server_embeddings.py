@@ -164,3 +164,12 @@ def test_concurrent_embedding_requests_all_answer(client):
     with ThreadPoolExecutor(4) as pool:
         vectors = list(pool.map(embed, range(12)))
     np.testing.assert_allclose(np.stack(vectors), expected, atol=1e-5)
+
+
+def test_langchain_openai_embeddings_against_the_server(served):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    model = langchain_openai.OpenAIEmbeddings(model=MODEL, base_url=served.url, api_key="unused", max_retries=0,
+                                              check_embedding_ctx_length=False)  # fmt: skip
+    expected = load_embedder()(CHUNKS)
+    np.testing.assert_allclose(model.embed_documents(CHUNKS), expected, atol=1e-6)
+    np.testing.assert_allclose(model.embed_query(CHUNKS[0]), expected[0], atol=1e-5)
