@@ -44,9 +44,8 @@ class FusionRAGEmbeddings(BaseModel, Embeddings):
     @field_validator("model_name")
     @classmethod
     def _check_model(cls, value: str) -> str:
-        EmbeddingModel.resolve(
-            value
-        )  # a clear error now; the weights load on first use
+        # a clear error now; the weights load on first use
+        EmbeddingModel.resolve(value)
         return value
 
     @property

@@ -20,10 +20,8 @@ from fusionrag_llm import (
 )
 from fusionrag_llm.ingest.search import DocumentHit, search_documents
 
-_HIT_METADATA = [
-    "source",
-    "chunk_id",
-]  # kept on the node, never put in the prompt or embedded
+# kept on the node, never put in the prompt or embedded
+_HIT_METADATA = ["source", "chunk_id"]
 
 
 class FusionRAGEmbedding(BaseEmbedding):
@@ -50,9 +48,8 @@ class FusionRAGEmbedding(BaseEmbedding):
     @field_validator("model_name")
     @classmethod
     def _check_model(cls, value: str) -> str:
-        EmbeddingModel.resolve(
-            value
-        )  # a clear error now; the weights load on first use
+        # a clear error now; the weights load on first use
+        EmbeddingModel.resolve(value)
         return value
 
     @classmethod

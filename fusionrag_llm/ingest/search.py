@@ -69,9 +69,8 @@ class _Searcher:
 
     def __init__(self, rag: FusionRAG):
         self.index = document_index(rag)
-        self.lock = (
-            threading.Lock()
-        )  # the index's lists and FAISS index grow on refresh
+        # the index's lists and FAISS index grow on refresh
+        self.lock = threading.Lock()
 
     def search(self, vector, top_k: int) -> list[tuple[str, str, float]]:
         with self.lock:
@@ -79,9 +78,8 @@ class _Searcher:
             return self.index.search(vector, top_k)
 
 
-_searchers: weakref.WeakKeyDictionary = (
-    weakref.WeakKeyDictionary()
-)  # FusionRAG -> _Searcher
+# FusionRAG -> _Searcher
+_searchers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _searchers_lock = threading.Lock()
 
 

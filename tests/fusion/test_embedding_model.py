@@ -51,9 +51,8 @@ def test_the_packaged_model_loads_once_and_embeds_normalised_vectors():
     vectors = model(TEXTS)
     assert vectors.shape == (3, model.dim) == (3, 384) and vectors.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
-    np.testing.assert_allclose(
-        model(TEXTS[:1])[0], vectors[0], atol=1e-5
-    )  # one alone = within a batch
+    # one alone = within a batch
+    np.testing.assert_allclose(model(TEXTS[:1])[0], vectors[0], atol=1e-5)
     assert model([]).shape == (0, 384)
     assert model.count_tokens(["hello world", "word " * 1000]) == [
         4,

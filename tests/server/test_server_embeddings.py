@@ -26,9 +26,8 @@ def client(served):
 
 def test_embeddings_equal_the_engine_vectors_in_both_encodings(client):
     expected = load_embedder()(CHUNKS)
-    as_base64 = client.embeddings.create(
-        model=MODEL, input=CHUNKS
-    )  # the client asks for base64 and decodes it
+    # the client asks for base64 and decodes it
+    as_base64 = client.embeddings.create(model=MODEL, input=CHUNKS)
     as_floats = client.embeddings.create(
         model=MODEL, input=CHUNKS, encoding_format="float"
     )
@@ -129,9 +128,8 @@ def test_an_embedding_request_never_holds_up_generation(served, client, monkeypa
             reply = client.chat.completions.create(
                 model="tiny", messages=messages, max_tokens=4
             )
-            assert (
-                reply.choices[0].message.content == expected
-            )  # answered while the embedding waited
+            # answered while the embedding waited
+            assert reply.choices[0].message.content == expected
             assert httpx.get(f"{served.base}/health").json()["status"] == "ok"
             assert not pending.done()
         assert len(pending.result(timeout=60).data) == 1
