@@ -34,8 +34,9 @@ def query(question, model, store, remote, device, dtype, method, ratio, top_k, m
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
     if show_chunks:
-        for rank, (text, source, score) in enumerate(hits, 1):
-            click.echo(f"[{rank}] {score:.3f} {source}: {text[:160]}{'...' if len(text) > 160 else ''}")
+        for rank, hit in enumerate(hits, 1):
+            text = hit.text
+            click.echo(f"[{rank}] {hit.score:.3f} {hit.source}: {text[:160]}{'...' if len(text) > 160 else ''}")
     click.echo(out.text.strip())
     s = out.stats
     rows = [

@@ -29,7 +29,7 @@ from fusionrag_llm.cli.options import (
                     "reads the last turn's KV) is 2 unless given (0: off).")  # fmt: skip
 def serve(model, store, remote, device, dtype, host, port, served_model_name, max_num_seqs, max_waiting, request_timeout,
           engine_options) -> None:  # fmt: skip
-    """Serve /v1/chat/completions, /v1/completions, /v1/models and /v1/chunks (OpenAI-compatible).
+    """Serve /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models and /v1/chunks (OpenAI-compatible).
 
     Extra body fields choose the reuse method per request: method, recompute_ratio, method_options.
     Register chunks with POST /v1/chunks {"texts": [...]} or with `fusionrag ingest --store` on the

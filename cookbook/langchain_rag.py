@@ -15,30 +15,18 @@ from __future__ import annotations
 import argparse
 
 from langchain_core.documents import Document
-from langchain_core.embeddings import Embeddings
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnablePassthrough
 from langchain_core.vectorstores import InMemoryVectorStore
 
-from fusionrag_llm import FusionRAG
+from fusionrag_llm import FusionRAG, method_names
 from fusionrag_llm.data import demo_corpus
-from fusionrag_llm.fusion.embeddings import default_embedder
-from fusionrag_llm.integrations.langchain import ChatFusionRAG, add_documents
+from fusionrag_llm.integrations.langchain import ChatFusionRAG, FusionRAGEmbeddings, add_documents
 
 PROMPT = ChatPromptTemplate.from_messages([
     ("system", "Answer the question using the documents. Reply with a short answer."),
     ("human", "Documents:\n{context}\n\nQuestion: {question}"),
 ])  # fmt: skip
-
-
-class MiniLMEmbeddings(Embeddings):
-    """The packaged all-MiniLM-L6-v2 (the engine's default embedder) as LangChain embeddings."""
-
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        return default_embedder()(texts).tolist()
-
-    def embed_query(self, text: str) -> list[float]:
-        return default_embedder()([text])[0].tolist()
 
 
 def format_docs(docs: list[Document]) -> str:
@@ -49,14 +37,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m", help='"smollm2-135m" (default), "tiny", a folder or a .gguf')
     parser.add_argument("--question", default=None, help="default: the first question bundled with the corpus")
-    parser.add_argument("--method", default="fusionrag", choices=FusionRAG.methods)
+    parser.add_argument("--method", default="fusionrag", choices=method_names())
     parser.add_argument("--ratio", type=float, default=0.15, help="recompute ratio in [0, 1]")
     parser.add_argument("--store", default=None, help='KV store folder or ":memory:" (default: the user cache)')
     args = parser.parse_args(argv)
 
     corpus = demo_corpus()
     rag = FusionRAG.from_pretrained(args.model, store=args.store)
-    vector_store = InMemoryVectorStore(MiniLMEmbeddings())
+    vector_store = InMemoryVectorStore(FusionRAGEmbeddings())  # the packaged all-MiniLM-L6-v2
     added = add_documents(rag, vector_store, [Document(page_content=p) for p in corpus["passages"]])
     print(f"indexed {len(added.ids)} passages: {added.report.plain_computed} plain and "
           f"{added.report.fused_computed} fused entries computed (0 when already stored)")  # fmt: skip

@@ -15,35 +15,15 @@ from __future__ import annotations
 import argparse
 
 from llama_index.core import Document, VectorStoreIndex
-from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.ingestion import IngestionPipeline
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
-from llama_index.core.instrumentation.events.llm import LLMCompletionEndEvent
+from llama_index.core.instrumentation.events.llm import LLMChatEndEvent, LLMCompletionEndEvent
 from llama_index.core.node_parser import SentenceSplitter
 
-from fusionrag_llm import FusionRAG
+from fusionrag_llm import FusionRAG, method_names
 from fusionrag_llm.data import demo_corpus
-from fusionrag_llm.fusion.embeddings import default_embedder
-from fusionrag_llm.integrations.llama_index import FusionRAGIngestion, FusionRAGLLM
-
-
-class MiniLMEmbedding(BaseEmbedding):
-    """The packaged all-MiniLM-L6-v2 (the engine's default embedder) as a LlamaIndex embedding model."""
-
-    model_name: str = "all-MiniLM-L6-v2"
-
-    def _get_query_embedding(self, query: str) -> list[float]:
-        return default_embedder()([query])[0].tolist()
-
-    def _get_text_embedding(self, text: str) -> list[float]:
-        return default_embedder()([text])[0].tolist()
-
-    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return default_embedder()(texts).tolist()
-
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return self._get_query_embedding(query)
+from fusionrag_llm.integrations.llama_index import FusionRAGEmbedding, FusionRAGIngestion, FusionRAGLLM
 
 
 class LastStats(BaseEventHandler):
@@ -52,7 +32,7 @@ class LastStats(BaseEventHandler):
     stats: dict = {}
 
     def handle(self, event, **kwargs) -> None:
-        if isinstance(event, LLMCompletionEndEvent):
+        if isinstance(event, (LLMCompletionEndEvent, LLMChatEndEvent)):
             self.stats = event.response.additional_kwargs.get("fusionrag_stats", {})
 
 
@@ -60,14 +40,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m", help='"smollm2-135m" (default), "tiny", a folder or a .gguf')
     parser.add_argument("--question", default=None, help="default: the first question bundled with the corpus")
-    parser.add_argument("--method", default="fusionrag", choices=FusionRAG.methods)
+    parser.add_argument("--method", default="fusionrag", choices=method_names())
     parser.add_argument("--ratio", type=float, default=0.15, help="recompute ratio in [0, 1]")
     parser.add_argument("--store", default=None, help='KV store folder or ":memory:" (default: the user cache)')
     args = parser.parse_args(argv)
 
     corpus = demo_corpus()
     rag = FusionRAG.from_pretrained(args.model, store=args.store)
-    embed_model = MiniLMEmbedding()
+    embed_model = FusionRAGEmbedding()  # the packaged all-MiniLM-L6-v2, the engine's own
     steps = [SentenceSplitter(chunk_size=256), embed_model, FusionRAGIngestion(rag=rag)]  # embed, then fuse
     nodes = IngestionPipeline(transformations=steps).run(documents=[Document(text=passage) for passage in corpus["passages"]])
     index = VectorStoreIndex(nodes, embed_model=embed_model)

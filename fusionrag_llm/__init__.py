@@ -24,6 +24,9 @@ _EXPORTS = {
     "CatalogWriteError": "fusionrag_llm.fusion.catalog",
     "CATALOG_FILE": "fusionrag_llm.fusion.catalog",
     "registered_chunk_count": "fusionrag_llm.fusion.catalog",
+    "DEFAULT_EMBEDDING_NAME": "fusionrag_llm.fusion.embeddings",
+    "EmbeddingModel": "fusionrag_llm.fusion.embeddings",
+    "load_embedder": "fusionrag_llm.fusion.embeddings",
     "IngestionWriteError": "fusionrag_llm.fusion.offline",
     "IngestReport": "fusionrag_llm.fusion.offline",
     "PromptFormat": "fusionrag_llm.request",
@@ -71,6 +74,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from fusionrag_llm.engine.stats import GenerationStats
     from fusionrag_llm.errors import FusionRAGError, MissingDependencyError
     from fusionrag_llm.fusion.catalog import CATALOG_FILE, CatalogWriteError, registered_chunk_count
+    from fusionrag_llm.fusion.embeddings import DEFAULT_EMBEDDING_NAME, EmbeddingModel, load_embedder
     from fusionrag_llm.fusion.offline import IngestionWriteError, IngestReport
     from fusionrag_llm.methods import Method, MethodRun, Prefill, RunPlan, get_method, method_names, register_method
     from fusionrag_llm.models.forward import LayerHook

@@ -1,5 +1,7 @@
 """LangChain adapters: ``FusionRAGLLMLangChain`` (an ``LLM``), ``ChatFusionRAG`` (a ``BaseChatModel``),
-``add_documents`` and ``FusionRAGDocumentTransformer`` (register documents in the KV store).
+``add_documents`` and ``FusionRAGDocumentTransformer`` (register documents in the KV store),
+``FusionRAGEmbeddings`` (an ``Embeddings``) and ``FusionRAGRetriever`` (a ``BaseRetriever`` over the
+document index of ``fusionrag ingest``).
 
 An LCEL chain works unchanged: documents are registered as their ``page_content``, the chain formats
 retrieved documents into the prompt, and the engine finds them there by content.
@@ -53,9 +55,10 @@ from fusionrag_llm.integrations import _langchain_options as _options
 from fusionrag_llm.integrations import _shared
 from fusionrag_llm.integrations._langchain_messages import StopWatch, chat_chunk, chat_dicts, usage, warn_tools
 from fusionrag_llm.integrations._langchain_options import UnsupportedFeatureError, unsupported_feature
+from fusionrag_llm.integrations._langchain_retrieval import FusionRAGEmbeddings, FusionRAGRetriever
 
-__all__ = ["AddedDocuments", "ChatFusionRAG", "FusionRAGDocumentTransformer", "FusionRAGLLMLangChain",
-           "UnsupportedFeatureError", "add_documents"]  # fmt: skip
+__all__ = ["AddedDocuments", "ChatFusionRAG", "FusionRAGDocumentTransformer", "FusionRAGEmbeddings",
+           "FusionRAGLLMLangChain", "FusionRAGRetriever", "UnsupportedFeatureError", "add_documents"]  # fmt: skip
 
 _CONFIG = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=(), populate_by_name=True, extra="forbid")
 

@@ -1,4 +1,6 @@
-"""LlamaIndex adapters: ``FusionRAGLLM`` (a ``CustomLLM``) and ``FusionRAGIngestion`` (a ``TransformComponent``).
+"""LlamaIndex adapters: ``FusionRAGLLM`` (a ``CustomLLM``), ``FusionRAGIngestion`` (a ``TransformComponent``),
+``FusionRAGEmbedding`` (a ``BaseEmbedding``) and ``FusionRAGRetriever`` (a ``BaseRetriever`` over the
+document index of ``fusionrag ingest``).
 
 A stock query engine works unchanged: the ingestion component registers every node as the text the
 response synthesizer will put in the prompt (``node.get_content(metadata_mode=MetadataMode.LLM)``),
@@ -6,6 +8,7 @@ and the engine finds those texts in the formatted prompt by content and serves t
 fused KV entries.
 
     rag = FusionRAG.from_pretrained("smollm2-135m")
+    embed_model = FusionRAGEmbedding()
     nodes = IngestionPipeline(transformations=[SentenceSplitter(), embed_model,
                                                FusionRAGIngestion(rag=rag)]).run(documents=docs)
     index = VectorStoreIndex(nodes, embed_model=embed_model)
@@ -56,6 +59,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 from fusionrag_llm import FusionRAG
 from fusionrag_llm.integrations import _retrieved, _shared
 from fusionrag_llm.integrations._llama_index_ingestion import FusionRAGIngestion
+from fusionrag_llm.integrations._llama_index_retrieval import FusionRAGEmbedding, FusionRAGRetriever
 from fusionrag_llm.integrations._llama_index_responses import (
     chat_delta,
     chat_dicts,
@@ -66,7 +70,7 @@ from fusionrag_llm.integrations._llama_index_responses import (
     replace_in_chat,
 )
 
-__all__ = ["FusionRAGIngestion", "FusionRAGLLM"]
+__all__ = ["FusionRAGEmbedding", "FusionRAGIngestion", "FusionRAGLLM", "FusionRAGRetriever"]
 
 # The prompt arguments LlamaIndex's synthesizers put retrieved node texts in (QA and refine templates).
 _CONTEXT_ARGUMENTS = ("context_str", "context_msg")

@@ -16,9 +16,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from fusionrag_llm.errors import FusionRAGError
-from fusionrag_llm.ingest.doc_index import DOCUMENTS_LOG, LEGACY_FOLDER, DocumentIndex, IndexMeta
+from fusionrag_llm.ingest.doc_index import DocumentIndex
 from fusionrag_llm.ingest.documents import load_chunks
-from fusionrag_llm.fusion.embeddings import DEFAULT_EMBEDDING_NAME, default_embedder, normalized
+from fusionrag_llm.ingest.search import DocumentHit, document_index, search_documents
+from fusionrag_llm.fusion.embeddings import default_embedder, normalized
 from fusionrag_llm.request import RAGRequest
 
 if TYPE_CHECKING:  # the facade is passed in: ingest sits below it (fusion uses ingest's helpers)
@@ -35,19 +36,6 @@ class IngestSummary:
     new_chunks: int
     plain_computed: int
     fused_computed: int
-
-
-def document_index(rag: FusionRAG) -> DocumentIndex:
-    """The retrieval index kept in ``rag``'s store (a file in its folder, or in memory with the store)."""
-    folder = rag.store.directory
-    index = DocumentIndex(rag.store.record_log(DOCUMENTS_LOG), legacy=None if folder is None else Path(folder) / LEGACY_FOLDER)
-    dim = index.meta.dim if index.meta else 0
-    index.check_meta(IndexMeta(rag.model_name, rag.fingerprint, DEFAULT_EMBEDDING_NAME, dim or _embedding_dim()))
-    return index
-
-
-def _embedding_dim() -> int:
-    return int(default_embedder()(["dimension probe"]).shape[1])
 
 
 def ingest_paths(rag: FusionRAG, paths: Sequence[str | Path], max_words: int = 200, neighbors: int = 10,
@@ -96,11 +84,10 @@ def _ingest_with_workers(rag: FusionRAG, chunks: list, new: list, index: Documen
                          report.fused_computed)  # fmt: skip
 
 
-def answer(rag: FusionRAG, question: str, top_k: int = 5, **generate_options) -> tuple[Generation, list]:
-    """Retrieve the ``top_k`` chunks most similar to ``question`` and answer over them."""
+def answer(rag: FusionRAG, question: str, top_k: int = 5, **generate_options) -> tuple[Generation, list[DocumentHit]]:
+    """Retrieve the ``top_k`` chunks most similar to ``question`` (``search_documents``) and answer over them."""
     if not question.strip():
         raise FusionRAGError("the question is empty")
-    index = document_index(rag)
-    hits = index.search(normalized(default_embedder()([question]), 1)[0], top_k)
-    out = rag.generate(RAGRequest(chunks=[text for text, _, _ in hits], question=question), **generate_options)
+    hits = search_documents(rag, question, top_k)
+    out = rag.generate(RAGRequest(chunks=[hit.text for hit in hits], question=question), **generate_options)
     return out, hits

@@ -1,5 +1,6 @@
-"""The OpenAI-compatible HTTP app: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``,
-``/v1/chunks`` and ``/health``, over one ``EngineLoop`` that batches every client's requests.
+"""The OpenAI-compatible HTTP app: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
+``/v1/models``, ``/v1/chunks`` and ``/health``, over one ``EngineLoop`` that batches every client's
+requests (embeddings run in the thread pool instead: ``embeddings.py``).
 
 Errors have OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``): bad JSON, bad
 fields, bad values and prompts over the context window are 400, an unknown model 404, a full
@@ -18,6 +19,7 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError, require
+from fusionrag_llm.fusion.embeddings import DEFAULT_EMBEDDING_NAME
 
 require("fastapi", "serve", "fusionrag serve")
 
@@ -28,6 +30,7 @@ from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 from starlette.exceptions import HTTPException  # noqa: E402
 
+from fusionrag_llm.server.embeddings import EmbeddingEndpoint, EmbeddingsRequest  # noqa: E402
 from fusionrag_llm.server.engine_loop import EngineLoop, Overloaded, Update  # noqa: E402
 from fusionrag_llm.server.protocol import (  # noqa: E402
     ChatCompletionRequest, ChunksRequest, CompletionRequest, created, error_body, fusionrag_extra, new_id, usage,
@@ -48,11 +51,14 @@ class ApiError(Exception):
         return JSONResponse(error_body(str(self), self.kind, self.code), status_code=self.status)
 
 
-def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256,
-               request_timeout: float = 600.0) -> FastAPI:  # fmt: skip
-    """The app over ``rag`` (a ``FusionRAG``); its engine thread runs while the app does."""
+def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256, request_timeout: float = 600.0,
+               embedding_model: str | None = DEFAULT_EMBEDDING_NAME) -> FastAPI:  # fmt: skip
+    """The app over ``rag`` (a ``FusionRAG``); its engine thread runs while the app does.
+    ``embedding_model``: what ``/v1/embeddings`` serves (the packaged model's name or a
+    sentence-transformers folder; None: no embeddings)."""
     name = served_model_name or rag.model_name
     state: dict[str, EngineLoop] = {}
+    embedding = EmbeddingEndpoint(embedding_model) if embedding_model is not None else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -74,7 +80,8 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
     async def models() -> dict[str, Any]:
         card = {"id": name, "object": "model", "created": created(), "owned_by": "fusionrag",
                 "max_model_len": rag.context_window}  # fmt: skip
-        return {"object": "list", "data": [card]}
+        extra = [embedding.card(created())] if embedding is not None and embedding.available else []
+        return {"object": "list", "data": [card, *extra]}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -85,6 +92,20 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
     async def completions(request: Request):
         body = _parse(await _body(request), CompletionRequest)
         return await _complete(request, body, "text")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> dict[str, Any]:
+        body = _parse(await _body(request), EmbeddingsRequest)
+        if embedding is None or not embedding.available:
+            raise ApiError(404, "this server serves no embedding model (it needs the embed extra)",
+                           "invalid_request_error", "model_not_found")  # fmt: skip
+        if body.model not in embedding.ids:
+            raise ApiError(404, f"the embedding model {body.model!r} does not exist; this server serves {embedding.id!r}",
+                           "invalid_request_error", "model_not_found")  # fmt: skip
+        try:
+            return await run_in_threadpool(embedding.answer, body, body.texts())  # off the event loop and the engine
+        except FusionRAGError as exc:
+            raise ApiError(400, str(exc)) from exc
 
     @app.post("/v1/chunks")
     async def add_chunks(request: Request) -> dict[str, Any]:

@@ -148,7 +148,7 @@ def test_a_memory_store_keeps_the_index_for_every_engine_on_it(tmp_path):
     assert (summary.new_chunks, summary.plain_computed, summary.fused_computed) == (2, 2, 2)
     assert len(document_index(reader)) == 2 and not list(tmp_path.glob("*.jsonl"))
     out, hits = answer(reader, "Which river flows through Marovia?", top_k=1, max_new_tokens=2)
-    assert hits[0][1].endswith("river.md") and out.stats.path_hits["miss"] == 0 and out.stats.missed_tokens == 0
+    assert hits[0].source.endswith("river.md") and out.stats.path_hits["miss"] == 0 and out.stats.missed_tokens == 0
     other_store = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
     with pytest.raises(FusionRAGError, match="is empty; run 'fusionrag ingest PATH' first"):
         answer(other_store, "Which river?", top_k=1)

@@ -20,5 +20,6 @@ def test_package_import_is_lazy():
 def test_adapter_modules_export_their_classes():
     from fusionrag_llm.integrations import langchain, llama_index
 
-    assert set(llama_index.__all__) == {"FusionRAGIngestion", "FusionRAGLLM"}
-    assert {"ChatFusionRAG", "FusionRAGLLMLangChain", "add_documents"} <= set(langchain.__all__)
+    assert set(llama_index.__all__) == {"FusionRAGEmbedding", "FusionRAGIngestion", "FusionRAGLLM", "FusionRAGRetriever"}
+    assert {"ChatFusionRAG", "FusionRAGEmbeddings", "FusionRAGLLMLangChain", "FusionRAGRetriever",
+            "add_documents"} <= set(langchain.__all__)  # fmt: skip
