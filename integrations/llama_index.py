@@ -207,6 +207,10 @@ class FusionRAGLLM(CustomLLM):
         defaults = {**self._fields(), **_shared.respell(self.additional_kwargs), **generate}
         defaults.pop("stop", None)
         kwargs = dict(kwargs)
+        if "max_tokens" in kwargs:  # the constructor's alias holds per call too
+            if "max_new_tokens" in kwargs:
+                raise ValueError("max_new_tokens is given twice, as 'max_new_tokens' and as 'max_tokens'; give it once")
+            kwargs["max_new_tokens"] = kwargs.pop("max_tokens")
         stop = _check_stop(kwargs.pop("stop", None)) or _check_stop(generate.get("stop"))
         options = _shared.call_options(defaults, kwargs)
         return {**options, "stop": stop} if stop else options

@@ -85,6 +85,15 @@ def test_streaming_query_engine(rag, corpus, indexed, recorder):
     assert text == str(index.as_query_engine(llm=llm, similarity_top_k=3).query(question))
 
 
+def test_max_tokens_per_call_as_in_the_constructor(rag):
+    llm = FusionRAGLLM(rag=rag, max_tokens=6)
+    whole = llm.complete("Name a lighthouse keeper.").raw["token_ids"]
+    short = llm.complete("Name a lighthouse keeper.", max_tokens=2).raw["token_ids"]
+    assert len(whole) > 2 and short == whole[:2]  # greedy: the same answer, cut at 2 tokens
+    with pytest.raises(ValueError, match="given twice"):
+        llm.complete("Name a lighthouse keeper.", max_tokens=2, max_new_tokens=3)
+
+
 def test_complete_stream_and_chat(rag):
     llm = FusionRAGLLM(rag=rag, max_new_tokens=6)
     whole = llm.complete("Name a lighthouse keeper.")
