@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
@@ -28,7 +29,7 @@ from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 from starlette.exceptions import HTTPException  # noqa: E402
 
-from fusionrag_llm.server.engine_loop import EngineLoop, Overloaded, Update  # noqa: E402
+from fusionrag_llm.server.engine_loop import EngineLoop, Overloaded, ShuttingDown, Update  # noqa: E402
 from fusionrag_llm.server.protocol import (  # noqa: E402
     ChatCompletionRequest, ChunksRequest, CompletionRequest, created, error_body, fusionrag_extra, new_id, usage,
 )  # fmt: skip
@@ -53,6 +54,7 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
     """The app over ``rag`` (a ``FusionRAG``); its engine thread runs while the app does."""
     name = served_model_name or rag.model_name
     state: dict[str, EngineLoop] = {}
+    registrations = _Registrations(rag, state)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -68,7 +70,8 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
     @app.get("/health")
     async def health() -> dict[str, Any]:
         loop = state["loop"]
-        return {"status": "ok", "model": name, "running": loop.running, "waiting": loop.waiting}
+        return {"status": "ok", "model": name, "running": loop.running, "waiting": loop.waiting,
+                "registering": registrations.count}  # fmt: skip
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -90,9 +93,11 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
     async def add_chunks(request: Request) -> dict[str, Any]:
         body = _parse(await _body(request), ChunksRequest)
         try:
-            report = await run_in_threadpool(rag.add_chunks, body.texts, fuse=body.fuse, neighbors=body.neighbors)
+            report = await run_in_threadpool(registrations.run, body)
         except FusionRAGError as exc:
             raise ApiError(400, str(exc)) from exc
+        except ShuttingDown as exc:  # stopped between two entries: a later call resumes
+            raise ApiError(503, f"chunk registration stopped: {exc}; send it again to resume", "server_error") from exc
         return {"object": "list", "data": [{"object": "chunk", "id": chunk_id} for chunk_id in report.chunk_ids],
                 "plain_computed": report.plain_computed, "fused_computed": report.fused_computed}  # fmt: skip
 
@@ -128,6 +133,28 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
         return StreamingResponse(reply.events(first, request, updates, deadline, abort), media_type="text/event-stream")
 
     return app
+
+
+class _Registrations:
+    """``POST /v1/chunks`` calls, one at a time on worker threads; each steps aside for the requests
+    between two of its entries (``EngineLoop.make_way``)."""
+
+    def __init__(self, rag, state: dict):
+        self.rag, self.state = rag, state
+        self.count = 0  # running or waiting for the one running
+        self._one_at_a_time = threading.Lock()
+        self._count_lock = threading.Lock()
+
+    def run(self, body: ChunksRequest):
+        with self._count_lock:
+            self.count += 1
+        try:
+            with self._one_at_a_time:
+                loop = self.state["loop"]
+                return self.rag.add_chunks(body.texts, fuse=body.fuse, neighbors=body.neighbors, pause=loop.make_way)
+        finally:
+            with self._count_lock:
+                self.count -= 1
 
 
 async def _body(request: Request) -> bytes:
