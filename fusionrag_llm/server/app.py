@@ -26,9 +26,9 @@ from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.concurrency import run_in_threadpool  # noqa: E402
 from fastapi.exceptions import RequestValidationError  # noqa: E402
 from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
-from pydantic import ValidationError  # noqa: E402
 from starlette.exceptions import HTTPException  # noqa: E402
 
+from fusionrag_llm.server.body import MAX_BODY_BYTES, ApiError, parse_body, read_body  # noqa: E402
 from fusionrag_llm.server.engine_loop import EngineLoop, Overloaded, ShuttingDown, Update  # noqa: E402
 from fusionrag_llm.server.protocol import (  # noqa: E402
     ChatCompletionRequest, ChunksRequest, CompletionRequest, created, error_body, fusionrag_extra, new_id, usage,
@@ -36,22 +36,15 @@ from fusionrag_llm.server.protocol import (  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 16 * 2**20
 POLL_S = 0.5  # how often a waiting non-streamed request checks that its client is still there
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None):
-        super().__init__(message)
-        self.status, self.kind, self.code = status, kind, code
+def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256, request_timeout: float = 600.0,
+               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:  # fmt: skip
+    """The app over ``rag`` (a ``FusionRAG``); its engine thread runs while the app does.
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(error_body(str(self), self.kind, self.code), status_code=self.status)
-
-
-def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256,
-               request_timeout: float = 600.0) -> FastAPI:  # fmt: skip
-    """The app over ``rag`` (a ``FusionRAG``); its engine thread runs while the app does."""
+    ``max_waiting``: requests that may wait for admission (more: 429); ``request_timeout``: seconds a
+    request may take (more: 408); ``max_body_bytes``: the largest request body (more: 413)."""
     name = served_model_name or rag.model_name
     state: dict[str, EngineLoop] = {}
     registrations = _Registrations(rag, state)
@@ -81,17 +74,17 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = _parse(await _body(request), ChatCompletionRequest)
+        body = parse_body(await read_body(request, max_body_bytes), ChatCompletionRequest)
         return await _complete(request, body, "chat")
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = _parse(await _body(request), CompletionRequest)
+        body = parse_body(await read_body(request, max_body_bytes), CompletionRequest)
         return await _complete(request, body, "text")
 
     @app.post("/v1/chunks")
     async def add_chunks(request: Request) -> dict[str, Any]:
-        body = _parse(await _body(request), ChunksRequest)
+        body = parse_body(await read_body(request, max_body_bytes), ChunksRequest)
         try:
             report = await run_in_threadpool(registrations.run, body)
         except FusionRAGError as exc:
@@ -155,34 +148,6 @@ class _Registrations:
         finally:
             with self._count_lock:
                 self.count -= 1
-
-
-async def _body(request: Request) -> bytes:
-    size = request.headers.get("content-length")
-    if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
-    return raw
-
-
-def _parse(raw: bytes, model):
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise ApiError(400, _validation_message(exc)) from exc
-
-
-def _validation_message(exc: ValidationError) -> str:
-    problems = [f"{'.'.join(map(str, error['loc'])) or 'body'}: {error['msg']}" for error in exc.errors()[:5]]
-    return "invalid request: " + "; ".join(problems)
 
 
 async def _next(request: Request, updates: asyncio.Queue, deadline: float) -> Update:
@@ -289,6 +254,12 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:  # a bug: still OpenAI's shape
+        logger.error("request failed: %r", exc)
+        return JSONResponse(error_body(f"the server failed on this request: {type(exc).__name__}", "server_error"),
+                            status_code=500)  # fmt: skip
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
