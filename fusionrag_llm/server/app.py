@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError, require
 
@@ -28,6 +28,7 @@ from fastapi.exceptions import RequestValidationError  # noqa: E402
 from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
 from starlette.exceptions import HTTPException  # noqa: E402
 
+from fusionrag_llm.server.access import Access, KeyCheck  # noqa: E402
 from fusionrag_llm.server.body import MAX_BODY_BYTES, ApiError, parse_body, read_body  # noqa: E402
 from fusionrag_llm.server.engine_loop import EngineLoop, Overloaded, ShuttingDown, Update  # noqa: E402
 from fusionrag_llm.server.protocol import (  # noqa: E402
@@ -40,11 +41,16 @@ POLL_S = 0.5  # how often a waiting non-streamed request checks that its client 
 
 
 def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256, request_timeout: float = 600.0,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:  # fmt: skip
+               max_body_bytes: int = MAX_BODY_BYTES, api_keys: Sequence[str] = (),
+               chunk_writes: bool | str = True) -> FastAPI:  # fmt: skip
     """The app over ``rag`` (a ``FusionRAG``); its engine thread runs while the app does.
 
     ``max_waiting``: requests that may wait for admission (more: 429); ``request_timeout``: seconds a
-    request may take (more: 408); ``max_body_bytes``: the largest request body (more: 413)."""
+    request may take (more: 408); ``max_body_bytes``: the largest request body (more: 413).
+    ``api_keys``: keys clients must send as ``Authorization: Bearer KEY`` on every route but
+    ``/health`` (none: no key is asked for); ``chunk_writes``: who may ``POST /v1/chunks``, True
+    (whoever may call), False (nobody: 403) or a key (only that one) (``access.py``)."""
+    access = Access.of(api_keys, chunk_writes)
     name = served_model_name or rag.model_name
     state: dict[str, EngineLoop] = {}
     registrations = _Registrations(rag, state)
@@ -58,6 +64,7 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
             state.pop("loop").close()
 
     app = FastAPI(title="fusionrag", lifespan=lifespan)
+    app.add_middleware(KeyCheck, access=access)
     _install_error_handlers(app)
 
     @app.get("/health")
