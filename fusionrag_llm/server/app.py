@@ -2,10 +2,11 @@
 ``/v1/chunks`` and ``/health``, over one ``EngineLoop`` that batches every client's requests.
 
 Errors have OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``): bad JSON, bad
-fields, bad values and prompts over the context window are 400, an unknown model 404, a full
-queue 429, a request over its time limit 408; a stream that fails after it started ends with an
-error event. A client that goes away (a closed stream, a dropped connection) has its request
-aborted at the next engine step.
+fields, bad values and prompts over the context window are 400, a missing or wrong API key 401, a
+refused chunk write 403 (``access.py``), an unknown model 404, a body over the limit 413
+(``body.py``), a full queue 429, a request over its time limit 408; a stream that fails after it
+started ends with an error event. A client that goes away (a closed stream, a dropped connection)
+has its request aborted at the next engine step.
 """
 
 from __future__ import annotations
