@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -18,7 +19,7 @@ from fusionrag_llm.fusion.catalog import CATALOG_FILE, ChunkCatalog, chunk_id_of
 from fusionrag_llm.fusion.chunk_view import RegisteredChunks, StoredEntry, read_stored
 from fusionrag_llm.fusion.entry_store import EntryStore
 from fusionrag_llm.fusion.offline import IngestReport, add_chunks
-from fusionrag_llm.fusion.embeddings import Embedder
+from fusionrag_llm.fusion.embeddings import Embedder, default_embedder
 from fusionrag_llm.methods import Method, make_plan
 from fusionrag_llm.models.default_model import DEFAULT_MODEL
 from fusionrag_llm.models.fingerprint import fingerprint_of
@@ -124,7 +125,7 @@ class FusionRAG:
 
     def add_chunks(self, texts: Sequence[str], fuse: bool = True, neighbors: int = 10,
                    embeddings=None, progress: bool = False, variant_notes: bool = False,
-                   workers: int | None = None) -> IngestReport:  # fmt: skip
+                   workers: int | None = None, pause: Callable[[], None] | None = None) -> IngestReport:  # fmt: skip
         """Offline stage: store plain (and fused) entries of ``texts``; returns their chunk ids (an
         ``IngestReport``: a list of the ids, with ``plain_computed`` and ``fused_computed``).
 
@@ -133,10 +134,16 @@ class FusionRAG:
         70% more time per fused entry). Calling it again with the same texts computes nothing.
         ``workers``: compute the entries in that many Ray worker processes writing into this engine's
         store folder (the ``distributed`` extra; ``engine/ray_ingest.py``); None: in this process.
+
+        In this process the engine lock is held piece by piece (one entry each), not for the whole
+        call, and not while texts are embedded: requests on other threads step in between.
+        ``pause``: called between pieces with the lock released (the server lets its waiting
+        requests run a while there).
         """
         if not isinstance(variant_notes, bool):
             raise FusionRAGError(f"variant_notes must be True or False, got {variant_notes!r}")
-        with self.engine.lock:  # not between two steps of requests other threads are running
+        lock = self.engine.lock
+        with lock:  # everything that touches the model, the catalog or the store holds it
             if workers is not None:
                 from fusionrag_llm.engine.ray_ingest import ingest_with_workers  # Ray only when asked for
 
@@ -144,9 +151,24 @@ class FusionRAG:
                                            fuse=fuse, neighbors=neighbors, embeddings=embeddings,
                                            embedder=self.embedder, progress=progress,
                                            variant_notes=variant_notes)  # fmt: skip
+
+            def between_pieces() -> None:
+                with _released(lock):
+                    if pause is not None:
+                        pause()
+
             return add_chunks(self.engine.computer, self._catalog, self.tokenizer.encode, texts, fuse=fuse,
-                              neighbors=neighbors, embeddings=embeddings, embedder=self.embedder, progress=progress,
-                              variant_notes=variant_notes)  # fmt: skip
+                              neighbors=neighbors, embeddings=embeddings, embedder=self._unlocked_embedder(),
+                              progress=progress, variant_notes=variant_notes, pause=between_pieces)  # fmt: skip
+
+    def _unlocked_embedder(self) -> Embedder:
+        """The embedding model (loaded on first use), run with the engine lock released."""
+
+        def embed(texts: Sequence[str]):
+            with _released(self.engine.lock):
+                return (self.embedder or default_embedder())(texts)
+
+        return embed
 
     def segments(self, request: Request) -> list[Segment]:
         """How ``request`` is split into prefix, chunks, text between, and suffix.
@@ -340,3 +362,14 @@ def _auxiliary(value, loaded: LoadedModel):
     if isinstance(value, (str, Path)):
         return load_model(value, device=loaded.model.device, dtype=loaded.model.dtype)
     return value
+
+
+@contextmanager
+def _released(lock) -> Iterator[None]:
+    """``lock`` (held by this thread) released for the block: one level of it, so a caller that holds
+    it around the whole call keeps it."""
+    lock.release()
+    try:
+        yield
+    finally:
+        lock.acquire()

@@ -20,6 +20,10 @@ neighbours are the most similar of them all), so:
   next fused ingestion does it.
 The last process to write an entry thus wrote it from a view in which its neighbours were final.
 
+``pause`` is called between pieces of the work (one entry each, or one chunk's fusing): the caller
+may let other work of its process run there (``FusionRAG.add_chunks`` releases the engine lock, so
+requests keep stepping). What runs there sees the catalog and the store as another process would.
+
 Plain entries are computed one chunk per forward pass: batched passes differ in the last bits
 (~1e-6, measured) with the batch's make-up, and an entry must have the same bits whichever process,
 batch or online miss computed it, or the fused entries computed after it would differ too.
@@ -33,7 +37,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -123,19 +127,20 @@ def add_chunks(
     embedder: Embedder | None = None,
     progress: bool = True,
     variant_notes: bool = False,
+    pause: Callable[[], None] | None = None,
 ) -> IngestReport:
     """Register ``texts`` as chunks and store their plain (and, with ``fuse``, fused) entries.
 
     ``variant_notes``: fused entries carry Cache-Craft's notes (what ``cache_craft`` reads); a stored
-    fused entry without them is computed again with them."""
+    fused entry without them is computed again with them. ``pause``: called between pieces of work."""
     texts = validate_texts(texts)
     validate_neighbors(neighbors)
     chunks = register_chunks(computer, catalog, encode, texts, embeddings, embedder)
     report = IngestReport(chunk_ids=[chunk_id_of(text) for text in texts])
     try:
-        _ensure_plain(computer, chunks, report, progress)
+        _ensure_plain(computer, chunks, report, progress, pause)
         if fuse:
-            _ensure_fused(computer, catalog, chunks, neighbors, report, progress, variant_notes)
+            _ensure_fused(computer, catalog, chunks, neighbors, report, progress, variant_notes, pause)
     except (StoreWriteError, CatalogWriteError) as exc:
         raise wrap_write_errors(computer.entry_store, exc, report) from exc
     return report
@@ -187,9 +192,14 @@ def missing_plain(entry_store: EntryStore, chunks: list[RegisteredChunk]) -> lis
     return [c for c in chunks if not entry_store.contains(c.token_ids, "plain")]
 
 
-def _ensure_plain(computer: EntryComputer, chunks: list[RegisteredChunk], report: IngestReport, progress: bool) -> None:
+def _ensure_plain(computer: EntryComputer, chunks: list[RegisteredChunk], report: IngestReport, progress: bool,
+                  pause: Callable[[], None] | None = None) -> None:  # fmt: skip
     missing = missing_plain(computer.entry_store, chunks)
     for chunk in tqdm(missing, desc="plain entries", unit="chunk", disable=not progress or not missing):
+        if pause is not None:
+            pause()
+            if computer.entry_store.contains(chunk.token_ids, "plain"):  # a request's miss stored it meanwhile
+                continue
         store_plain(computer, chunk, report)
 
 
@@ -208,12 +218,15 @@ def _plain_entry(computer: EntryComputer, chunk: RegisteredChunk, report: Ingest
 
 
 # ---------------------------------------------------------------------- fused entries
-def _ensure_fused(computer: EntryComputer, catalog: ChunkCatalog, chunks: list[RegisteredChunk],
-                  neighbors: int, report: IngestReport, progress: bool, notes: bool = False) -> None:  # fmt: skip
+def _ensure_fused(computer: EntryComputer, catalog: ChunkCatalog, chunks: list[RegisteredChunk], neighbors: int,
+                  report: IngestReport, progress: bool, notes: bool = False,
+                  pause: Callable[[], None] | None = None) -> None:  # fmt: skip
     catalog.refresh()
     for chunk in tqdm(chunks, desc="fused entries", unit="chunk", disable=not progress):
+        if pause is not None:
+            pause()
         fuse_chunk(computer, catalog, chunk, neighbors, report, notes)
-    _refresh_stale(computer, catalog, report, notes)
+    _refresh_stale(computer, catalog, report, notes, pause)
 
 
 def fuse_chunk(computer: EntryComputer, catalog: ChunkCatalog, chunk: RegisteredChunk, count: int,
@@ -291,9 +304,12 @@ def _record_if_writable(catalog: ChunkCatalog, record: FusedRecord) -> None:
         logger.debug("the record of fused entry %s is not updated: %s", record.key, exc)
 
 
-def _refresh_stale(computer: EntryComputer, catalog: ChunkCatalog, report: IngestReport, notes: bool = False) -> None:
+def _refresh_stale(computer: EntryComputer, catalog: ChunkCatalog, report: IngestReport, notes: bool = False,
+                   pause: Callable[[], None] | None = None) -> None:  # fmt: skip
     """Fuse again this model's chunks whose recorded neighbours are no longer their nearest."""
     for chunk, count in stale_chunks(computer.keys, catalog):
+        if pause is not None:
+            pause()
         fuse_chunk(computer, catalog, chunk, count, report, notes)
 
 

@@ -8,6 +8,11 @@ event loop. Aborts (a client that disconnected or timed out) are applied between
 slot is taken by the next waiting request at the next step. At most ``max_waiting`` requests may
 wait for admission; beyond that ``submit`` refuses at once (``Overloaded``) rather than letting
 latency grow without bound.
+
+Chunk registration (``POST /v1/chunks``) runs on a worker thread, one entry at a time under the
+engine lock; between two entries it calls ``make_way``, which lets the requests waiting or running
+step for up to ``INGEST_SLICE_S`` seconds first. So a chat that arrives during a long registration
+waits for at most one entry, not for the whole registration.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -27,6 +33,10 @@ logger = logging.getLogger(__name__)
 
 class Overloaded(RuntimeError):
     """Too many requests are waiting; the client should retry later."""
+
+
+class ShuttingDown(RuntimeError):
+    """The server is stopping: a registration stops between two entries (a later one resumes it)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +52,7 @@ class Prepared:
 
 
 DEFAULT_MAX_TOKENS = 512
+INGEST_SLICE_S = 0.5  # of steps for the requests between two entries of a registration
 
 
 @dataclass(frozen=True)
@@ -78,6 +89,7 @@ class EngineLoop:
         self._served: dict[int, _Served] = {}  # engine request id -> client
         self._pending = 0  # submitted, not yet added to the engine
         self._count_lock = threading.Lock()
+        self._stepped = threading.Condition()  # notified after every step and when the engine goes idle
         self._thread = threading.Thread(target=self._run, name="fusionrag-engine", daemon=True)
         self._thread.start()
 
@@ -115,9 +127,28 @@ class EngineLoop:
     def waiting(self) -> int:
         return self._pending + len(self.engine.scheduler.waiting)
 
+    def make_way(self, slice_s: float = INGEST_SLICE_S) -> None:
+        """For a registration between two of its entries (engine lock released): returns once the
+        requests submitted so far have finished or had ``slice_s`` seconds of steps, at once when there
+        are none. Raises ``ShuttingDown`` when the server is stopping."""
+        deadline = time.monotonic() + slice_s
+        with self._stepped:
+            while self._busy() and not self._stopping:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._stepped.wait(remaining)
+        if self._stopping:
+            raise ShuttingDown("the server is shutting down")
+
+    def _busy(self) -> bool:
+        return self._pending > 0 or self.engine.has_unfinished()
+
     def close(self) -> None:
         self._stopping = True
         self._wake.set()
+        with self._stepped:
+            self._stepped.notify_all()
         self._thread.join(timeout=30)
 
     # ------------------------------------------------------------------ the engine thread
@@ -126,6 +157,7 @@ class EngineLoop:
             self._admit_new()
             self._apply_aborts()
             if not self.engine.has_unfinished():
+                self._notify_stepped()
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
                 continue
@@ -136,7 +168,12 @@ class EngineLoop:
                 self._fail_all(exc)
                 continue
             self._publish()
+            self._notify_stepped()
         self._fail_all(RuntimeError("the server is shutting down"))
+
+    def _notify_stepped(self) -> None:
+        with self._stepped:
+            self._stepped.notify_all()
 
     def _admit_new(self) -> None:
         while True:
@@ -144,17 +181,22 @@ class EngineLoop:
                 prepared, deliver, ticket = self._incoming.get_nowait()
             except queue.Empty:
                 return
-            with self._count_lock:
-                self._pending -= 1
-            if ticket["aborted"]:
-                continue
             try:
-                seq = self._add(prepared)
-            except Exception as exc:  # e.g. a prompt over the context window: this client only
-                deliver(exc)
-                continue
-            ticket["request_id"] = seq.request_id
-            self._served[seq.request_id] = _Served(prepared, deliver, seq)
+                self._admit(prepared, deliver, ticket)
+            finally:  # once queued in the engine: a registration's make_way never sees it nowhere
+                with self._count_lock:
+                    self._pending -= 1
+
+    def _admit(self, prepared: Prepared, deliver: Callable[[Any], None], ticket: dict) -> None:
+        if ticket["aborted"]:
+            return
+        try:
+            seq = self._add(prepared)
+        except Exception as exc:  # e.g. a prompt over the context window: this client only
+            deliver(exc)
+            return
+        ticket["request_id"] = seq.request_id
+        self._served[seq.request_id] = _Served(prepared, deliver, seq)
 
     def _add(self, prepared: Prepared):
         """Tokenize on this thread (no lock to wait for: this thread runs the steps) and queue it."""
