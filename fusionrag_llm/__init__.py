@@ -26,10 +26,12 @@ _EXPORTS = {
     "registered_chunk_count": "fusionrag_llm.fusion.catalog",
     "IngestionWriteError": "fusionrag_llm.fusion.offline",
     "IngestReport": "fusionrag_llm.fusion.offline",
+    "ChatRequest": "fusionrag_llm.request",
     "PromptFormat": "fusionrag_llm.request",
     "RAGRequest": "fusionrag_llm.request",
     "RAGSession": "fusionrag_llm.session",
     "TextPrompt": "fusionrag_llm.request",
+    "check_tenant": "fusionrag_llm.request",
     "EngineOptions": "fusionrag_llm.options",
     "Method": "fusionrag_llm.methods",
     "MethodRun": "fusionrag_llm.methods",
@@ -77,6 +79,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from fusionrag_llm.options import EngineOptions
     from fusionrag_llm.models.default_model import DEFAULT_MODEL
     from fusionrag_llm.models.kv_eviction import DecodeEviction
-    from fusionrag_llm.request import PromptFormat, RAGRequest, TextPrompt
+    from fusionrag_llm.request import ChatRequest, PromptFormat, RAGRequest, TextPrompt, check_tenant
     from fusionrag_llm.session import RAGSession
     from fusionrag_llm.storage.store_codec import DEFAULT_KV_CODEC, KV_CODECS, recorded_kv_codec

@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP app: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``,
-``/v1/chunks`` and ``/health``, over one ``EngineLoop`` that batches every client's requests.
+``/v1/chunks`` and ``/health``, over one ``EngineLoop`` that batches every client's requests. Each
+request is served for one tenant, decided in ``server/tenants.py`` alone.
 
 Errors have OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``): bad JSON, bad
 fields, bad values and prompts over the context window are 400, an unknown model 404, a full
@@ -29,6 +30,7 @@ from pydantic import ValidationError  # noqa: E402
 from starlette.exceptions import HTTPException  # noqa: E402
 
 from fusionrag_llm.server.engine_loop import EngineLoop, Overloaded, Update  # noqa: E402
+from fusionrag_llm.server.tenants import request_tenant  # noqa: E402
 from fusionrag_llm.server.protocol import (  # noqa: E402
     ChatCompletionRequest, ChunksRequest, CompletionRequest, created, error_body, fusionrag_extra, new_id, usage,
 )  # fmt: skip
@@ -90,15 +92,22 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
     async def add_chunks(request: Request) -> dict[str, Any]:
         body = _parse(await _body(request), ChunksRequest)
         try:
-            report = await run_in_threadpool(rag.add_chunks, body.texts, fuse=body.fuse, neighbors=body.neighbors)
+            tenant = request_tenant(request, body.tenant, body.cache_salt)
+            report = await run_in_threadpool(rag.add_chunks, body.texts, fuse=body.fuse, neighbors=body.neighbors,
+                                             tenant=tenant)  # fmt: skip
         except FusionRAGError as exc:
             raise ApiError(400, str(exc)) from exc
         return {"object": "list", "data": [{"object": "chunk", "id": chunk_id} for chunk_id in report.chunk_ids],
                 "plain_computed": report.plain_computed, "fused_computed": report.fused_computed}  # fmt: skip
 
     @app.get("/v1/chunks")
-    async def chunk_count() -> dict[str, Any]:
-        count = await run_in_threadpool(len, rag.chunks)  # waits for the engine's step, off the event loop
+    async def chunk_count(request: Request) -> dict[str, Any]:
+        try:
+            tenant = request_tenant(request, request.query_params.get("tenant"))
+        except FusionRAGError as exc:
+            raise ApiError(400, str(exc)) from exc
+        # the tenant's chunks (none but its own); waits for the engine's step, off the event loop
+        count = await run_in_threadpool(lambda: len(rag.chunks_of(tenant)))
         return {"object": "chunk_count", "count": count}
 
     async def _complete(request: Request, body, kind: str):
@@ -106,7 +115,7 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
             raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {name!r}",
                            "invalid_request_error", "model_not_found")  # fmt: skip
         try:
-            prepared = body.prepared()
+            prepared = body.prepared(request_tenant(request, body.tenant, body.cache_salt))
         except FusionRAGError as exc:
             raise ApiError(400, str(exc)) from exc
         try:
