@@ -23,6 +23,7 @@ _EXPORTS = {
     "FusionRAGError": "fusionrag_llm.errors",
     "CatalogWriteError": "fusionrag_llm.fusion.catalog",
     "CATALOG_FILE": "fusionrag_llm.fusion.catalog",
+    "TENANT_CATALOGS": "fusionrag_llm.fusion.catalog",
     "registered_chunk_count": "fusionrag_llm.fusion.catalog",
     "IngestionWriteError": "fusionrag_llm.fusion.offline",
     "IngestReport": "fusionrag_llm.fusion.offline",
@@ -72,7 +73,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from fusionrag_llm.engine.sampling import SamplingParams
     from fusionrag_llm.engine.stats import GenerationStats
     from fusionrag_llm.errors import FusionRAGError, MissingDependencyError
-    from fusionrag_llm.fusion.catalog import CATALOG_FILE, CatalogWriteError, registered_chunk_count
+    from fusionrag_llm.fusion.catalog import CATALOG_FILE, TENANT_CATALOGS, CatalogWriteError, registered_chunk_count
     from fusionrag_llm.fusion.offline import IngestionWriteError, IngestReport
     from fusionrag_llm.methods import Method, MethodRun, Prefill, RunPlan, get_method, method_names, register_method
     from fusionrag_llm.models.forward import LayerHook
