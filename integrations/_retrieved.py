@@ -58,7 +58,7 @@ def context_text(value: Any) -> Optional[str]:
 
 
 def check_request(rag: FusionRAG, request: Any, context: Any, replace: Callable[[Any, str, str], Any],
-                  tenant: Optional[str] = None) -> CheckedRequest:  # fmt: skip
+                  tenant: str | None = None) -> CheckedRequest:  # fmt: skip
     """``request`` (as the engine takes it) checked against the retrieved ``context`` it was formatted with,
     both read for ``tenant`` (its registered chunks only; None: the default tenant).
 
@@ -81,7 +81,7 @@ def check_request(rag: FusionRAG, request: Any, context: Any, replace: Callable[
     return CheckedRequest(request, expected, expected - found, REWRITTEN)
 
 
-def count_chunks(rag: FusionRAG, request: Any, tenant: Optional[str] = None) -> int:
+def count_chunks(rag: FusionRAG, request: Any, tenant: str | None = None) -> int:
     """Chunks registered under ``tenant`` that the engine finds in ``request`` (a prompt or chat messages)."""
     with engine_lock(rag):  # the chunk catalog it reads may be growing on another thread
         return sum(segment.kind == "chunk" for segment in rag.segments(for_tenant(request, tenant)))

@@ -13,7 +13,7 @@ import logging
 import threading
 import uuid
 import weakref
-from typing import Any, AsyncIterator, Callable, Collection, Iterator, Mapping, Optional, Sequence, TypeVar
+from typing import Any, AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence, TypeVar
 
 from fusionrag_llm import ChatRequest, FusionRAG, IngestReport, SamplingParams, check_tenant, get_method
 
@@ -138,12 +138,12 @@ def engine_session(rag: FusionRAG) -> str:
         return _sessions.setdefault(rag, uuid.uuid4().hex)
 
 
-def checked_tenant(value: Any) -> Optional[str]:
+def checked_tenant(value: Any) -> str | None:
     """An adapter's ``tenant`` setting checked by the engine (None or ``""``: the default tenant)."""
     return check_tenant(value) or None
 
 
-def for_tenant(request: Any, tenant: Optional[str]) -> Any:
+def for_tenant(request: Any, tenant: str | None) -> Any:
     """``request`` (a prompt string or chat messages) as the engine answers it for ``tenant``: only that
     tenant's registered chunks are found in it and only its cached KV is reused. The default tenant's
     request is sent unchanged."""
@@ -243,7 +243,7 @@ def finish_reason(token_ids: Sequence[int], max_new_tokens: int) -> str:
 
 
 def register_texts(rag: FusionRAG, texts: Sequence[str], embeddings=None, fuse: bool = True,
-                   neighbors: int = 10, progress: bool = False, tenant: Optional[str] = None) -> IngestReport:  # fmt: skip
+                   neighbors: int = 10, progress: bool = False, tenant: str | None = None) -> IngestReport:  # fmt: skip
     """Register texts exactly as frameworks put them in prompts (stripped); empty texts are skipped.
 
     Frameworks strip retrieved texts before joining them, and a stripped text is also found inside

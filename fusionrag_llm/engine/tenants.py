@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from fusionrag_llm.fusion.entry_compute import EntryComputer
 from fusionrag_llm.fusion.entry_keys import EntryKeys

@@ -92,7 +92,7 @@ class EntryKeys:
         fingerprint = storage_fingerprint(fingerprint, model_dtype, storage_dtype, codec_id)
         return cls(fingerprint, tuple(s0_ids), lossless, blocks, *forms)
 
-    def for_tenant(self, tenant: str) -> "EntryKeys":
+    def for_tenant(self, tenant: str) -> EntryKeys:
         """The keys of ``tenant``'s entries (a checked tenant name; ``""``: these keys). Chunk entries,
         fused entries and path blocks of a tenant are all keyed apart from every other tenant's."""
         if not tenant:

@@ -5,7 +5,14 @@ default tenant keeps today's keys. Through the facade only, on the random-weight
 import pytest
 import torch
 
-from fusionrag_llm import ChatRequest, FusionRAG, FusionRAGError, RAGRequest, RAGSession, TextPrompt
+from fusionrag_llm import (
+    ChatRequest,
+    FusionRAG,
+    FusionRAGError,
+    RAGRequest,
+    RAGSession,
+    TextPrompt,
+)
 
 OWN = ["The harbour of Keldmouth was dredged in the spring of 1911.",
        "Keldmouth's lighthouse keeper logged every ship that passed."]  # fmt: skip

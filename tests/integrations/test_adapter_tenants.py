@@ -2,16 +2,18 @@
 in a real LlamaIndex query engine and a LangChain chain; a bad tenant is refused at construction."""
 
 import pytest
+from fusionrag_llm.integrations.langchain import (
+    ChatFusionRAG,
+    FusionRAGDocumentTransformer,
+    FusionRAGLLMLangChain,
+)
+from fusionrag_llm.integrations.llama_index import FusionRAGIngestion, FusionRAGLLM
 from integration_helpers import BagOfWordsEmbedding
 from langchain_core.documents import Document as LangChainDocument
 from langchain_core.prompts import ChatPromptTemplate
 from llama_index.core import Document, VectorStoreIndex
 from llama_index.core.ingestion import IngestionPipeline
 from llama_index.core.schema import MetadataMode
-
-from fusionrag_llm.integrations.langchain import (ChatFusionRAG, FusionRAGDocumentTransformer,
-                                                  FusionRAGLLMLangChain)  # fmt: skip
-from fusionrag_llm.integrations.llama_index import FusionRAGIngestion, FusionRAGLLM
 
 
 def test_llama_index_nodes_ingested_for_a_tenant_serve_only_its_llm(fresh_rag, corpus):

@@ -4,10 +4,9 @@ tenant is a 400 saying what is allowed."""
 
 import httpx
 import pytest
+from server_helpers import CHUNKS, RunningServer
 
 from fusionrag_llm.server.app import create_app
-
-from server_helpers import CHUNKS, RunningServer
 
 openai = pytest.importorskip("openai")
 
