@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from fusionrag_llm import CATALOG_FILE, recorded_kv_codec, registered_chunk_count
+from fusionrag_llm import CATALOG_FILE, TENANT_CATALOGS, recorded_kv_codec, registered_chunk_count
 from fusionrag_llm.ingest.doc_index import DOCUMENTS_LOG, LEGACY_FOLDER, DocumentIndex
 from fusionrag_llm.paths import remote_secret, remote_trusted, store_dir
 from fusionrag_llm.storage import (
@@ -87,6 +87,9 @@ def stats(folder: str | None, remote: str | None) -> None:
             click.echo("read-only: entries are served, new ones are not saved")
     # The catalog's own reader: it skips lines that are not UTF-8 or not chunks (fused-entry records).
     click.echo(f"registered chunks: {registered_chunk_count(path)}")
+    tenants = len(list(path.glob(TENANT_CATALOGS)))
+    if tenants:
+        click.echo(f"  (the default tenant's; {tenants} other tenants have catalogs of their own)")
     click.echo(f"retrieval index: {len(DocumentIndex(FileRecordLog(path, DOCUMENTS_LOG)))} chunks")
     if (path / LEGACY_FOLDER).is_dir():
         click.echo(f"  (plus the older index in {path / LEGACY_FOLDER}, moved into {DOCUMENTS_LOG} by the next ingest or query)")
@@ -181,7 +184,7 @@ def _recover_index(path: Path, exc: StoreDamagedError, repair: bool) -> None:
 @click.option("--all", "everything", is_flag=True, help="Also remove the retrieval index of `fusionrag ingest`.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def clear(folder: str | None, everything: bool, yes: bool) -> None:
-    """Remove every KV entry and the chunk catalog; with --all also the retrieval index.
+    """Remove every KV entry and the chunk catalogs (every tenant's); with --all also the retrieval index.
     A damaged entry index is kept aside, not deleted."""
     path = _folder(folder)
     documents = [p for p in (path / DOCUMENTS_LOG, path / LEGACY_FOLDER) if p.exists()]
@@ -192,7 +195,8 @@ def clear(folder: str | None, everything: bool, yes: bool) -> None:
         message = _clear_entries(path)
     except StoreWriteError as exc:
         raise click.ClickException(str(exc)) from None
-    (path / CATALOG_FILE).unlink(missing_ok=True)
+    for catalog in [path / CATALOG_FILE, *path.glob(TENANT_CATALOGS)]:
+        catalog.unlink(missing_ok=True)  # a link is removed, never followed
     click.echo(message + "; removed the chunk catalog")
     if everything and documents:
         (path / DOCUMENTS_LOG).unlink(missing_ok=True)

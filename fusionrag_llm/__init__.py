@@ -23,16 +23,19 @@ _EXPORTS = {
     "FusionRAGError": "fusionrag_llm.errors",
     "CatalogWriteError": "fusionrag_llm.fusion.catalog",
     "CATALOG_FILE": "fusionrag_llm.fusion.catalog",
+    "TENANT_CATALOGS": "fusionrag_llm.fusion.catalog",
     "registered_chunk_count": "fusionrag_llm.fusion.catalog",
     "DEFAULT_EMBEDDING_NAME": "fusionrag_llm.fusion.embeddings",
     "EmbeddingModel": "fusionrag_llm.fusion.embeddings",
     "load_embedder": "fusionrag_llm.fusion.embeddings",
     "IngestionWriteError": "fusionrag_llm.fusion.offline",
     "IngestReport": "fusionrag_llm.fusion.offline",
+    "ChatRequest": "fusionrag_llm.request",
     "PromptFormat": "fusionrag_llm.request",
     "RAGRequest": "fusionrag_llm.request",
     "RAGSession": "fusionrag_llm.session",
     "TextPrompt": "fusionrag_llm.request",
+    "check_tenant": "fusionrag_llm.request",
     "EngineOptions": "fusionrag_llm.options",
     "Method": "fusionrag_llm.methods",
     "MethodRun": "fusionrag_llm.methods",
@@ -73,7 +76,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from fusionrag_llm.engine.sampling import SamplingParams
     from fusionrag_llm.engine.stats import GenerationStats
     from fusionrag_llm.errors import FusionRAGError, MissingDependencyError
-    from fusionrag_llm.fusion.catalog import CATALOG_FILE, CatalogWriteError, registered_chunk_count
+    from fusionrag_llm.fusion.catalog import CATALOG_FILE, TENANT_CATALOGS, CatalogWriteError, registered_chunk_count
     from fusionrag_llm.fusion.embeddings import DEFAULT_EMBEDDING_NAME, EmbeddingModel, load_embedder
     from fusionrag_llm.fusion.offline import IngestionWriteError, IngestReport
     from fusionrag_llm.methods import Method, MethodRun, Prefill, RunPlan, get_method, method_names, register_method
@@ -81,6 +84,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from fusionrag_llm.options import EngineOptions
     from fusionrag_llm.models.default_model import DEFAULT_MODEL
     from fusionrag_llm.models.kv_eviction import DecodeEviction
-    from fusionrag_llm.request import PromptFormat, RAGRequest, TextPrompt
+    from fusionrag_llm.request import ChatRequest, PromptFormat, RAGRequest, TextPrompt, check_tenant
     from fusionrag_llm.session import RAGSession
     from fusionrag_llm.storage.store_codec import DEFAULT_KV_CODEC, KV_CODECS, recorded_kv_codec

@@ -13,9 +13,10 @@ from fusionrag_llm.engine.llm_engine import Generation, LLMEngine
 from fusionrag_llm.engine.streaming import GenerationStream
 from fusionrag_llm.engine.context_index import ContextIndex, order_hint
 from fusionrag_llm.engine.sampling import SamplingParams
+from fusionrag_llm.engine.tenants import PerTenant
 from fusionrag_llm.engine.turn_cache import TurnCache
 from fusionrag_llm.errors import FusionRAGError
-from fusionrag_llm.fusion.catalog import CATALOG_FILE, ChunkCatalog, chunk_id_of
+from fusionrag_llm.fusion.catalog import ChunkCatalog, catalog_file, chunk_id_of
 from fusionrag_llm.fusion.chunk_view import RegisteredChunks, StoredEntry, read_stored
 from fusionrag_llm.fusion.entry_store import EntryStore
 from fusionrag_llm.fusion.offline import IngestReport, add_chunks
@@ -26,12 +27,13 @@ from fusionrag_llm.models.fingerprint import fingerprint_of
 from fusionrag_llm.models.loader import LoadedModel, load_model
 from fusionrag_llm.models.tokenizer import ChatPart
 from fusionrag_llm.options import EngineOptions
-from fusionrag_llm.request import RAGRequest, Segment, TextPrompt, build_segments, validate_messages
+from fusionrag_llm.request import (ChatRequest, RAGRequest, Segment, TextPrompt, build_segments, check_tenant,
+                                   validate_messages)  # fmt: skip
 from fusionrag_llm.paths import remote_secret, remote_trusted, remote_url, store_dir
 from fusionrag_llm.storage import StoreConfigError, StoreDamagedError
 from fusionrag_llm.storage.store import StoreSpec, open_store
 
-Request = RAGRequest | str | Sequence[dict] | TextPrompt
+Request = RAGRequest | str | Sequence[dict] | TextPrompt | ChatRequest
 
 
 class FusionRAG:
@@ -54,12 +56,16 @@ class FusionRAG:
         fingerprint = fingerprint_of(loaded.name, loaded.source, loaded.hf_config, loaded.tokenizer.hf, loaded.model.dtype)
         s0_ids = self.segments(RAGRequest(chunks=["-"], question="-"))[0].token_ids
         entry_store = EntryStore.of(self.store, fingerprint, s0_ids, loaded.model.dtype, loaded.model.cfg.kv_shape)
-        self._catalog = ChunkCatalog(self.store.record_log(CATALOG_FILE), self.tokenizer.encode)
-        self.context_index = ContextIndex()  # reorder=True: the orders earlier requests were given
+        # each tenant's registered chunks (``catalog.jsonl`` for the default tenant) and RAGBoost's record
+        # of the orders its earlier requests were given
+        self._catalogs = PerTenant(lambda tenant: ChunkCatalog(self.store.record_log(catalog_file(tenant)),
+                                                               self.tokenizer.encode))  # fmt: skip
+        self._catalog = self._catalogs.default
+        self._context_indexes = PerTenant(lambda tenant: ContextIndex())
+        self.context_index = self._context_indexes.default
         self.engine = LLMEngine(loaded, entry_store, prefix_cache=options.prefix_cache,
                                 auxiliary=_auxiliary(options.auxiliary, loaded), turns=turn_cache(options.turn_cache_gib),
                                 craft_variants=options.craft_variants, layerwise_load=options.layerwise_load)  # fmt: skip
-        self._chunks = RegisteredChunks(self._catalog, entry_store.keys, self.engine.lock)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path = DEFAULT_MODEL, *, device: str | torch.device | None = None,
@@ -99,21 +105,34 @@ class FusionRAG:
 
     @property
     def chunks(self) -> RegisteredChunks:
-        """The registered chunks, a read-only mapping from chunk id to ``ChunkInfo`` (``chunk_id``,
-        ``text``, ``token_ids``, ``neighbor_ids``: the chunks its fused entry was computed after).
+        """The default tenant's registered chunks, a read-only mapping from chunk id to ``ChunkInfo``
+        (``chunk_id``, ``text``, ``token_ids``, ``neighbor_ids``: the chunks its fused entry was computed
+        after). Another tenant's: ``chunks_of(tenant)``.
 
         >>> rag = FusionRAG.from_pretrained("tiny", store=":memory:")
         >>> ids = rag.add_chunks(["Paris is in France.", "Lyon is in France too."], embeddings=[[1, 0], [1, 1]])
         >>> len(rag.chunks), rag.chunks[ids[0]].text, rag.chunks[ids[0]].neighbor_ids == (ids[1],)
         (2, 'Paris is in France.', True)
         """
-        return self._chunks
+        return self.chunks_of(None)
 
-    def stored(self, chunk: str | Sequence[int], variant: str = "plain") -> StoredEntry | None:
+    def chunks_of(self, tenant: str | None) -> RegisteredChunks:
+        """The chunks registered under ``tenant`` (None: the default tenant), as ``chunks`` shows them.
+
+        >>> rag = FusionRAG.from_pretrained("tiny", store=":memory:")
+        >>> ids = rag.add_chunks(["Paris is in France."], embeddings=[[1, 0]], tenant="acme")
+        >>> ids[0] in rag.chunks_of("acme"), ids[0] in rag.chunks
+        (True, False)
+        """
+        tenant = check_tenant(tenant)
+        return RegisteredChunks(self._catalogs[tenant], self.engine.tenants[tenant].keys, self.engine.lock)
+
+    def stored(self, chunk: str | Sequence[int], variant: str = "plain", tenant: str | None = None) -> StoredEntry | None:
         """This model's stored ``variant`` entry (``"plain"`` or ``"fused"``) of a chunk, given by its
         chunk id or its token ids (a chunk computed on a miss is stored without being registered).
         Read and checked as a request reads it; returns a ``StoredEntry`` (``key``, ``tier``, a copy
-        of the ``entry``), or None when the store has none.
+        of the ``entry``), or None when the store has none. ``tenant``: whose entry (None: the default
+        tenant's; a chunk id must be registered under it).
 
         >>> rag = FusionRAG.from_pretrained("tiny", store=":memory:")
         >>> ids = rag.add_chunks(["Paris is in France."], embeddings=[[1, 0]])
@@ -121,11 +140,13 @@ class FusionRAG:
         >>> found.tier, found.entry.token_ids == rag.chunks[ids[0]].token_ids, found.entry.meta["variant"]
         ('host', True, 'fused')
         """
-        return read_stored(self.engine.entry_store, self._chunks, chunk, variant)
+        tenant = check_tenant(tenant)
+        return read_stored(self.engine.tenants[tenant].entry_store, self.chunks_of(tenant), chunk, variant)
 
     def add_chunks(self, texts: Sequence[str], fuse: bool = True, neighbors: int = 10,
                    embeddings=None, progress: bool = False, variant_notes: bool = False,
-                   workers: int | None = None, pause: Callable[[], None] | None = None) -> IngestReport:  # fmt: skip
+                   workers: int | None = None, pause: Callable[[], None] | None = None,
+                   tenant: str | None = None) -> IngestReport:  # fmt: skip
         """Offline stage: store plain (and fused) entries of ``texts``; returns their chunk ids (an
         ``IngestReport``: a list of the ids, with ``plain_computed`` and ``fused_computed``).
 
@@ -134,6 +155,8 @@ class FusionRAG:
         70% more time per fused entry). Calling it again with the same texts computes nothing.
         ``workers``: compute the entries in that many Ray worker processes writing into this engine's
         store folder (the ``distributed`` extra; ``engine/ray_ingest.py``); None: in this process.
+        ``tenant``: register them under this tenant only (None: the default tenant); their fused
+        neighbours are chosen among that tenant's chunks, and only its requests reuse their entries.
 
         In this process the engine lock is held piece by piece (one entry each), not for the whole
         call, and not while texts are embedded: requests on other threads step in between.
@@ -142,22 +165,24 @@ class FusionRAG:
         """
         if not isinstance(variant_notes, bool):
             raise FusionRAGError(f"variant_notes must be True or False, got {variant_notes!r}")
+        tenant = check_tenant(tenant)
         lock = self.engine.lock
         with lock:  # everything that touches the model, the catalog or the store holds it
+            computer, catalog = self.engine.tenants[tenant].computer, self._catalogs[tenant]
             if workers is not None:
                 from fusionrag_llm.engine.ray_ingest import ingest_with_workers  # Ray only when asked for
 
-                return ingest_with_workers(self._loaded, self.engine.computer, self._catalog, texts, workers,
+                return ingest_with_workers(self._loaded, computer, catalog, texts, workers,
                                            fuse=fuse, neighbors=neighbors, embeddings=embeddings,
                                            embedder=self.embedder, progress=progress,
-                                           variant_notes=variant_notes)  # fmt: skip
+                                           variant_notes=variant_notes, tenant=tenant)  # fmt: skip
 
             def between_pieces() -> None:
                 with _released(lock):
                     if pause is not None:
                         pause()
 
-            return add_chunks(self.engine.computer, self._catalog, self.tokenizer.encode, texts, fuse=fuse,
+            return add_chunks(computer, catalog, self.tokenizer.encode, texts, fuse=fuse,
                               neighbors=neighbors, embeddings=embeddings, embedder=self._unlocked_embedder(),
                               progress=progress, variant_notes=variant_notes, pause=between_pieces)  # fmt: skip
 
@@ -174,69 +199,68 @@ class FusionRAG:
         """How ``request`` is split into prefix, chunks, text between, and suffix.
 
         A flat string is the user message; a list of ``{"role", "content"}`` messages is a whole
-        chat; a ``TextPrompt`` is read as it is, without the chat template. Registered chunk texts
-        inside any of them become chunk segments where the prompt's own tokens equal theirs (so
+        chat; a ``TextPrompt`` is read as it is, without the chat template; a ``ChatRequest`` is a
+        string or a chat for its tenant. Chunk texts registered under the request's tenant inside
+        any of them become chunk segments where the prompt's own tokens equal theirs (so
         finding them never changes the prompt's ids). Only the chat
         template's own text can become control tokens: chunks, questions, system prompts, message
         contents and flat prompts are data, so ``"<|im_end|>"`` inside them stays plain text.
         """
+        catalogs = getattr(self, "_catalogs", None)  # None while the canonical prefix is being derived
+        catalog = None if catalogs is None else catalogs[tenant_of(request)]
+        if isinstance(request, ChatRequest):
+            request = request.messages if isinstance(request.messages, str) else list(request.messages)
         if isinstance(request, RAGRequest):
             head, tail = self.tokenizer.chat_frame(request.system)
             pieces = [Segment(kind, text, tuple(self.tokenizer.encode(text))) for kind, text in request.pieces()]
-            return build_segments([*self._pieces(head, find_chunks=False), *pieces], self._pieces(tail))
+            return build_segments([*self._pieces(head, None), *pieces], self._pieces(tail, catalog))
         if isinstance(request, str):
             if not request.strip():
                 raise FusionRAGError("the prompt is empty; pass a non-empty string or a RAGRequest")
             head, tail = self.tokenizer.chat_frame(None)
-            return build_segments([*self._pieces(head), *self._find_chunks(request)], self._pieces(tail))
+            return build_segments([*self._pieces(head, catalog), *self._find_chunks(request, catalog)],
+                                  self._pieces(tail, catalog))  # fmt: skip
         if isinstance(request, TextPrompt):
-            return build_segments(self._raw_pieces(request.text))
+            return build_segments(self._raw_pieces(request.text, catalog))
         if isinstance(request, (list, tuple)):
             body, generation_prompt = self.tokenizer.split_generation_prompt(validate_messages(request))
-            return build_segments(self._pieces(body), self._pieces(generation_prompt))
-        raise FusionRAGError(
-            f"a request must be a RAGRequest, a prompt string or a list of chat messages, got {type(request).__name__}"
-        )
+            return build_segments(self._pieces(body, catalog), self._pieces(generation_prompt, catalog))
+        raise FusionRAGError(f"a request must be a RAGRequest, a prompt string, a list of chat messages, a TextPrompt "
+                             f"or a ChatRequest, got {type(request).__name__}")  # fmt: skip
 
-    def _pieces(self, parts: Sequence[ChatPart], find_chunks: bool = True) -> list[Segment]:
-        """Template text with its control tokens; message contents as data, with chunks found in them."""
+    def _pieces(self, parts: Sequence[ChatPart], catalog: ChunkCatalog | None) -> list[Segment]:
+        """Template text with its control tokens; message contents as data, with ``catalog``'s chunks
+        found in them (None: none looked for)."""
         pieces = []
         for part in parts:
             if part.message is None:
                 pieces.append(Segment("text", part.text, tuple(self.tokenizer.encode_template(part.text))))
-            elif find_chunks:
-                pieces += self._find_chunks(part.text)
             else:
-                pieces.append(Segment("text", part.text, tuple(self.tokenizer.encode(part.text))))
+                pieces += self._find_chunks(part.text, catalog)
         return pieces
 
-    def _raw_pieces(self, text: str) -> list[Segment]:
+    def _raw_pieces(self, text: str, catalog: ChunkCatalog | None) -> list[Segment]:
         """A raw prompt's pieces. The engine needs tokens before the first chunk (its prefix) and after
         the last (the suffix, whose queries guide the selection), so a chunk at either end is read
         as plain text (computed, not reused); the prompt's ids do not change."""
-        pieces = self._find_chunks(text)
+        pieces = self._find_chunks(text, catalog)
         for end in (0, -1):
             if pieces[end].kind == "chunk":
                 pieces[end] = Segment("text", pieces[end].text, pieces[end].token_ids)
         return pieces
 
-    def _find_chunks(self, text: str) -> list[Segment]:
+    def _find_chunks(self, text: str, catalog: ChunkCatalog | None) -> list[Segment]:
         tokens = self.tokenizer.tokenize(text)
-        catalog = getattr(self, "_catalog", None)  # None while the canonical prefix is being derived
         if catalog is not None:
             catalog.refresh()  # chunks other processes registered since (reads only new lines)
         if catalog is None or not len(catalog):
             return [Segment("text", text, tuple(tokens.ids))]
-        return [Segment(*piece) for piece in catalog.finder.split_tokens(tokens, self._registered_ids)]
+        return [Segment(*piece) for piece in catalog.finder.split_tokens(tokens, lambda t: _registered_ids(catalog, t))]
 
     def _locked_segments(self, request: Request) -> list[Segment]:
         """``segments`` while no other thread ingests (the catalog it reads may be growing)."""
         with self.engine.lock:
             return self.segments(request)
-
-    def _registered_ids(self, text: str) -> tuple[int, ...] | None:
-        chunk = self._catalog.get(text)
-        return None if chunk is None else chunk.token_ids
 
     def stream(self, request: Request, method: str | Method = "fusionrag", recompute_ratio: float | None = None,
                max_new_tokens: int = 32, *, stop: str | Sequence[str] | None = None,
@@ -250,7 +274,7 @@ class FusionRAG:
         """
         plan = make_plan(method, recompute_ratio)
         return self.engine.stream(self._locked_segments(request), plan, max_new_tokens, stop=stop,
-                                  sampling=sampling)  # fmt: skip
+                                  sampling=sampling, tenant=tenant_of(request))  # fmt: skip
 
     def generate(self, request: Request, method: str | Method = "fusionrag", recompute_ratio: float | None = None,
                  max_new_tokens: int = 32, *, stop: str | Sequence[str] | None = None,
@@ -274,7 +298,7 @@ class FusionRAG:
         """
         plan = make_plan(method, recompute_ratio)
         return self.engine.generate(self._locked_segments(request), plan, max_new_tokens, stop=stop,
-                                    sampling=sampling, n=n)  # fmt: skip
+                                    sampling=sampling, n=n, tenant=tenant_of(request))  # fmt: skip
 
     def generate_many(self, requests: Sequence[Request], method: str | Method = "fusionrag",
                       recompute_ratio: float | None = None, max_new_tokens: int = 32, *,
@@ -290,7 +314,7 @@ class FusionRAG:
         the part of it the engine still had to wait for.
         """
         plan = make_plan(method, recompute_ratio)
-        batch = [(self._locked_segments(request), plan, max_new_tokens) for request in requests]
+        batch = [(self._locked_segments(request), plan, max_new_tokens, tenant_of(request)) for request in requests]
         return self.engine.generate_many(batch, stop=stop, sampling=sampling)
 
     def ordered(self, request: RAGRequest) -> RAGRequest:
@@ -308,7 +332,7 @@ class FusionRAG:
         """
         if not isinstance(request, RAGRequest):
             raise FusionRAGError(f"ordered() needs a RAGRequest (its chunks are what is reordered), got {type(request).__name__}")
-        order = self.context_index.order([chunk_id_of(chunk) for chunk in request.chunks])
+        order = self._context_indexes[request.tenant].order([chunk_id_of(chunk) for chunk in request.chunks])
         note = "\n".join(filter(None, [request.note, order_hint(order, request.format.doc_label)])) or None
         return replace(request, chunks=[request.chunks[index] for index in order], note=note)
 
@@ -319,7 +343,21 @@ class FusionRAG:
         ``continuation_ids`` must be ints in ``[0, vocab)``; anything else is refused before any compute.
         """
         plan = make_plan(method, recompute_ratio)
-        return self.engine.logits(self._locked_segments(request), continuation_ids, plan)  # checks the ids first
+        return self.engine.logits(self._locked_segments(request), continuation_ids, plan,
+                                  tenant_of(request))  # checks the ids first
+
+
+def tenant_of(request: Request) -> str:
+    """The tenant ``request`` is answered for: its ``tenant`` field, or the default tenant (``""``) for
+    a bare string or list of messages."""
+    if isinstance(request, (RAGRequest, TextPrompt, ChatRequest)):
+        return request.tenant
+    return ""
+
+
+def _registered_ids(catalog: ChunkCatalog, text: str) -> tuple[int, ...] | None:
+    chunk = catalog.get(text)
+    return None if chunk is None else chunk.token_ids
 
 
 class DamagedStoreError(FusionRAGError, StoreDamagedError):

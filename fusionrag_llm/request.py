@@ -20,6 +20,27 @@ from typing import Sequence
 from fusionrag_llm.errors import FusionRAGError
 
 SEGMENT_KINDS = ("prefix", "chunk", "text", "suffix")
+DEFAULT_TENANT = ""  # one tenant for everything: the store keys and behaviour of a store without tenants
+MAX_TENANT_CHARS = 128
+
+
+def check_tenant(tenant) -> str:
+    """``tenant`` as the engine keys it: ``None`` and ``""`` are the default tenant, anything else a
+    name of 1-128 printable characters (no control characters, no line breaks).
+
+    A tenant keeps to itself (docs/SECURITY.md#tenants): its registered chunks, their entries and fused
+    neighbours, its exact and turn KV, and the reuse its requests report.
+
+    >>> check_tenant(None), check_tenant("acme-eu")
+    ('', 'acme-eu')
+    """
+    if tenant is None:
+        return DEFAULT_TENANT
+    if not isinstance(tenant, str) or len(tenant) > MAX_TENANT_CHARS or not tenant.isprintable():
+        shown = f"a {type(tenant).__name__}" if not isinstance(tenant, str) else f"{tenant!r:.60}"
+        raise FusionRAGError(f"a tenant must be None (the default tenant) or a string of at most {MAX_TENANT_CHARS} "
+                             f"printable characters (no control characters or line breaks), got {shown}")  # fmt: skip
+    return tenant
 
 
 @dataclass(frozen=True)
@@ -58,8 +79,10 @@ class RAGRequest:
     system: str | None = None
     format: PromptFormat = field(default_factory=PromptFormat)
     note: str | None = None  # text between the documents and the question (e.g. an order hint)
+    tenant: str | None = None  # whose chunks, entries and cached KV it may use (None: the default tenant)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "tenant", check_tenant(self.tenant))
         if isinstance(self.chunks, (str, bytes)) or not hasattr(self.chunks, "__iter__"):
             raise FusionRAGError(f"RAGRequest.chunks must be a list of strings, got {type(self.chunks).__name__}")
         object.__setattr__(self, "chunks", tuple(self.chunks))
@@ -100,10 +123,36 @@ class TextPrompt:
     """
 
     text: str
+    tenant: str | None = None  # whose chunks, entries and cached KV it may use (None: the default tenant)
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str) or not self.text.strip():
             raise FusionRAGError("a text prompt must be a non-empty string")
+        object.__setattr__(self, "tenant", check_tenant(self.tenant))
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A chat (``[{"role": ..., "content": ...}]``, the last message the user's) or a flat prompt string
+    (one user message), answered for ``tenant``: what ``rag.generate`` takes bare, with a tenant.
+
+    >>> ChatRequest([{"role": "user", "content": "Hi"}], tenant="acme").tenant
+    'acme'
+    """
+
+    messages: str | Sequence[dict]
+    tenant: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tenant", check_tenant(self.tenant))
+        if isinstance(self.messages, str):
+            if not self.messages.strip():
+                raise FusionRAGError("the prompt is empty; pass a non-empty string or a list of chat messages")
+        elif isinstance(self.messages, (list, tuple)):
+            object.__setattr__(self, "messages", tuple(validate_messages(self.messages)))
+        else:
+            raise FusionRAGError(f"ChatRequest.messages must be a prompt string or a list of chat messages, "
+                                 f"got {type(self.messages).__name__}")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from fusionrag_llm.errors import FusionRAGError
-from fusionrag_llm.request import PromptFormat, RAGRequest
+from fusionrag_llm.request import ChatRequest, PromptFormat, RAGRequest, check_tenant
 
 LOCATION_HINT = "Please refer to {label} in the previous conversation."
 SESSION_LABEL = "[Doc_{n}]"
@@ -31,10 +31,12 @@ class RAGSession:
     (1, 1)
     """
 
-    def __init__(self, rag, system: str | None = None, dedupe: bool = True, format: PromptFormat = PromptFormat()):
+    def __init__(self, rag, system: str | None = None, dedupe: bool = True, format: PromptFormat = PromptFormat(),
+                 tenant: str | None = None):  # fmt: skip
         if not isinstance(dedupe, bool):
             raise FusionRAGError(f"dedupe must be True or False, got {dedupe!r}")
         self.rag, self.dedupe, self.format = rag, dedupe, format
+        self.tenant = check_tenant(tenant)  # every turn is answered for it (its chunks and turn KV only)
         self.messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
         self._labels: dict[str, int] = {}  # chunk text -> its document number in this conversation
         self.deduplicated = 0  # chunks replaced by a location hint so far
@@ -43,7 +45,7 @@ class RAGSession:
         """Answer ``question`` over ``chunks`` after the turns before; ``options`` go to ``generate``."""
         RAGRequest(chunks=chunks, question=question)  # the same checks as a single request
         messages = [*self.messages, {"role": "user", "content": self._user_message(chunks, question)}]
-        out = self.rag.generate(messages, **options)
+        out = self.rag.generate(ChatRequest(messages, tenant=self.tenant) if self.tenant else messages, **options)
         self.messages = [*messages, {"role": "assistant", "content": out.text}]
         return out
 

@@ -16,7 +16,8 @@ class FusionRAGIngestion(TransformComponent):
     Each node is registered as ``node.get_content(metadata_mode=MetadataMode.LLM)``, the text the
     response synthesizer puts in the prompt. ``node.embedding`` is reused for the neighbour search
     when every node has one (put the embed model before this component), else the engine's
-    embedder runs. Nodes are returned unchanged; registering them again computes nothing.
+    embedder runs. Nodes are returned unchanged; registering them again computes nothing. ``tenant``:
+    register them for that tenant only (give the ``FusionRAGLLM`` that answers the same ``tenant``).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=(), extra="forbid")
@@ -26,10 +27,12 @@ class FusionRAGIngestion(TransformComponent):
     fuse: bool = Field(default=True, description="Also compute fused entries (with the nearest neighbours).")
     neighbors: int = Field(default=10, ge=0, description="Neighbours per fused entry.")
     progress: bool = Field(default=False, description="Progress bars while entries are computed.")
+    tenant: Optional[str] = Field(default=None, description="Register for this tenant only; None: the default one.")
 
     @model_validator(mode="after")
     def _check_settings(self) -> "FusionRAGIngestion":
         _shared.check_rag(self.rag)
+        self.tenant = _shared.checked_tenant(self.tenant)
         return self
 
     @classmethod
@@ -57,4 +60,5 @@ class FusionRAGIngestion(TransformComponent):
         vectors = embeddings if nodes and all(e is not None for e in embeddings) else None
         engine = _shared.resolve_rag(self.rag, self.model_name)
         show = self.progress if progress is None else progress
-        return _shared.register_texts(engine, texts, vectors, fuse=self.fuse, neighbors=self.neighbors, progress=show)
+        return _shared.register_texts(engine, texts, vectors, fuse=self.fuse, neighbors=self.neighbors, progress=show,
+                                      tenant=self.tenant)  # fmt: skip

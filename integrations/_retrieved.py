@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from fusionrag_llm import FusionRAG
-from fusionrag_llm.integrations._shared import engine_lock
+from fusionrag_llm.integrations._shared import engine_lock, for_tenant
 
 logger = logging.getLogger(__name__)
 
@@ -57,21 +57,23 @@ def context_text(value: Any) -> Optional[str]:
     return None
 
 
-def check_request(rag: FusionRAG, request: Any, context: Any, replace: Callable[[Any, str, str], Any]) -> CheckedRequest:
-    """``request`` (as the engine takes it) checked against the retrieved ``context`` it was formatted with.
+def check_request(rag: FusionRAG, request: Any, context: Any, replace: Callable[[Any, str, str], Any],
+                  tenant: str | None = None) -> CheckedRequest:  # fmt: skip
+    """``request`` (as the engine takes it) checked against the retrieved ``context`` it was formatted with,
+    both read for ``tenant`` (its registered chunks only; None: the default tenant).
 
     ``replace(request, old, new)`` returns the request with ``old`` replaced by ``new`` in its texts.
     """
     text = context_text(context)
-    expected = count_chunks(rag, text) if text and text.strip() else 0
+    expected = count_chunks(rag, text, tenant) if text and text.strip() else 0
     if not expected:
         return CheckedRequest(request, 0, 0, UNREGISTERED if text and text.strip() else None)
-    found = count_chunks(rag, request)
+    found = count_chunks(rag, request, tenant)
     if found >= expected:
         return CheckedRequest(request, expected, 0, None)
     if isinstance(context, (list, tuple)):  # formatted as str(context): its repr
         undone = replace(request, str(context), text)
-        found_undone = count_chunks(rag, undone) if undone != request else 0
+        found_undone = count_chunks(rag, undone, tenant) if undone != request else 0
         if found_undone > found:
             cause = UNDONE if found_undone >= expected else LIST_REPR
             return CheckedRequest(undone, expected, expected - found_undone, cause)
@@ -79,10 +81,10 @@ def check_request(rag: FusionRAG, request: Any, context: Any, replace: Callable[
     return CheckedRequest(request, expected, expected - found, REWRITTEN)
 
 
-def count_chunks(rag: FusionRAG, request: Any) -> int:
-    """Registered chunks the engine finds in ``request`` (a prompt or chat messages)."""
+def count_chunks(rag: FusionRAG, request: Any, tenant: str | None = None) -> int:
+    """Chunks registered under ``tenant`` that the engine finds in ``request`` (a prompt or chat messages)."""
     with engine_lock(rag):  # the chunk catalog it reads may be growing on another thread
-        return sum(segment.kind == "chunk" for segment in rag.segments(request))
+        return sum(segment.kind == "chunk" for segment in rag.segments(for_tenant(request, tenant)))
 
 
 def report(checked: CheckedRequest, warned: set[str], owner: str) -> None:

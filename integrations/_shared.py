@@ -15,7 +15,7 @@ import uuid
 import weakref
 from typing import Any, AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence, TypeVar
 
-from fusionrag_llm import FusionRAG, IngestReport, SamplingParams, get_method
+from fusionrag_llm import ChatRequest, FusionRAG, IngestReport, SamplingParams, check_tenant, get_method
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +138,18 @@ def engine_session(rag: FusionRAG) -> str:
         return _sessions.setdefault(rag, uuid.uuid4().hex)
 
 
+def checked_tenant(value: Any) -> str | None:
+    """An adapter's ``tenant`` setting checked by the engine (None or ``""``: the default tenant)."""
+    return check_tenant(value) or None
+
+
+def for_tenant(request: Any, tenant: str | None) -> Any:
+    """``request`` (a prompt string or chat messages) as the engine answers it for ``tenant``: only that
+    tenant's registered chunks are found in it and only its cached KV is reused. The default tenant's
+    request is sent unchanged."""
+    return ChatRequest(request, tenant=tenant) if tenant else request
+
+
 def generate(rag: FusionRAG, request, options: Mapping[str, Any]):
     """Calls from a framework's thread pool (batch, async) join the engine's batches; it locks each step."""
     return rag.generate(request, **options)
@@ -231,11 +243,12 @@ def finish_reason(token_ids: Sequence[int], max_new_tokens: int) -> str:
 
 
 def register_texts(rag: FusionRAG, texts: Sequence[str], embeddings=None, fuse: bool = True,
-                   neighbors: int = 10, progress: bool = False) -> IngestReport:  # fmt: skip
+                   neighbors: int = 10, progress: bool = False, tenant: str | None = None) -> IngestReport:  # fmt: skip
     """Register texts exactly as frameworks put them in prompts (stripped); empty texts are skipped.
 
     Frameworks strip retrieved texts before joining them, and a stripped text is also found inside
-    an unstripped one, so the stripped form is what gets registered.
+    an unstripped one, so the stripped form is what gets registered. ``tenant``: registered for that
+    tenant's requests only (None: the default tenant).
     """
     keep = [index for index, text in enumerate(texts) if text.strip()]
     if len(keep) < len(texts):
@@ -244,7 +257,7 @@ def register_texts(rag: FusionRAG, texts: Sequence[str], embeddings=None, fuse: 
         return IngestReport(chunk_ids=[])
     vectors = [embeddings[index] for index in keep] if embeddings is not None else None
     return rag.add_chunks([texts[index].strip() for index in keep], fuse=fuse, neighbors=neighbors, embeddings=vectors,
-                      progress=progress)  # fmt: skip
+                          progress=progress, tenant=tenant)  # fmt: skip
 
 
 def map_arguments(owner: str, data: Mapping[str, Any], fields: Collection[str], spellings: Mapping[str, str],

@@ -87,6 +87,8 @@ class _FusionRAGSettings(BaseModel):
     # LangChain's standard parameters, kept to be read back: a local engine sends no request to time out or retry
     timeout: Optional[float] = None
     max_retries: Optional[int] = None
+    # answer for this tenant only: its registered chunks and cached KV (None: the default tenant)
+    tenant: Optional[str] = Field(default=None, description="Answer for this tenant only; None: the default one.")
 
     @model_validator(mode="before")
     @classmethod
@@ -99,6 +101,7 @@ class _FusionRAGSettings(BaseModel):
     @model_validator(mode="after")
     def _check_settings(self):
         _shared.check_rag(self.rag)
+        self.tenant = _shared.checked_tenant(self.tenant)
         self._options({})  # the engine's own checks of every setting, sampling included
         if self.rag is not None:
             self.model_name = self.rag.model_name
@@ -112,8 +115,9 @@ class _FusionRAGSettings(BaseModel):
     @property
     def _identifying_params(self) -> dict[str, Any]:
         """What sets the answer: LangChain's cache keys on it (with the call's own options)."""
+        tenant = {"tenant": self.tenant} if self.tenant else {}  # another tenant's answers are never a cache hit
         return {"model_name": self.model_name, "max_tokens": self.max_tokens, **self._run_options(),
-                **self._sampling_settings()}  # fmt: skip
+                **self._sampling_settings(), **tenant}  # fmt: skip
 
     def _get_ls_params(self, stop: Optional[list[str]] = None, **kwargs: Any):
         """LangChain's tracing params, with the temperature and length this call decodes with (per-call
@@ -159,6 +163,7 @@ class _FusionRAGSettings(BaseModel):
         request drawing from its own stream of the seed)."""
         options = self._options(kwargs)
         run = {**options, "stop": [s for s in stop or self.stop or () if s]}  # decoding ends at a stop string
+        requests = [_shared.for_tenant(request, self.tenant) for request in requests]
         if len(requests) == 1:
             outs = [_shared.generate(self.engine, requests[0], run)]
         else:
@@ -168,7 +173,7 @@ class _FusionRAGSettings(BaseModel):
     def _deltas(self, request, stop: Optional[list[str]], kwargs: dict) -> Iterator[tuple[str, Optional[dict]]]:
         """(delta, None) per text delta, then ("", info) once decoding ends."""
         options = self._options(kwargs)
-        stream = _shared.stream(self.engine, request, options)
+        stream = _shared.stream(self.engine, _shared.for_tenant(request, self.tenant), options)
         watch = StopWatch(stop or self.stop)
         try:
             for delta in stream:
@@ -304,14 +309,16 @@ class FusionRAGDocumentTransformer(BaseDocumentTransformer):
     """Registers documents (their ``page_content``) in the engine's KV store; returns them unchanged.
 
     ``embeddings`` (e.g. the vector store's) drive the neighbour search; without them the engine's
-    embedder runs. Registering the same documents again computes nothing.
+    embedder runs. Registering the same documents again computes nothing. ``tenant``: register them for
+    that tenant only (the chat model or LLM answering them takes the same ``tenant``).
     """
 
     def __init__(self, rag: Optional[FusionRAG] = None, *, model_name: str = _shared.DEFAULT_MODEL_NAME,
                  embeddings: Optional[Embeddings] = None, fuse: bool = True, neighbors: int = 10,
-                 progress: bool = False):  # fmt: skip
+                 progress: bool = False, tenant: Optional[str] = None):  # fmt: skip
         self.rag, self.model_name = _shared.check_rag(rag), model_name
         self.embeddings, self.fuse, self.neighbors, self.progress = embeddings, fuse, neighbors, progress
+        self.tenant = _shared.checked_tenant(tenant)
 
     def transform_documents(self, documents: Sequence[Document], **kwargs: Any) -> Sequence[Document]:
         self.ingest(documents)
@@ -322,7 +329,7 @@ class FusionRAGDocumentTransformer(BaseDocumentTransformer):
         vectors = self.embeddings.embed_documents(texts) if self.embeddings is not None and texts else None
         engine = _shared.resolve_rag(self.rag, self.model_name)
         return _shared.register_texts(engine, texts, vectors, fuse=self.fuse, neighbors=self.neighbors,
-                                      progress=self.progress)  # fmt: skip
+                                      progress=self.progress, tenant=self.tenant)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -331,15 +338,17 @@ class AddedDocuments:
     report: IngestReport  # what the KV store computed
 
 
-def add_documents(rag: FusionRAG, vector_store: VectorStore, documents: Sequence[Document],
-                  fuse: bool = True, neighbors: int = 10, progress: bool = False) -> AddedDocuments:  # fmt: skip
+def add_documents(rag: FusionRAG, vector_store: VectorStore, documents: Sequence[Document], fuse: bool = True,
+                  neighbors: int = 10, progress: bool = False, tenant: Optional[str] = None) -> AddedDocuments:  # fmt: skip
     """Add ``documents`` to ``vector_store`` and register them in ``rag``'s KV store, embedding them once.
 
     The vector store's embeddings drive the neighbour search; ``progress=True`` shows progress bars. Stores with ``add_embeddings`` (FAISS)
     take the vectors as they are; others embed again. Documents without an id get one derived from
     their content and metadata, so adding the same documents twice changes nothing in either store.
+    ``tenant``: registered in the KV store for that tenant only (the vector store is the caller's to keep apart).
     """
     _shared.check_rag(rag)
+    tenant = _shared.checked_tenant(tenant)
     documents = list(documents)
     if not documents:
         return AddedDocuments(ids=[], report=IngestReport(chunk_ids=[]))
@@ -347,7 +356,8 @@ def add_documents(rag: FusionRAG, vector_store: VectorStore, documents: Sequence
     ids = [document.id or _content_id(document) for document in documents]
     embeddings = vector_store.embeddings
     vectors = embeddings.embed_documents(texts) if embeddings is not None else None
-    report = _shared.register_texts(rag, texts, vectors, fuse=fuse, neighbors=neighbors, progress=progress)
+    report = _shared.register_texts(rag, texts, vectors, fuse=fuse, neighbors=neighbors, progress=progress,
+                                    tenant=tenant)  # fmt: skip
     if vectors is not None and hasattr(vector_store, "add_embeddings"):
         metadatas = [document.metadata for document in documents]
         stored = vector_store.add_embeddings(list(zip(texts, vectors)), metadatas=metadatas, ids=ids)

@@ -97,7 +97,8 @@ class FusionRAGLLM(CustomLLM):
     holds the other sampling options (``top_p``, ``top_k``, ``min_p``, the repetition / frequency /
     presence penalties, ``seed``), and ``generate_kwargs`` and
     each call take them too; ``do_sample=False`` decodes greedily whatever the temperature.
-    ``system_prompt`` is sent as the chat's system message by ``complete(prompt)``.
+    ``system_prompt`` is sent as the chat's system message by ``complete(prompt)``. ``tenant``: answer for
+    that tenant (its registered chunks and cached KV only; register with ``FusionRAGIngestion(tenant=...)``).
 
     >>> llm = FusionRAGLLM(model_name="tiny", store=":memory:", max_tokens=8, context_window=2048)
     >>> llm.metadata.context_window, llm.metadata.num_output
@@ -126,6 +127,7 @@ class FusionRAGLLM(CustomLLM):
     store: Optional[Any] = Field(default=None, exclude=True, description="KV store when loading model_name.")
     device: Optional[Any] = Field(default=None, description="Device when loading model_name.")
     dtype: Optional[Any] = Field(default=None, description="Dtype when loading model_name.")
+    tenant: Optional[str] = Field(default=None, description="Answer for this tenant only; None: the default one.")
 
     _warned: set = PrivateAttr(default_factory=set)  # causes of unreused retrieved chunks already logged
 
@@ -139,6 +141,7 @@ class FusionRAGLLM(CustomLLM):
     @model_validator(mode="after")
     def _check_settings(self) -> "FusionRAGLLM":
         _shared.check_rag(self.rag)
+        self.tenant = _shared.checked_tenant(self.tenant)
         self._check_kwargs()
         self._options({})  # the engine's own checks of every setting, sampling included
         _check_context_window(self.context_window)
@@ -234,6 +237,7 @@ class FusionRAGLLM(CustomLLM):
         checked = _CHECKED.get()
         unmatched = checked[1] if checked is not None and checked[0] == request else 0
         _CHECKED.set(None)
+        request = _shared.for_tenant(request, self.tenant)
         return lambda: (run(self.engine, request, options), unmatched)
 
     # LlamaIndex formats every template here (predict, stream and their async forms): where the prompt
@@ -260,7 +264,7 @@ class FusionRAGLLM(CustomLLM):
 
     def _check(self, request, context, replace):
         """``request`` with retrieved ``context`` checked: what to send (a list repr undone), logged once per cause."""
-        checked = _retrieved.check_request(self.engine, request, context, replace)
+        checked = _retrieved.check_request(self.engine, request, context, replace, self.tenant)
         _retrieved.report(checked, self._warned, type(self).__name__)
         _CHECKED.set((checked.request, checked.unmatched))
         return checked.request

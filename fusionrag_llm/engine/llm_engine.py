@@ -31,11 +31,11 @@ from fusionrag_llm.engine.scheduler import ScheduledStep, Scheduler, SchedulerCo
 from fusionrag_llm.engine.sequence import Sequence, Status
 from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.engine.streaming import GenerationStream, IncrementalText
-from fusionrag_llm.engine.turn_cache import EXACT, TurnCache, namespace_of
+from fusionrag_llm.engine.tenants import TenantScope, TenantScopes
+from fusionrag_llm.engine.turn_cache import EXACT, TurnCache, namespace_of, tenant_namespace
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
-from fusionrag_llm.fusion.entry_compute import EntryComputer
 from fusionrag_llm.fusion.entry_store import EntryStore
-from fusionrag_llm.fusion.request_variants import VARIANT_LOG, RequestVariants, check_craft_variants
+from fusionrag_llm.fusion.request_variants import check_craft_variants
 from fusionrag_llm.fusion.layout import ScoringInput
 from fusionrag_llm.fusion.scorers.auxiliary_attention import check_layers
 from fusionrag_llm.methods.base import MethodRun, Prefill, RunPlan, select_many
@@ -92,19 +92,18 @@ class LLMEngine:
         self.auxiliary_layers = None if self.auxiliary_model is not None else check_layers(auxiliary, loaded.model.cfg.num_layers)
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
-        self.entry_store = entry_store  # this model's entries in the store, each read checked
+        # this model's entries in the store, each read checked, per tenant (``engine/tenants.py``)
+        self.tenants = TenantScopes(loaded.model, entry_store, check_craft_variants(craft_variants))
+        self.entry_store = entry_store  # the default tenant's
         self.keys = entry_store.keys
-        self.computer = EntryComputer(loaded.model, entry_store.keys, entry_store)  # makes the entries a request misses
+        self.computer = self.tenants.default.computer  # makes the entries a request misses
         self.prefix_cache = prefix_cache
         self.runner = ModelRunner(loaded.model)
         self.scheduler = Scheduler(config)
         self.prefetcher = Prefetcher(entry_store.store)
         self.turns = turns  # multi-turn reuse: finished requests' KV by token blocks (None: off)
         # Cache-Craft's request-made chunk variants, M per chunk on average (None: not kept or read)
-        self.variants = None
-        if check_craft_variants(craft_variants):
-            log = entry_store.store.record_log(VARIANT_LOG)
-            self.variants = RequestVariants(log, self.keys.fingerprint, craft_variants)
+        self.variants = self.tenants.default.variants
         self._lock = threading.RLock()  # one step at a time; callers on other threads join its batches
         self._request_ids = itertools.count()
 
@@ -113,8 +112,10 @@ class LLMEngine:
         """Held by every step; hold it too for work that must not interleave with one (ingestion)."""
         return self._lock
 
-    def resolver(self, preloaded: Preloaded | None = None, pinned=()) -> ContextResolver:
-        return ContextResolver(self.computer, preloaded, self.prefix_cache, pinned, self.variants)
+    def resolver(self, preloaded: Preloaded | None = None, pinned=(), tenant: str = "") -> ContextResolver:
+        """What reads and places a request's context, with ``tenant``'s keys (default: the default tenant)."""
+        scope = self.tenants[tenant]
+        return ContextResolver(scope.computer, preloaded, self.prefix_cache, pinned, scope.variants)
 
     def check_fits(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
         window = self.loaded.context_window
@@ -128,7 +129,7 @@ class LLMEngine:
     # ------------------------------------------------------------------ the step API
     def add_request(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, *, stop: Seq[str] = (),
                     prefetch: int = 0, preloaded: Preloaded | None = None,
-                    sampling: SamplingParams | dict | None = None, n: int = 1) -> Sequence:  # fmt: skip
+                    sampling: SamplingParams | dict | None = None, n: int = 1, tenant: str | None = None) -> Sequence:  # fmt: skip
         """Queue a request; returns its sequence (``request_id``, ``token_ids``, ``finished``, ``stats``).
 
         ``stop``: strings that end decoding once the answer contains one (the answer is cut before
@@ -136,7 +137,8 @@ class LLMEngine:
         places of the head of the queue (0: load them when it is admitted). ``sampling``: how tokens
         are chosen (``SamplingParams`` or a dict of its fields; default greedy). ``n``: answers to
         draw; answers 2..n fork from the first after its prefill (``seq.forks``), so the prompt is
-        computed once.
+        computed once. ``tenant``: whose entries, exact KV and turn KV it reads and writes (None: the
+        default tenant's; ``engine/tenants.py``).
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise FusionRAGError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
@@ -144,14 +146,15 @@ class LLMEngine:
             raise FusionRAGError(f"n must be an int in [1, {MAX_N}], got {n!r}")
         sampling = SamplingParams.of(sampling)
         extra_stops = check_token_ids(sampling.stop_token_ids, self.model.cfg.vocab_size, "stop_token_ids")
-        seq = self._sequence(segments, plan, max_new_tokens)
+        scope = self.tenants[tenant]
+        seq = self._sequence(segments, plan, max_new_tokens, scope.tenant)
         seq.stop_strings, seq.prefetch, seq.preloaded = check_stop(stop), prefetch, preloaded
         seq.sampling, seq.n = sampling, n
         seq.generator = sampling.generator(self.model.device)
         seq.stop_ids = frozenset(extra_stops) | (frozenset() if sampling.ignore_eos else seq.stop_ids)
         if self.turns is not None:
-            self._read_earlier_turn(seq)
-        seq.context_plan = self.resolver().plan(seq.segments, plan)  # keys once, for prefetch and assembly
+            self._read_earlier_turn(seq, scope)
+        seq.context_plan = self.resolver(tenant=scope.tenant).plan(seq.segments, plan)  # keys once, for prefetch and assembly
         with self._lock:
             self.scheduler.add(seq)
         return seq
@@ -170,13 +173,14 @@ class LLMEngine:
             self.prefetcher.release_if_idle(self.scheduler.waiting)
             return [seq for seq in [*scheduled.prefills, *scheduled.decodes] if seq.finished]
 
-    def _read_earlier_turn(self, seq: Sequence) -> None:
-        """Start ``seq`` from the longest prefix of its prompt that an earlier request's KV holds (a
-        chat's last turn): that prefix becomes segment 0, read as an exact path block."""
-        plan, keys = seq.plan, self.keys
+    def _read_earlier_turn(self, seq: Sequence, scope: TenantScope) -> None:
+        """Start ``seq`` from the longest prefix of its prompt that an earlier request of its tenant
+        kept (a chat's last turn): that prefix becomes segment 0, read as an exact path block."""
+        plan, keys = seq.plan, scope.keys
         if not self._turns_apply(plan):
             return
-        namespaces = [EXACT] if plan.exact else [EXACT, namespace_of(plan)]
+        exact = tenant_namespace(scope.tenant, EXACT)
+        namespaces = [exact] if plan.exact else [exact, tenant_namespace(scope.tenant, namespace_of(plan))]
         hit = self.turns.lookup(seq.prompt_ids, namespaces, limit=seq.num_prompt_tokens - 1)
         length = 0 if hit is None else _chunk_aligned(seq.segments, hit.length)
         if not length:
@@ -187,7 +191,7 @@ class LLMEngine:
         entry = KVEntry(ids, hit.keys[:, :, :length].to(to_device), hit.values[:, :, :length].to(to_device), keys.meta("path"))
         seq.preloaded = {**(seq.preloaded or {}), keys.path_block_key(None, ids): (entry, "host")}
         seq.stats.turn_tokens = length
-        if hit.namespace != EXACT:  # an approximated prefix: the whole context is approximated
+        if hit.namespace != exact:  # an approximated prefix: the whole context is approximated
             seq.kv_namespace = hit.namespace
 
     def _remember_turn(self, seq: Sequence) -> None:
@@ -254,12 +258,12 @@ class LLMEngine:
                 seq.finish("error", exc)
 
     # ------------------------------------------------------------------ one sequence's prefill
-    def _sequence(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int) -> Sequence:
+    def _sequence(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, tenant: str = "") -> Sequence:
         ids = prompt_ids(segments)
         self.check_fits(len(ids), max_new_tokens)
         stats = GenerationStats(method=plan.name, recompute_ratio=plan.recompute_ratio, prompt_tokens=len(ids))
         return Sequence(next(self._request_ids), list(segments), plan, max_new_tokens, ids,
-                        self.tokenizer.stop_ids, stats=stats)  # fmt: skip
+                        self.tokenizer.stop_ids, stats=stats, tenant=tenant)  # fmt: skip
 
     def _admit(self, seqs: Seq[Sequence]) -> list[PrefillWork]:
         """Assemble each admitted sequence's context, choose the tokens to recompute for all of them
@@ -290,7 +294,7 @@ class LLMEngine:
         resolver = None
         try:
             preloaded, pinned = self.prefetcher.take(seq)
-            resolver = self.resolver(preloaded, pinned)
+            resolver = self.resolver(preloaded, pinned, seq.tenant)
             seq.cache = self.runner.new_cache(seq.num_prompt_tokens + seq.max_new_tokens)
             if seq.context_plan is None:
                 seq.context_plan = resolver.plan(seq.segments, plan)
@@ -330,7 +334,7 @@ class LLMEngine:
         seq.cache.settle()  # the prefill read every layer: what is left of the layer feed is bookkeeping
         # whose KV its context now holds: exact (any later request may read it) or this plan's own
         exact = work.exact and seq.plan.method.attention_scaling is None
-        seq.kv_namespace = EXACT if exact else namespace_of(seq.plan)
+        seq.kv_namespace = tenant_namespace(seq.tenant, EXACT if exact else namespace_of(seq.plan))
         if work.exact:
             work.resolver.store_exact_blocks(work.resolved, work.recompute, out.raw_keys, out.raw_values, seq.prompt_ids)
         done = time.perf_counter()
@@ -354,7 +358,7 @@ class LLMEngine:
                         stats=copy.deepcopy(seq.stats), arrival=seq.arrival, first_token_at=seq.first_token_at,
                         cache=seq.cache.fork(), prompt_logits=seq.prompt_logits, prompt_end=seq.prompt_end,
                         prompt_slots=seq.prompt_slots, kv_namespace=seq.kv_namespace,
-                        method_run=seq.method_run)  # fmt: skip
+                        method_run=seq.method_run, tenant=seq.tenant)  # fmt: skip
         twin.generator = seq.sampling.generator(self.model.device, offset=index)
         return twin
 
@@ -368,30 +372,34 @@ class LLMEngine:
                 raise seq.error
 
     def generate(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, preloaded: Preloaded | None = None,
-                 stop: Seq[str] = (), sampling=None, n: int = 1) -> Generation:  # fmt: skip
-        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, preloaded=preloaded, sampling=sampling, n=n)
+                 stop: Seq[str] = (), sampling=None, n: int = 1, tenant: str | None = None) -> Generation:  # fmt: skip
+        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, preloaded=preloaded, sampling=sampling, n=n,
+                               tenant=tenant)  # fmt: skip
         self.run_until_finished([seq])
         return self.generation(seq)
 
-    def generate_many(self, requests: Seq[tuple[Seq[Segment], RunPlan, int]], lookahead: int = 4,
-                      stop: Seq[str] = (), sampling=None) -> list[Generation]:  # fmt: skip
-        """Run ``(segments, plan, max_new_tokens)`` requests as one batch, in order of the results.
+    def generate_many(self, requests: Seq[tuple], lookahead: int = 4, stop: Seq[str] = (),
+                      sampling=None) -> list[Generation]:  # fmt: skip
+        """Run ``(segments, plan, max_new_tokens)`` requests (or ``(..., tenant)``) as one batch, in
+        order of the results.
 
         Every request is checked before any is queued; entries of the next ``lookahead`` waiting
         requests load on a background thread while the engine computes.
         """
-        checked = [(list(segments), plan, max_new) for segments, plan, max_new in requests]
-        for segments, _, max_new in checked:
+        checked = [(list(segments), plan, max_new, self.tenants[tenant[0] if tenant else None].tenant)
+                   for segments, plan, max_new, *tenant in requests]  # fmt: skip
+        for segments, _, max_new, _ in checked:
             self.check_fits(len(prompt_ids(segments)), max_new)
-        seqs = [self.add_request(segments, plan, max_new, stop=stop, prefetch=lookahead, sampling=sampling)
-                for segments, plan, max_new in checked]  # fmt: skip
+        seqs = [self.add_request(segments, plan, max_new, stop=stop, prefetch=lookahead, sampling=sampling, tenant=tenant)
+                for segments, plan, max_new, tenant in checked]  # fmt: skip
         self.run_until_finished(seqs)
         return [self.generation(seq) for seq in seqs]
 
     def stream(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, preloaded: Preloaded | None = None,
-               stop: Seq[str] = (), sampling=None) -> GenerationStream:  # fmt: skip
+               stop: Seq[str] = (), sampling=None, tenant: str | None = None) -> GenerationStream:  # fmt: skip
         """Prefill now; iterate the returned stream for text deltas."""
-        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, preloaded=preloaded, sampling=sampling)
+        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, preloaded=preloaded, sampling=sampling,
+                               tenant=tenant)  # fmt: skip
         while seq.status is Status.WAITING:
             self.step()
         if seq.error is not None:
@@ -403,10 +411,11 @@ class LLMEngine:
                           prompt_ids=seq.prompt_ids, stats=seq.stats, segments=seq.segments,
                           finish_reason=seq.finish_reason, others=[self.generation(fork) for fork in seq.forks])  # fmt: skip
 
-    def logits(self, segments: Seq[Segment], continuation: Seq[int], plan: RunPlan) -> torch.Tensor:
+    def logits(self, segments: Seq[Segment], continuation: Seq[int], plan: RunPlan,
+               tenant: str | None = None) -> torch.Tensor:  # fmt: skip
         """[len(continuation) + 1, vocab] teacher-forced logits after the prompt and each continuation token."""
         continuation = check_token_ids(continuation, self.model.cfg.vocab_size)
-        seq = self._sequence(segments, plan, len(continuation))
+        seq = self._sequence(segments, plan, len(continuation), self.tenants[tenant].tenant)
         with self._lock:
             work = self._admit([seq])
             if not work:

@@ -120,15 +120,16 @@ class IngestWorker:
 def ingest_with_workers(loaded: LoadedModel, computer: EntryComputer, catalog: ChunkCatalog, texts: Sequence[str],
                         workers: int, fuse: bool = True, neighbors: int = 10, embeddings=None,
                         embedder: Embedder | None = None, progress: bool = False,
-                        variant_notes: bool = False) -> IngestReport:  # fmt: skip
-    """``add_chunks`` with the entries computed by ``workers`` Ray actors (see the module docstring).
+                        variant_notes: bool = False, tenant: str = "") -> IngestReport:  # fmt: skip
+    """``add_chunks`` with the entries computed by ``workers`` Ray actors (see the module docstring);
+    ``computer`` and ``catalog`` are ``tenant``'s, and so are the workers'.
 
     Uses the running Ray cluster (``ray.init`` by the caller), else starts a local one for the call.
     """
     check_workers(workers)
     texts = validate_texts(texts)
     validate_neighbors(neighbors)
-    spec = EngineSpec.of(loaded, computer.entry_store)  # refuses a store in memory before anything starts
+    spec = EngineSpec.of(loaded, computer.entry_store, tenant=tenant)  # refuses a store in memory before anything starts
     ray = require("ray", "distributed", "ingestion with workers=")
     report = IngestReport(chunk_ids=[chunk_id_of(text) for text in texts])
     clock = _Clock(report)

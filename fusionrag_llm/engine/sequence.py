@@ -61,6 +61,7 @@ class Sequence:
     # whose KV its context holds (engine/turn_cache.py): before its prefill None, or the namespace of an
     # approximated earlier turn it starts from; after it "exact" or its own plan's namespace
     kv_namespace: str | None = None
+    tenant: str = ""  # whose entries and turn KV it reads and writes ("": the default tenant)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -11,6 +11,10 @@ KV is kept by what computed it (the namespace): a run whose context was exact (F
 every reused token recomputed) under ``"exact"``, which any request may read; any other run under
 its own method settings, which only requests with the same settings read. An exact request never
 reads approximated KV, and a FusionRAG turn reads back the context its previous turn saw.
+
+A tenant other than the default one salts every namespace it reads and writes (``tenant_namespace``,
+as vLLM salts its prefix block hashes with ``cache_salt``), so its chains start from roots of their
+own: no request of another tenant matches, reads or learns of its blocks.
 """
 
 from __future__ import annotations
@@ -30,6 +34,18 @@ EXACT = "exact"
 def namespace_of(plan) -> str:
     """The namespace a run under ``plan`` reads besides ``"exact"`` (and writes when not exact)."""
     return "plan:" + repr((plan.name, astuple(plan.method), plan.recompute_ratio))
+
+
+def tenant_namespace(tenant: str, namespace: str) -> str:
+    """``namespace`` as ``tenant`` (a checked tenant name) reads and writes it; the default tenant's
+    (``""``) is the namespace itself.
+
+    >>> tenant_namespace("", EXACT), tenant_namespace("acme", EXACT) == tenant_namespace("acme2", EXACT)
+    ('exact', False)
+    """
+    if not tenant:
+        return namespace
+    return f"tenant:{hashlib.sha256(tenant.encode()).hexdigest()}|{namespace}"
 
 
 def block_key(namespace: str, previous: str | None, token_ids: Sequence[int]) -> str:

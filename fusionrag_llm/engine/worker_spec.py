@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from fusionrag_llm.errors import FusionRAGError
-from fusionrag_llm.fusion.catalog import CATALOG_FILE, ChunkCatalog
+from fusionrag_llm.fusion.catalog import ChunkCatalog, catalog_file
 from fusionrag_llm.fusion.entry_compute import EntryComputer
 from fusionrag_llm.fusion.entry_store import EntryStore
 from fusionrag_llm.models.fingerprint import fingerprint_of
@@ -71,7 +71,8 @@ class EngineSpec:
 
     ``model``: the name or absolute path it was loaded from; ``fingerprint`` and ``storage_key``:
     its model fingerprint and storage fingerprint, checked by the worker; ``s0_ids``: the canonical
-    prefix its entries are computed after; ``threads``: torch threads of the worker process.
+    prefix its entries are computed after; ``threads``: torch threads of the worker process;
+    ``tenant``: whose chunks and entries the workers compute (``""``: the default tenant's).
     """
 
     model: str
@@ -83,14 +84,15 @@ class EngineSpec:
     s0_ids: tuple[int, ...]
     store: StoreSettings
     threads: int = 1
+    tenant: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1:
             raise ValueError(f"EngineSpec.threads must be an int >= 1, got {self.threads!r}")
 
     @classmethod
-    def of(cls, loaded: LoadedModel, entry_store: EntryStore, threads: int = 1) -> EngineSpec:
-        """The spec of an engine's loaded model and its entries in the store."""
+    def of(cls, loaded: LoadedModel, entry_store: EntryStore, threads: int = 1, tenant: str = "") -> EngineSpec:
+        """The spec of an engine's loaded model and its entries (``tenant``'s) in the store."""
         name = loaded.name
         if Path(name).expanduser().exists():  # a folder or file: workers may run in another folder
             name = str(Path(name).expanduser().resolve())
@@ -98,7 +100,7 @@ class EngineSpec:
         return cls(name, str(model.device), str(model.dtype).removeprefix("torch."), model.kernels,
                    fingerprint_of(loaded.name, loaded.source, loaded.hf_config, loaded.tokenizer.hf, model.dtype),
                    entry_store.keys.fingerprint, entry_store.keys.s0_ids, StoreSettings.of(entry_store.store),
-                   threads)  # fmt: skip
+                   threads, tenant)  # fmt: skip
 
     def build(self) -> tuple[EntryComputer, ChunkCatalog]:
         """Load the model, reopen the store and check both against the spec (in the worker process)."""
@@ -110,8 +112,9 @@ class EngineSpec:
                                  f"(fingerprint {fingerprint} != {self.fingerprint}); are its files changing?")  # fmt: skip
         store = self.store.open(loaded.model.device)
         entry_store = EntryStore.of(store, fingerprint, self.s0_ids, loaded.model.dtype, loaded.model.cfg.kv_shape)
+        entry_store = EntryStore(store, entry_store.keys.for_tenant(self.tenant))
         if entry_store.keys.fingerprint != self.storage_key:
             raise FusionRAGError(f"the worker's store at {self.store.folder} keys entries as "
                                  f"{entry_store.keys.fingerprint}, the engine as {self.storage_key}")  # fmt: skip
         computer = EntryComputer(loaded.model, entry_store.keys, entry_store)
-        return computer, ChunkCatalog(store.record_log(CATALOG_FILE), loaded.tokenizer.encode)
+        return computer, ChunkCatalog(store.record_log(catalog_file(self.tenant)), loaded.tokenizer.encode)

@@ -47,6 +47,21 @@ CATALOG_FILE = "catalog.jsonl"
 SIMILARITY_SLACK = 1e-4  # numpy's and FAISS's float32 inner products differ in the last bits
 
 
+TENANT_CATALOGS = "catalog.t-*.jsonl"  # the catalogs of tenants other than the default one, in a store folder
+
+
+def catalog_file(tenant: str) -> str:
+    """The record log of ``tenant``'s chunks: ``catalog.jsonl`` for the default tenant (``""``), else one
+    named by a hash of the tenant, so registering under one tenant never adds to another's catalog.
+
+    >>> catalog_file(""), catalog_file("acme")
+    ('catalog.jsonl', 'catalog.t-822b33ad87c148a0a20a5ba7cd5ebcaa.jsonl')
+    """
+    if not tenant:
+        return CATALOG_FILE
+    return f"catalog.t-{hashlib.sha256(tenant.encode()).hexdigest()[:32]}.jsonl"
+
+
 def chunk_id_of(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 

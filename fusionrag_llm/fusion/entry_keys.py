@@ -24,13 +24,18 @@ Example:
     (False, True)
     >>> bf16.lossless, bf16.exact_blocks, EntryKeys.for_store("ab" * 32, (1, 2), torch.float32, None, "int8").exact_blocks
     (False, True, False)
+    >>> acme = keys.for_tenant("acme")  # another tenant: every key of its own, the default's unchanged
+    >>> acme.key((7, 8), "plain") == keys.key((7, 8), "plain"), acme.path_key((1, 2)) == keys.path_key((1, 2))
+    (False, False)
+    >>> keys.for_tenant("") is keys
+    True
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -87,6 +92,14 @@ class EntryKeys:
         fingerprint = storage_fingerprint(fingerprint, model_dtype, storage_dtype, codec_id)
         return cls(fingerprint, tuple(s0_ids), lossless, blocks, *forms)
 
+    def for_tenant(self, tenant: str) -> EntryKeys:
+        """The keys of ``tenant``'s entries (a checked tenant name; ``""``: these keys). Chunk entries,
+        fused entries and path blocks of a tenant are all keyed apart from every other tenant's."""
+        if not tenant:
+            return self
+        blocks = None if self.block_fingerprint is None else tenant_fingerprint(self.block_fingerprint, tenant)
+        return replace(self, fingerprint=tenant_fingerprint(self.fingerprint, tenant), block_fingerprint=blocks)
+
     @property
     def exact_blocks(self) -> bool:
         """Whether the store keeps exact path blocks (the alternative path and exact prompt prefixes)."""
@@ -134,6 +147,14 @@ class EntryKeys:
             logger.warning("store entry %s does not fit this model (%s); treated as a miss", key, problem)
             return False
         return True
+
+
+def tenant_fingerprint(fingerprint: str, tenant: str) -> str:
+    """The fingerprint a tenant's entries are keyed by: the store's own for the default tenant (``""``),
+    else a hash of it and the tenant, so no key (nor the model a stored entry names) is another's."""
+    if not tenant:
+        return fingerprint
+    return hashlib.sha256(f"{fingerprint}:tenant:{tenant}".encode()).hexdigest()
 
 
 def _forms(kv_shape: tuple[int, int, int], model_dtype: torch.dtype, storage_dtype: torch.dtype | None,

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP app: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
 ``/v1/models``, ``/v1/chunks`` and ``/health``, over one ``EngineLoop`` that batches every client's
-requests (embeddings run in the thread pool instead: ``embeddings.py``).
+requests (embeddings run in the thread pool instead: ``embeddings.py``). Each request is served for
+one tenant, decided in ``server/tenants.py`` alone.
 
 Errors have OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``): bad JSON, bad
 fields, bad values and prompts over the context window are 400, a missing or wrong API key 401, a
@@ -35,6 +36,7 @@ from fusionrag_llm.server.access import Access, KeyCheck  # noqa: E402
 from fusionrag_llm.server.body import MAX_BODY_BYTES, ApiError, parse_body, read_body  # noqa: E402
 from fusionrag_llm.server.embeddings import EmbeddingEndpoint, EmbeddingsRequest  # noqa: E402
 from fusionrag_llm.server.engine_loop import EngineLoop, Overloaded, ShuttingDown, Update  # noqa: E402
+from fusionrag_llm.server.tenants import request_tenant  # noqa: E402
 from fusionrag_llm.server.protocol import (  # noqa: E402
     ChatCompletionRequest, ChunksRequest, CompletionRequest, created, error_body, fusionrag_extra, new_id, usage,
 )  # fmt: skip
@@ -115,7 +117,8 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
     async def add_chunks(request: Request) -> dict[str, Any]:
         body = parse_body(await read_body(request, max_body_bytes), ChunksRequest)
         try:
-            report = await run_in_threadpool(registrations.run, body)
+            tenant = request_tenant(request, body.tenant, body.cache_salt)
+            report = await run_in_threadpool(registrations.run, body, tenant)
         except FusionRAGError as exc:
             raise ApiError(400, str(exc)) from exc
         except ShuttingDown as exc:  # stopped between two entries: a later call resumes
@@ -124,8 +127,13 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
                 "plain_computed": report.plain_computed, "fused_computed": report.fused_computed}  # fmt: skip
 
     @app.get("/v1/chunks")
-    async def chunk_count() -> dict[str, Any]:
-        count = await run_in_threadpool(len, rag.chunks)  # waits for the engine's step, off the event loop
+    async def chunk_count(request: Request) -> dict[str, Any]:
+        try:
+            tenant = request_tenant(request, request.query_params.get("tenant"))
+        except FusionRAGError as exc:
+            raise ApiError(400, str(exc)) from exc
+        # the tenant's chunks (none but its own); waits for the engine's step, off the event loop
+        count = await run_in_threadpool(lambda: len(rag.chunks_of(tenant)))
         return {"object": "chunk_count", "count": count}
 
     async def _complete(request: Request, body, kind: str):
@@ -133,7 +141,7 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
             raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {name!r}",
                            "invalid_request_error", "model_not_found")  # fmt: skip
         try:
-            prepared = body.prepared()
+            prepared = body.prepared(request_tenant(request, body.tenant, body.cache_salt))
         except FusionRAGError as exc:
             raise ApiError(400, str(exc)) from exc
         try:
@@ -167,13 +175,14 @@ class _Registrations:
         self._one_at_a_time = threading.Lock()
         self._count_lock = threading.Lock()
 
-    def run(self, body: ChunksRequest):
+    def run(self, body: ChunksRequest, tenant: str | None):
         with self._count_lock:
             self.count += 1
         try:
             with self._one_at_a_time:
                 loop = self.state["loop"]
-                return self.rag.add_chunks(body.texts, fuse=body.fuse, neighbors=body.neighbors, pause=loop.make_way)
+                return self.rag.add_chunks(body.texts, fuse=body.fuse, neighbors=body.neighbors, pause=loop.make_way,
+                                           tenant=tenant)  # fmt: skip
         finally:
             with self._count_lock:
                 self.count -= 1

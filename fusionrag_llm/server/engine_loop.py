@@ -43,7 +43,7 @@ class ShuttingDown(RuntimeError):
 class Prepared:
     """A request whose options are checked; the engine thread tokenizes it (``FusionRAG.segments``)."""
 
-    request: Any  # chat messages or a TextPrompt
+    request: Any  # a ChatRequest or a TextPrompt, each with its tenant
     plan: Any  # RunPlan
     max_new_tokens: int | None  # None: what the context window leaves, up to DEFAULT_MAX_TOKENS
     stop: tuple[str, ...]
@@ -207,7 +207,8 @@ class EngineLoop:
             room = self.rag.context_window - sum(len(segment.token_ids) for segment in segments)
             max_new = max(1, min(DEFAULT_MAX_TOKENS, room))
         return self.engine.add_request(segments, prepared.plan, max_new, stop=prepared.stop,
-                                       sampling=prepared.sampling, n=prepared.n)  # fmt: skip
+                                       sampling=prepared.sampling, n=prepared.n,
+                                       tenant=prepared.request.tenant)  # fmt: skip
 
     def _apply_aborts(self) -> None:
         while True:

@@ -4,7 +4,8 @@ Requests are pydantic models: types are checked by pydantic, ranges by the engin
 (``SamplingParams``, the methods' ``make_plan``), so the server and the library refuse the same values with
 the same words. Fields of the OpenAI API this engine cannot honour (tools, logprobs, JSON mode) are
 refused with a 400 that says so; unknown fields are ignored, as OpenAI-compatible servers do.
-FusionRAG's own options travel as extra body fields (``method``, ``recompute_ratio``, ``method_options``),
+FusionRAG's own options travel as extra body fields (``method``, ``recompute_ratio``, ``method_options``,
+``tenant`` or vLLM's ``cache_salt``: read by ``server/tenants.py``),
 as do vLLM's sampling extras (``top_k``, ``min_p``,
 ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``).
 """
@@ -21,14 +22,21 @@ from fusionrag_llm.engine.llm_engine import MAX_N, check_stop
 from fusionrag_llm.engine.sampling import SAMPLING_FIELDS, SamplingParams
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.methods import get_method, make_plan
-from fusionrag_llm.request import TextPrompt
+from fusionrag_llm.request import ChatRequest, TextPrompt
 from fusionrag_llm.server.engine_loop import Prepared
 
 class Unsupported(FusionRAGError):
     """A field of the OpenAI API that this server cannot honour."""
 
 
-class _Options(BaseModel):
+class _Tenant(BaseModel):
+    """The tenant a request names (``server/tenants.py`` decides whose it is served for)."""
+
+    tenant: Optional[str] = None
+    cache_salt: Optional[str] = None  # vLLM's name for it
+
+
+class _Options(_Tenant):
     """What chat and text completions share."""
 
     model_config = ConfigDict(extra="ignore")
@@ -60,7 +68,8 @@ class _Options(BaseModel):
     method_options: Optional[dict[str, Any]] = None
 
     def prepared(self, request: Any) -> Prepared:
-        """The engine call this asks for; bad values raise ``FusionRAGError`` (a 400)."""
+        """The engine call this asks for (``request``: for the tenant decided already); bad values raise
+        ``FusionRAGError`` (a 400)."""
         if self.logprobs or self.top_logprobs:
             raise Unsupported("logprobs are not supported by this server")
         if self.logit_bias:
@@ -96,12 +105,13 @@ class ChatCompletionRequest(_Options):
     tool_choice: Optional[Any] = None
     response_format: Optional[dict[str, Any]] = None
 
-    def prepared(self) -> Prepared:  # type: ignore[override]
+    def prepared(self, tenant: str = "") -> Prepared:  # type: ignore[override]
         if self.tools:
             raise Unsupported("tool calling is not supported by this server: send no tools")
         if self.response_format and self.response_format.get("type") not in (None, "text"):
             raise Unsupported("only response_format {'type': 'text'} is supported: no constrained decoding")
-        return super().prepared([_chat_dict(index, message) for index, message in enumerate(self.messages)])
+        messages = [_chat_dict(index, message) for index, message in enumerate(self.messages)]
+        return super().prepared(ChatRequest(messages, tenant=tenant))
 
 
 class CompletionRequest(_Options):
@@ -110,7 +120,7 @@ class CompletionRequest(_Options):
     suffix: Optional[str] = None
     best_of: Optional[int] = None
 
-    def prepared(self) -> Prepared:  # type: ignore[override]
+    def prepared(self, tenant: str = "") -> Prepared:  # type: ignore[override]
         if self.echo or self.suffix:
             raise Unsupported("echo and suffix are not supported by this server")
         if self.best_of not in (None, self.n):
@@ -121,11 +131,12 @@ class CompletionRequest(_Options):
                 raise Unsupported("send one prompt per request (a list of exactly one string); use concurrent "
                                   "requests for several, which the server batches")  # fmt: skip
             prompt = prompt[0]
-        return super().prepared(TextPrompt(prompt))
+        return super().prepared(TextPrompt(prompt, tenant=tenant))
 
 
-class ChunksRequest(BaseModel):
-    """``POST /v1/chunks``: register texts (plain and fused KV computed now) for later requests to reuse."""
+class ChunksRequest(_Tenant):
+    """``POST /v1/chunks``: register texts (plain and fused KV computed now) for later requests of the same
+    tenant to reuse."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -150,3 +150,18 @@ def test_verify_repair_moves_a_planted_index_link_aside_and_never_follows_it(sto
     assert aside.is_symlink() and outside.read_bytes() == b"export PATH=/usr/bin\n"
     assert not os.path.lexists(store / name) and _hits(store) == LARGE
     assert run("cache", "verify", "--store", str(store)).exit_code == 0
+
+
+def test_stats_names_other_tenants_catalogs_and_clear_removes_them(tmp_path):
+    from fusionrag_llm import FusionRAG
+
+    folder = tmp_path / "tenants"
+    rag = FusionRAG.from_pretrained("tiny", store=folder)
+    rag.add_chunks(["Acme's own passage about the harbour."], embeddings=[[1, 0]], fuse=False, tenant="acme")
+    rag.add_chunks(["A passage of the default tenant."], embeddings=[[0, 1]], fuse=False)
+    reopened = FusionRAG(rag.engine.loaded, store=folder)  # the catalogs travel with the folder
+    assert len(reopened.chunks_of("acme")) == 1 and len(reopened.chunks) == 1
+    stats = run("cache", "stats", "--store", str(folder))
+    assert "registered chunks: 1" in stats.output and "1 other tenants" in stats.output
+    assert run("cache", "clear", "--yes", "--store", str(folder)).exit_code == 0
+    assert not list(folder.glob("catalog*.jsonl"))
