@@ -36,14 +36,22 @@ def _limits(ctx, param, values) -> dict:
     return limits
 
 
-def _keys(ctx, param, values) -> tuple[tuple[str, ...], bool | str]:
-    """(API keys, chunk writes) from --api-key, else $FUSIONRAG_API_KEY (comma-separated); the chunk
-    writes from a ``chunks=KEY|off`` entry, else $FUSIONRAG_CHUNKS_KEY (a key or ``off``), else open."""
+def _keys(ctx, param, values) -> tuple[dict[str, str | None], bool | str]:
+    """(API keys, each with the tenant it is bound to or None; chunk writes) from --api-key, else
+    $FUSIONRAG_API_KEY (comma-separated); ``tenant:NAME=KEY`` binds KEY to tenant NAME; the chunk writes
+    from a ``chunks=KEY|off`` entry, else $FUSIONRAG_CHUNKS_KEY (a key or ``off``), else open."""
     from fusionrag_llm import FusionRAGError
     from fusionrag_llm.server.access import Access
 
     given = list(values) or [key.strip() for key in os.environ.get("FUSIONRAG_API_KEY", "").split(",") if key.strip()]
-    keys = [value for value in given if not value.startswith("chunks=")]
+    keys = {}  # key -> the tenant it is bound to (tenant:NAME=KEY), or None
+    for value in given:
+        if value.startswith("chunks="):
+            continue
+        name, sep, key = value.removeprefix("tenant:").partition("=") if value.startswith("tenant:") else ("", "", value)
+        if value.startswith("tenant:") and not (sep and name and key):
+            raise click.BadParameter(f"{value.split('=')[0]!r}: a key bound to a tenant is given as tenant:NAME=KEY")
+        keys[key] = name or None
     scoped = [value.removeprefix("chunks=") for value in given if value.startswith("chunks=")]
     if len(scoped) > 1:
         raise click.BadParameter("give at most one chunks=KEY (or chunks=off)")
@@ -53,7 +61,7 @@ def _keys(ctx, param, values) -> tuple[tuple[str, ...], bool | str]:
         access = Access.of(keys, writes)
     except FusionRAGError as exc:
         raise click.BadParameter(str(exc)) from None
-    return access.api_keys, access.chunk_writes
+    return {key: access.tenants.get(key) for key in access.api_keys}, access.chunk_writes
 
 
 @click.command()
@@ -69,8 +77,8 @@ def _keys(ctx, param, values) -> tuple[tuple[str, ...], bool | str]:
 @click.option("--api-key", "access", multiple=True, metavar="KEY", callback=_keys,
               help="A key clients must send (Authorization: Bearer KEY, the OpenAI client's api_key) on every route "
                    "but /health; repeat for several (default: $FUSIONRAG_API_KEY, comma-separated; none: no key "
-                   "asked). chunks=KEY: only KEY may register chunks (POST /v1/chunks; default: "
-                   "$FUSIONRAG_CHUNKS_KEY); chunks=off: nobody may.")  # fmt: skip
+                   "asked). tenant:NAME=KEY: KEY serves tenant NAME only. chunks=KEY: only KEY may register "
+                   "chunks (POST /v1/chunks; default: $FUSIONRAG_CHUNKS_KEY); chunks=off: nobody may.")  # fmt: skip
 @click.option("--limit", "limits", multiple=True, metavar="NAME=VALUE", callback=_limits,
               help="A limit on requests, repeatable: waiting=256 (requests queued for admission; more: HTTP 429), "
                    "timeout=600 (seconds a request may take: HTTP 408), body_mib=16 (request body size: HTTP 413).")  # fmt: skip

@@ -8,14 +8,14 @@ all clients are batched by one engine thread (``engine_loop.py``); embeddings ru
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 logger = logging.getLogger(__name__)
 
 
 def serve(rag, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
           max_waiting: int = 256, request_timeout: float = 600.0, max_num_seqs: int | None = None,
-          log_level: str = "warning", max_body_bytes: int | None = None, api_keys: Sequence[str] = (),
+          log_level: str = "warning", max_body_bytes: int | None = None, api_keys: Sequence[str] | Mapping[str, str | None] = (),
           chunk_writes: bool | str = True, embedding_model: str | None = "all-MiniLM-L6-v2") -> None:  # fmt: skip
     """Run the server until interrupted (blocking). Binds 127.0.0.1 unless told otherwise.
     ``max_num_seqs``: answers decoding together (default: the engine's setting); the other options

@@ -5,6 +5,10 @@ the OpenAI client sends for its ``api_key``); otherwise the answer is a 401 in O
 ``invalid_api_key``. Keys are compared by their SHA-256 digests with ``hmac.compare_digest``, every
 key each time, so the time taken says nothing about how much of a key was right.
 
+A key may be bound to a tenant (``{"sk-acme": "acme"}``; ``--api-key tenant:acme=sk-acme``): every
+request it authorizes is served for that tenant, and one that names another is refused (403). Unbound
+keys serve the tenant the request names (``server/tenants.py``).
+
 Chunk writes are open (whoever may call the server may register chunks), off (a 403 saying so), or
 held by a chunks key: then only that key may register chunks (another valid key gets a 403), and the
 chunks key is accepted on every other route too. The check runs before the route, on the raw ASGI
@@ -16,12 +20,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from fastapi.responses import JSONResponse
 
 from fusionrag_llm.errors import FusionRAGError
+from fusionrag_llm.request import check_tenant
 from fusionrag_llm.server.protocol import error_body
 
 OPEN_PATHS = frozenset({"/health"})
@@ -30,28 +35,52 @@ CHUNKS_PATH = "/v1/chunks"
 
 @dataclass(frozen=True)
 class Access:
-    """``api_keys``: keys that may call the server (none: anyone may). ``chunk_writes``: True (open to
-    whoever may call), False (off) or a key, the only one that may register chunks.
+    """``api_keys``: keys that may call the server (none: anyone may); ``tenants``: the tenant each
+    bound key serves (``bound_tenant``). ``chunk_writes``: True (open to whoever may call), False
+    (off) or a key, the only one that may register chunks.
 
-    >>> Access.of(["sk-team"], "sk-admin").chunk_writes
-    'sk-admin'
+    >>> access = Access.of({"sk-team": None, "sk-acme": "acme"}, "sk-admin")
+    >>> access.chunk_writes, access.bound_tenant(b"Bearer sk-acme"), access.bound_tenant(b"Bearer sk-team")
+    ('sk-admin', 'acme', None)
     """
 
     api_keys: tuple[str, ...] = ()
     chunk_writes: bool | str = True
+    tenants: dict[str, str] = field(default_factory=dict)  # key -> the tenant it is bound to
 
     @classmethod
-    def of(cls, api_keys: Sequence[str] = (), chunk_writes: bool | str = True) -> Access:
+    def of(cls, api_keys: Sequence[str] | Mapping[str, str | None] = (), chunk_writes: bool | str = True) -> Access:
+        """``api_keys``: a list of keys, or a mapping of each key to the tenant it serves (None: unbound)."""
         if isinstance(api_keys, str):
-            raise FusionRAGError("api_keys must be a list of keys, not one string")
+            raise FusionRAGError("api_keys must be a list of keys (or a mapping of key to tenant), not one string")
+        bound = dict(api_keys) if isinstance(api_keys, Mapping) else {}
         keys = tuple(api_keys)
         for index, key in enumerate(keys):
             _check_key(key, f"API key {index + 1} of {len(keys)}")
+        tenants = {}
+        for key, tenant in bound.items():
+            if tenant is not None:
+                if not check_tenant(tenant):
+                    raise FusionRAGError("an API key is bound to the default tenant by leaving it unbound (None), "
+                                         "not by an empty name")  # fmt: skip
+                tenants[key] = check_tenant(tenant)
         if isinstance(chunk_writes, str):
             _check_key(chunk_writes, "the chunks key")
         elif not isinstance(chunk_writes, bool):
             raise FusionRAGError(f"chunk_writes must be True, False or a key, got {type(chunk_writes).__name__}")
-        return cls(keys, chunk_writes)
+        return cls(keys, chunk_writes, tenants)
+
+    def bound_tenant(self, authorization: bytes | None) -> str | None:
+        """The tenant the request's key is bound to, or None (an unbound key, or none)."""
+        token = _bearer(authorization)
+        if token is None or not self.tenants:
+            return None
+        digest = hashlib.sha256(token).digest()
+        found = None
+        for key, tenant in self.tenants.items():  # every bound key, each time
+            if hmac.compare_digest(digest, hashlib.sha256(key.encode()).digest()):
+                found = tenant
+        return found
 
     @property
     def open(self) -> bool:
@@ -89,7 +118,8 @@ class Access:
 
 
 class KeyCheck:
-    """ASGI middleware: ``Access.refusal`` for every HTTP request before the app sees it."""
+    """ASGI middleware: ``Access.refusal`` for every HTTP request before the app sees it; a request whose
+    key is bound to a tenant carries it to the routes (``request.state.bound_tenant``)."""
 
     def __init__(self, app, access: Access):
         self.app, self.access = app, access
@@ -101,6 +131,7 @@ class KeyCheck:
             if refusal is not None:
                 await refusal(scope, receive, send)
                 return
+            scope.setdefault("state", {})["bound_tenant"] = self.access.bound_tenant(headers.get(b"authorization"))
         await self.app(scope, receive, send)
 
 

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError, require
 from fusionrag_llm.fusion.embeddings import DEFAULT_EMBEDDING_NAME
@@ -36,7 +36,7 @@ from fusionrag_llm.server.access import Access, KeyCheck  # noqa: E402
 from fusionrag_llm.server.body import MAX_BODY_BYTES, ApiError, parse_body, read_body  # noqa: E402
 from fusionrag_llm.server.embeddings import EmbeddingEndpoint, EmbeddingsRequest  # noqa: E402
 from fusionrag_llm.server.engine_loop import EngineLoop, Overloaded, ShuttingDown, Update  # noqa: E402
-from fusionrag_llm.server.tenants import request_tenant  # noqa: E402
+from fusionrag_llm.server.tenants import TenantRefused, request_tenant  # noqa: E402
 from fusionrag_llm.server.protocol import (  # noqa: E402
     ChatCompletionRequest, ChunksRequest, CompletionRequest, created, error_body, fusionrag_extra, new_id, usage,
 )  # fmt: skip
@@ -47,14 +47,15 @@ POLL_S = 0.5  # how often a waiting non-streamed request checks that its client 
 
 
 def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256, request_timeout: float = 600.0,
-               max_body_bytes: int = MAX_BODY_BYTES, api_keys: Sequence[str] = (), chunk_writes: bool | str = True,
+               max_body_bytes: int = MAX_BODY_BYTES, api_keys: Sequence[str] | Mapping[str, str | None] = (), chunk_writes: bool | str = True,
                embedding_model: str | None = DEFAULT_EMBEDDING_NAME) -> FastAPI:  # fmt: skip
     """The app over ``rag`` (a ``FusionRAG``); its engine thread runs while the app does.
 
     ``max_waiting``: requests that may wait for admission (more: 429); ``request_timeout``: seconds a
     request may take (more: 408); ``max_body_bytes``: the largest request body (more: 413).
     ``api_keys``: keys clients must send as ``Authorization: Bearer KEY`` on every route but
-    ``/health`` (none: no key is asked for); ``chunk_writes``: who may ``POST /v1/chunks``, True
+    ``/health`` (none: no key is asked for), or a mapping of each key to the tenant it serves (None:
+    the tenant the request names); ``chunk_writes``: who may ``POST /v1/chunks``, True
     (whoever may call), False (nobody: 403) or a key (only that one) (``access.py``).
     ``embedding_model``: what ``/v1/embeddings`` serves (the packaged model's name or a
     sentence-transformers folder; None: no embeddings)."""
@@ -119,6 +120,8 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
         try:
             tenant = request_tenant(request, body.tenant, body.cache_salt)
             report = await run_in_threadpool(registrations.run, body, tenant)
+        except TenantRefused as exc:
+            raise ApiError(403, str(exc), "permission_error", "tenant_mismatch") from exc
         except FusionRAGError as exc:
             raise ApiError(400, str(exc)) from exc
         except ShuttingDown as exc:  # stopped between two entries: a later call resumes
@@ -130,6 +133,8 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
     async def chunk_count(request: Request) -> dict[str, Any]:
         try:
             tenant = request_tenant(request, request.query_params.get("tenant"))
+        except TenantRefused as exc:
+            raise ApiError(403, str(exc), "permission_error", "tenant_mismatch") from exc
         except FusionRAGError as exc:
             raise ApiError(400, str(exc)) from exc
         # the tenant's chunks (none but its own); waits for the engine's step, off the event loop
@@ -142,6 +147,8 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
                            "invalid_request_error", "model_not_found")  # fmt: skip
         try:
             prepared = body.prepared(request_tenant(request, body.tenant, body.cache_salt))
+        except TenantRefused as exc:
+            raise ApiError(403, str(exc), "permission_error", "tenant_mismatch") from exc
         except FusionRAGError as exc:
             raise ApiError(400, str(exc)) from exc
         try:

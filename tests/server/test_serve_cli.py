@@ -33,17 +33,17 @@ def test_keys_chunk_writes_and_limits_reach_the_server(monkeypatch, tmp_path):
     served = {}
     monkeypatch.setattr(fusionrag_llm.server, "serve", lambda rag, **kw: served.update(kw))
     base = ["serve", "--model", "tiny", "--device", "cpu", "--store", str(tmp_path / "kv")]
-    flags = ["--api-key", "sk-one", "--api-key", "sk-two", "--api-key", "chunks=sk-admin", "--limit", "waiting=8",
-             "--limit", "timeout=2.5", "--limit", "body_mib=0.5"]  # fmt: skip
+    flags = ["--api-key", "sk-one", "--api-key", "tenant:acme=sk-two", "--api-key", "chunks=sk-admin", "--limit",
+             "waiting=8", "--limit", "timeout=2.5", "--limit", "body_mib=0.5"]  # fmt: skip
     result = CliRunner().invoke(cli, [*base, *flags])
     assert result.exit_code == 0, result.output
-    assert served["api_keys"] == ("sk-one", "sk-two") and served["chunk_writes"] == "sk-admin"
+    assert served["api_keys"] == {"sk-one": None, "sk-two": "acme"} and served["chunk_writes"] == "sk-admin"
     assert (served["max_waiting"], served["request_timeout"], served["max_body_bytes"]) == (8, 2.5, 2**19)
     monkeypatch.setenv("FUSIONRAG_API_KEY", "sk-a, sk-b")
     monkeypatch.setenv("FUSIONRAG_CHUNKS_KEY", "off")
     result = CliRunner().invoke(cli, base)
     assert result.exit_code == 0, result.output
-    assert served["api_keys"] == ("sk-a", "sk-b") and served["chunk_writes"] is False
+    assert served["api_keys"] == {"sk-a": None, "sk-b": None} and served["chunk_writes"] is False
     assert (served["max_waiting"], served["request_timeout"], served["max_body_bytes"]) == (256, 600.0, 16 * 2**20)
 
 
@@ -53,6 +53,8 @@ def test_keys_chunk_writes_and_limits_reach_the_server(monkeypatch, tmp_path):
         (["--api-key", "sk one"], "printable ASCII characters without spaces"),
         (["--api-key", "chunks="], "the chunks key must be"),
         (["--api-key", "chunks=a", "--api-key", "chunks=b"], "at most one chunks=KEY"),
+        (["--api-key", "tenant:acme"], "tenant:NAME=KEY"),
+        (["--api-key", "tenant:two\tlines=sk-x"], "tenant"),
         (["--limit", "waiting=0"], "waiting must be an integer in [1, 100000]"),
         (["--limit", "timeout=nan"], "timeout must be a number"),
         (["--limit", "speed=3"], "NAME one of waiting, timeout, body_mib"),

@@ -70,3 +70,30 @@ def test_a_bad_tenant_is_a_400_saying_what_is_allowed(server, tenant):
     both = httpx.post(f"{base}/v1/chat/completions", json={"model": "tiny", "messages": secret("1"), "tenant": "a",
                                                              "cache_salt": "b"})  # fmt: skip
     assert both.status_code == 400 and "give one" in both.json()["error"]["message"]
+
+
+def test_a_key_bound_to_a_tenant_serves_that_tenant_only():
+    """With ``tenant:NAME=KEY`` keys, the key decides the tenant: requests need not name it, one that
+    names another tenant is refused (403), and an unbound key still serves the tenant a request names."""
+    from fusionrag_llm import FusionRAG
+
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"turn_cache_gib": 0.05})
+    keys = {"sk-alice-0123456789": "alice", "sk-ops-0123456789": None}
+    with RunningServer(create_app(rag, "tiny", api_keys=keys)) as base:
+        alice = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-alice-0123456789", max_retries=0)
+        ops = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-ops-0123456789", max_retries=0)
+        first, _ = cached(alice, secret("4417"))
+        again, stats = cached(alice, secret("4417"))
+        assert again > first and stats["turn_tokens"] > 0  # alice's own KV: the key's tenant
+        named, _ = cached(ops, secret("4417"), tenant="alice")
+        assert named == again  # an unbound key serves the tenant it names: alice's cache
+        unnamed, unnamed_stats = cached(ops, secret("4417"))
+        assert unnamed == first and unnamed_stats["turn_tokens"] == 0  # the default tenant: nothing of alice's
+        with pytest.raises(openai.PermissionDeniedError, match="serves one tenant only"):
+            cached(alice, secret("4417"), tenant="bob")
+        assert cached(alice, secret("4417"), cache_salt="alice")[0] == again  # naming its own is fine
+        header = {"Authorization": "Bearer sk-alice-0123456789"}
+        added = httpx.post(f"{base}/v1/chunks", json={"texts": CHUNKS[:1], "neighbors": 1}, headers=header, timeout=120)
+        assert added.status_code == 200
+        count = httpx.get(f"{base}/v1/chunks", params={"tenant": "alice"}, headers={"Authorization": "Bearer sk-ops-0123456789"})
+        assert count.json()["count"] == 1  # registered under the key's tenant
