@@ -5,10 +5,15 @@ arguments of its smallest run in a module-level ``TINY_ARGS`` list of strings (r
 without importing it); this test adds ``--out`` (a fresh folder, which must not be empty afterwards).
 ``{quality_run}`` in ``TINY_ARGS`` stands for the folder of a small ``fusionrag bench quality`` run of
 the tiny model, for scripts that read runs.
+
+A script runs its ``main(argv)`` in this process (the command line it would see in ``sys.argv``), which
+spares each one a fresh interpreter's imports; a lab method (``bench/methods/``) runs as its own
+process, since it registers a method name for the rest of the process that runs it.
 """
 
 import ast
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -53,9 +58,19 @@ def test_runs_on_tiny_and_writes_its_output(script, request, tmp_path):
         run = request.getfixturevalue("quality_run")
         args = [a.replace("{quality_run}", run) for a in args]
     out = tmp_path / "out"
-    env = {**os.environ, "FUSIONRAG_STORE": str(tmp_path / "store"), "MPLBACKEND": "Agg"}
-    done = subprocess.run([sys.executable, str(script), *args, "--out", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    argv = [*args, "--out", str(out)]
+    if script.parent.name == "methods":
+        env = {**os.environ, "FUSIONRAG_STORE": str(tmp_path / "store"), "MPLBACKEND": "Agg"}
+        done = subprocess.run([sys.executable, str(script), *argv], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=TIMEOUT_S)  # fmt: skip
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    else:
+        monkeypatch = request.getfixturevalue("monkeypatch")
+        monkeypatch.setenv("FUSIONRAG_STORE", str(tmp_path / "store"))
+        monkeypatch.setenv("MPLBACKEND", "Agg")
+        monkeypatch.chdir(ROOT)
+        monkeypatch.syspath_prepend(str(script.parent))  # its siblings, as for `python bench/...`
+        monkeypatch.setattr(sys, "argv", [str(script), *argv])
+        runpy.run_path(str(script), run_name="bench_script")["main"](argv)
     written = [p for p in out.rglob("*") if p.is_file() and p.stat().st_size > 0] if out.is_dir() else []
     assert written, f"{script.name} wrote nothing into --out"
