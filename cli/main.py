@@ -13,6 +13,7 @@ COMMANDS = {
     "cache": "fusionrag_llm.cli.cache:cache",
     "demo": "fusionrag_llm.cli.demo:demo",
     "ingest": "fusionrag_llm.cli.ingest:ingest",
+    "models": "fusionrag_llm.cli.models:models",
     "query": "fusionrag_llm.cli.query:query",
     "serve": "fusionrag_llm.cli.serve:serve",
 }

@@ -98,6 +98,20 @@ def serve(model, store, remote, device, dtype, host, port, served_model_name, ma
     api_keys, chunk_writes = access
     rag = load_rag(model, device, dtype, store, **with_flags(engine_options, remote=remote))
     click.echo(f"serving {served_model_name or rag.model_name!r} on http://{host}:{port}/v1", err=True)
+    _log_requests()
     run_server(rag, host=host, port=port, served_model_name=served_model_name, max_waiting=limits["waiting"],
                request_timeout=limits["timeout"], max_num_seqs=max_num_seqs,
                max_body_bytes=int(limits["body_mib"] * 2**20), api_keys=api_keys, chunk_writes=chunk_writes)  # fmt: skip
+
+
+def _log_requests() -> None:
+    """One line per finished request on stderr (``server/metrics.py``), unless logging says otherwise."""
+    import logging
+
+    requests = logging.getLogger("fusionrag_llm.server.requests")
+    if not requests.handlers and requests.level == logging.NOTSET:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        requests.addHandler(handler)
+        requests.setLevel(logging.INFO)
+        requests.propagate = False

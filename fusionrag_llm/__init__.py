@@ -47,6 +47,7 @@ _EXPORTS = {
     "LayerHook": "fusionrag_llm.models.forward",
     "DecodeEviction": "fusionrag_llm.models.kv_eviction",
     "DEFAULT_MODEL": "fusionrag_llm.models.default_model",
+    "conversion_source": "fusionrag_llm.models.gguf",
     "MissingDependencyError": "fusionrag_llm.errors",
     "KV_CODECS": "fusionrag_llm.storage.store_codec",
     "DEFAULT_KV_CODEC": "fusionrag_llm.storage.store_codec",
@@ -83,6 +84,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from fusionrag_llm.models.forward import LayerHook
     from fusionrag_llm.options import EngineOptions
     from fusionrag_llm.models.default_model import DEFAULT_MODEL
+    from fusionrag_llm.models.gguf import conversion_source
     from fusionrag_llm.models.kv_eviction import DecodeEviction
     from fusionrag_llm.request import ChatRequest, PromptFormat, RAGRequest, TextPrompt, check_tenant
     from fusionrag_llm.session import RAGSession

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP app: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
-``/v1/models``, ``/v1/chunks`` and ``/health``, over one ``EngineLoop`` that batches every client's
-requests (embeddings run in the thread pool instead: ``embeddings.py``). Each request is served for
-one tenant, decided in ``server/tenants.py`` alone.
+``/v1/models``, ``/v1/chunks``, ``/health`` and ``/metrics``, over one ``EngineLoop`` that batches
+every client's requests (embeddings run in the thread pool instead: ``embeddings.py``). Each request
+is served for one tenant, decided in ``server/tenants.py`` alone; each finished completion is counted
+and logged in one line (``metrics.py``).
 
 Errors have OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``): bad JSON, bad
 fields, bad values and prompts over the context window are 400, a missing or wrong API key 401, a
@@ -29,13 +30,14 @@ require("fastapi", "serve", "fusionrag serve")
 from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.concurrency import run_in_threadpool  # noqa: E402
 from fastapi.exceptions import RequestValidationError  # noqa: E402
-from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse  # noqa: E402
 from starlette.exceptions import HTTPException  # noqa: E402
 
 from fusionrag_llm.server.access import Access, KeyCheck  # noqa: E402
 from fusionrag_llm.server.body import MAX_BODY_BYTES, ApiError, parse_body, read_body  # noqa: E402
 from fusionrag_llm.server.embeddings import EmbeddingEndpoint, EmbeddingsRequest  # noqa: E402
 from fusionrag_llm.server.engine_loop import EngineLoop, Overloaded, ShuttingDown, Update  # noqa: E402
+from fusionrag_llm.server.metrics import Metrics  # noqa: E402
 from fusionrag_llm.server.tenants import TenantRefused, request_tenant  # noqa: E402
 from fusionrag_llm.server.protocol import (  # noqa: E402
     ChatCompletionRequest, ChunksRequest, CompletionRequest, created, error_body, fusionrag_extra, new_id, usage,
@@ -75,6 +77,7 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
 
     app = FastAPI(title="fusionrag", lifespan=lifespan)
     app.add_middleware(KeyCheck, access=access)
+    app.state.metrics = metrics = Metrics()
     _install_error_handlers(app)
 
     @app.get("/health")
@@ -82,6 +85,12 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
         loop = state["loop"]
         return {"status": "ok", "model": name, "running": loop.running, "waiting": loop.waiting,
                 "registering": registrations.count}  # fmt: skip
+
+    @app.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        """Server-wide totals in Prometheus' text format (``metrics.py``)."""
+        loop = state["loop"]
+        return PlainTextResponse(metrics.render(loop.running, loop.waiting), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -142,6 +151,7 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
         return {"object": "chunk_count", "count": count}
 
     async def _complete(request: Request, body, kind: str):
+        started = time.monotonic()
         if body.model != name:
             raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {name!r}",
                            "invalid_request_error", "model_not_found")  # fmt: skip
@@ -161,7 +171,8 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
         except BaseException:
             abort()
             raise
-        reply = _Reply(body, kind, name)
+        reply = _Reply(body, kind, name, lambda stats, reasons: metrics.finished(
+            kind, reply.id, stats, reasons, time.monotonic() - started))  # fmt: skip
         if not body.stream:
             try:
                 return await reply.whole(first, request, updates, deadline)
@@ -220,8 +231,9 @@ async def _next(request: Request, updates: asyncio.Queue, deadline: float) -> Up
 class _Reply:
     """One request's response: a whole JSON object, or server-sent events as answers grow."""
 
-    def __init__(self, body, kind: str, model: str):
+    def __init__(self, body, kind: str, model: str, on_finished=None):
         self.body, self.kind, self.model = body, kind, model
+        self.on_finished = on_finished  # (each answer's stats, each answer's finish reason): when all finished
         self.id = new_id("chatcmpl" if kind == "chat" else "cmpl")
         self.created = created()
         self.object = "chat.completion" if kind == "chat" else "text_completion"
@@ -242,10 +254,17 @@ class _Reply:
         texts, finals = [""] * self.body.n, {}
         async for update in self._updates(first, request, updates, deadline, finals):
             texts[update.index] += update.delta
-        stats = [finals[index].stats for index in range(self.body.n)]
+        stats = self._finished(finals)
         choices = [self._choice(index, texts[index], finals[index].finish_reason) for index in range(self.body.n)]
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
                 "choices": choices, "usage": usage(stats), "fusionrag": fusionrag_extra(self.body, stats)}  # fmt: skip
+
+    def _finished(self, finals: dict[int, Update]) -> list[Any]:
+        """Each answer's stats, once every one has finished (then ``on_finished`` hears of it)."""
+        stats = [finals[index].stats for index in range(self.body.n)]
+        if self.on_finished is not None:
+            self.on_finished(stats, [finals[index].finish_reason for index in range(self.body.n)])
+        return stats
 
     def _choice(self, index: int, text: str, reason: str | None) -> dict:
         if self.kind == "chat":
@@ -263,7 +282,7 @@ class _Reply:
             async for update in self._updates(first, request, updates, deadline, finals):
                 if update.delta or update.finish_reason is not None:
                     yield self._event([self._delta(update.index, self._content(update.delta), update.finish_reason)])
-            stats = [finals[index].stats for index in range(self.body.n)]
+            stats = self._finished(finals)
             tail: dict[str, Any] = {"fusionrag": fusionrag_extra(self.body, stats)}
             if self.body.include_usage:
                 tail["usage"] = usage(stats)
@@ -291,21 +310,25 @@ class _Reply:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
+    def counted(request: Request, response: JSONResponse) -> JSONResponse:
+        request.app.state.metrics.refused(response.status_code)
+        return response
+
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return exc.response()
+        return counted(request, exc.response())
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+        return counted(request, JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code))
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:  # a bug: still OpenAI's shape
         logger.error("request failed: %r", exc)
-        return JSONResponse(error_body(f"the server failed on this request: {type(exc).__name__}", "server_error"),
-                            status_code=500)  # fmt: skip
+        return counted(request, JSONResponse(error_body(f"the server failed on this request: {type(exc).__name__}",
+                                                        "server_error"), status_code=500))  # fmt: skip
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(error_body(f"invalid request: {exc.errors()[:3]}"), status_code=400)
+        return counted(request, JSONResponse(error_body(f"invalid request: {exc.errors()[:3]}"), status_code=400))
