@@ -60,7 +60,7 @@ def demo(ctx: click.Context, model: str, device: str | None, dtype: str | None, 
 
         hf_logging.disable_progress_bar()  # its weight-loading bar
     corpus, extra = demo_corpus(), distractor_passages(distractors)
-    rag = load_rag(model, device, dtype, store, **engine_options, prefix_cache=False)
+    rag = load_rag(model, device, dtype, store, **{"reproducible": True, **engine_options})
     click.echo(f"model: {rag.model_name} ({rag.engine.model.device}, {rag.engine.model.dtype})")
     passages = corpus["passages"] + extra
     click.echo(f"ingesting {len(passages)} passages: a plain and a fused KV entry each ...")

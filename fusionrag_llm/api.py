@@ -65,7 +65,8 @@ class FusionRAG:
         self.context_index = self._context_indexes.default
         self.engine = LLMEngine(loaded, entry_store, prefix_cache=options.prefix_cache,
                                 auxiliary=_auxiliary(options.auxiliary, loaded), turns=turn_cache(options.turn_cache_gib),
-                                craft_variants=options.craft_variants, layerwise_load=options.layerwise_load)  # fmt: skip
+                                craft_variants=options.craft_variants, layerwise_load=options.layerwise_load,
+                                reproducible=options.reproducible)  # fmt: skip
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path = DEFAULT_MODEL, *, device: str | torch.device | None = None,
@@ -264,7 +265,7 @@ class FusionRAG:
 
     def stream(self, request: Request, method: str | Method = "fusionrag", recompute_ratio: float | None = None,
                max_new_tokens: int = 32, *, stop: str | Sequence[str] | None = None,
-               sampling: SamplingParams | dict | None = None) -> GenerationStream:  # fmt: skip
+               sampling: SamplingParams | dict | None = None, reproducible: bool | None = None) -> GenerationStream:  # fmt: skip
         """Like ``generate``, but iterate the result for text deltas as they are decoded.
 
         >>> rag = FusionRAG.from_pretrained("tiny")
@@ -272,13 +273,14 @@ class FusionRAG:
         >>> "".join(stream) == stream.text and len(stream.token_ids) <= 3
         True
         """
-        plan = make_plan(method, recompute_ratio)
+        plan = make_plan(method, recompute_ratio, reproducible)
         return self.engine.stream(self._locked_segments(request), plan, max_new_tokens, stop=stop,
                                   sampling=sampling, tenant=tenant_of(request))  # fmt: skip
 
     def generate(self, request: Request, method: str | Method = "fusionrag", recompute_ratio: float | None = None,
                  max_new_tokens: int = 32, *, stop: str | Sequence[str] | None = None,
-                 sampling: SamplingParams | dict | None = None, n: int = 1) -> Generation:  # fmt: skip
+                 sampling: SamplingParams | dict | None = None, n: int = 1,
+                 reproducible: bool | None = None) -> Generation:  # fmt: skip
         """Answer ``request``; ``out.stats`` holds TTFT, its parts and token counts.
 
         ``method``: a name of ``method_names()`` or a ``Method`` (with options, e.g.
@@ -288,6 +290,9 @@ class FusionRAG:
         ``"stop"``). ``sampling``: a ``SamplingParams`` or a dict of its fields (``temperature``,
         ``top_p``, ``top_k``, ``min_p``, the penalties, ``seed``, ``stop_token_ids``, ``ignore_eos``);
         default greedy. ``n``: answers drawn from one prefill (``out.others`` holds answers 2..n).
+        ``reproducible``: True answers from the stored chunk entries and the prompt prefix's KV only, never
+        from exact or turn KV earlier requests left, so the answer does not depend on what ran before
+        (None: the engine option ``reproducible``, default False).
         RAGBoost's context ordering is ``rag.generate(rag.ordered(request))``.
 
         >>> rag = FusionRAG.from_pretrained("tiny")
@@ -296,14 +301,14 @@ class FusionRAG:
         >>> a.token_ids == b.token_ids
         True
         """
-        plan = make_plan(method, recompute_ratio)
+        plan = make_plan(method, recompute_ratio, reproducible)
         return self.engine.generate(self._locked_segments(request), plan, max_new_tokens, stop=stop,
                                     sampling=sampling, n=n, tenant=tenant_of(request))  # fmt: skip
 
     def generate_many(self, requests: Sequence[Request], method: str | Method = "fusionrag",
                       recompute_ratio: float | None = None, max_new_tokens: int = 32, *,
-                      stop: str | Sequence[str] | None = None,
-                      sampling: SamplingParams | dict | None = None) -> list[Generation]:  # fmt: skip
+                      stop: str | Sequence[str] | None = None, sampling: SamplingParams | dict | None = None,
+                      reproducible: bool | None = None) -> list[Generation]:  # fmt: skip
         """Answer several requests as one batch: their prefills are admitted together and every
         decode step runs all unfinished answers in one forward. Results come in request order and
         equal answering each alone (greedy decoding; with a seeded ``sampling``, each request draws
@@ -313,7 +318,7 @@ class FusionRAG:
         the engine computes: each result's ``stats.prefetch_s`` is that loading and ``stats.wait_s``
         the part of it the engine still had to wait for.
         """
-        plan = make_plan(method, recompute_ratio)
+        plan = make_plan(method, recompute_ratio, reproducible)
         batch = [(self._locked_segments(request), plan, max_new_tokens, tenant_of(request)) for request in requests]
         return self.engine.generate_many(batch, stop=stop, sampling=sampling)
 
@@ -337,12 +342,12 @@ class FusionRAG:
         return replace(request, chunks=[request.chunks[index] for index in order], note=note)
 
     def logits(self, request: Request, continuation_ids: Sequence[int], method: str | Method = "fusionrag",
-               recompute_ratio: float | None = None) -> torch.Tensor:  # fmt: skip
+               recompute_ratio: float | None = None, *, reproducible: bool | None = None) -> torch.Tensor:  # fmt: skip
         """Teacher-forced logits ``[len(continuation_ids) + 1, vocab]`` (float32) for fidelity measurements.
 
         ``continuation_ids`` must be ints in ``[0, vocab)``; anything else is refused before any compute.
         """
-        plan = make_plan(method, recompute_ratio)
+        plan = make_plan(method, recompute_ratio, reproducible)
         return self.engine.logits(self._locked_segments(request), continuation_ids, plan,
                                   tenant_of(request))  # checks the ids first
 

@@ -9,7 +9,7 @@ field is an error that lists the known ones.
     >>> EngineOptions.of({"turn_cache": 1})
     Traceback (most recent call last):
     ...
-    fusionrag_llm.errors.FusionRAGError: unknown engine option(s) turn_cache; known: kernels, decode_weights, prefix_cache, turn_cache_gib, kv_codec, remote, remote_secret, remote_trusted, auxiliary, craft_variants, layerwise_load
+    fusionrag_llm.errors.FusionRAGError: unknown engine option(s) turn_cache; known: kernels, decode_weights, prefix_cache, turn_cache_gib, kv_codec, remote, remote_secret, remote_trusted, auxiliary, craft_variants, layerwise_load, reproducible
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ class EngineOptions:
     * ``craft_variants``: Cache-Craft's request-made chunk variants, about M per chunk kept (0: off).
     * ``layerwise_load``: stored KV reaches a request's cache layer by layer on a CUDA stream while the
       forward computes (default: on for a CUDA model, off on the CPU).
+    * ``reproducible``: every request that does not say otherwise (``generate(..., reproducible=)``) answers
+      from the stored chunk entries and the prompt prefix's KV only, never from exact KV, turn KV or
+      Cache-Craft variants earlier requests left, so its answer does not depend on what ran before.
     """
 
     kernels: str | None = None
@@ -59,10 +62,12 @@ class EngineOptions:
     auxiliary: Any = None
     craft_variants: int = 0
     layerwise_load: bool | None = None
+    reproducible: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.prefix_cache, bool):
-            raise FusionRAGError(f"prefix_cache must be True or False, got {self.prefix_cache!r}")
+        for name in ("prefix_cache", "reproducible"):
+            if not isinstance(getattr(self, name), bool):
+                raise FusionRAGError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name, default in (("layerwise_load", "auto"), ("remote_trusted", "$FUSIONRAG_REMOTE_TRUSTED")):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):

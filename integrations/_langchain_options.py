@@ -53,7 +53,7 @@ _UNSUPPORTED: dict[str, tuple[tuple, str]] = {
 _IGNORED = {"api_key": _LOCAL}
 
 # Per call (invoke keyword arguments, bind): these options, with the spellings of max_tokens and the sampling knobs.
-_CALL_FIELDS = ("max_tokens", "method", "recompute_ratio", "method_options", "seed", *SAMPLING_OPTIONS)
+_CALL_FIELDS = ("max_tokens", "method", "recompute_ratio", "method_options", "seed", *SAMPLING_OPTIONS, "reproducible")
 _CALL_SPELLINGS = {name: field for name, field in _SPELLINGS.items() if field in _CALL_FIELDS}
 
 

@@ -24,10 +24,10 @@ RUN_OPTIONS = ("method", "recompute_ratio", "method_options")  # the method, its
 # SamplingParams' knobs the adapters take by name (its seed is the call's seed; do_sample is transformers')
 SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
                     "presence_penalty", "do_sample")  # fmt: skip
-CALL_OPTIONS = (*RUN_OPTIONS[:2], "max_new_tokens", *RUN_OPTIONS[2:], "seed", *SAMPLING_OPTIONS)
+CALL_OPTIONS = (*RUN_OPTIONS[:2], "max_new_tokens", *RUN_OPTIONS[2:], "seed", *SAMPLING_OPTIONS, "reproducible")
 SAMPLING_SPELLINGS = {"repeat_penalty": "repetition_penalty"}  # Ollama's and llama.cpp's name
 # None: not given (the setting, else the engine's default; the ratio: the method's own)
-_NONE_IS_UNSET = (*SAMPLING_OPTIONS, "seed", "recompute_ratio", "method_options")
+_NONE_IS_UNSET = (*SAMPLING_OPTIONS, "seed", "recompute_ratio", "method_options", "reproducible")
 
 T = TypeVar("T")
 _ITEM, _END, _ERROR = range(3)

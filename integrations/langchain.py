@@ -71,6 +71,7 @@ class _FusionRAGSettings(BaseModel):
     model_name: str = Field(default=_shared.DEFAULT_MODEL_NAME, alias="model", description="Model to load when rag is None.")
     method: str = "fusionrag"
     recompute_ratio: Optional[float] = None  # None: the method's own
+    reproducible: Optional[bool] = None  # True: answers never read exact or turn KV earlier requests left
     method_options: Optional[dict[str, Any]] = None  # the method's own options, e.g. {"decode_kv_budget": 128} for a3
     max_tokens: int = 32
     stop: Optional[list[str]] = None
@@ -135,7 +136,7 @@ class _FusionRAGSettings(BaseModel):
 
     def _run_options(self) -> dict[str, Any]:
         options = {"method": self.method, "recompute_ratio": self.recompute_ratio,
-                   "method_options": self.method_options, "seed": self.seed}  # fmt: skip
+                   "method_options": self.method_options, "seed": self.seed, "reproducible": self.reproducible}  # fmt: skip
         return {name: value for name, value in options.items() if value is not None}
 
     def _sampling_settings(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ its positions layer by layer in the request's own cache. Shared entries are only
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import threading
 import time
@@ -80,8 +81,10 @@ class LLMEngine:
     def __init__(self, loaded: LoadedModel, entry_store: EntryStore, prefix_cache: bool = True,
                  config: SchedulerConfig = SchedulerConfig(), auxiliary: int | LoadedModel | None = None,
                  turns: TurnCache | None = None, craft_variants: int = 0,
-                 layerwise_load: bool | None = None):  # fmt: skip
+                 layerwise_load: bool | None = None, reproducible: bool = False):  # fmt: skip
         self.loaded = loaded
+        # a request whose plan leaves it open (None) runs reproducibly when this is True (``RunPlan``)
+        self.reproducible = reproducible
         # Cache-Craft's layer-wise preloading (``fusion/layer_feed.py``): stored KV reaches the request
         # cache layer by layer while the forward runs; default on for a CUDA model, where a copy engine
         # overlaps it with compute (on the CPU nothing would overlap)
@@ -112,10 +115,13 @@ class LLMEngine:
         """Held by every step; hold it too for work that must not interleave with one (ingestion)."""
         return self._lock
 
-    def resolver(self, preloaded: Preloaded | None = None, pinned=(), tenant: str = "") -> ContextResolver:
-        """What reads and places a request's context, with ``tenant``'s keys (default: the default tenant)."""
+    def resolver(self, preloaded: Preloaded | None = None, pinned=(), tenant: str = "",
+                 reproducible: bool = False) -> ContextResolver:  # fmt: skip
+        """What reads and places a request's context, with ``tenant``'s keys (default: the default tenant);
+        ``reproducible``: no path block after the prompt's prefix, no Cache-Craft variant of a request."""
         scope = self.tenants[tenant]
-        return ContextResolver(scope.computer, preloaded, self.prefix_cache, pinned, scope.variants)
+        return ContextResolver(scope.computer, preloaded, self.prefix_cache and not reproducible, pinned,
+                               None if reproducible else scope.variants)  # fmt: skip
 
     def check_fits(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
         window = self.loaded.context_window
@@ -147,6 +153,7 @@ class LLMEngine:
         sampling = SamplingParams.of(sampling)
         extra_stops = check_token_ids(sampling.stop_token_ids, self.model.cfg.vocab_size, "stop_token_ids")
         scope = self.tenants[tenant]
+        plan = self._settled(plan)
         seq = self._sequence(segments, plan, max_new_tokens, scope.tenant)
         seq.stop_strings, seq.prefetch, seq.preloaded = check_stop(stop), prefetch, preloaded
         seq.sampling, seq.n = sampling, n
@@ -154,7 +161,8 @@ class LLMEngine:
         seq.stop_ids = frozenset(extra_stops) | (frozenset() if sampling.ignore_eos else seq.stop_ids)
         if self.turns is not None:
             self._read_earlier_turn(seq, scope)
-        seq.context_plan = self.resolver(tenant=scope.tenant).plan(seq.segments, plan)  # keys once, for prefetch and assembly
+        seq.context_plan = self.resolver(tenant=scope.tenant, reproducible=plan.reproducible).plan(
+            seq.segments, plan)  # keys once, for prefetch and assembly
         with self._lock:
             self.scheduler.add(seq)
         return seq
@@ -173,11 +181,15 @@ class LLMEngine:
             self.prefetcher.release_if_idle(self.scheduler.waiting)
             return [seq for seq in [*scheduled.prefills, *scheduled.decodes] if seq.finished]
 
+    def _settled(self, plan: RunPlan) -> RunPlan:
+        """``plan`` with ``reproducible`` decided: the engine's setting where the request left it open."""
+        return plan if plan.reproducible is not None else dataclasses.replace(plan, reproducible=self.reproducible)
+
     def _read_earlier_turn(self, seq: Sequence, scope: TenantScope) -> None:
         """Start ``seq`` from the longest prefix of its prompt that an earlier request of its tenant
         kept (a chat's last turn): that prefix becomes segment 0, read as an exact path block."""
         plan, keys = seq.plan, scope.keys
-        if not self._turns_apply(plan):
+        if plan.reproducible or not self._turns_apply(plan):
             return
         exact = tenant_namespace(scope.tenant, EXACT)
         namespaces = [exact] if plan.exact else [exact, tenant_namespace(scope.tenant, namespace_of(plan))]
@@ -294,7 +306,7 @@ class LLMEngine:
         resolver = None
         try:
             preloaded, pinned = self.prefetcher.take(seq)
-            resolver = self.resolver(preloaded, pinned, seq.tenant)
+            resolver = self.resolver(preloaded, pinned, seq.tenant, bool(plan.reproducible))
             seq.cache = self.runner.new_cache(seq.num_prompt_tokens + seq.max_new_tokens)
             if seq.context_plan is None:
                 seq.context_plan = resolver.plan(seq.segments, plan)
@@ -415,7 +427,7 @@ class LLMEngine:
                tenant: str | None = None) -> torch.Tensor:  # fmt: skip
         """[len(continuation) + 1, vocab] teacher-forced logits after the prompt and each continuation token."""
         continuation = check_token_ids(continuation, self.model.cfg.vocab_size)
-        seq = self._sequence(segments, plan, len(continuation), self.tenants[tenant].tenant)
+        seq = self._sequence(segments, self._settled(plan), len(continuation), self.tenants[tenant].tenant)
         with self._lock:
             work = self._admit([seq])
             if not work:

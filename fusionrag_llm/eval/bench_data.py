@@ -104,10 +104,10 @@ def workload_requests(rag, dataset: str, requests: int, target_tokens: int, seed
 
 def open_bench_rag(model: str, device: str | None = None, dtype: str | None = None, store: str | None = None,
                    kv_codec: str | None = None):  # fmt: skip
-    """The engine as the benchmarks run it: ``prefix_cache=False`` and a store of their own.
+    """The engine as the benchmarks run it: ``reproducible=True`` and a store of their own.
 
-    Without the path cache, an exact run (Full Attention, ratio 1) cannot leave exact KV of a
-    prompt behind for the next method to reuse, so every method is measured on its own entries.
+    Reproducible, no request reads exact KV another left (an exact run, Full Attention or ratio 1,
+    leaves none of a prompt behind for the next method), so every method is measured on its own entries.
     ``store``: a folder (persistent; resumed runs skip the offline stage) or ``None`` (memory only);
     never the user's default store. ``kv_codec``: how the store keeps chunk KV (None: ``"model"``, the
     compute dtype, lossless, not the product's default: every recorded run compares against it).
@@ -115,7 +115,7 @@ def open_bench_rag(model: str, device: str | None = None, dtype: str | None = No
     from fusionrag_llm import FusionRAG
 
     return FusionRAG.from_pretrained(model, device=device, dtype=dtype, store=":memory:" if store is None else store,
-                                     options={"prefix_cache": False, "kv_codec": kv_codec or "model"})  # fmt: skip
+                                     options={"reproducible": True, "kv_codec": kv_codec or "model"})  # fmt: skip
 
 
 def parse_methods(text: str) -> tuple[str, ...]:

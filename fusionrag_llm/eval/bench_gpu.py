@@ -135,7 +135,7 @@ def engine_on(loaded: LoadedModel, tier: str) -> FusionRAG:
     budgets = StoreBudgets(device_bytes=0, host_bytes=256 * GiB) if tier == "host" else \
         StoreBudgets(device_bytes=256 * GiB, host_bytes=0)  # fmt: skip
     store = TieredStore(None, budgets, loaded.model.device)
-    return FusionRAG(loaded, store=store, options={"prefix_cache": False, "layerwise_load": False})
+    return FusionRAG(loaded, store=store, options={"reproducible": True, "layerwise_load": False})
 
 
 def add_timed(rag: FusionRAG, texts: list[str], seed: int = 1) -> float:

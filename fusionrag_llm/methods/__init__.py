@@ -73,10 +73,14 @@ def get_method(name: str | Method, **options) -> Method:
     return cls(**options)
 
 
-def make_plan(method: str | Method = "fusionrag", recompute_ratio: float | None = None) -> RunPlan:
-    """A request's method and ratio, checked (``None``: the method's own ratio)."""
+def make_plan(method: str | Method = "fusionrag", recompute_ratio: float | None = None,
+              reproducible: bool | None = None) -> RunPlan:  # fmt: skip
+    """A request's method and ratio, checked (``None``: the method's own ratio); ``reproducible``: see
+    ``RunPlan`` (None: the engine's setting)."""
     chosen = get_method(method)
-    return RunPlan(chosen, chosen.check_ratio(recompute_ratio))
+    if reproducible is not None and not isinstance(reproducible, bool):
+        raise FusionRAGError(f"reproducible must be True, False or None (the engine's setting), got {reproducible!r:.40}")
+    return RunPlan(chosen, chosen.check_ratio(recompute_ratio), reproducible)
 
 
 for _method in _BUILT_IN:

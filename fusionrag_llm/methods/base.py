@@ -112,10 +112,14 @@ class Method:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What one request runs: a method and its recompute ratio (checked by ``make_plan``)."""
+    """What one request runs: a method and its recompute ratio (checked by ``make_plan``), and whether
+    its answer may depend on exact KV earlier requests left (``reproducible``: None, the engine's
+    setting; True: it reads only the stored chunk entries and the prompt prefix's KV, never path
+    blocks, turn KV or Cache-Craft variants other requests made)."""
 
     method: Method
     recompute_ratio: float
+    reproducible: bool | None = None
 
     @property
     def name(self) -> str:

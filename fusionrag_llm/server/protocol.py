@@ -65,6 +65,7 @@ class _Options(_Tenant):
     # FusionRAG's own: the method, its ratio (None: the method's own) and its options (e.g. A3's decode_kv_budget)
     method: str = "fusionrag"
     recompute_ratio: Optional[float] = None
+    reproducible: Optional[bool] = None  # True: never reads exact or turn KV earlier requests left
     method_options: Optional[dict[str, Any]] = None
 
     def prepared(self, request: Any) -> Prepared:
@@ -74,7 +75,7 @@ class _Options(_Tenant):
             raise Unsupported("logprobs are not supported by this server")
         if self.logit_bias:
             raise Unsupported("logit_bias is not supported by this server")
-        plan = make_plan(get_method(self.method, **(self.method_options or {})), self.recompute_ratio)
+        plan = make_plan(get_method(self.method, **(self.method_options or {})), self.recompute_ratio, self.reproducible)
         given = {name: getattr(self, name) for name in SAMPLING_FIELDS if getattr(self, name) is not None}
         sampling = SamplingParams(**given)
         return Prepared(request, plan, self.max_completion_tokens or self.max_tokens, check_stop(self.stop),
