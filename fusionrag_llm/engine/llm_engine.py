@@ -32,6 +32,7 @@ from fusionrag_llm.engine.scheduler import ScheduledStep, Scheduler, SchedulerCo
 from fusionrag_llm.engine.sequence import Sequence, Status
 from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.engine.streaming import GenerationStream, IncrementalText
+from fusionrag_llm.engine.structured import json_constraint
 from fusionrag_llm.engine.tenants import TenantScope, TenantScopes
 from fusionrag_llm.engine.turn_cache import EXACT, TurnCache, namespace_of, tenant_namespace
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
@@ -158,6 +159,8 @@ class LLMEngine:
         seq.stop_strings, seq.prefetch, seq.preloaded = check_stop(stop), prefetch, preloaded
         seq.sampling, seq.n = sampling, n
         seq.generator = sampling.generator(self.model.device)
+        if sampling.json_schema is not None:
+            seq.constraint = json_constraint(self.tokenizer, self.model.cfg.vocab_size, sampling.json_schema)
         seq.stop_ids = frozenset(extra_stops) | (frozenset() if sampling.ignore_eos else seq.stop_ids)
         if self.turns is not None:
             self._read_earlier_turn(seq, scope)
@@ -372,6 +375,7 @@ class LLMEngine:
                         prompt_slots=seq.prompt_slots, kv_namespace=seq.kv_namespace,
                         method_run=seq.method_run, tenant=seq.tenant)  # fmt: skip
         twin.generator = seq.sampling.generator(self.model.device, offset=index)
+        twin.constraint = None if seq.constraint is None else seq.constraint.fresh()
         return twin
 
     # ------------------------------------------------------------------ loops over step

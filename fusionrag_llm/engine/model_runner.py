@@ -65,7 +65,7 @@ class ModelRunner:
         the argmax of every row, read back in one transfer), or the exception its draw raised."""
         if not logits:
             return []
-        states = [SamplingState(seq.sampling, seq.generator, seq.prompt_ids, seq.token_ids) for seq in seqs]
+        states = [SamplingState(seq.sampling, seq.generator, seq.prompt_ids, seq.token_ids, seq.constraint) for seq in seqs]
         return next_tokens(torch.stack(list(logits)), states)
 
     def teacher_forced(self, seq: Sequence, tokens: Seq[int]) -> torch.Tensor:

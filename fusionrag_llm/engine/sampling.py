@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from fusionrag_llm.engine.structured import check_json_schema
 from fusionrag_llm.errors import FusionRAGError
 
 MAX_STOP_TOKEN_IDS = 64
@@ -57,6 +58,8 @@ class SamplingParams:
     seed: int | None = None  # None: a fresh draw each request
     stop_token_ids: tuple[int, ...] = ()  # token ids that end the answer besides the model's own
     ignore_eos: bool = False  # decode all max_new_tokens past the model's end tokens (timing a fixed length)
+    # JSON output (``engine/structured.py``): None, True (any JSON object) or a JSON schema (dict or text)
+    json_schema: Any = None
 
     def __post_init__(self) -> None:
         checks = {
@@ -90,6 +93,7 @@ class SamplingParams:
                                                      for t in stop):  # fmt: skip
             raise FusionRAGError(f"stop_token_ids must hold at most {MAX_STOP_TOKEN_IDS} ints >= 0, got {stop!r:.80}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stop))
+        object.__setattr__(self, "json_schema", check_json_schema(self.json_schema))
 
     @classmethod
     def of(cls, value: "SamplingParams | Mapping[str, Any] | None") -> "SamplingParams":
@@ -116,7 +120,7 @@ class SamplingParams:
     @property
     def plain_greedy(self) -> bool:
         """The argmax of the raw logits: nothing here changes what greedy decoding picks."""
-        return self.greedy and not self.penalised
+        return self.greedy and not self.penalised and self.json_schema is None
 
     def generator(self, device: torch.device | str, offset: int = 0) -> torch.Generator | None:
         """A sequence's own random stream (None when greedy: nothing is drawn); ``offset`` tells the
@@ -139,6 +143,7 @@ class SamplingState:
     generator: torch.Generator | None
     prompt_ids: Sequence[int]
     output_ids: Sequence[int]
+    constraint: Any = None  # its JSONConstraint when it asked for JSON
 
 
 def next_tokens(logits: torch.Tensor, states: Sequence[SamplingState]) -> list[int | Exception]:
@@ -160,12 +165,17 @@ def _guarded(row: torch.Tensor, state: SamplingState) -> int | Exception:
 def _one_token(row: torch.Tensor, state: SamplingState) -> int:
     params = state.params
     row = row.float()
+    if state.constraint is not None:
+        row = state.constraint.restrict(row)
     if params.penalised:
         row = penalise(row, state.prompt_ids, state.output_ids, params)
     if params.greedy:
-        return int(row.argmax())
-    probs = filtered_probs(row, params)
-    return int(torch.multinomial(probs, 1, generator=state.generator))
+        token = int(row.argmax())
+    else:
+        token = int(torch.multinomial(filtered_probs(row, params), 1, generator=state.generator))
+    if state.constraint is not None:
+        state.constraint.accept(token)
+    return token
 
 
 def penalise(row: torch.Tensor, prompt_ids: Sequence[int], output_ids: Sequence[int],

@@ -37,6 +37,7 @@ class Sequence:
     stop_ids: frozenset[int]
     sampling: SamplingParams = GREEDY
     generator: Any = None  # its torch.Generator when it samples (SamplingParams.generator)
+    constraint: Any = None  # its JSONConstraint when it asked for JSON (``engine/structured.py``)
     n: int = 1  # answers to the same prompt: the others fork from this one after its prefill
     forks: list["Sequence"] = field(default_factory=list)  # those other answers, once forked
     stop_strings: tuple[str, ...] = ()

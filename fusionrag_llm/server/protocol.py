@@ -67,6 +67,7 @@ class _Options(_Tenant):
     recompute_ratio: Optional[float] = None
     reproducible: Optional[bool] = None  # True: never reads exact or turn KV earlier requests left
     method_options: Optional[dict[str, Any]] = None
+    response_format: Optional[dict[str, Any]] = None  # text, json_object or json_schema (OpenAI's shape)
 
     def prepared(self, request: Any) -> Prepared:
         """The engine call this asks for (``request``: for the tenant decided already); bad values raise
@@ -76,14 +77,30 @@ class _Options(_Tenant):
         if self.logit_bias:
             raise Unsupported("logit_bias is not supported by this server")
         plan = make_plan(get_method(self.method, **(self.method_options or {})), self.recompute_ratio, self.reproducible)
-        given = {name: getattr(self, name) for name in SAMPLING_FIELDS if getattr(self, name) is not None}
-        sampling = SamplingParams(**given)
+        given = {name: getattr(self, name, None) for name in SAMPLING_FIELDS if getattr(self, name, None) is not None}
+        sampling = SamplingParams(**given, json_schema=_json_schema(self.response_format))
         return Prepared(request, plan, self.max_completion_tokens or self.max_tokens, check_stop(self.stop),
                         sampling, self.n)  # fmt: skip
 
     @property
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
+
+
+def _json_schema(response_format: dict[str, Any] | None) -> Any:
+    """OpenAI's ``response_format`` as ``SamplingParams.json_schema``: ``text`` (or none) None,
+    ``json_object`` True (any JSON object), ``json_schema`` its ``json_schema.schema``."""
+    kind = (response_format or {}).get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return True
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise FusionRAGError("response_format of type json_schema needs json_schema.schema, a JSON schema object")
+        return spec["schema"]
+    raise Unsupported(f"response_format type {kind!r} is not supported; allowed: text, json_object, json_schema")
 
 
 class ContentPart(BaseModel):
@@ -104,13 +121,10 @@ class ChatCompletionRequest(_Options):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: Optional[list[Any]] = None
     tool_choice: Optional[Any] = None
-    response_format: Optional[dict[str, Any]] = None
 
     def prepared(self, tenant: str = "") -> Prepared:  # type: ignore[override]
         if self.tools:
             raise Unsupported("tool calling is not supported by this server: send no tools")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise Unsupported("only response_format {'type': 'text'} is supported: no constrained decoding")
         messages = [_chat_dict(index, message) for index, message in enumerate(self.messages)]
         return super().prepared(ChatRequest(messages, tenant=tenant))
 

@@ -1,0 +1,41 @@
+"""``response_format`` with the real OpenAI client: json_schema and json_object answers are JSON (the
+schema's, for json_schema); other types are a 400 that names the allowed ones."""
+
+import json
+
+import jsonschema
+import pytest
+from server_helpers import RunningServer
+
+from fusionrag_llm import FusionRAG
+from fusionrag_llm.server.app import create_app
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("xgrammar", reason="JSON output needs the structured extra")
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["city", "rank"],
+          "properties": {"city": {"enum": ["Quennel", "Brightwater"]}, "rank": {"type": "integer", "minimum": 1, "maximum": 3}}}  # fmt: skip
+
+
+def test_response_format_json_schema_and_json_object():
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:")
+    with RunningServer(create_app(rag, "tiny")) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        messages = [{"role": "user", "content": "Which city, and its rank?"}]
+        schema_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA, "strict": True}}
+        reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=40, n=2,
+                                               response_format=schema_format)  # fmt: skip
+        for choice in reply.choices:
+            assert choice.finish_reason == "stop"
+            jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+        streamed = client.chat.completions.create(model="tiny", messages=messages, max_tokens=40, stream=True,
+                                                  response_format=schema_format)  # fmt: skip
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices)
+        assert json.loads(text) == json.loads(reply.choices[0].message.content)
+        loose = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12,
+                                               response_format={"type": "json_object"})  # fmt: skip
+        assert loose.choices[0].message.content.startswith("{")
+        for bad, words in [({"type": "xml"}, "allowed: text, json_object, json_schema"),
+                           ({"type": "json_schema", "json_schema": {"name": "x"}}, "needs json_schema.schema")]:  # fmt: skip
+            with pytest.raises(openai.BadRequestError, match=words):
+                client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, response_format=bad)
