@@ -53,7 +53,8 @@ _UNSUPPORTED: dict[str, tuple[tuple, str]] = {
 _IGNORED = {"api_key": _LOCAL}
 
 # Per call (invoke keyword arguments, bind): these options, with the spellings of max_tokens and the sampling knobs.
-_CALL_FIELDS = ("max_tokens", "method", "recompute_ratio", "method_options", "seed", *SAMPLING_OPTIONS, "reproducible")
+_CALL_FIELDS = ("max_tokens", "method", "recompute_ratio", "method_options", "seed", *SAMPLING_OPTIONS, "reproducible",
+                "json_schema")  # fmt: skip
 _CALL_SPELLINGS = {name: field for name, field in _SPELLINGS.items() if field in _CALL_FIELDS}
 
 
@@ -63,9 +64,8 @@ class UnsupportedFeatureError(NotImplementedError):
 
 def unsupported_feature(feature: str) -> UnsupportedFeatureError:
     return UnsupportedFeatureError(
-        f"{feature} is not supported: FusionRAG models generate plain text, with no tool-call format and no "
-        "constrained decoding. Ask for JSON in the prompt and parse the answer instead, e.g. "
-        "prompt | model | JsonOutputParser() (langchain_core.output_parsers)."
+        f"{feature} is not supported: FusionRAG models have no tool-call format. For JSON that follows a schema, "
+        "use model.with_structured_output(schema) (decoding constrained to the schema)."
     )
 
 

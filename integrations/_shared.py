@@ -24,10 +24,11 @@ RUN_OPTIONS = ("method", "recompute_ratio", "method_options")  # the method, its
 # SamplingParams' knobs the adapters take by name (its seed is the call's seed; do_sample is transformers')
 SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
                     "presence_penalty", "do_sample")  # fmt: skip
-CALL_OPTIONS = (*RUN_OPTIONS[:2], "max_new_tokens", *RUN_OPTIONS[2:], "seed", *SAMPLING_OPTIONS, "reproducible")
+CALL_OPTIONS = (*RUN_OPTIONS[:2], "max_new_tokens", *RUN_OPTIONS[2:], "seed", *SAMPLING_OPTIONS, "reproducible",
+                "json_schema")  # fmt: skip
 SAMPLING_SPELLINGS = {"repeat_penalty": "repetition_penalty"}  # Ollama's and llama.cpp's name
 # None: not given (the setting, else the engine's default; the ratio: the method's own)
-_NONE_IS_UNSET = (*SAMPLING_OPTIONS, "seed", "recompute_ratio", "method_options", "reproducible")
+_NONE_IS_UNSET = (*SAMPLING_OPTIONS, "seed", "recompute_ratio", "method_options", "reproducible", "json_schema")
 
 T = TypeVar("T")
 _ITEM, _END, _ERROR = range(3)
@@ -88,7 +89,7 @@ def call_options(defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -> d
     options["method"] = check_run(options)
     options.pop("method_options", None)
     check_max_new_tokens(options["max_new_tokens"])
-    knobs = {name: options.pop(name) for name in SAMPLING_OPTIONS if name in options}
+    knobs = {name: options.pop(name) for name in (*SAMPLING_OPTIONS, "json_schema") if name in options}
     seed = options.pop("seed", None)
     return {**options, "sampling": sampling_params(knobs, seed)}
 

@@ -25,7 +25,8 @@ Constructor arguments are checked: other ecosystems' spellings that mean a field
 context-window settings raise a ``ValueError`` saying why (their neutral values pass); anything else
 raises naming the argument and listing the accepted ones.
 Per-call options (``invoke`` keyword arguments, ``bind``) are checked the same way.
-Tool calling and structured output raise ``UnsupportedFeatureError``.
+``with_structured_output`` constrains decoding to the schema (the ``structured`` extra); tool calling
+raises ``UnsupportedFeatureError``.
 """
 
 from __future__ import annotations
@@ -130,9 +131,17 @@ class _FusionRAGSettings(BaseModel):
             return params
         return {**params, "ls_temperature": options["sampling"].temperature, "ls_max_tokens": options["max_new_tokens"]}
 
-    def with_structured_output(self, schema: Any, *, include_raw: bool = False, **kwargs: Any):
-        """Not supported: raises ``UnsupportedFeatureError`` saying what works instead."""
-        raise unsupported_feature("Structured output (with_structured_output)")
+    def with_structured_output(self, schema: Any = None, *, method: str = "json_schema", include_raw: bool = False,
+                               **kwargs: Any):  # fmt: skip
+        """A runnable whose answers are ``schema`` (a pydantic model's instance, else a dict): the model's
+        decoding is constrained to JSON that validates against it (``method="json_schema"``) or to any
+        JSON object (``"json_mode"``); ``include_raw``: ``{"raw", "parsed", "parsing_error"}``."""
+        if kwargs:
+            raise ValueError(f"unsupported argument(s) {sorted(kwargs)} for with_structured_output; it takes schema, "
+                             "method and include_raw")  # fmt: skip
+        from fusionrag_llm.integrations._langchain_structured import structured
+
+        return structured(self, schema, method, include_raw)
 
     def _run_options(self) -> dict[str, Any]:
         options = {"method": self.method, "recompute_ratio": self.recompute_ratio,

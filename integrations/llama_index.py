@@ -269,6 +269,24 @@ class FusionRAGLLM(CustomLLM):
         _CHECKED.set((checked.request, checked.unmatched))
         return checked.request
 
+    # structured_predict and its async and streaming forms (and as_structured_llm, which calls them) run
+    # LlamaIndex's own program, with each call constrained to JSON that validates against output_cls
+    def structured_predict(self, output_cls: Any, prompt: Any, llm_kwargs: Optional[dict] = None, **prompt_args: Any):
+        return super().structured_predict(output_cls, prompt, _json_kwargs(output_cls, llm_kwargs), **prompt_args)
+
+    async def astructured_predict(self, output_cls: Any, prompt: Any, llm_kwargs: Optional[dict] = None,
+                                  **prompt_args: Any):  # fmt: skip
+        return await super().astructured_predict(output_cls, prompt, _json_kwargs(output_cls, llm_kwargs), **prompt_args)
+
+    def stream_structured_predict(self, output_cls: Any, prompt: Any, llm_kwargs: Optional[dict] = None,
+                                  **prompt_args: Any):  # fmt: skip
+        return super().stream_structured_predict(output_cls, prompt, _json_kwargs(output_cls, llm_kwargs), **prompt_args)
+
+    async def astream_structured_predict(self, output_cls: Any, prompt: Any, llm_kwargs: Optional[dict] = None,
+                                         **prompt_args: Any):  # fmt: skip
+        return await super().astream_structured_predict(output_cls, prompt, _json_kwargs(output_cls, llm_kwargs),
+                                                        **prompt_args)  # fmt: skip
+
     # Each public method is decorated once and calls undecorated parts, so instrumentation events
     # fire once per call; the async ones run the blocking parts on worker threads, whose concurrent
     # requests the engine batches.
@@ -326,6 +344,11 @@ def _check_context_window(window: Optional[int], engine: Optional[FusionRAG] = N
         raise ValueError(f"context_window={window} exceeds the model's window ({engine.context_window} tokens "
                          f"for {engine.model_name!r}); it may only lower it")  # fmt: skip
     return engine
+
+
+def _json_kwargs(output_cls: Any, llm_kwargs: Optional[dict]) -> dict:
+    """``llm_kwargs`` with the constraint to ``output_cls``'s JSON schema (a pydantic model class)."""
+    return {**(llm_kwargs or {}), "json_schema": output_cls.model_json_schema()}
 
 
 def _known(name: str, kwargs: dict, accepted: Sequence[str]) -> dict:

@@ -175,12 +175,10 @@ class Answer(BaseModel):
     text: str
 
 
-def test_tool_calling_and_structured_output_raise_saying_what_works_instead(rag, model_class):
+def test_tool_calling_raises_saying_what_works_instead(rag, model_class):
     model = model_class(rag=rag)
-    with pytest.raises(UnsupportedFeatureError, match=r"Structured output .* not supported.*JsonOutputParser"):
-        model.with_structured_output(Answer)
-    with pytest.raises(NotImplementedError, match="generate plain text, with no tool-call format"):
-        model.with_structured_output(Answer, method="json_mode", include_raw=True)
+    with pytest.raises(ValueError, match="unsupported argument"):
+        model.with_structured_output(Answer, strict=True)  # structured output itself: test_structured_output.py
     if model_class is ChatFusionRAG:
-        with pytest.raises(UnsupportedFeatureError, match=r"Tool calling \(bind_tools\) is not supported.*JSON"):
+        with pytest.raises(UnsupportedFeatureError, match=r"Tool calling \(bind_tools\) is not supported.*with_structured_output"):
             model.bind_tools([Answer], tool_choice="any")
