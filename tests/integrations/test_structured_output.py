@@ -62,3 +62,23 @@ def test_llama_index_structured_predict_and_structured_llm(rag):
     assert Pick.model_validate(streamed[-1].model_dump()) == pick
     reply = llm.as_structured_llm(Pick).chat([ChatMessage(role="user", content="Which city is named in: a note?")])
     assert isinstance(reply.raw, Pick)
+
+
+def test_the_extraction_cookbook_runs_and_every_answer_validates(tmp_path):
+    import json
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "cookbook" / "structured_extraction.py"
+    out = tmp_path / "extraction.json"
+    summary = runpy.run_path(str(script), run_name="cookbook")["main"](["--model", "tiny", "--count", "3", "--out", str(out)])
+    assert summary["valid_json"] == summary["texts"] == 3  # random weights, valid JSON all the same
+    assert json.loads(out.read_text())["summary"] == summary
+
+
+@pytest.mark.real_model
+def test_the_default_model_extracts_valid_json(smollm2_rag):
+    chat = ChatFusionRAG(rag=smollm2_rag, max_tokens=160)
+    extract = chat.with_structured_output(Pick)
+    pick = extract.invoke("Text: Brightwater came second, and we are sure of it. Which city, rank, and are we sure?")
+    assert isinstance(pick, Pick)
