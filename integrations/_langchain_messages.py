@@ -5,8 +5,11 @@ from __future__ import annotations
 import warnings
 from typing import Any, Optional, Sequence
 
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ChatMessage, HumanMessage, SystemMessage
+from langchain_core.messages import (AIMessage, AIMessageChunk, BaseMessage, ChatMessage, HumanMessage, SystemMessage,
+                                     ToolMessage)  # fmt: skip
 from langchain_core.outputs import ChatGenerationChunk
+
+from fusionrag_llm import tool_calls
 
 
 def chat_chunk(delta: str, info: Optional[dict]) -> ChatGenerationChunk:
@@ -32,20 +35,36 @@ def usage(info: dict) -> dict:
             "input_token_details": {"cache_read": cached}}  # fmt: skip
 
 
-def chat_dicts(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
-    chat = []
+def chat_dicts(messages: Sequence[BaseMessage], tools_text: str = "") -> list[dict[str, str]]:
+    """The engine's chat for ``messages``: an AI message's tool calls as the JSON the model wrote, a tool's
+    result as a user message naming the tool (``fusionrag_llm.tool_calls``); ``tools_text`` joins the
+    system message (one is put first when there is none)."""
+    chat, names = [], {}  # tool call id -> the tool's name
     for index, message in enumerate(messages):
+        content = _text(message.content, index)
         if isinstance(message, SystemMessage):
             role = "system"
         elif isinstance(message, HumanMessage):
             role = "user"
         elif isinstance(message, AIMessage):
             role = "assistant"
+            for call in message.tool_calls:
+                names[call.get("id")] = call["name"]
+            if message.tool_calls:
+                content = "\n".join(tool_calls.call_text(call["name"], call["args"]) for call in message.tool_calls)
+        elif isinstance(message, ToolMessage):
+            role, content = "user", tool_calls.result_text(message.name or names.get(message.tool_call_id), content)
         elif isinstance(message, ChatMessage) and message.role in ("system", "user", "assistant"):
             role = message.role
         else:
-            raise ValueError(f"messages[{index}] is a {type(message).__name__}; supported: system, human, ai messages")
-        chat.append({"role": role, "content": _text(message.content, index)})
+            raise ValueError(f"messages[{index}] is a {type(message).__name__}; supported: system, human, ai and tool "
+                             "messages")  # fmt: skip
+        chat.append({"role": role, "content": content})
+    if tools_text:
+        if chat and chat[0]["role"] == "system":
+            chat[0] = {"role": "system", "content": f"{chat[0]['content']}\n\n{tools_text}"}
+        else:
+            chat.insert(0, {"role": "system", "content": tools_text})
     return chat
 
 

@@ -58,17 +58,6 @@ _CALL_FIELDS = ("max_tokens", "method", "recompute_ratio", "method_options", "se
 _CALL_SPELLINGS = {name: field for name, field in _SPELLINGS.items() if field in _CALL_FIELDS}
 
 
-class UnsupportedFeatureError(NotImplementedError):
-    """Tool calling or structured output asked of a FusionRAG model, which generates plain text only."""
-
-
-def unsupported_feature(feature: str) -> UnsupportedFeatureError:
-    return UnsupportedFeatureError(
-        f"{feature} is not supported: FusionRAG models have no tool-call format. For JSON that follows a schema, "
-        "use model.with_structured_output(schema) (decoding constrained to the schema)."
-    )
-
-
 def constructor_arguments(model: type, data: dict, fields: set[str]) -> dict[str, Any]:
     """``data`` with spellings mapped to ``fields``; unsupported or unknown arguments raise ``ValueError``."""
     return map_arguments(model.__name__, data, fields, _SPELLINGS, lambda name, value: _not_a_field(model, name, value))

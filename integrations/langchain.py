@@ -25,8 +25,8 @@ Constructor arguments are checked: other ecosystems' spellings that mean a field
 context-window settings raise a ``ValueError`` saying why (their neutral values pass); anything else
 raises naming the argument and listing the accepted ones.
 Per-call options (``invoke`` keyword arguments, ``bind``) are checked the same way.
-``with_structured_output`` constrains decoding to the schema (the ``structured`` extra); tool calling
-raises ``UnsupportedFeatureError``.
+``with_structured_output`` and the chat model's ``bind_tools`` constrain decoding to the schema or the
+tools' calls (the ``structured`` extra).
 """
 
 from __future__ import annotations
@@ -45,21 +45,21 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.documents import BaseDocumentTransformer, Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseChatModel, LLM
-from langchain_core.messages import AIMessage, BaseMessage, get_buffer_string
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, get_buffer_string
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, Generation, GenerationChunk, LLMResult
 from langchain_core.runnables.config import run_in_executor
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.vectorstores import VectorStore
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fusionrag_llm import FusionRAG, IngestReport
+from fusionrag_llm import FusionRAG, IngestReport, tool_calls
 from fusionrag_llm.integrations import _langchain_options as _options
 from fusionrag_llm.integrations import _shared
 from fusionrag_llm.integrations._langchain_messages import StopWatch, chat_chunk, chat_dicts, usage, warn_tools
-from fusionrag_llm.integrations._langchain_options import UnsupportedFeatureError, unsupported_feature
 from fusionrag_llm.integrations._langchain_retrieval import FusionRAGEmbeddings, FusionRAGRetriever
 
 __all__ = ["AddedDocuments", "ChatFusionRAG", "FusionRAGDocumentTransformer", "FusionRAGEmbeddings",
-           "FusionRAGLLMLangChain", "FusionRAGRetriever", "UnsupportedFeatureError", "add_documents"]  # fmt: skip
+           "FusionRAGLLMLangChain", "FusionRAGRetriever", "add_documents"]  # fmt: skip
 
 _CONFIG = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=(), populate_by_name=True, extra="forbid")
 
@@ -273,9 +273,15 @@ class ChatFusionRAG(_FusionRAGSettings, BaseChatModel):
 
     streaming: bool = False
 
-    def bind_tools(self, tools: Sequence[Any], *, tool_choice: Optional[str] = None, **kwargs: Any):
-        """Not supported: raises ``UnsupportedFeatureError`` saying what works instead."""
-        raise unsupported_feature("Tool calling (bind_tools)")
+    def bind_tools(self, tools: Sequence[Any], *, tool_choice: Optional[Any] = None, **kwargs: Any):
+        """The model with ``tools`` (LangChain tools, functions, pydantic models or OpenAI tool dicts): its
+        answers are calls of them (``message.tool_calls``), or, with ``tool_choice`` "auto" (the
+        default), a calls or a plain answer; "any"/"required" or a tool's name force a call, "none" none.
+        The calls are constrained to the tools' JSON schemas (``fusionrag_llm.tool_calls``)."""
+        formatted = [convert_to_openai_tool(tool) for tool in tools]
+        checked = tool_calls.check_tools(formatted)
+        tool_calls.check_choice(tool_choice, checked)
+        return self.bind(tools=formatted, tool_choice=tool_choice, **kwargs)
 
     @property
     def _llm_type(self) -> str:
@@ -283,14 +289,22 @@ class ChatFusionRAG(_FusionRAGSettings, BaseChatModel):
 
     def _generate(self, messages: list[BaseMessage], stop: Optional[list[str]] = None,
                   run_manager: Optional[CallbackManagerForLLMRun] = None, **kwargs: Any) -> ChatResult:  # fmt: skip
-        text, info = self._answer(chat_dicts(messages), stop, kwargs)
-        message = AIMessage(content=text, response_metadata=info, usage_metadata=usage(info))
+        tools = _Tools.of(kwargs)
+        text, info = self._answer(chat_dicts(messages, tools.prompt), stop, kwargs)
+        calls = []
+        if tools.schema is not None:
+            text, found = tool_calls.read_answer(text)
+            calls = [{"name": call.name, "args": call.arguments, "id": call.id, "type": "tool_call"} for call in found]
+        message = AIMessage(content=text, tool_calls=calls, response_metadata=info, usage_metadata=usage(info))
         return ChatResult(generations=[ChatGeneration(message=message, generation_info=info)],
                           llm_output={"model_name": self.model_name})  # fmt: skip
 
     def _stream(self, messages: list[BaseMessage], stop: Optional[list[str]] = None,
                 run_manager: Optional[CallbackManagerForLLMRun] = None,
                 **kwargs: Any) -> Iterator[ChatGenerationChunk]:  # fmt: skip
+        if "tools" in kwargs:  # a call is known once the answer is whole
+            yield _whole_as_chunk(self._generate(messages, stop, run_manager, **kwargs))
+            return
         for delta, info in self._deltas(chat_dicts(messages), stop, kwargs):
             chunk = chat_chunk(delta, info)
             if run_manager and delta:
@@ -300,6 +314,9 @@ class ChatFusionRAG(_FusionRAGSettings, BaseChatModel):
     async def _astream(self, messages: list[BaseMessage], stop: Optional[list[str]] = None,
                        run_manager: Optional[AsyncCallbackManagerForLLMRun] = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:  # fmt: skip
+        if "tools" in kwargs:  # a call is known once the answer is whole
+            yield _whole_as_chunk(await run_in_executor(None, self._generate, messages, stop, None, **kwargs))
+            return
         async for delta, info in self._adeltas(chat_dicts(messages), stop, kwargs):
             chunk = chat_chunk(delta, info)
             if run_manager and delta:
@@ -340,6 +357,37 @@ class FusionRAGDocumentTransformer(BaseDocumentTransformer):
         engine = _shared.resolve_rag(self.rag, self.model_name)
         return _shared.register_texts(engine, texts, vectors, fuse=self.fuse, neighbors=self.neighbors,
                                       progress=self.progress, tenant=self.tenant)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Tools:
+    """A call's tools (``bind_tools``): what the system message says of them and the answer's JSON schema."""
+
+    prompt: str = ""
+    schema: Optional[dict] = None
+
+    @classmethod
+    def of(cls, kwargs: dict) -> "_Tools":
+        """Takes ``tools`` and ``tool_choice`` out of a call's options and constrains its answer to them."""
+        tools, choice = kwargs.pop("tools", None), kwargs.pop("tool_choice", None)
+        if tools is None:
+            return cls()
+        checked = tool_calls.check_tools(tools)
+        choice = tool_calls.check_choice(choice, checked)
+        schema = tool_calls.answer_schema(checked, choice)
+        if schema is not None:
+            kwargs["json_schema"] = schema
+        return cls(tool_calls.tools_prompt(checked, choice), schema)
+
+
+def _whole_as_chunk(result: ChatResult) -> ChatGenerationChunk:
+    """A whole answer (its tool calls included) as the one chunk of a stream."""
+    message = result.generations[0].message
+    chunks = [{"name": call["name"], "args": json.dumps(call["args"]), "id": call["id"], "index": index}
+              for index, call in enumerate(message.tool_calls)]  # fmt: skip
+    last = AIMessageChunk(content=message.content, tool_call_chunks=chunks, response_metadata=message.response_metadata,
+                          usage_metadata=message.usage_metadata, chunk_position="last")  # fmt: skip
+    return ChatGenerationChunk(message=last, generation_info=result.generations[0].generation_info)
 
 
 @dataclass(frozen=True)

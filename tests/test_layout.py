@@ -9,7 +9,7 @@ rank  units
 0     leaves: ``kernels`` (torch/triton), ``storage`` (torch, SQLite), ``data`` (bundled
       files); they import no other unit at all
 0     base modules anyone may import: ``errors``, ``paths``, ``request``, ``options`` (the
-      engine's settings); they import only each other
+      engine's settings), ``tool_calls``; they import only each other
 1     ``models`` (model runtime)
 2     ``fusion`` (chunk entries, catalog, embeddings and neighbour search, scorers, layer hooks
       of the methods)
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MAPPED = {"kernels": "fusionrag_llm.kernels", "storage": "fusionrag_llm.storage",
           "integrations": "fusionrag_llm.integrations", "cli": "fusionrag_llm.cli"}  # fmt: skip
 PACKAGE = "fusionrag_llm"
-BASE = ("errors", "paths", "request", "options")
+BASE = ("errors", "paths", "request", "options", "tool_calls")
 LEAVES = ("kernels", "storage", "data")
 RANKS = {**dict.fromkeys((*BASE, *LEAVES), 0), "models": 1, "fusion": 2, "methods": 3, "engine": 4, "api": 5,
          "session": 5, PACKAGE: 6, "server": 6, "ingest": 6, "eval": 7, "cli": 8, "integrations": 8}  # fmt: skip

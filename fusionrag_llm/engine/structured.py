@@ -46,7 +46,7 @@ def check_json_schema(value: Any) -> str | bool | None:
     if not isinstance(value, dict):
         raise FusionRAGError("json_schema must be None, True (any JSON object) or a JSON schema (a dict or its JSON "
                              f"text), got {type(value).__name__}")  # fmt: skip
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return json.dumps(value, separators=(",", ":"))  # properties keep their order: the answer's order
 
 
 class _Grammars:

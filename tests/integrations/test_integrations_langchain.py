@@ -6,7 +6,7 @@ import pytest
 from integration_helpers import BagOfWordsEmbeddings, fused_entry_exists
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
-from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
 from langchain_core.runnables import RunnablePassthrough
 from langchain_core.vectorstores import InMemoryVectorStore
@@ -173,8 +173,8 @@ def test_bad_input_raises_clear_errors(rag):
         llm.invoke("Hello there", recompute_ratio=1.5)
     with pytest.raises(ValueError, match="does not support best_of=3: no beam search or best-of ranking"):
         llm.invoke("Hello there", best_of=3)
-    with pytest.raises(ValueError, match="ToolMessage"):
-        chat.invoke([HumanMessage("add"), ToolMessage("3", tool_call_id="1")])
+    with pytest.raises(ValueError, match="last chat message must be a non-empty user message"):
+        chat.invoke([HumanMessage("add"), SystemMessage("be brief")])
 
 
 def test_constructors_load_nothing(monkeypatch):

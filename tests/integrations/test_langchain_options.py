@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from fusionrag_llm import get_method
 from fusionrag_llm.integrations import _shared
-from fusionrag_llm.integrations.langchain import ChatFusionRAG, FusionRAGLLMLangChain, UnsupportedFeatureError
+from fusionrag_llm.integrations.langchain import ChatFusionRAG, FusionRAGLLMLangChain
 
 MODELS = [ChatFusionRAG, FusionRAGLLMLangChain]
 
@@ -175,10 +175,7 @@ class Answer(BaseModel):
     text: str
 
 
-def test_tool_calling_raises_saying_what_works_instead(rag, model_class):
-    model = model_class(rag=rag)
+def test_structured_output_refuses_arguments_it_does_not_take(rag, model_class):
     with pytest.raises(ValueError, match="unsupported argument"):
-        model.with_structured_output(Answer, strict=True)  # structured output itself: test_structured_output.py
-    if model_class is ChatFusionRAG:
-        with pytest.raises(UnsupportedFeatureError, match=r"Tool calling \(bind_tools\) is not supported.*with_structured_output"):
-            model.bind_tools([Answer], tool_choice="any")
+        model_class(rag=rag).with_structured_output(Answer, strict=True)  # the rest: test_structured_output.py
+
