@@ -22,6 +22,7 @@ import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Mapping, Sequence
 
+import fusionrag_llm.tool_calls as tool_calls
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError, require
 from fusionrag_llm.fusion.embeddings import DEFAULT_EMBEDDING_NAME
 
@@ -172,7 +173,7 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
             abort()
             raise
         reply = _Reply(body, kind, name, lambda stats, reasons: metrics.finished(
-            kind, reply.id, stats, reasons, time.monotonic() - started))  # fmt: skip
+            kind, reply.id, stats, reasons, time.monotonic() - started), tools=prepared.tool_calls)  # fmt: skip
         if not body.stream:
             try:
                 return await reply.whole(first, request, updates, deadline)
@@ -231,8 +232,9 @@ async def _next(request: Request, updates: asyncio.Queue, deadline: float) -> Up
 class _Reply:
     """One request's response: a whole JSON object, or server-sent events as answers grow."""
 
-    def __init__(self, body, kind: str, model: str, on_finished=None):
+    def __init__(self, body, kind: str, model: str, on_finished=None, tools: bool = False):
         self.body, self.kind, self.model = body, kind, model
+        self.tools = tools  # answers are tool calls or answers in JSON: sent whole, once finished
         self.on_finished = on_finished  # (each answer's stats, each answer's finish reason): when all finished
         self.id = new_id("chatcmpl" if kind == "chat" else "cmpl")
         self.created = created()
@@ -268,9 +270,22 @@ class _Reply:
 
     def _choice(self, index: int, text: str, reason: str | None) -> dict:
         if self.kind == "chat":
-            return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            message, reason = self._message(text, reason)
+            return {"index": index, "message": {"role": "assistant", **message}, "logprobs": None,
                     "finish_reason": reason}  # fmt: skip
         return {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+
+    def _message(self, text: str, reason: str | None) -> tuple[dict, str | None]:
+        """An answer's message fields and finish reason: its tool calls when the request had tools
+        and the answer is one (finish reason ``tool_calls``), else its text."""
+        if not self.tools:
+            return {"content": text}, reason
+        content, calls = tool_calls.read_answer(text)
+        if not calls:
+            return {"content": content}, reason
+        return {"content": None, "tool_calls": [
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}
+            for call in calls]}, "tool_calls"  # fmt: skip
 
     async def events(self, first: Update, request: Request, updates: asyncio.Queue, deadline: float,
                      abort) -> AsyncIterator[str]:  # fmt: skip
@@ -279,8 +294,16 @@ class _Reply:
             if self.kind == "chat":  # OpenAI opens every chat choice with its role
                 for index in range(self.body.n):
                     yield self._event([self._delta(index, {"role": "assistant", "content": ""}, None)])
+            texts = [""] * self.body.n
             async for update in self._updates(first, request, updates, deadline, finals):
-                if update.delta or update.finish_reason is not None:
+                if self.tools:  # a call is known once the answer is whole: one delta at its end
+                    texts[update.index] += update.delta
+                    if update.finish_reason is not None:
+                        message, reason = self._message(texts[update.index], update.finish_reason)
+                        for place, call in enumerate(message.get("tool_calls") or ()):
+                            call["index"] = place  # a streamed call names its place among the answer's calls
+                        yield self._event([self._delta(update.index, message, reason)])
+                elif update.delta or update.finish_reason is not None:
                     yield self._event([self._delta(update.index, self._content(update.delta), update.finish_reason)])
             stats = self._finished(finals)
             tail: dict[str, Any] = {"fusionrag": fusionrag_extra(self.body, stats)}

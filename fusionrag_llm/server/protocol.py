@@ -12,14 +12,17 @@ as do vLLM's sampling extras (``top_k``, ``min_p``,
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from dataclasses import replace
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from fusionrag_llm.engine.llm_engine import MAX_N, check_stop
 from fusionrag_llm.engine.sampling import SAMPLING_FIELDS, SamplingParams
+import fusionrag_llm.tool_calls as tool_calls
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.methods import get_method, make_plan
 from fusionrag_llm.request import ChatRequest, TextPrompt
@@ -115,6 +118,9 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Optional[Union[str, list[ContentPart]]] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None  # an assistant's earlier calls
+    tool_call_id: Optional[str] = None  # a tool message: the call it answers
+    name: Optional[str] = None
 
 
 class ChatCompletionRequest(_Options):
@@ -123,10 +129,22 @@ class ChatCompletionRequest(_Options):
     tool_choice: Optional[Any] = None
 
     def prepared(self, tenant: str = "") -> Prepared:  # type: ignore[override]
-        if self.tools:
-            raise Unsupported("tool calling is not supported by this server: send no tools")
-        messages = [_chat_dict(index, message) for index, message in enumerate(self.messages)]
-        return super().prepared(ChatRequest(messages, tenant=tenant))
+        messages = _chat_dicts(self.messages)
+        if not self.tools:
+            return super().prepared(ChatRequest(messages, tenant=tenant))
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise FusionRAGError("give tools or a JSON response_format, not both")
+        tools = tool_calls.check_tools(self.tools)
+        choice = tool_calls.check_choice(self.tool_choice, tools)
+        text = tool_calls.tools_prompt(tools, choice)
+        if text and messages[0]["role"] == "system":
+            messages[0] = {"role": "system", "content": f"{messages[0]['content']}\n\n{text}"}
+        elif text:
+            messages.insert(0, {"role": "system", "content": text})
+        prepared = super().prepared(ChatRequest(messages, tenant=tenant))
+        schema = tool_calls.answer_schema(tools, choice)
+        sampling = replace(prepared.sampling, json_schema=schema)
+        return replace(prepared, sampling=sampling, tool_calls=schema is not None)
 
 
 class CompletionRequest(_Options):
@@ -160,16 +178,35 @@ class ChunksRequest(_Tenant):
     neighbors: int = Field(default=10, ge=0, le=64)
 
 
-def _chat_dict(index: int, message: ChatMessage) -> dict[str, str]:
-    role = "system" if message.role == "developer" else message.role
-    if role in ("tool", "function"):
-        raise Unsupported(f"messages[{index}] has role {message.role!r}: tool results are not supported")
-    content = message.content
-    if isinstance(content, list):
-        if any(part.type != "text" or part.text is None for part in content):
-            raise Unsupported(f"messages[{index}]: only text content parts are supported")
-        content = "".join(part.text for part in content)
-    return {"role": role, "content": content or ""}
+def _chat_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """The engine's chat: an assistant's earlier tool calls as the JSON the model wrote, a tool's result as
+    a user message naming the tool (``fusionrag_llm.tool_calls``)."""
+    chat, names = [], {}  # tool call id -> its tool's name
+    for index, message in enumerate(messages):
+        role = "system" if message.role == "developer" else message.role
+        content = message.content
+        if isinstance(content, list):
+            if any(part.type != "text" or part.text is None for part in content):
+                raise Unsupported(f"messages[{index}]: only text content parts are supported")
+            content = "".join(part.text for part in content)
+        content = content or ""
+        if role == "assistant" and message.tool_calls:
+            lines = []
+            for call in message.tool_calls:
+                function = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                    raise FusionRAGError(f"messages[{index}].tool_calls holds a call without function.name")
+                try:
+                    arguments = json.loads(function.get("arguments") or "{}")
+                except ValueError:
+                    raise FusionRAGError(f"messages[{index}].tool_calls: arguments must be a JSON object's text") from None
+                names[call.get("id")] = function["name"]
+                lines.append(tool_calls.call_text(function["name"], arguments))
+            content = "\n".join(lines)
+        elif role in ("tool", "function"):
+            role, content = "user", tool_calls.result_text(message.name or names.get(message.tool_call_id), content)
+        chat.append({"role": role, "content": content})
+    return chat
 
 
 # ---------------------------------------------------------------------- responses

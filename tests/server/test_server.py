@@ -131,7 +131,7 @@ def test_a_disconnected_stream_frees_its_slot(served):
         ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "top_p": 0}, 400, "top_p must be"),
         ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 0}, 400, "n: Input should be greater"),
         ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "method": "magic"}, 400, "unknown method"),
-        ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tool calling"),
+        ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools[0] must be"),
         ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs"),
         ({"model": "tiny", "messages": [{"role": "assistant", "content": "hi"}]}, 400, "last chat message must be"),
         ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}, 400, "context window"),

@@ -39,3 +39,34 @@ def test_response_format_json_schema_and_json_object():
                            ({"type": "json_schema", "json_schema": {"name": "x"}}, "needs json_schema.schema")]:  # fmt: skip
             with pytest.raises(openai.BadRequestError, match=words):
                 client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, response_format=bad)
+
+
+TOOLS = [{"type": "function", "function": {"name": "weather", "description": "The forecast of a city.",
+          "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
+                         "properties": {"city": {"enum": ["Quennel", "Brightwater"]}}}}}]  # fmt: skip
+
+
+def test_tools_and_tool_choice_give_calls_in_openais_shape():
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:")
+    with RunningServer(create_app(rag, "tiny")) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        messages = [{"role": "user", "content": "Will it rain in Quennel?"}]
+        reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=120, tools=TOOLS,
+                                               tool_choice="required")  # fmt: skip
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        call = choice.message.tool_calls[0]
+        assert call.type == "function" and call.function.name == "weather" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), TOOLS[0]["function"]["parameters"])
+        streamed = client.chat.completions.create(model="tiny", messages=messages, max_tokens=120, tools=TOOLS,
+                                                  tool_choice={"type": "function", "function": {"name": "weather"}},
+                                                  stream=True)  # fmt: skip
+        deltas = [chunk.choices[0] for chunk in streamed if chunk.choices]
+        assert deltas[-1].finish_reason == "tool_calls" and deltas[-1].delta.tool_calls[0].function.name == "weather"
+        history = [*messages, choice.message.model_dump(exclude_none=True),
+                   {"role": "tool", "tool_call_id": call.id, "content": "rain"}]  # fmt: skip
+        answer = client.chat.completions.create(model="tiny", messages=history, max_tokens=4, tools=TOOLS,
+                                                tool_choice="none")  # fmt: skip
+        assert answer.choices[0].message.tool_calls is None and answer.choices[0].finish_reason in ("stop", "length")
+        with pytest.raises(openai.BadRequestError, match="tool_choice must be one of"):
+            client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, tools=TOOLS, tool_choice="x")
