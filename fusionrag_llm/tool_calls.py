@@ -123,3 +123,12 @@ def call_text(name: str, arguments: dict) -> str:
 def result_text(name: str | None, content: str) -> str:
     """A tool's result as the user message that hands it back to the model."""
     return f"Result of the tool {name}: {content}" if name else f"Tool result: {content}"
+
+
+def with_tools_text(chat: list[dict[str, str]], text: str) -> list[dict[str, str]]:
+    """``chat`` with ``text`` (``tools_prompt``) joined to its system message, or put first as one."""
+    if not text:
+        return chat
+    if chat and chat[0]["role"] == "system":
+        return [{"role": "system", "content": f"{chat[0]['content']}\n\n{text}"}, *chat[1:]]
+    return [{"role": "system", "content": text}, *chat]

@@ -60,12 +60,7 @@ def chat_dicts(messages: Sequence[BaseMessage], tools_text: str = "") -> list[di
             raise ValueError(f"messages[{index}] is a {type(message).__name__}; supported: system, human, ai and tool "
                              "messages")  # fmt: skip
         chat.append({"role": role, "content": content})
-    if tools_text:
-        if chat and chat[0]["role"] == "system":
-            chat[0] = {"role": "system", "content": f"{chat[0]['content']}\n\n{tools_text}"}
-        else:
-            chat.insert(0, {"role": "system", "content": tools_text})
-    return chat
+    return tool_calls.with_tools_text(chat, tools_text)
 
 
 def _text(content, index: int) -> str:

@@ -7,6 +7,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse, MessageRole, TextBlock
 
+from fusionrag_llm import tool_calls
+
 _ROLES = {
     MessageRole.SYSTEM: "system",
     MessageRole.DEVELOPER: "system",
@@ -25,9 +27,16 @@ def completion_delta(text: str, delta: str, extra: dict) -> CompletionResponse:
     return CompletionResponse(text=text, delta=delta, **extra)
 
 
-def chat_response(out, unmatched: int = 0) -> ChatResponse:
-    return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=out.text),
-                        **extras(out.stats, out.token_ids, out.finish_reason, unmatched))  # fmt: skip
+def chat_response(out, unmatched: int = 0, with_tools: bool = False) -> ChatResponse:
+    """The answer as a chat response; ``with_tools``: read as a tool call (``additional_kwargs["tool_calls"]``:
+    ``{"id", "name", "arguments"}`` each) or ``{"answer": ...}`` (the content)."""
+    extra = extras(out.stats, out.token_ids, out.finish_reason, unmatched)
+    if not with_tools:
+        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=out.text), **extra)
+    content, calls = tool_calls.read_answer(out.text)
+    found = [{"id": call.id, "name": call.name, "arguments": call.arguments} for call in calls]
+    message = ChatMessage(role=MessageRole.ASSISTANT, content=content, additional_kwargs={"tool_calls": found})
+    return ChatResponse(message=message, **extra)
 
 
 def chat_delta(text: str, delta: str, extra: dict) -> ChatResponse:
@@ -58,16 +67,27 @@ def deltas(stream, unmatched: int, make: Callable[[str, str, dict], Any]) -> Ite
     yield make(text + rest, rest, extras(stream.stats, stream.token_ids, stream.finish_reason, unmatched))
 
 
-def chat_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
-    """LlamaIndex messages as the engine's ``{"role", "content"}`` chat (text only)."""
-    chat = []
+def chat_dicts(messages: Sequence[ChatMessage], tools_text: str = "") -> list[dict[str, str]]:
+    """LlamaIndex messages as the engine's ``{"role", "content"}`` chat (text only): an assistant's tool
+    calls as the JSON the model wrote, a tool's result as a user message naming the tool
+    (``fusionrag_llm.tool_calls``); ``tools_text`` joins the system message (one is put first if none)."""
+    chat, names = [], {}  # tool call id -> its tool's name
     for index, message in enumerate(messages):
-        if message.role not in _ROLES:
-            raise ValueError(f"messages[{index}] has role {message.role.value!r}; supported: system, user, assistant")
+        if message.role not in _ROLES and message.role != MessageRole.TOOL:
+            raise ValueError(f"messages[{index}] has role {message.role.value!r}; supported: system, user, assistant, "
+                             "tool")  # fmt: skip
         if any(not isinstance(block, TextBlock) for block in message.blocks):
             raise ValueError(f"messages[{index}] holds non-text content; FusionRAGLLM takes text only")
-        chat.append({"role": _ROLES[message.role], "content": message.content or ""})
-    return chat
+        role, content = _ROLES.get(message.role, "user"), message.content or ""
+        calls = message.additional_kwargs.get("tool_calls") or []
+        if role == "assistant" and calls:
+            names.update((call.get("id"), call.get("name")) for call in calls)
+            content = "\n".join(tool_calls.call_text(call["name"], call.get("arguments") or {}) for call in calls)
+        elif message.role == MessageRole.TOOL:
+            call_id = message.additional_kwargs.get("tool_call_id")
+            content = tool_calls.result_text(message.additional_kwargs.get("name") or names.get(call_id), content)
+        chat.append({"role": role, "content": content})
+    return tool_calls.with_tools_text(chat, tools_text)
 
 
 def replace_in_chat(messages: list[dict[str, str]], old: str, new: str) -> list[dict[str, str]]:

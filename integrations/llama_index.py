@@ -1,4 +1,4 @@
-"""LlamaIndex adapters: ``FusionRAGLLM`` (a ``CustomLLM``), ``FusionRAGIngestion`` (a ``TransformComponent``),
+"""LlamaIndex adapters: ``FusionRAGLLM`` (a ``FunctionCallingLLM``), ``FusionRAGIngestion`` (a ``TransformComponent``),
 ``FusionRAGEmbedding`` (a ``BaseEmbedding``) and ``FusionRAGRetriever`` (a ``BaseRetriever`` over the
 document index of ``fusionrag ingest``).
 
@@ -52,11 +52,13 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
 )
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
-from llama_index.core.llms.custom import CustomLLM
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.prompts import BasePromptTemplate
+from llama_index.core.types import PydanticProgramMode
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
-from fusionrag_llm import FusionRAG
+from fusionrag_llm import FusionRAG, tool_calls
 from fusionrag_llm.integrations import _retrieved, _shared
 from fusionrag_llm.integrations._llama_index_ingestion import FusionRAGIngestion
 from fusionrag_llm.integrations._llama_index_retrieval import FusionRAGEmbedding, FusionRAGRetriever
@@ -87,7 +89,7 @@ _ADDITIONAL_KWARGS = (*_shared.SAMPLING_OPTIONS, "seed")
 _LOAD_SETTINGS = ("store", "device", "dtype")
 
 
-class FusionRAGLLM(CustomLLM):
+class FusionRAGLLM(FunctionCallingLLM):
     """A LlamaIndex LLM answering with a ``FusionRAG`` engine (greedy unless ``temperature`` > 0).
 
     Give ``rag`` (an engine) or ``model_name`` (loaded on first use with ``store``, ``device`` and
@@ -128,6 +130,9 @@ class FusionRAGLLM(CustomLLM):
     device: Optional[Any] = Field(default=None, description="Device when loading model_name.")
     dtype: Optional[Any] = Field(default=None, description="Dtype when loading model_name.")
     tenant: Optional[str] = Field(default=None, description="Answer for this tenant only; None: the default one.")
+    # structured_predict runs LlamaIndex's text program, its calls constrained to the output class's
+    # schema (a function-calling program would leave the choice of calling to the model)
+    pydantic_program_mode: PydanticProgramMode = PydanticProgramMode.LLM
 
     _warned: set = PrivateAttr(default_factory=set)  # causes of unreused retrieved chunks already logged
 
@@ -186,7 +191,8 @@ class FusionRAGLLM(CustomLLM):
     def metadata(self) -> LLMMetadata:
         window = self.context_window or self.engine.context_window
         return LLMMetadata(context_window=window, num_output=self._options({})["max_new_tokens"],
-                           model_name=self.model_name, is_chat_model=self._is_chat_model())  # fmt: skip
+                           model_name=self.model_name, is_chat_model=self._is_chat_model(),
+                           is_function_calling_model=True)  # fmt: skip
 
     def _is_chat_model(self) -> bool:
         """As set, else whether the model has a chat template: asked of an engine at hand, not loaded for
@@ -310,22 +316,66 @@ class FusionRAGLLM(CustomLLM):
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        """The whole chat goes to the model's own chat template; chunk texts in any message are found and reused."""
-        return chat_response(*self._job(_shared.generate, chat_dicts(messages), kwargs)())
+        """The whole chat goes to the model's own chat template; chunk texts in any message are found and
+        reused. ``tools`` / ``tool_choice`` (from ``chat_with_tools``): the answer is a tool call
+        (``get_tool_calls_from_response``) or, under "auto", a plain answer."""
+        chat, with_tools = self._chat(messages, kwargs)
+        return chat_response(*self._job(_shared.generate, chat, kwargs)(), with_tools=with_tools)
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        job = self._job(_shared.generate, chat_dicts(messages), kwargs)
-        return chat_response(*await asyncio.to_thread(job))
+        chat, with_tools = self._chat(messages, kwargs)
+        job = self._job(_shared.generate, chat, kwargs)
+        return chat_response(*await asyncio.to_thread(job), with_tools=with_tools)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        return deltas(*self._job(_shared.stream, chat_dicts(messages), kwargs)(), chat_delta)
+        chat, with_tools = self._chat(messages, kwargs)
+        if with_tools:  # a call is known once the answer is whole: one response
+            return iter([chat_response(*self._job(_shared.generate, chat, kwargs)(), with_tools=True)])
+        return deltas(*self._job(_shared.stream, chat, kwargs)(), chat_delta)
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        job = self._job(_shared.stream, chat_dicts(messages), kwargs)
+        chat, with_tools = self._chat(messages, kwargs)
+        if with_tools:
+            job = self._job(_shared.generate, chat, kwargs)
+            response = chat_response(*await asyncio.to_thread(job), with_tools=True)
+            return _shared.iterate_in_thread(lambda: iter([response]))
+        job = self._job(_shared.stream, chat, kwargs)
         return _shared.iterate_in_thread(lambda: deltas(*job(), chat_delta))
+
+    def _chat(self, messages: Sequence[ChatMessage], kwargs: dict) -> tuple[list[dict[str, str]], bool]:
+        """The engine's chat, and whether its answer is read as a tool call: ``tools`` and ``tool_choice``
+        leave ``kwargs``, which gains the JSON schema the answer is constrained to."""
+        tools, choice = kwargs.pop("tools", None), kwargs.pop("tool_choice", None)
+        if tools is None:
+            return chat_dicts(messages), False
+        checked = tool_calls.check_tools(tools)
+        choice = tool_calls.check_choice(choice, checked)
+        schema = tool_calls.answer_schema(checked, choice)
+        if schema is not None:
+            kwargs["json_schema"] = schema
+        return chat_dicts(messages, tool_calls.tools_prompt(checked, choice)), schema is not None
+
+    def _prepare_chat_with_tools(self, tools: Sequence[Any], user_msg: Any = None,
+                                 chat_history: Optional[list[ChatMessage]] = None, verbose: bool = False,
+                                 allow_parallel_tool_calls: bool = False, tool_required: bool = False,
+                                 **kwargs: Any) -> dict[str, Any]:  # fmt: skip
+        """``chat_with_tools`` / ``predict_and_call``: the chat and its tools (OpenAI's shape); one call
+        per answer (``allow_parallel_tool_calls`` has nothing to add)."""
+        messages = list(chat_history or [])
+        if user_msg is not None:
+            messages.append(ChatMessage(role="user", content=user_msg) if isinstance(user_msg, str) else user_msg)
+        return {"messages": messages, "tools": [tool.metadata.to_openai_tool() for tool in tools],
+                "tool_choice": "required" if tool_required else "auto", **kwargs}  # fmt: skip
+
+    def get_tool_calls_from_response(self, response: ChatResponse, error_on_no_tool_call: bool = True,
+                                     **kwargs: Any) -> list[ToolSelection]:  # fmt: skip
+        calls = response.message.additional_kwargs.get("tool_calls") or []
+        if not calls and error_on_no_tool_call:
+            raise ValueError(f"the model answered without a tool call: {response.message.content!r:.200}")
+        return [ToolSelection(tool_id=call["id"], tool_name=call["name"], tool_kwargs=call["arguments"]) for call in calls]
 
 
 @functools.lru_cache(maxsize=4)

@@ -136,11 +136,7 @@ class ChatCompletionRequest(_Options):
             raise FusionRAGError("give tools or a JSON response_format, not both")
         tools = tool_calls.check_tools(self.tools)
         choice = tool_calls.check_choice(self.tool_choice, tools)
-        text = tool_calls.tools_prompt(tools, choice)
-        if text and messages[0]["role"] == "system":
-            messages[0] = {"role": "system", "content": f"{messages[0]['content']}\n\n{text}"}
-        elif text:
-            messages.insert(0, {"role": "system", "content": text})
+        messages = tool_calls.with_tools_text(messages, tool_calls.tools_prompt(tools, choice))
         prepared = super().prepared(ChatRequest(messages, tenant=tenant))
         schema = tool_calls.answer_schema(tools, choice)
         sampling = replace(prepared.sampling, json_schema=schema)

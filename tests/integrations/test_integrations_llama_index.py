@@ -151,8 +151,8 @@ def test_bad_input_raises_clear_errors(rag):
         llm.complete("Hello there", temperature=-0.7)
     with pytest.raises(ValueError, match="unknown option"):
         llm.complete("Hello there", typical_p=0.9)
-    with pytest.raises(ValueError, match="role 'tool'"):
-        llm.chat([ChatMessage(role=MessageRole.TOOL, content="42")])
+    with pytest.raises(ValueError, match="role 'function'"):
+        llm.chat([ChatMessage(role=MessageRole.FUNCTION, content="42")])
 
 
 def test_constructors_load_nothing(monkeypatch):

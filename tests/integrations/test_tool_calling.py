@@ -87,3 +87,26 @@ def test_an_agent_loop_on_the_default_model(smollm2_rag):
     assert messages[-1].content == str(first.tool_calls[0]["args"]["a"] + first.tool_calls[0]["args"]["b"])
     final = chat.bind_tools([add], tool_choice="auto").invoke(messages)
     assert final.tool_calls or final.content  # the loop goes on: another call or an answer
+
+
+def test_llama_index_function_calling(chat):
+    from llama_index.core.llms import ChatMessage
+    from llama_index.core.tools import FunctionTool
+
+    from fusionrag_llm.integrations.llama_index import FusionRAGLLM
+
+    def paint_wall(color: Literal["red", "green"]) -> str:
+        """Paint the wall."""
+        return f"painted {color}"
+
+    llm = FusionRAGLLM(rag=chat.rag, max_new_tokens=160)
+    assert llm.metadata.is_function_calling_model
+    tool = FunctionTool.from_defaults(fn=paint_wall)
+    response = llm.chat_with_tools([tool], user_msg="Paint it", tool_required=True)
+    (selection,) = llm.get_tool_calls_from_response(response)
+    assert selection.tool_name == "paint_wall" and selection.tool_kwargs["color"] in ("red", "green")
+    called = llm.predict_and_call([tool], user_msg="Paint it", tool_required=True)
+    assert called.response.startswith("painted ")  # the tool ran on the call's arguments
+    result = ChatMessage(role="tool", content="painted red", additional_kwargs={"tool_call_id": selection.tool_id})
+    after = llm.chat([ChatMessage(role="user", content="Paint it"), response.message, result])
+    assert isinstance(after.message.content, str)
