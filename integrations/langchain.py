@@ -279,8 +279,7 @@ class ChatFusionRAG(_FusionRAGSettings, BaseChatModel):
         default), a calls or a plain answer; "any"/"required" or a tool's name force a call, "none" none.
         The calls are constrained to the tools' JSON schemas (``fusionrag_llm.tool_calls``)."""
         formatted = [convert_to_openai_tool(tool) for tool in tools]
-        checked = tool_calls.check_tools(formatted)
-        tool_calls.check_choice(tool_choice, checked)
+        tool_calls.tool_request(formatted, tool_choice)  # checked now, where the tools are given
         return self.bind(tools=formatted, tool_choice=tool_choice, **kwargs)
 
     @property
@@ -372,12 +371,10 @@ class _Tools:
         tools, choice = kwargs.pop("tools", None), kwargs.pop("tool_choice", None)
         if tools is None:
             return cls()
-        checked = tool_calls.check_tools(tools)
-        choice = tool_calls.check_choice(choice, checked)
-        schema = tool_calls.answer_schema(checked, choice)
+        text, schema = tool_calls.tool_request(tools, choice)
         if schema is not None:
             kwargs["json_schema"] = schema
-        return cls(tool_calls.tools_prompt(checked, choice), schema)
+        return cls(text, schema)
 
 
 def _whole_as_chunk(result: ChatResult) -> ChatGenerationChunk:

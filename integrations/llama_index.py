@@ -351,12 +351,10 @@ class FusionRAGLLM(FunctionCallingLLM):
         tools, choice = kwargs.pop("tools", None), kwargs.pop("tool_choice", None)
         if tools is None:
             return chat_dicts(messages), False
-        checked = tool_calls.check_tools(tools)
-        choice = tool_calls.check_choice(choice, checked)
-        schema = tool_calls.answer_schema(checked, choice)
+        text, schema = tool_calls.tool_request(tools, choice)
         if schema is not None:
             kwargs["json_schema"] = schema
-        return chat_dicts(messages, tool_calls.tools_prompt(checked, choice)), schema is not None
+        return chat_dicts(messages, text), schema is not None
 
     def _prepare_chat_with_tools(self, tools: Sequence[Any], user_msg: Any = None,
                                  chat_history: Optional[list[ChatMessage]] = None, verbose: bool = False,

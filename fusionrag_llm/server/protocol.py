@@ -134,11 +134,8 @@ class ChatCompletionRequest(_Options):
             return super().prepared(ChatRequest(messages, tenant=tenant))
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise FusionRAGError("give tools or a JSON response_format, not both")
-        tools = tool_calls.check_tools(self.tools)
-        choice = tool_calls.check_choice(self.tool_choice, tools)
-        messages = tool_calls.with_tools_text(messages, tool_calls.tools_prompt(tools, choice))
-        prepared = super().prepared(ChatRequest(messages, tenant=tenant))
-        schema = tool_calls.answer_schema(tools, choice)
+        text, schema = tool_calls.tool_request(self.tools, self.tool_choice)
+        prepared = super().prepared(ChatRequest(tool_calls.with_tools_text(messages, text), tenant=tenant))
         sampling = replace(prepared.sampling, json_schema=schema)
         return replace(prepared, sampling=sampling, tool_calls=schema is not None)
 
