@@ -240,9 +240,9 @@ def test_prefetched_entries_are_pinned_until_assembled_and_never_leak(rag, monke
     handed = []
     make = engine.resolver
 
-    def recording(preloaded=None, pinned=(), tenant=""):
+    def recording(preloaded=None, pinned=(), *args, **kwargs):
         handed.append([(key, rag.store.pin_count(key)) for key in pinned])
-        return make(preloaded, pinned, tenant)
+        return make(preloaded, pinned, *args, **kwargs)
 
     monkeypatch.setattr(engine, "resolver", recording)
     rag.generate_many(requests, max_new_tokens=2)  # lookahead: later requests load on the loader thread
