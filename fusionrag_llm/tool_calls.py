@@ -75,9 +75,9 @@ def check_choice(choice: Any, tools: list[Tool]) -> str:
 
 
 def tools_prompt(tools: list[Tool], choice: str) -> str:
-    """What the system message says of the tools (nothing for ``none``)."""
+    """What the system message says of the tools (for ``none``: to answer in words)."""
     if choice == "none":
-        return ""
+        return "Answer the user's question now in one plain sentence that states the tool's result; do not call a tool."
     listed = "\n".join(f"- {tool.name}: {tool.description} Parameters: {json.dumps(tool.parameters)}" for tool in tools)
     how = 'To call a tool, answer with JSON only: {"name": "<tool name>", "arguments": {<its parameters>}}.'
     if choice == "auto":
@@ -116,13 +116,14 @@ def read_answer(text: str) -> tuple[str, list[ToolCall]]:
 
 
 def call_text(name: str, arguments: dict) -> str:
-    """An earlier call as the model wrote it (an assistant turn of the chat)."""
-    return json.dumps({"name": name, "arguments": arguments})
+    """An earlier call, as an assistant turn of the chat (in words: a small model would otherwise copy the
+    JSON into an answer that must be words)."""
+    return f"I call the tool {name} with {json.dumps(arguments)}."
 
 
 def result_text(name: str | None, content: str) -> str:
     """A tool's result as the user message that hands it back to the model."""
-    return f"Result of the tool {name}: {content}" if name else f"Tool result: {content}"
+    return f"The tool {name} returned: {content}" if name else f"The tool returned: {content}"
 
 
 def with_tools_text(chat: list[dict[str, str]], text: str) -> list[dict[str, str]]:
