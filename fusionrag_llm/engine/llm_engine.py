@@ -249,8 +249,14 @@ class LLMEngine:
         caches = [w.seq.cache for w in work] + [seq.cache for seq in decodes]
         if not passes:
             return
+        outputs = self._forward(passes, caches)
+        for seq, out in zip([w.seq for w in work] + decodes, outputs):
+            if isinstance(out, Exception):  # its own forward failed: it fails alone
+                seq.finish("error", out)
+        work = [w for w, out in zip(work, outputs) if not isinstance(out, Exception)]
+        decodes = [seq for seq, out in zip(decodes, outputs[len(passes) - len(decodes) :]) if not isinstance(out, Exception)]
+        outputs = [out for out in outputs if not isinstance(out, Exception)]
         try:
-            outputs = self.runner.run(passes, caches)
             for w, out in zip(work, outputs):
                 self._finish_prefill(w, out)
             firsts = [seq for w in work for seq in (w.seq, *w.seq.forks)]  # forks share their prompt's logits
@@ -271,6 +277,23 @@ class LLMEngine:
                     self._remember_turn(seq)
             except Exception as exc:  # its draw, stop search or turn keeping: this sequence fails alone
                 seq.finish("error", exc)
+
+    def _forward(self, passes: list[ForwardPass], caches: list) -> list:
+        """The step's batched forward; when it raises, each pass runs alone, so a sequence whose own forward
+        fails (an exception in its place) fails alone. A pass with method hooks is not run twice (a hook
+        may have changed its cache or its state already): it fails with the batch's error."""
+        try:
+            return self.runner.run(passes, caches)
+        except Exception as exc:
+            if len(passes) == 1:
+                return [exc]
+            return [exc if step.hooks else self._alone(step, cache) for step, cache in zip(passes, caches)]
+
+    def _alone(self, step: ForwardPass, cache):
+        try:
+            return self.runner.run([step], [cache])[0]
+        except Exception as exc:
+            return exc
 
     # ------------------------------------------------------------------ one sequence's prefill
     def _sequence(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, tenant: str = "") -> Sequence:
