@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -82,16 +83,17 @@ class _Grammars:
         return grammar
 
 
-_BY_TOKENIZER: dict[int, _Grammars] = {}
+# per tokenizer object, dropped with it (an id() could be reused by another tokenizer after it is gone)
+_BY_TOKENIZER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _BY_TOKENIZER_LOCK = threading.Lock()
 
 
 def json_constraint(tokenizer: Any, vocab_size: int, schema: str | bool) -> "JSONConstraint":
     """A fresh constraint for one answer under ``schema`` (``check_json_schema``'s form)."""
     with _BY_TOKENIZER_LOCK:
-        grammars = _BY_TOKENIZER.get(id(tokenizer.hf))
+        grammars = _BY_TOKENIZER.get(tokenizer.hf)
         if grammars is None or grammars.vocab_size != vocab_size:
-            grammars = _BY_TOKENIZER[id(tokenizer.hf)] = _Grammars(tokenizer.hf, vocab_size, tokenizer.stop_ids)
+            grammars = _BY_TOKENIZER[tokenizer.hf] = _Grammars(tokenizer.hf, vocab_size, tokenizer.stop_ids)
     return JSONConstraint(grammars, grammars.compiled(schema))
 
 
