@@ -161,7 +161,12 @@ int fr_quant_can_tile(void) {
 }
 
 #if defined(__AVX512F__)
-/* y [rows, n] (rows ldy floats apart) = x [rows, k] @ W.T for a tiled 4-bit weight; xs: x's block sums */
+#define FR_ROWS 8  /* rows that share one dequantized block in the multi-row kernels */
+
+/* y [rows, n] (rows ldy floats apart) = x [rows, k] @ W.T for a tiled 4-bit weight; xs: x's block sums.
+   Each block of a tile is turned into floats once and multiplied into up to FR_ROWS rows: the nibble
+   conversions, most of the work of one row, are shared by a batch's rows. Every row is summed in the
+   same order whatever `rows` is, so a sequence's numbers do not depend on the batch it is in. */
 static void qlinear_tiled(const fr_qweight *w, const float *x, int64_t rows, float *y, int64_t ldy, const float *xs) {
     int64_t k = w->k, n = w->n, blocks = k / 32;
     const __m512i low = _mm512_set1_epi32(0x0F);
@@ -169,26 +174,64 @@ static void qlinear_tiled(const fr_qweight *w, const float *x, int64_t rows, flo
     for (int64_t t = 0; t < n / 16; t++) {
         const uint8_t *q = (const uint8_t *)w->q + t * blocks * 256;
         const uint16_t *d = w->d + t * blocks * 16, *mins = w->m + t * blocks * 16;
-        for (int64_t r = 0; r < rows; r++) {
-            __m512 acc = _mm512_setzero_ps(), base = _mm512_setzero_ps();
+        for (int64_t r0 = 0; r0 < rows; r0 += FR_ROWS) {
+            int64_t count = rows - r0 < FR_ROWS ? rows - r0 : FR_ROWS;
+            __m512 acc[FR_ROWS], base[FR_ROWS], wv[32];
+            for (int64_t r = 0; r < count; r++) acc[r] = base[r] = _mm512_setzero_ps();
             for (int64_t b = 0; b < blocks; b++) {
                 const uint8_t *p = q + b * 256;
-                const float *v = x + r * k + b * 32;
-                __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;  /* four chains hide the FMA latency */
                 for (int i = 0; i < 16; i += 2) {  /* byte i holds element i (low nibble) and i + 16 (high) */
                     __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + i * 16)));
                     __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + i * 16 + 16)));
-                    s0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(a, low)), _mm512_set1_ps(v[i]), s0);
-                    s1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(a, 4)), _mm512_set1_ps(v[i + 16]), s1);
-                    s2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(c, low)), _mm512_set1_ps(v[i + 1]), s2);
-                    s3 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(c, 4)), _mm512_set1_ps(v[i + 17]), s3);
+                    wv[2 * i] = _mm512_cvtepi32_ps(_mm512_and_si512(a, low));
+                    wv[2 * i + 1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(a, 4));
+                    wv[2 * i + 2] = _mm512_cvtepi32_ps(_mm512_and_si512(c, low));
+                    wv[2 * i + 3] = _mm512_cvtepi32_ps(_mm512_srli_epi32(c, 4));
                 }
-                __m512 s = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
-                acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + b * 16))), s, acc);
-                base = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mins + b * 16))),
-                                       _mm512_set1_ps(xs[r * blocks + b]), base);
+                __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + b * 16)));
+                __m512 least = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mins + b * 16)));
+                for (int64_t r = 0; r < count; r++) {
+                    const float *v = x + (r0 + r) * k + b * 32;
+                    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;  /* four chains hide the FMA latency */
+                    for (int i = 0; i < 16; i += 2) {
+                        s0 = _mm512_fmadd_ps(wv[2 * i], _mm512_set1_ps(v[i]), s0);
+                        s1 = _mm512_fmadd_ps(wv[2 * i + 1], _mm512_set1_ps(v[i + 16]), s1);
+                        s2 = _mm512_fmadd_ps(wv[2 * i + 2], _mm512_set1_ps(v[i + 1]), s2);
+                        s3 = _mm512_fmadd_ps(wv[2 * i + 3], _mm512_set1_ps(v[i + 17]), s3);
+                    }
+                    __m512 s = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+                    acc[r] = _mm512_fmadd_ps(scale, s, acc[r]);
+                    base[r] = _mm512_fmadd_ps(least, _mm512_set1_ps(xs[(r0 + r) * blocks + b]), base[r]);
+                }
             }
-            _mm512_storeu_ps(y + r * ldy + t * 16, _mm512_add_ps(acc, base));
+            for (int64_t r = 0; r < count; r++) _mm512_storeu_ps(y + (r0 + r) * ldy + t * 16, _mm512_add_ps(acc[r], base[r]));
+        }
+    }
+}
+
+/* y [rows, n] = x [rows, k] @ W.T for an 8-bit weight, several rows at once: each block of an output's
+   weight is turned into floats once for up to FR_ROWS rows, each row summed as dot_q8 sums it. */
+static void qlinear_q8_rows(const fr_qweight *w, const float *x, int64_t rows, float *y, int64_t ldy) {
+    int64_t k = w->k, n = w->n, blocks = k / 32;
+    #pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < n; j++) {
+        const int8_t *q = (const int8_t *)w->q + j * k;
+        const uint16_t *dw = w->d + j * blocks;
+        for (int64_t r0 = 0; r0 < rows; r0 += FR_ROWS) {
+            int64_t count = rows - r0 < FR_ROWS ? rows - r0 : FR_ROWS;
+            __m512 acc[FR_ROWS];
+            for (int64_t r = 0; r < count; r++) acc[r] = _mm512_setzero_ps();
+            for (int64_t b = 0; b < blocks; b++) {
+                __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + b * 32))));
+                __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + b * 32 + 16))));
+                __m512 scale = _mm512_set1_ps(half(dw[b]));
+                for (int64_t r = 0; r < count; r++) {
+                    const float *v = x + (r0 + r) * k + b * 32;
+                    __m512 s = _mm512_fmadd_ps(hi, _mm512_loadu_ps(v + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(v)));
+                    acc[r] = _mm512_fmadd_ps(scale, s, acc[r]);
+                }
+            }
+            for (int64_t r = 0; r < count; r++) y[(r0 + r) * ldy + j] = _mm512_reduce_add_ps(acc[r]);
         }
     }
 }
@@ -218,6 +261,10 @@ static void qlinear(const fr_qweight *w, const float *x, int64_t rows, float *y,
 #if defined(__AVX512F__)
     if (w->tiled) {
         qlinear_tiled(w, x, rows, y, ldy, xs);
+        return;
+    }
+    if (w->bits == 8 && rows > 1) {
+        qlinear_q8_rows(w, x, rows, y, ldy);
         return;
     }
 #endif

@@ -226,7 +226,7 @@ def test_the_tiled_kernel_multiplies_like_the_reference():
     from fusionrag_llm.models.linear import Linear
 
     g = torch.Generator().manual_seed(12)
-    for n, k, rows in ((16, 32, 1), (64, 576, 1), (48, 1536, 3)):
+    for n, k, rows in ((16, 32, 1), (64, 576, 1), (48, 1536, 3), (32, 96, 11)):
         weight = cpu_quant.quantize(torch.randn(n, k, generator=g) * 0.05, "q4")
         assert cpu_quant.can_tile(weight)
         x = torch.randn(rows, k, generator=g)
@@ -236,3 +236,17 @@ def test_the_tiled_kernel_multiplies_like_the_reference():
     layer = Linear(64, 48)
     assert layer.quantize("q4") and layer._quant[0].tiled  # a layer's 4-bit copy is tiled where it helps
     assert not cpu_quant.can_tile(cpu_quant.quantize(torch.randn(40, 64), "q4"))  # not whole tiles
+
+
+@pytest.mark.parametrize("fmt", ["q8", "q4"])
+def test_a_row_s_product_does_not_depend_on_the_rows_beside_it(fmt):
+    """A batch's rows share each dequantized block (groups of up to 8 rows): every row must still come out
+    bit for bit as it does alone, so a sequence's answer does not depend on the batch it decodes in."""
+    g = torch.Generator().manual_seed(5)
+    weight = cpu_quant.quantize(torch.randn(64, 576, generator=g) * 0.05, fmt)
+    if cpu_quant.can_tile(weight) and cpu_quant.load_library().fr_quant_can_tile():
+        weight = cpu_quant.tile(weight)
+    x = torch.randn(19, 576, generator=g)
+    together = cpu_quant.linear(x, weight)
+    alone = torch.cat([cpu_quant.linear(x[i : i + 1], weight) for i in range(len(x))])
+    assert torch.equal(together, alone)
