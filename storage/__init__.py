@@ -40,6 +40,7 @@ from .settings import StoreBudgets, StoreOptions
 from .stats import StoreStats, TierStats, VerifyReport
 from .store import open_store
 from .tiered import TieredStore
+from .tier_list import remote_key_prefix
 
 __all__ = [
     "AppendSession", "FileRecordLog", "MemoryRecordLog", "RecordLog",
@@ -51,6 +52,7 @@ __all__ = [
     "CorruptEntryError",
     "DiskBytes",
     "RedisBytes",
+    "remote_key_prefix",
     "EntryCodec",
     "EntryForm",
     "DeviceTier",

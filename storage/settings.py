@@ -62,7 +62,8 @@ class StoreOptions:
     * `remote_url`: a Redis/Valkey server (`redis://host:port/db`, `rediss://...`, `unix://path`)
       holding a tier several engines share, after the disk: what one computes, the others load.
       Plain data, so a worker process opens the same store from these settings. See `redis_bytes.py`.
-    * `remote_prefix`: prefix of every Redis key the tier uses (the db may hold other data).
+    * `remote_prefix`: prefix of every Redis key the tier uses (the db may hold other data); with a
+      secret, followed by the secret's id (`tier_list.remote_key_prefix`): one key space per secret.
     * `remote_timeout_s`: connect and read timeout of one call to the server.
     * `remote_retry_s`: after a failed call, how long the remote tier is skipped (reads miss, writes
       stay local) before it is tried again; the failure is logged once per interval.

@@ -40,7 +40,7 @@ from .coded_tier import CodedTier
 from .disk import DiskTier
 from .entry import KVEntry
 from .heat import HeatTracker
-from .mac_bytes import AuthenticatedBytes
+from .mac_bytes import AuthenticatedBytes, check_secret, secret_id
 from .memory_tier import DeviceTier, HostTier, MemoryTier
 from .pins import PinTable
 from .settings import StoreBudgets, StoreOptions
@@ -83,14 +83,31 @@ def default_tiers(
 
 def remote_tier(options: StoreOptions, budget_bytes: int, codec) -> CodedTier:
     """The shared remote tier `options.remote_url` names, its values tagged with `options.remote_secret`
-    (none on a trusted network: `StoreOptions` has checked that one of the two is set). The redis
-    client is imported here only."""
+    (none on a trusted network: `StoreOptions` has checked that one of the two is set), under the keys
+    of `remote_key_prefix`. The redis client is imported here only."""
     from .redis_bytes import RedisBytes
 
-    remote = RedisBytes(options.remote_url, budget_bytes, prefix=options.remote_prefix, timeout_s=options.remote_timeout_s,
+    prefix = remote_key_prefix(options.remote_prefix, options.remote_secret)
+    remote = RedisBytes(options.remote_url, budget_bytes, prefix=prefix, timeout_s=options.remote_timeout_s,
                         retry_s=options.remote_retry_s, read_only=options.read_only,
                         heat_half_life_s=options.shared_heat_half_life_s)  # fmt: skip
     return CodedTier(AuthenticatedBytes(remote, options.remote_secret), codec)
+
+
+def remote_key_prefix(prefix: str, secret: str | None) -> str:
+    """The prefix of every key a remote tier uses: `prefix`, followed with a secret by the secret's id
+    (`mac_bytes.secret_id`, which tells nothing of the secret). Engines with different secrets then
+    keep apart on one server: each its own values, budget and heat, never writing over the other's
+    (they could not read them anyway); a trusted network keeps `prefix` itself.
+
+    >>> remote_key_prefix("fusionrag:kv:", None)
+    'fusionrag:kv:'
+    >>> remote_key_prefix("fusionrag:kv:", "s" * 16) == remote_key_prefix("fusionrag:kv:", "t" * 16)
+    False
+    """
+    if secret is None:
+        return prefix
+    return f"{prefix}{secret_id(check_secret(secret).encode('utf-8')).hex()}:"
 
 
 def home_tier(byte_tiers: Sequence[CodedTier]) -> CodedTier | None:

@@ -4,6 +4,7 @@ values authenticated with ``$FUSIONRAG_REMOTE_SECRET`` (or, declared trusted, wi
 from click.testing import CliRunner
 
 from fusionrag_llm.cli.main import cli
+from fusionrag_llm.storage import remote_key_prefix
 
 SECRET = {"FUSIONRAG_REMOTE_SECRET": "the secret of these commands", "FUSIONRAG_REMOTE_TRUSTED": None}
 NO_SECRET = {"FUSIONRAG_REMOTE_SECRET": None, "FUSIONRAG_REMOTE_TRUSTED": None}
@@ -56,7 +57,7 @@ def test_cache_stats_and_verify_read_the_remote_tier_when_given(tmp_path, redis_
     store = str(tmp_path / "one")
     assert run("ingest", str(docs), "--model", "tiny", "--store", store, "--no-fuse", "--remote", redis_server.url).exit_code == 0
     stats = run("cache", "stats", "--store", store, "--remote", redis_server.url)
-    entries = redis_server.client().hlen("fusionrag:kv:size")
+    entries = redis_server.client().hlen(remote_key_prefix("fusionrag:kv:", SECRET["FUSIONRAG_REMOTE_SECRET"]) + "size")
     assert entries >= 1 and f"entries in the remote tier: {entries} " in stats.output, stats.output
     assert "remote tier" not in run("cache", "stats", "--store", store, env={"FUSIONRAG_REMOTE": redis_server.url}).output
     checked = run("cache", "verify", "--store", store, "--remote", redis_server.url)

@@ -10,15 +10,16 @@ import torch
 
 from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest
 from fusionrag_llm.fusion.catalog import chunk_id_of
-from fusionrag_llm.storage import KVEntry, encode
+from fusionrag_llm.storage import KVEntry, encode, remote_key_prefix
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from concurrent_ingest_worker import text_of  # noqa: E402
 
 CHUNKS = [text_of(n) for n in range(3)]
 REQUEST = RAGRequest(chunks=CHUNKS, question="How many boats?")
-PREFIX = "fusionrag:kv:"
+BARE = "fusionrag:kv:"  # the default prefix: the keys of a trusted network
 SECRET = "the secret these engines share"
+PREFIX = remote_key_prefix(BARE, SECRET)  # the keys of engines with SECRET
 METHODS = ("full_reuse", "full_attention")  # chunk entries; exact path blocks (prefix_cache is on)
 
 
@@ -34,13 +35,16 @@ def distance(logits: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 def forge_every_entry(clean: FusionRAG, server) -> list[str]:
-    """Write, with a plain redis client, every entry `clean` holds under its real key, with other
-    numbers but a valid frame (checksum, key binding, variant, model, token ids, form) and no MAC."""
+    """Write, with a plain redis client, every entry `clean` holds under its real key (in the key space
+    of SECRET and in that of a trusted network), with other numbers but a valid frame (checksum, key
+    binding, variant, model, token ids, form) and no MAC."""
     keys = clean.store.keys()
     for key in keys:
         entry = clean.store.get(key)[0]
         fake = KVEntry(entry.token_ids, entry.keys * -2.0, entry.values + 1.0, dict(entry.meta))
-        server.set(PREFIX + "e:" + key, encode(fake, key=key))
+        for prefix in (PREFIX, BARE):
+            server.set(prefix + "e:" + key, encode(fake, key=key))
+            server.hset(prefix + "size", key, 1)
     return keys
 
 
@@ -77,7 +81,7 @@ def test_values_forged_in_redis_are_misses_and_answers_equal_those_without_redis
                                       "remote_secret": "another team's secret"})  # fmt: skip
     token_ids = writer.chunks[chunk_id_of(CHUNKS[0])].token_ids
     assert reader.stored(token_ids, "plain").tier != "remote"  # the reader's own copy, rewritten to the server
-    assert other.stored(token_ids, "plain") is None and other.store.stats().corrupt == 1  # not for this secret
+    assert other.stored(token_ids, "plain") is None and other.store.stats().corrupt == 0  # keys of its own
 
 
 def test_a_remote_tier_needs_a_secret_or_a_trusted_network(tmp_path, redis_server, monkeypatch):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from fusionrag_llm import FusionRAG, RAGRequest
 from fusionrag_llm.fusion.catalog import chunk_id_of
+from fusionrag_llm.storage import remote_key_prefix
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -20,8 +21,8 @@ from concurrent_ingest_worker import NEIGHBOURS, VECTORS, text_of  # noqa: E402
 
 WORKER = str(HERE.parent / "concurrent_ingest_worker.py")
 CHUNKS = list(range(8))
-PREFIX = "fusionrag:kv:"
 SECRET = "the secret these engines share"
+PREFIX = remote_key_prefix("fusionrag:kv:", SECRET)
 SHARING = {"prefix_cache": False, "remote_secret": SECRET}
 
 

@@ -8,11 +8,12 @@ import logging
 import pytest
 from storage_testutil import key_for, make_entry
 
-from fusionrag_llm.storage import StoreBudgets, StoreOptions, TieredStore
+from fusionrag_llm.storage import StoreBudgets, StoreOptions, TieredStore, remote_key_prefix
 from fusionrag_llm.storage.redis_bytes import check_remote_url
 
-PREFIX = "fusionrag:kv:"
+BARE = "fusionrag:kv:"  # the default prefix: a trusted network's keys
 SECRET = "a secret only these tests know"
+PREFIX = remote_key_prefix(BARE, SECRET)  # the keys of stores with SECRET
 
 
 def open_store(folder, url, **options) -> TieredStore:
@@ -43,15 +44,16 @@ def test_a_corrupt_remote_entry_is_detected_dropped_and_a_miss(tmp_path, redis_s
     server = redis_server.client()
     with open_store(tmp_path / "a", redis_server.url, **auth) as first:
         first.put(key_for(2), make_entry(2))
-    value_key = PREFIX + "e:" + key_for(2)
+    prefix = BARE if auth else PREFIX
+    value_key = prefix + "e:" + key_for(2)
     data = bytearray(server.get(value_key))
     data[-5] ^= 0xFF  # one flipped bit in the payload
     server.set(value_key, bytes(data))
     with open_store(tmp_path / "b", redis_server.url, **auth) as second, caplog.at_level(logging.WARNING):
         assert second.get(key_for(2)) is None
         assert second.stats().corrupt == 1 and caught_by in caplog.text
-        assert not server.exists(value_key) and server.hlen(PREFIX + "size") == 0
-        assert int(server.get(PREFIX + "used")) == 0
+        assert not server.exists(value_key) and server.hlen(prefix + "size") == 0
+        assert int(server.get(prefix + "used")) == 0
         assert second.put(key_for(2), make_entry(2))  # recomputed and shared again
     with open_store(tmp_path / "c", redis_server.url, **auth) as third:
         assert third.get(key_for(2))[0].bitwise_equal(make_entry(2))
@@ -120,7 +122,7 @@ def test_keys_live_under_the_prefix_and_clear_leaves_other_data(tmp_path, redis_
     server.set("someone:else", b"1")
     with open_store(tmp_path / "a", redis_server.url, remote_prefix="team:") as store:
         store.put(key_for(1), make_entry(1))
-        assert server.exists("team:e:" + key_for(1)) and not server.exists(PREFIX + "size")
+        assert server.exists(remote_key_prefix("team:", SECRET) + "e:" + key_for(1)) and not server.exists(PREFIX + "size")
         store.clear()
     assert server.keys("team:*") == [] and server.get("someone:else") == b"1"
 
@@ -148,7 +150,7 @@ def test_a_value_the_server_dropped_by_itself_is_a_miss_and_its_bookkeeping_goes
 
     tier = RedisBytes(redis_server.url, budget_bytes=10_000)
     assert tier.put(key_for(1), b"a" * 100) and tier.put(key_for(2), b"b" * 50)
-    redis_server.client().delete(PREFIX + "e:" + key_for(1))  # as the server's own maxmemory eviction would
+    redis_server.client().delete(BARE + "e:" + key_for(1))  # as the server's own maxmemory eviction would
     assert tier.get(key_for(1)) is None
     assert tier.keys() == [key_for(2)] and tier.used_bytes == 50 and key_for(1) not in tier
     tier.close()
