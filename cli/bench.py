@@ -157,11 +157,10 @@ def bench() -> None:
 @neighbors_option(10)
 @max_new_tokens_option(32)
 @out_option
-@click.option("--fresh", is_flag=True, help="Discard records of an earlier run in --out instead of resuming.")
 @store_option
 @kv_codec_option
 def quality(dataset, methods, ratios, passages, question_range, model, device, dtype, neighbors, max_new_tokens, out,
-            fresh, store, engine_options) -> None:  # fmt: skip
+            store, engine_options) -> None:  # fmt: skip
     """F1/EM vs gold answers and fidelity to Full Attention (KL, first token, greedy EM) per method and ratio."""
     from fusionrag_llm.eval.bench_data import load_examples
     from fusionrag_llm.eval.bench_quality import QualityConfig, records_of_run, run_quality
@@ -175,7 +174,7 @@ def quality(dataset, methods, ratios, passages, question_range, model, device, d
                            device=device, dtype=dtype, skip=skip, kv_codec=kv_codec)  # fmt: skip
     try:
         examples = load_examples(dataset, limit, passages, config.seed, config.words_per_passage, skip)
-        log = PartialLog(Path(out) / "quality.partial.jsonl", config.identity(), fresh=fresh)
+        log = PartialLog(Path(out) / "quality.partial.jsonl", config.identity())
         rag = _load(model, device, dtype, store, kv_codec)
         run = run_quality(rag, examples, config, log, progress=progress_on())
     except ValueError as exc:  # FusionRAGError and DatasetError are ValueErrors

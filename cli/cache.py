@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from fusionrag_llm import CATALOG_FILE, TENANT_CATALOGS, recorded_kv_codec, registered_chunk_count
-from fusionrag_llm.ingest.doc_index import DOCUMENTS_LOG, LEGACY_FOLDER, DocumentIndex
+from fusionrag_llm.ingest.doc_index import DOCUMENTS_LOG, LEGACY_FOLDER, TENANT_DOCUMENTS, DocumentIndex
 from fusionrag_llm.paths import remote_secret, remote_trusted, store_dir
 from fusionrag_llm.storage import (
     FileRecordLog,
@@ -184,10 +184,10 @@ def _recover_index(path: Path, exc: StoreDamagedError, repair: bool) -> None:
 @click.option("--all", "everything", is_flag=True, help="Also remove the retrieval index of `fusionrag ingest`.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def clear(folder: str | None, everything: bool, yes: bool) -> None:
-    """Remove every KV entry and the chunk catalogs (every tenant's); with --all also the retrieval index.
+    """Remove every KV entry and the chunk catalogs (every tenant's); with --all also the retrieval indexes.
     A damaged entry index is kept aside, not deleted."""
     path = _folder(folder)
-    documents = [p for p in (path / DOCUMENTS_LOG, path / LEGACY_FOLDER) if p.exists()]
+    documents = [p for p in (path / DOCUMENTS_LOG, path / LEGACY_FOLDER, *path.glob(TENANT_DOCUMENTS)) if p.exists()]
     if not yes:
         extra = " and the retrieval index" if everything else ""
         click.confirm(f"remove every entry{extra} in {path}?", abort=True)
@@ -199,7 +199,8 @@ def clear(folder: str | None, everything: bool, yes: bool) -> None:
         catalog.unlink(missing_ok=True)  # a link is removed, never followed
     click.echo(message + "; removed the chunk catalog")
     if everything and documents:
-        (path / DOCUMENTS_LOG).unlink(missing_ok=True)
+        for log in [path / DOCUMENTS_LOG, *path.glob(TENANT_DOCUMENTS)]:
+            log.unlink(missing_ok=True)  # a link is removed, never followed
         shutil.rmtree(path / LEGACY_FOLDER, ignore_errors=True)
         click.echo(f"removed the retrieval index ({', '.join(p.name for p in documents)})")
     elif documents:

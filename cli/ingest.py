@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from fusionrag_llm.cli.options import (device_option, dtype_option, engine_option, load_rag, model_option, neighbors_option,
-                                       remote_option, store_option, user_errors, with_flags, workers_option)  # fmt: skip
+                                       remote_option, store_option, tenant_option, user_errors, with_flags,
+                                       workers_option)  # fmt: skip
 
 
 @click.command()
@@ -21,9 +22,10 @@ from fusionrag_llm.cli.options import (device_option, dtype_option, engine_optio
 @click.option("--variant-notes", is_flag=True,
               help="Fused entries also keep the notes the cache_craft method reads (about 70% more time per fused entry).")
 @workers_option
+@tenant_option
 @engine_option()
 def ingest(paths, model, store, remote, device, dtype, neighbors, max_words, no_fuse, variant_notes, workers,
-           engine_options) -> None:  # fmt: skip
+           tenant, engine_options) -> None:  # fmt: skip
     """Ingest text and markdown files (folders are searched for *.txt, *.md, *.rst). Resumable."""
     from fusionrag_llm.ingest.documents import load_chunks
     from fusionrag_llm.ingest.pipeline import ingest_paths
@@ -35,7 +37,7 @@ def ingest(paths, model, store, remote, device, dtype, neighbors, max_words, no_
     rag = load_rag(model, device, dtype, store, **with_flags(engine_options, remote=remote))
     try:
         summary = ingest_paths(rag, paths, max_words=max_words, neighbors=neighbors, fuse=not no_fuse,
-                               variant_notes=variant_notes, workers=workers)  # fmt: skip
+                               variant_notes=variant_notes, workers=workers, tenant=tenant)  # fmt: skip
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{summary.files} files, {summary.chunks} chunks ({summary.new_chunks} new): "

@@ -28,6 +28,22 @@ workers_option = click.option(
          "'distributed' extra; uses the running Ray cluster, else starts a local one). Default: this process.",
 )  # fmt: skip
 
+
+def _tenant(ctx, param, value):
+    from fusionrag_llm import FusionRAGError, check_tenant
+
+    try:
+        return check_tenant(value) or None
+    except FusionRAGError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+tenant_option = click.option(
+    "--tenant", default=None, metavar="NAME", callback=_tenant,
+    help="Whose chunks and retrieval index: each tenant ingests and retrieves only its own, and its KV "
+         "is never reused for another (docs/SECURITY.md). Default: the default tenant.",
+)  # fmt: skip
+
 ENGINE_OPTION_HELP = (
     "A field of EngineOptions (docs/api.md), e.g. kv_codec=int8 (how the store keeps chunk KV: "
     f"{', '.join(KV_CODECS)}; default: the store's recorded codec, {DEFAULT_KV_CODEC} for a new store), "

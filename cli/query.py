@@ -6,7 +6,7 @@ import click
 
 from fusionrag_llm.cli.options import (
     device_option, dtype_option, engine_option, load_rag, max_new_tokens_option, method_options, model_option,
-    remote_option, store_option, user_errors, with_flags,
+    remote_option, store_option, tenant_option, user_errors, with_flags,
 )
 
 
@@ -21,18 +21,19 @@ from fusionrag_llm.cli.options import (
 @click.option("--top-k", default=5, show_default=True, type=click.IntRange(1, 64), help="Chunks to retrieve.")
 @max_new_tokens_option(64, 2048)
 @click.option("--show-chunks", is_flag=True, help="Print the retrieved chunks.")
+@tenant_option
 @engine_option()
 def query(question, model, store, remote, device, dtype, method, ratio, top_k, max_new_tokens, show_chunks,
-          engine_options) -> None:  # fmt: skip
+          tenant, engine_options) -> None:  # fmt: skip
     """Answer QUESTION over the chunks ingested into the store."""
     from fusionrag_llm.ingest.pipeline import answer
 
-    _require_store(store)
+    _require_store(store, tenant)
     rag = load_rag(model, device, dtype, store, **with_flags(engine_options, remote=remote))
     try:
         # Full Attention, the yardstick, is timed computing every token, never served exact KV left by
         # earlier queries (any method: --engine-option reproducible=true)
-        out, hits = answer(rag, question, top_k=top_k, method=method, recompute_ratio=ratio, max_new_tokens=max_new_tokens,
+        out, hits = answer(rag, question, top_k=top_k, tenant=tenant, method=method, recompute_ratio=ratio, max_new_tokens=max_new_tokens,
                            reproducible=True if method == "full_attention" else None)  # fmt: skip
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
@@ -59,14 +60,14 @@ def query(question, model, store, remote, device, dtype, method, ratio, top_k, m
         click.echo(f"{name:>14}  {value}")
 
 
-def _require_store(store: str | None) -> None:
+def _require_store(store: str | None, tenant: str | None) -> None:
     """A query reads an ingested store: a missing folder is an error, never created as a side effect,
     and a store without a document index is one too, found before the model loads."""
     import os
     import stat
     from pathlib import Path
 
-    from fusionrag_llm.ingest.doc_index import DOCUMENTS_LOG, LEGACY_FOLDER
+    from fusionrag_llm.ingest.doc_index import LEGACY_FOLDER, documents_file
     from fusionrag_llm.paths import store_dir
 
     folder = Path(store).expanduser() if store else store_dir()
@@ -80,6 +81,7 @@ def _require_store(store: str | None) -> None:
             return False
         return kind(info.st_mode) and (kind is stat.S_ISDIR or info.st_size > 0)
 
-    if not present(DOCUMENTS_LOG, stat.S_ISREG) and not present(LEGACY_FOLDER, stat.S_ISDIR):
-        raise click.ClickException(f"the document index of the store {str(folder)!r} is empty; "
-                                   "run 'fusionrag ingest PATH' first")  # fmt: skip
+    if not present(documents_file(tenant or ""), stat.S_ISREG) and (tenant or not present(LEGACY_FOLDER, stat.S_ISDIR)):
+        whose = f"tenant {tenant!r}'s document index" if tenant else "the document index"
+        again = f"'fusionrag ingest PATH --tenant {tenant}'" if tenant else "'fusionrag ingest PATH'"
+        raise click.ClickException(f"{whose} of the store {str(folder)!r} is empty; run {again} first")

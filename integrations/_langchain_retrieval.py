@@ -73,6 +73,8 @@ class FusionRAGRetriever(BaseRetriever):
     chat model). Each document's ``page_content`` is the registered chunk text, so a chain that puts
     it in the prompt reuses its stored KV; ``metadata`` has ``source`` (the file), ``chunk_id`` and
     ``score`` (cosine similarity), and ``id`` is the chunk id. ``invoke(query, k=2)`` sets ``k`` for one call.
+    ``tenant``: search what was ingested for that tenant (``fusionrag ingest --tenant``); give the chat
+    model the same tenant so that its chunks' KV is reused.
 
         retriever = FusionRAGRetriever(rag=rag, k=3)
         chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | prompt | chat
@@ -92,11 +94,17 @@ class FusionRAGRetriever(BaseRetriever):
         description="Model to load when rag is None.",
     )
     k: int = Field(default=5, ge=1, strict=True, description="Chunks to retrieve.")
+    tenant: str | None = Field(default=None, description="Whose retrieval index to search; None: the default tenant's.")
 
     @field_validator("rag")
     @classmethod
     def _check_rag(cls, value: Any) -> Any:
         return _shared.check_rag(value)
+
+    @field_validator("tenant")
+    @classmethod
+    def _check_tenant(cls, value: Any) -> str | None:
+        return _shared.checked_tenant(value)
 
     @property
     def engine(self) -> FusionRAG:
@@ -111,7 +119,7 @@ class FusionRAGRetriever(BaseRetriever):
         k: int | None = None,
     ) -> list[Document]:
         """``k`` (``invoke(query, k=2)``) overrides the setting for this call."""
-        hits = search_documents(self.engine, query, self.k if k is None else k)
+        hits = search_documents(self.engine, query, self.k if k is None else k, self.tenant)
         return [Document(id=hit.chunk_id, page_content=hit.text,
                          metadata={"source": hit.source, "chunk_id": hit.chunk_id, "score": hit.score})
                 for hit in hits]  # fmt: skip

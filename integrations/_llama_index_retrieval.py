@@ -86,14 +86,16 @@ class FusionRAGRetriever(BaseRetriever):
     Give the engine whose store was ingested (``rag``; or ``model_name``, loaded on first use as by
     the LLM adapters). Each node's text is the registered chunk text, so ``FusionRAGLLM`` reuses its
     stored KV; ``metadata`` has ``source`` (the file) and ``chunk_id``, kept out of the prompt.
+    ``tenant``: search what was ingested for that tenant (``fusionrag ingest --tenant``); give the LLM
+    the same tenant so that its chunks' KV is reused.
 
         retriever = FusionRAGRetriever(rag=rag, similarity_top_k=3)
         engine = RetrieverQueryEngine.from_args(retriever, llm=FusionRAGLLM(rag=rag))
     """
 
     def __init__(self, rag: FusionRAG | None = None, *, model_name: str = _shared.DEFAULT_MODEL_NAME,
-                 similarity_top_k: int = 5, callback_manager: CallbackManager | None = None,
-                 verbose: bool = False) -> None:  # fmt: skip
+                 similarity_top_k: int = 5, tenant: str | None = None,
+                 callback_manager: CallbackManager | None = None, verbose: bool = False) -> None:  # fmt: skip
         if (
             isinstance(similarity_top_k, bool)
             or not isinstance(similarity_top_k, int)
@@ -103,7 +105,7 @@ class FusionRAGRetriever(BaseRetriever):
                 f"similarity_top_k must be an int >= 1, got {similarity_top_k!r}"
             )
         self._rag, self._model_name = _shared.check_rag(rag), model_name
-        self.similarity_top_k = similarity_top_k
+        self.similarity_top_k, self.tenant = similarity_top_k, _shared.checked_tenant(tenant)
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
     @property
@@ -112,9 +114,7 @@ class FusionRAGRetriever(BaseRetriever):
         return _shared.resolve_rag(self._rag, self._model_name)
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        hits = search_documents(
-            self.engine, query_bundle.query_str, self.similarity_top_k
-        )
+        hits = search_documents(self.engine, query_bundle.query_str, self.similarity_top_k, self.tenant)
         return [NodeWithScore(node=_node(hit), score=hit.score) for hit in hits]
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:

@@ -2,7 +2,7 @@
 
 The first line is ``{"config": {...}}``: the settings that change a record's value. Each further
 line is one record, keyed by ``(qid, method, ratio)``. Reopening the log with a different config
-raises ``ValueError`` naming the differing fields (pass ``fresh=True`` to discard the old log); a
+raises ``ValueError`` naming the differing fields (delete the log to start over); a
 truncated last line (a run killed mid-write) is ignored.
 
 Example:
@@ -35,12 +35,10 @@ def record_key(record: dict[str, Any]) -> RecordKey:
 class PartialLog:
     """Records already computed under ``config``, plus an ``append`` that persists new ones."""
 
-    def __init__(self, path: str | Path, config: dict[str, Any], fresh: bool = False):
+    def __init__(self, path: str | Path, config: dict[str, Any]):
         self.path = Path(path)
         self.config = json_safe(config)
         self._records: dict[RecordKey, dict[str, Any]] = {}
-        if fresh and self.path.exists():
-            self.path.unlink()
         if self.path.exists() and self.path.stat().st_size > 0:
             self._load()
         else:
@@ -52,12 +50,12 @@ class PartialLog:
         try:
             header = json.loads(lines[0])["config"]
         except (json.JSONDecodeError, KeyError, TypeError, IndexError):
-            raise ValueError(f"{self.path} is not a benchmark log (bad first line); delete it or pass --fresh") from None
+            raise ValueError(f"{self.path} is not a benchmark log (bad first line); delete it to start over") from None
         if header != self.config:
             differing = sorted(k for k in set(header) | set(self.config) if header.get(k) != self.config.get(k))
             raise ValueError(
                 f"{self.path} was written with a different configuration (differs in: {', '.join(differing)}); "
-                "pass --fresh to discard it, or choose another --out folder"
+                "delete it to start over, or choose another --out folder"
             )
         for number, line in enumerate(lines[1:], start=2):
             try:

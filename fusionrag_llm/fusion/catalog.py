@@ -57,9 +57,15 @@ def catalog_file(tenant: str) -> str:
     >>> catalog_file(""), catalog_file("acme")
     ('catalog.jsonl', 'catalog.t-822b33ad87c148a0a20a5ba7cd5ebcaa.jsonl')
     """
+    return tenant_file("catalog", tenant)
+
+
+def tenant_file(name: str, tenant: str) -> str:
+    """``name.jsonl`` for the default tenant (``""``), else ``name.t-<hash of the tenant>.jsonl``: a store
+    file of one tenant, whose name tells nothing of the tenant and cannot leave the folder."""
     if not tenant:
-        return CATALOG_FILE
-    return f"catalog.t-{hashlib.sha256(tenant.encode()).hexdigest()[:32]}.jsonl"
+        return f"{name}.jsonl"
+    return f"{name}.t-{hashlib.sha256(tenant.encode()).hexdigest()[:32]}.jsonl"
 
 
 def chunk_id_of(text: str) -> str:

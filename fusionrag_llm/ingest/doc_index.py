@@ -34,12 +34,20 @@ from typing import Any, Iterator
 import numpy as np
 
 from fusionrag_llm.errors import FusionRAGError, require
+from fusionrag_llm.fusion.catalog import tenant_file
 from fusionrag_llm.fusion.jsonl import parse_line, whole_lines, why_unreadable, write_problem
 from fusionrag_llm.storage import AppendSession, RecordLog, read_file_in
 
 logger = logging.getLogger(__name__)
-DOCUMENTS_LOG = "documents.jsonl"  # the record log of the retrieval index
+DOCUMENTS_LOG = "documents.jsonl"  # the record log of the retrieval index (the default tenant's)
+TENANT_DOCUMENTS = "documents.t-*.jsonl"  # the retrieval indexes of other tenants (``documents_file``)
 LEGACY_FOLDER = "documents"  # where stores written before the log kept it
+
+
+def documents_file(tenant: str) -> str:
+    """The record log of ``tenant``'s retrieval index: ``documents.jsonl`` for the default tenant (``""``),
+    else one named by a hash of the tenant, so one tenant's ingestion is never retrieved for another."""
+    return tenant_file("documents", tenant)
 
 
 def _faiss() -> Any:

@@ -171,3 +171,26 @@ def test_query_loads_layer_by_layer_when_asked_with_the_same_answer(corpus, tmp_
     assert all(a.exit_code == 0 for a in answers), [a.output for a in answers]
     untimed = [[line for line in a.output.splitlines() if "TTFT" not in line and "decode" not in line] for a in answers]
     assert untimed[0] == untimed[1] and any("reused" in line for line in untimed[0])  # same answer and token counts
+
+
+def test_each_tenant_ingests_and_retrieves_only_its_own_documents(corpus, tmp_path):
+    store = str(tmp_path / "store")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "moon.txt").write_text("The moon of Vetra is called Ulm and it glows green at dusk.")
+    tiny = ("--model", "tiny", "--store", store)
+    assert run("ingest", str(corpus), *tiny, "--neighbors", "2", "--tenant", "acme").exit_code == 0
+    assert "1 files, 1 chunks (1 new)" in run("ingest", str(other), *tiny, "--no-fuse").output
+    ask = ("query", "Which river flows through Quennel?", *tiny, "--top-k", "3", "--max-new-tokens", "2", "--show-chunks")
+    acme = run(*ask, "--tenant", "acme")
+    assert acme.exit_code == 0 and "moon.txt" not in acme.output and "river.md" in acme.output, acme.output
+    assert "miss 0" in acme.output  # its own chunks, stored for it
+    default = run(*ask)
+    assert default.exit_code == 0 and "moon.txt" in default.output and "river.md" not in default.output, default.output
+    nobody = run(*ask, "--tenant", "nobody")
+    assert nobody.exit_code == 1 and "tenant 'nobody''s document index" in nobody.output and "--tenant nobody" in nobody.output
+    bad = run(*ask, "--tenant", "x" * 300)
+    assert bad.exit_code == 2 and "tenant" in bad.output
+    cleared = run("cache", "clear", "--store", store, "--all", "--yes")
+    assert cleared.exit_code == 0 and "documents.t-" in cleared.output
+    assert not list((tmp_path / "store").glob("documents*.jsonl"))

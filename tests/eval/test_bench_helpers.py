@@ -63,9 +63,10 @@ def test_partial_log_resumes_refuses_other_config_and_survives_a_torn_line(tmp_p
     assert len(again) == 1 and again.get(("a", "fusionrag", 0.15))["kl"] is None
     again.append({"qid": "c", "method": "full_reuse", "ratio": None})
     assert PartialLog(path, {"seed": 0}).has(("c", "full_reuse", None))
-    with pytest.raises(ValueError, match="differs in: seed.*--fresh"):
+    with pytest.raises(ValueError, match="differs in: seed.*delete it to start over"):
         PartialLog(path, {"seed": 1})
-    assert len(PartialLog(path, {"seed": 1}, fresh=True)) == 0
+    path.unlink()
+    assert len(PartialLog(path, {"seed": 1})) == 0
 
 
 def _record(qid, method, ratio, f1, kl, first):

@@ -127,7 +127,7 @@ def test_other_config_in_the_same_folder_is_a_clean_error(synthetic_run):
     out, _ = synthetic_run
     args = [a if a != "3" else "2" for a in SYNTHETIC]  # --passages 2
     result = CliRunner().invoke(cli, [*args, "--out", str(out)])
-    assert result.exit_code != 0 and "differs in: passages" in result.output and "--fresh" in result.output
+    assert result.exit_code != 0 and "differs in: passages" in result.output and "delete it to start over" in result.output
 
 
 def test_bad_options_are_rejected():

@@ -209,3 +209,24 @@ def test_retriever_arguments_are_checked():
         lc.FusionRAGRetriever(k=0)
     with pytest.raises(ValueError, match="rag must be a FusionRAG"):
         lc.FusionRAGRetriever(rag="not an engine")
+
+
+def test_retrievers_for_a_tenant_search_only_its_ingested_documents(rag, tmp_path):
+    from fusionrag_llm.ingest.pipeline import ingest_paths
+
+    engine = FusionRAG(rag.engine.loaded, store=tmp_path / "store")
+    for tenant, text in (("acme", TEXTS[0]), (None, TEXTS[1])):
+        folder = tmp_path / (tenant or "default")
+        folder.mkdir()
+        (folder / "doc.md").write_text(text)
+        ingest_paths(engine, [folder], neighbors=1, progress=False, tenant=tenant)
+    question = "Which river flows through Marovia?"
+    acme = lc.FusionRAGRetriever(rag=engine, k=2, tenant="acme").invoke(question)
+    assert [d.page_content for d in acme] == [TEXTS[0]]
+    assert [n.node.get_content() for n in li.FusionRAGRetriever(engine, similarity_top_k=2, tenant="acme").retrieve(question)] == [TEXTS[0]]
+    assert [d.page_content for d in lc.FusionRAGRetriever(rag=engine, k=2).invoke(question)] == [TEXTS[1]]
+    assert acme[0].metadata["chunk_id"] in engine.chunks_of("acme") and acme[0].metadata["chunk_id"] not in engine.chunks
+    with pytest.raises(ValueError, match="tenant"):
+        lc.FusionRAGRetriever(rag=engine, tenant=7)
+    with pytest.raises(ValueError, match="tenant"):
+        li.FusionRAGRetriever(engine, tenant="x" * 300)
