@@ -251,7 +251,9 @@ class LLMEngine:
             return
         outputs = self._forward(passes, caches)
         for seq, out in zip([w.seq for w in work] + decodes, outputs):
-            if isinstance(out, Exception):  # its own forward failed: it fails alone
+            if isinstance(out, _Retry):  # its hooks ran in a batch that failed: it starts over, alone
+                self._start_over(seq)
+            elif isinstance(out, Exception):  # its own forward failed: it fails alone
                 seq.finish("error", out)
         work = [w for w, out in zip(work, outputs) if not isinstance(out, Exception)]
         decodes = [seq for seq, out in zip(decodes, outputs[len(passes) - len(decodes) :]) if not isinstance(out, Exception)]
@@ -280,14 +282,24 @@ class LLMEngine:
 
     def _forward(self, passes: list[ForwardPass], caches: list) -> list:
         """The step's batched forward; when it raises, each pass runs alone, so a sequence whose own forward
-        fails (an exception in its place) fails alone. A pass with method hooks is not run twice (a hook
-        may have changed its cache or its state already): it fails with the batch's error."""
+        fails (an exception in its place) fails alone. A pass with method hooks is not run again on its
+        cache (a hook may have changed the cache or its state already): its sequence starts over from
+        its assembly in a step of its own (``_Retry``), so it fails only if it fails alone."""
         try:
             return self.runner.run(passes, caches)
         except Exception as exc:
             if len(passes) == 1:
                 return [exc]
-            return [exc if step.hooks else self._alone(step, cache) for step, cache in zip(passes, caches)]
+            return [_Retry(exc) if step.hooks else self._alone(step, cache) for step, cache in zip(passes, caches)]
+
+    def _start_over(self, seq: Sequence) -> None:
+        """Put a sequence whose prefill ran in a failed batch back at the head of the queue, with nothing
+        of that prefill kept: it is assembled, selected and prefilled again, alone in its step."""
+        stats = seq.stats
+        seq.stats = GenerationStats(method=stats.method, recompute_ratio=stats.recompute_ratio,
+                                    prompt_tokens=stats.prompt_tokens, turn_tokens=stats.turn_tokens)  # fmt: skip
+        seq.cache = seq.method_run = seq.prompt_end = None
+        self.scheduler.retry_alone(seq)
 
     def _alone(self, step: ForwardPass, cache):
         try:
@@ -473,6 +485,10 @@ def _chunk_aligned(segments: Seq[Segment], length: int) -> int:
             return start
         start = end
     return length
+
+
+class _Retry(Exception):
+    """In place of the output of a pass with method hooks whose batch failed: its sequence starts over."""
 
 
 def _count_tokens(stats: GenerationStats, layout, selected: torch.Tensor) -> None:

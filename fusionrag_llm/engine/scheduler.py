@@ -52,18 +52,26 @@ class Scheduler:
         self.config = config
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.alone: deque[Sequence] = deque()  # sequences to prefill again, each in a step of its own
+
+    def retry_alone(self, seq: Sequence) -> None:
+        """``seq`` (admitted in the step that just ran) is prefilled again, in a step of its own: no other
+        prefill and no decode runs with it (the others wait one step)."""
+        self.alone.append(seq)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.alone)
 
     def to_prefetch(self) -> list[Sequence]:
         """Waiting sequences within their own prefetch window of the queue's head (submitted once)."""
         return [seq for place, seq in enumerate(self.waiting) if place < seq.prefetch]
 
     def schedule(self, is_ready: Callable[[Sequence], bool]) -> ScheduledStep:
+        if self.alone:
+            return ScheduledStep(prefills=[self.alone.popleft()])
         step = ScheduledStep(decodes=list(self.running))
         budget = self.config.max_prefill_tokens
         room = self.config.max_num_seqs - len(self.running)
@@ -82,6 +90,8 @@ class Scheduler:
     def update(self, step: ScheduledStep) -> None:
         """After the step ran: admitted sequences start decoding, finished ones leave."""
         for seq in step.prefills:
+            if seq in self.alone:  # to be prefilled again
+                continue
             if not seq.finished:
                 seq.status = Status.RUNNING
                 self.running.append(seq)
@@ -89,7 +99,7 @@ class Scheduler:
         self.running = [seq for seq in self.running if not seq.finished]
 
     def abort(self, request_id: int) -> Sequence | None:
-        for queue in (self.waiting, self.running):
+        for queue in (self.waiting, self.running, self.alone):
             for seq in queue:
                 if seq.request_id == request_id:
                     queue.remove(seq)
