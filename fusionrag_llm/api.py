@@ -209,8 +209,17 @@ class FusionRAG:
         """
         catalogs = getattr(self, "_catalogs", None)  # None while the canonical prefix is being derived
         catalog = None if catalogs is None else catalogs[tenant_of(request)]
+        tools = None
         if isinstance(request, ChatRequest):
+            tools = request.tools
             request = request.messages if isinstance(request.messages, str) else list(request.messages)
+        if tools is not None:  # offered in the template's own format, else in the generic tool prompt
+            native = tools.definitions if tools.fmt is not None else None
+            chat = tools.chat(request)
+            body, generation_prompt = self.tokenizer.split_generation_prompt(chat if native else validate_messages(chat),
+                                                                             native)  # fmt: skip
+            generation_prompt = [*generation_prompt, ChatPart(tools.answer_prefix)] if tools.answer_prefix else generation_prompt
+            return build_segments(self._pieces(body, catalog), self._pieces(generation_prompt, catalog))
         if isinstance(request, RAGRequest):
             head, tail = self.tokenizer.chat_frame(request.system)
             pieces = [Segment(kind, text, tuple(self.tokenizer.encode(text))) for kind, text in request.pieces()]

@@ -15,7 +15,7 @@ The two therefore agree wherever the tokenizer splits at the piece edges anyway.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from fusionrag_llm.errors import FusionRAGError
 
@@ -142,10 +142,19 @@ class ChatRequest:
 
     messages: str | Sequence[dict]
     tenant: str | None = None
+    # a ``tool_calls.ToolPlan``: the tools offered (then messages may hold earlier calls and tool results)
+    tools: Any = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tenant", check_tenant(self.tenant))
-        if isinstance(self.messages, str):
+        if self.tools is not None:
+            from fusionrag_llm.tool_calls import ToolPlan
+
+            if not isinstance(self.tools, ToolPlan) or not isinstance(self.messages, (list, tuple)):
+                raise FusionRAGError("ChatRequest.tools must be a tool_calls.ToolPlan (ToolPlan.of(tools, tool_choice)), "
+                                     "with a list of chat messages")  # fmt: skip
+            object.__setattr__(self, "messages", tuple(validate_tool_messages(self.messages)))
+        elif isinstance(self.messages, str):
             if not self.messages.strip():
                 raise FusionRAGError("the prompt is empty; pass a non-empty string or a list of chat messages")
         elif isinstance(self.messages, (list, tuple)):
@@ -239,3 +248,43 @@ def validate_messages(messages: Sequence[dict]) -> list[dict[str, str]]:
     if clean[-1]["role"] != "user" or not clean[-1]["content"].strip():
         raise FusionRAGError("the last chat message must be a non-empty user message")
     return clean
+
+
+def validate_tool_messages(messages: Sequence[dict]) -> list[dict]:
+    """A chat with tools, in OpenAI's shape: besides system, user and assistant messages, an assistant's
+    ``tool_calls`` (``[{"id", "type": "function", "function": {"name", "arguments": {...}}}]``) and tool
+    results (``{"role": "tool", "content", "name", "tool_call_id"}``); the last message is the user's or a
+    tool result."""
+    if not messages:
+        raise FusionRAGError("the chat has no messages; pass at least one user message")
+    clean = []
+    for index, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        content = message.get("content") if isinstance(message, dict) else None
+        content = "" if content is None and role == "assistant" and message.get("tool_calls") else content
+        if role not in (*CHAT_ROLES, "tool") or not isinstance(content, str):
+            raise FusionRAGError(f"messages[{index}] must be a dict with 'role' in {(*CHAT_ROLES, 'tool')} and a string "
+                                 f"'content', got {message!r:.80}")  # fmt: skip
+        if role == "tool":
+            name, call_id = message.get("name"), message.get("tool_call_id")
+            if not all(value is None or isinstance(value, str) for value in (name, call_id)):
+                raise FusionRAGError(f"messages[{index}]: a tool message's name and tool_call_id must be strings")
+            clean.append({"role": role, "content": content, "name": name, "tool_call_id": call_id})
+        elif role == "assistant" and message.get("tool_calls"):
+            clean.append({"role": role, "content": content, "tool_calls": [_checked_call(call, index)
+                                                                            for call in message["tool_calls"]]})  # fmt: skip
+        else:
+            clean.append({"role": role, "content": content})
+    if clean[-1]["role"] not in ("user", "tool") or (clean[-1]["role"] == "user" and not clean[-1]["content"].strip()):
+        raise FusionRAGError("the last chat message must be a non-empty user message or a tool result")
+    return clean
+
+
+def _checked_call(call: Any, index: int) -> dict:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not (isinstance(function, dict) and isinstance(function.get("name"), str) and isinstance(function.get("arguments"), dict)
+            and isinstance(call.get("id", ""), str)):  # fmt: skip
+        raise FusionRAGError(f"messages[{index}].tool_calls must be [{{'id': str, 'type': 'function', 'function': "
+                             "{'name': str, 'arguments': {...}}}]")  # fmt: skip
+    return {"id": call.get("id") or f"call_{index}", "type": "function",
+            "function": {"name": function["name"], "arguments": function["arguments"]}}  # fmt: skip

@@ -9,7 +9,6 @@ from langchain_core.messages import (AIMessage, AIMessageChunk, BaseMessage, Cha
                                      ToolMessage)  # fmt: skip
 from langchain_core.outputs import ChatGenerationChunk
 
-from fusionrag_llm import tool_calls
 
 
 def chat_chunk(delta: str, info: Optional[dict]) -> ChatGenerationChunk:
@@ -35,11 +34,10 @@ def usage(info: dict) -> dict:
             "input_token_details": {"cache_read": cached}}  # fmt: skip
 
 
-def chat_dicts(messages: Sequence[BaseMessage], tools_text: str = "") -> list[dict[str, str]]:
-    """The engine's chat for ``messages``: an AI message's tool calls as the JSON the model wrote, a tool's
-    result as a user message naming the tool (``fusionrag_llm.tool_calls``); ``tools_text`` joins the
-    system message (one is put first when there is none)."""
-    chat, names = [], {}  # tool call id -> the tool's name
+def chat_dicts(messages: Sequence[BaseMessage]) -> list[dict]:
+    """``messages`` as a chat in OpenAI's shape: an AI message's tool calls as ``tool_calls``, a tool's result
+    as a ``tool`` message (``tool_calls.ToolPlan.chat`` renders them; ``tool_calls.in_words`` without tools)."""
+    chat = []
     for index, message in enumerate(messages):
         content = _text(message.content, index)
         if isinstance(message, SystemMessage):
@@ -48,19 +46,21 @@ def chat_dicts(messages: Sequence[BaseMessage], tools_text: str = "") -> list[di
             role = "user"
         elif isinstance(message, AIMessage):
             role = "assistant"
-            for call in message.tool_calls:
-                names[call.get("id")] = call["name"]
             if message.tool_calls:
-                content = "\n".join(tool_calls.call_text(call["name"], call["args"]) for call in message.tool_calls)
+                chat.append({"role": role, "content": content, "tool_calls": [
+                    {"id": call.get("id") or f"call_{index}", "type": "function",
+                     "function": {"name": call["name"], "arguments": call["args"]}} for call in message.tool_calls]})  # fmt: skip
+                continue
         elif isinstance(message, ToolMessage):
-            role, content = "user", tool_calls.result_text(message.name or names.get(message.tool_call_id), content)
+            chat.append({"role": "tool", "content": content, "name": message.name, "tool_call_id": message.tool_call_id})
+            continue
         elif isinstance(message, ChatMessage) and message.role in ("system", "user", "assistant"):
             role = message.role
         else:
             raise ValueError(f"messages[{index}] is a {type(message).__name__}; supported: system, human, ai and tool "
                              "messages")  # fmt: skip
         chat.append({"role": role, "content": content})
-    return tool_calls.with_tools_text(chat, tools_text)
+    return chat
 
 
 def _text(content, index: int) -> str:

@@ -7,7 +7,6 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse, MessageRole, TextBlock
 
-from fusionrag_llm import tool_calls
 
 _ROLES = {
     MessageRole.SYSTEM: "system",
@@ -27,13 +26,13 @@ def completion_delta(text: str, delta: str, extra: dict) -> CompletionResponse:
     return CompletionResponse(text=text, delta=delta, **extra)
 
 
-def chat_response(out, unmatched: int = 0, with_tools: bool = False) -> ChatResponse:
-    """The answer as a chat response; ``with_tools``: read as a tool call (``additional_kwargs["tool_calls"]``:
-    ``{"id", "name", "arguments"}`` each) or ``{"answer": ...}`` (the content)."""
+def chat_response(out, unmatched: int = 0, tools: Any = None) -> ChatResponse:
+    """The answer as a chat response; ``tools`` (the request's ``tool_calls.ToolPlan``): its calls are read
+    (``additional_kwargs["tool_calls"]``: ``{"id", "name", "arguments"}`` each), the rest is the content."""
     extra = extras(out.stats, out.token_ids, out.finish_reason, unmatched)
-    if not with_tools:
+    if tools is None:
         return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=out.text), **extra)
-    content, calls = tool_calls.read_answer(out.text)
+    content, calls = tools.read(out.text)
     found = [{"id": call.id, "name": call.name, "arguments": call.arguments} for call in calls]
     message = ChatMessage(role=MessageRole.ASSISTANT, content=content, additional_kwargs={"tool_calls": found})
     return ChatResponse(message=message, **extra)
@@ -67,11 +66,11 @@ def deltas(stream, unmatched: int, make: Callable[[str, str, dict], Any]) -> Ite
     yield make(text + rest, rest, extras(stream.stats, stream.token_ids, stream.finish_reason, unmatched))
 
 
-def chat_dicts(messages: Sequence[ChatMessage], tools_text: str = "") -> list[dict[str, str]]:
-    """LlamaIndex messages as the engine's ``{"role", "content"}`` chat (text only): an assistant's tool
-    calls as the JSON the model wrote, a tool's result as a user message naming the tool
-    (``fusionrag_llm.tool_calls``); ``tools_text`` joins the system message (one is put first if none)."""
-    chat, names = [], {}  # tool call id -> its tool's name
+def chat_dicts(messages: Sequence[ChatMessage]) -> list[dict]:
+    """LlamaIndex messages as a chat in OpenAI's shape (text only): an assistant's tool calls as
+    ``tool_calls``, a tool's result as a ``tool`` message (``tool_calls.ToolPlan.chat`` renders them,
+    ``tool_calls.in_words`` without tools)."""
+    chat = []
     for index, message in enumerate(messages):
         if message.role not in _ROLES and message.role != MessageRole.TOOL:
             raise ValueError(f"messages[{index}] has role {message.role.value!r}; supported: system, user, assistant, "
@@ -81,13 +80,15 @@ def chat_dicts(messages: Sequence[ChatMessage], tools_text: str = "") -> list[di
         role, content = _ROLES.get(message.role, "user"), message.content or ""
         calls = message.additional_kwargs.get("tool_calls") or []
         if role == "assistant" and calls:
-            names.update((call.get("id"), call.get("name")) for call in calls)
-            content = "\n".join(tool_calls.call_text(call["name"], call.get("arguments") or {}) for call in calls)
+            chat.append({"role": role, "content": content, "tool_calls": [
+                {"id": call.get("id") or f"call_{index}", "type": "function",
+                 "function": {"name": call["name"], "arguments": call.get("arguments") or {}}} for call in calls]})  # fmt: skip
         elif message.role == MessageRole.TOOL:
-            call_id = message.additional_kwargs.get("tool_call_id")
-            content = tool_calls.result_text(message.additional_kwargs.get("name") or names.get(call_id), content)
-        chat.append({"role": role, "content": content})
-    return tool_calls.with_tools_text(chat, tools_text)
+            chat.append({"role": "tool", "content": content, "name": message.additional_kwargs.get("name"),
+                         "tool_call_id": message.additional_kwargs.get("tool_call_id")})  # fmt: skip
+        else:
+            chat.append({"role": role, "content": content})
+    return chat
 
 
 def replace_in_chat(messages: list[dict[str, str]], old: str, new: str) -> list[dict[str, str]]:

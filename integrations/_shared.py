@@ -144,11 +144,13 @@ def checked_tenant(value: Any) -> str | None:
     return check_tenant(value) or None
 
 
-def for_tenant(request: Any, tenant: str | None) -> Any:
+def for_tenant(request: Any, tenant: str | None, tools: Any = None) -> Any:
     """``request`` (a prompt string or chat messages) as the engine answers it for ``tenant``: only that
-    tenant's registered chunks are found in it and only its cached KV is reused. The default tenant's
-    request is sent unchanged."""
-    return ChatRequest(request, tenant=tenant) if tenant else request
+    tenant's registered chunks are found in it and only its cached KV is reused; with ``tools`` (a
+    ``tool_calls.ToolPlan``) offered. The default tenant's request without tools is sent unchanged."""
+    if isinstance(request, ChatRequest):
+        return request
+    return ChatRequest(request, tenant=tenant, tools=tools) if tenant or tools is not None else request
 
 
 def generate(rag: FusionRAG, request, options: Mapping[str, Any]):

@@ -52,7 +52,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.vectorstores import VectorStore
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fusionrag_llm import FusionRAG, IngestReport, tool_calls
+from fusionrag_llm import ChatRequest, FusionRAG, IngestReport, tool_calls
 from fusionrag_llm.integrations import _langchain_options as _options
 from fusionrag_llm.integrations import _shared
 from fusionrag_llm.integrations._langchain_messages import StopWatch, chat_chunk, chat_dicts, usage, warn_tools
@@ -288,11 +288,13 @@ class ChatFusionRAG(_FusionRAGSettings, BaseChatModel):
 
     def _generate(self, messages: list[BaseMessage], stop: Optional[list[str]] = None,
                   run_manager: Optional[CallbackManagerForLLMRun] = None, **kwargs: Any) -> ChatResult:  # fmt: skip
-        tools = _Tools.of(kwargs)
-        text, info = self._answer(chat_dicts(messages, tools.prompt), stop, kwargs)
+        tools = _tool_plan(kwargs, self.engine.tokenizer)
+        chat = chat_dicts(messages)
+        request = tool_calls.in_words(chat) if tools is None else ChatRequest(chat, tenant=self.tenant, tools=tools)
+        text, info = self._answer(request, stop, kwargs)
         calls = []
-        if tools.schema is not None:
-            text, found = tool_calls.read_answer(text)
+        if tools is not None:
+            text, found = tools.read(text)
             calls = [{"name": call.name, "args": call.arguments, "id": call.id, "type": "tool_call"} for call in found]
         message = AIMessage(content=text, tool_calls=calls, response_metadata=info, usage_metadata=usage(info))
         return ChatResult(generations=[ChatGeneration(message=message, generation_info=info)],
@@ -304,7 +306,7 @@ class ChatFusionRAG(_FusionRAGSettings, BaseChatModel):
         if "tools" in kwargs:  # a call is known once the answer is whole
             yield _whole_as_chunk(self._generate(messages, stop, run_manager, **kwargs))
             return
-        for delta, info in self._deltas(chat_dicts(messages), stop, kwargs):
+        for delta, info in self._deltas(tool_calls.in_words(chat_dicts(messages)), stop, kwargs):
             chunk = chat_chunk(delta, info)
             if run_manager and delta:
                 run_manager.on_llm_new_token(delta, chunk=chunk)
@@ -316,7 +318,7 @@ class ChatFusionRAG(_FusionRAGSettings, BaseChatModel):
         if "tools" in kwargs:  # a call is known once the answer is whole
             yield _whole_as_chunk(await run_in_executor(None, self._generate, messages, stop, None, **kwargs))
             return
-        async for delta, info in self._adeltas(chat_dicts(messages), stop, kwargs):
+        async for delta, info in self._adeltas(tool_calls.in_words(chat_dicts(messages)), stop, kwargs):
             chunk = chat_chunk(delta, info)
             if run_manager and delta:
                 await run_manager.on_llm_new_token(delta, chunk=chunk)
@@ -328,7 +330,7 @@ class ChatFusionRAG(_FusionRAGSettings, BaseChatModel):
         Counted by the engine's own tokenizer, offline; ``trim_messages(..., token_counter=chat)`` works.
         """
         warn_tools(tools)
-        return _shared.count_chat_tokens(self.engine, chat_dicts(messages))
+        return _shared.count_chat_tokens(self.engine, tool_calls.in_words(chat_dicts(messages)))
 
 
 class FusionRAGDocumentTransformer(BaseDocumentTransformer):
@@ -358,23 +360,16 @@ class FusionRAGDocumentTransformer(BaseDocumentTransformer):
                                       progress=self.progress, tenant=self.tenant)  # fmt: skip
 
 
-@dataclass(frozen=True)
-class _Tools:
-    """A call's tools (``bind_tools``): what the system message says of them and the answer's JSON schema."""
-
-    prompt: str = ""
-    schema: Optional[dict] = None
-
-    @classmethod
-    def of(cls, kwargs: dict) -> "_Tools":
-        """Takes ``tools`` and ``tool_choice`` out of a call's options and constrains its answer to them."""
-        tools, choice = kwargs.pop("tools", None), kwargs.pop("tool_choice", None)
-        if tools is None:
-            return cls()
-        text, schema = tool_calls.tool_request(tools, choice)
-        if schema is not None:
-            kwargs["json_schema"] = schema
-        return cls(text, schema)
+def _tool_plan(kwargs: dict, tokenizer) -> tool_calls.ToolPlan | None:
+    """Takes ``tools`` and ``tool_choice`` out of a call's options: the request's tools in the chat template's
+    own format where it has one (else the generic prompt), the answer constrained to them."""
+    tools, choice = kwargs.pop("tools", None), kwargs.pop("tool_choice", None)
+    if tools is None:
+        return None
+    plan = tool_calls.ToolPlan.of(tools, choice, tokenizer.tool_format)
+    if plan.schema is not None:
+        kwargs["json_schema"] = plan.schema
+    return plan
 
 
 def _whole_as_chunk(result: ChatResult) -> ChatGenerationChunk:

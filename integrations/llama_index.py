@@ -236,14 +236,15 @@ class FusionRAGLLM(FunctionCallingLLM):
             return prompt
         return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": prompt}]
 
-    def _job(self, run, request, kwargs: dict) -> Callable[[], tuple[Any, int]]:
+    def _job(self, run, request, kwargs: dict, tools: Any = None) -> Callable[[], tuple[Any, int]]:
         """The blocking part of a call (loading, prefill, decoding) as a function returning the engine's
-        result and the retrieved chunks the prompt did not hold; options are checked now."""
+        result and the retrieved chunks the prompt did not hold; options are checked now. ``tools``: the
+        request's ``tool_calls.ToolPlan``."""
         options = self._options(kwargs)
         checked = _CHECKED.get()
         unmatched = checked[1] if checked is not None and checked[0] == request else 0
         _CHECKED.set(None)
-        request = _shared.for_tenant(request, self.tenant)
+        request = _shared.for_tenant(request, self.tenant, tools)
         return lambda: (run(self.engine, request, options), unmatched)
 
     # LlamaIndex formats every template here (predict, stream and their async forms): where the prompt
@@ -319,42 +320,43 @@ class FusionRAGLLM(FunctionCallingLLM):
         """The whole chat goes to the model's own chat template; chunk texts in any message are found and
         reused. ``tools`` / ``tool_choice`` (from ``chat_with_tools``): the answer is a tool call
         (``get_tool_calls_from_response``) or, under "auto", a plain answer."""
-        chat, with_tools = self._chat(messages, kwargs)
-        return chat_response(*self._job(_shared.generate, chat, kwargs)(), with_tools=with_tools)
+        chat, tools = self._chat(messages, kwargs)
+        return chat_response(*self._job(_shared.generate, chat, kwargs, tools)(), tools=tools)
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        chat, with_tools = self._chat(messages, kwargs)
-        job = self._job(_shared.generate, chat, kwargs)
-        return chat_response(*await asyncio.to_thread(job), with_tools=with_tools)
+        chat, tools = self._chat(messages, kwargs)
+        job = self._job(_shared.generate, chat, kwargs, tools)
+        return chat_response(*await asyncio.to_thread(job), tools=tools)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        chat, with_tools = self._chat(messages, kwargs)
-        if with_tools:  # a call is known once the answer is whole: one response
-            return iter([chat_response(*self._job(_shared.generate, chat, kwargs)(), with_tools=True)])
+        chat, tools = self._chat(messages, kwargs)
+        if tools is not None:  # a call is known once the answer is whole: one response
+            return iter([chat_response(*self._job(_shared.generate, chat, kwargs, tools)(), tools=tools)])
         return deltas(*self._job(_shared.stream, chat, kwargs)(), chat_delta)
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        chat, with_tools = self._chat(messages, kwargs)
-        if with_tools:
-            job = self._job(_shared.generate, chat, kwargs)
-            response = chat_response(*await asyncio.to_thread(job), with_tools=True)
+        chat, tools = self._chat(messages, kwargs)
+        if tools is not None:
+            job = self._job(_shared.generate, chat, kwargs, tools)
+            response = chat_response(*await asyncio.to_thread(job), tools=tools)
             return _shared.iterate_in_thread(lambda: iter([response]))
         job = self._job(_shared.stream, chat, kwargs)
         return _shared.iterate_in_thread(lambda: deltas(*job(), chat_delta))
 
-    def _chat(self, messages: Sequence[ChatMessage], kwargs: dict) -> tuple[list[dict[str, str]], bool]:
-        """The engine's chat, and whether its answer is read as a tool call: ``tools`` and ``tool_choice``
-        leave ``kwargs``, which gains the JSON schema the answer is constrained to."""
+    def _chat(self, messages: Sequence[ChatMessage], kwargs: dict) -> tuple[list[dict], Any]:
+        """The engine's chat, and the request's tools (a ``tool_calls.ToolPlan``, or None): ``tools`` and
+        ``tool_choice`` leave ``kwargs``, which gains the JSON schema the answer is constrained to."""
         tools, choice = kwargs.pop("tools", None), kwargs.pop("tool_choice", None)
+        chat = chat_dicts(messages)
         if tools is None:
-            return chat_dicts(messages), False
-        text, schema = tool_calls.tool_request(tools, choice)
-        if schema is not None:
-            kwargs["json_schema"] = schema
-        return chat_dicts(messages, text), schema is not None
+            return tool_calls.in_words(chat), None
+        plan = tool_calls.ToolPlan.of(tools, choice, self.engine.tokenizer.tool_format)
+        if plan.schema is not None:
+            kwargs["json_schema"] = plan.schema
+        return chat, plan
 
     def _prepare_chat_with_tools(self, tools: Sequence[Any], user_msg: Any = None,
                                  chat_history: Optional[list[ChatMessage]] = None, verbose: bool = False,

@@ -15,6 +15,7 @@ ingestion and at query time (both go through ``encode``).
 from __future__ import annotations
 
 import bisect
+import json
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Callable, Sequence
@@ -123,6 +124,7 @@ class ChatTokenizer:
                 stop.add(int(token_id))
         self.stop_ids = frozenset(stop)
         self._data_backend = _data_backend(hf)
+        self._tool_formats: dict[str, Any] = {}  # chat template -> its tool format (or None)
 
     def __len__(self) -> int:
         return len(self.hf)
@@ -157,9 +159,23 @@ class ChatTokenizer:
     def _decode_exact(self, ids: Sequence[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """The chat as one string, contents verbatim: for display, not for tokenizing (see ``chat_parts``)."""
-        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, tools: Sequence[dict] | None = None) -> str:
+        """The chat as one string, contents verbatim: for display, not for tokenizing (see ``chat_parts``).
+        ``tools``: OpenAI tool dicts, for a template that lists them (``tool_format``)."""
+        extra = {"tools": list(tools)} if tools else {}
+        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra)
+
+    @property
+    def tool_format(self) -> Any:
+        """How the chat template writes tool calls (``tool_calls.ToolFormat``), or None when it has no tool
+        format of its own (then tools are offered through the generic tool prompt)."""
+        from fusionrag_llm.tool_calls import infer_tool_format
+
+        template = self.hf.chat_template
+        if template not in self._tool_formats:
+            self._tool_formats[template] = infer_tool_format(
+                lambda messages, tools, prompt: self.render_chat(messages, prompt, tools))
+        return self._tool_formats[template]
 
     def chat_parts(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[ChatPart]:
         """The rendered chat as template text and message contents, in order.
@@ -178,10 +194,12 @@ class ChatTokenizer:
         user = next(i for i, part in enumerate(parts) if part.message == len(messages) - 1)
         return parts[:user], parts[user + 1 :]
 
-    def split_generation_prompt(self, messages: list[dict[str, str]]) -> tuple[list[ChatPart], list[ChatPart]]:
-        """The chat's parts without its generation prompt (e.g. ``<|im_start|>assistant``), and that prompt."""
-        with_prompt = self._render_placeholders(messages, True)
-        without = self._render_placeholders(messages, False)
+    def split_generation_prompt(self, messages: list[dict], tools: Sequence[dict] | None = None,
+                                ) -> tuple[list[ChatPart], list[ChatPart]]:  # fmt: skip
+        """The chat's parts without its generation prompt (e.g. ``<|im_start|>assistant``), and that prompt.
+        ``tools``: listed by the template (``tool_format``); messages may then hold calls and results."""
+        with_prompt = self._render_placeholders(messages, True, tools)
+        without = self._render_placeholders(messages, False, tools)
         if with_prompt.startswith(without) and len(with_prompt) > len(without):
             return self._split_rendered(without, messages), [ChatPart(with_prompt[len(without) :])]
         # A template without a generation prompt: the last message onwards is the suffix.
@@ -189,13 +207,26 @@ class ChatTokenizer:
         last = next(i for i, part in enumerate(parts) if part.message == len(messages) - 1)
         return parts[:last], parts[last:]
 
-    def _render_placeholders(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-        stand_ins = [{"role": m["role"], "content": content_placeholder(i)} for i, m in enumerate(messages)]
-        return self.render_chat(stand_ins, add_generation_prompt)
+    def _render_placeholders(self, messages: list[dict], add_generation_prompt: bool, tools: Sequence[dict] | None = None) -> str:
+        """The chat rendered with placeholders for the contents. Tools, calls and tool names are rendered by
+        the template itself: they must not hold the text of a control token."""
+        stand_ins = [{**m, "content": content_placeholder(i)} for i, m in enumerate(messages)]
+        if tools or any(len(m) > 2 for m in messages):
+            self._check_template_data([tools, [{k: v for k, v in m.items() if k not in ("role", "content")} for m in messages]])
+        return self.render_chat(stand_ins, add_generation_prompt, tools)
+
+    def _check_template_data(self, value: Any) -> None:
+        """Refuse what the template renders as its own text (tools, calls) when it holds a control token's text."""
+        text = json.dumps(value, ensure_ascii=False)
+        for token in self.hf.all_special_tokens + [t.content for t in self.hf.added_tokens_decoder.values() if t.special]:
+            if token and token in text:
+                raise FusionRAGError(f"tool definitions and calls must not contain the model's control token {token!r}")
 
     def _split_rendered(self, rendered: str, messages: list[dict[str, str]]) -> list[ChatPart]:
         parts, rest = [], rendered
         for index, message in enumerate(messages):
+            if message.get("tool_calls") and not message["content"] and content_placeholder(index) not in rest:
+                continue  # a call without text, whose content the template leaves out
             before, found, rest = rest.partition(content_placeholder(index))
             if not found or content_placeholder(index) in rest:
                 raise FusionRAGError(

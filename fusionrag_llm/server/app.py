@@ -22,7 +22,6 @@ import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Mapping, Sequence
 
-import fusionrag_llm.tool_calls as tool_calls
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError, require
 from fusionrag_llm.fusion.embeddings import DEFAULT_EMBEDDING_NAME
 
@@ -157,7 +156,7 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
             raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {name!r}",
                            "invalid_request_error", "model_not_found")  # fmt: skip
         try:
-            prepared = body.prepared(request_tenant(request, body.tenant, body.cache_salt))
+            prepared = body.prepared(request_tenant(request, body.tenant, body.cache_salt), rag.tokenizer.tool_format)
         except TenantRefused as exc:
             raise ApiError(403, str(exc), "permission_error", "tenant_mismatch") from exc
         except FusionRAGError as exc:
@@ -173,7 +172,7 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
             abort()
             raise
         reply = _Reply(body, kind, name, lambda stats, reasons: metrics.finished(
-            kind, reply.id, stats, reasons, time.monotonic() - started), tools=prepared.tool_calls)  # fmt: skip
+            kind, reply.id, stats, reasons, time.monotonic() - started), tools=prepared.tools)  # fmt: skip
         if not body.stream:
             try:
                 return await reply.whole(first, request, updates, deadline)
@@ -232,9 +231,9 @@ async def _next(request: Request, updates: asyncio.Queue, deadline: float) -> Up
 class _Reply:
     """One request's response: a whole JSON object, or server-sent events as answers grow."""
 
-    def __init__(self, body, kind: str, model: str, on_finished=None, tools: bool = False):
+    def __init__(self, body, kind: str, model: str, on_finished=None, tools=None):
         self.body, self.kind, self.model = body, kind, model
-        self.tools = tools  # answers are tool calls or answers in JSON: sent whole, once finished
+        self.tools = tools  # its ToolPlan: answers are read for calls, so each is sent whole, once finished
         self.on_finished = on_finished  # (each answer's stats, each answer's finish reason): when all finished
         self.id = new_id("chatcmpl" if kind == "chat" else "cmpl")
         self.created = created()
@@ -280,7 +279,7 @@ class _Reply:
         and the answer is one (finish reason ``tool_calls``), else its text."""
         if not self.tools:
             return {"content": text}, reason
-        content, calls = tool_calls.read_answer(text)
+        content, calls = self.tools.read(text)
         if not calls:
             return {"content": content}, reason
         return {"content": None, "tool_calls": [

@@ -49,7 +49,7 @@ class Prepared:
     stop: tuple[str, ...]
     sampling: Any  # SamplingParams
     n: int = 1
-    tool_calls: bool = False  # answers are tool calls or {"answer": ...} (``fusionrag_llm.tool_calls``)
+    tools: Any = None  # the request's ToolPlan (``fusionrag_llm.tool_calls``): answers are read for calls
 
 
 DEFAULT_MAX_TOKENS = 512

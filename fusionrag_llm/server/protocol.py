@@ -128,16 +128,17 @@ class ChatCompletionRequest(_Options):
     tools: Optional[list[Any]] = None
     tool_choice: Optional[Any] = None
 
-    def prepared(self, tenant: str = "") -> Prepared:  # type: ignore[override]
+    def prepared(self, tenant: str = "", tool_format: Any = None) -> Prepared:  # type: ignore[override]
+        """``tool_format``: the chat template's own (``Tokenizer.tool_format``), None for the generic prompt."""
         messages = _chat_dicts(self.messages)
         if not self.tools:
-            return super().prepared(ChatRequest(messages, tenant=tenant))
+            return super().prepared(ChatRequest(tool_calls.in_words(messages), tenant=tenant))
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise FusionRAGError("give tools or a JSON response_format, not both")
-        text, schema = tool_calls.tool_request(self.tools, self.tool_choice)
-        prepared = super().prepared(ChatRequest(tool_calls.with_tools_text(messages, text), tenant=tenant))
-        sampling = replace(prepared.sampling, json_schema=schema)
-        return replace(prepared, sampling=sampling, tool_calls=schema is not None)
+        tools = tool_calls.ToolPlan.of(self.tools, self.tool_choice, tool_format)
+        prepared = super().prepared(ChatRequest(messages, tenant=tenant, tools=tools))
+        sampling = replace(prepared.sampling, json_schema=tools.schema)
+        return replace(prepared, sampling=sampling, tools=tools if tools.choice != "none" else None)
 
 
 class CompletionRequest(_Options):
@@ -146,7 +147,7 @@ class CompletionRequest(_Options):
     suffix: Optional[str] = None
     best_of: Optional[int] = None
 
-    def prepared(self, tenant: str = "") -> Prepared:  # type: ignore[override]
+    def prepared(self, tenant: str = "", tool_format: Any = None) -> Prepared:  # type: ignore[override]
         if self.echo or self.suffix:
             raise Unsupported("echo and suffix are not supported by this server")
         if self.best_of not in (None, self.n):
@@ -171,10 +172,10 @@ class ChunksRequest(_Tenant):
     neighbors: int = Field(default=10, ge=0, le=64)
 
 
-def _chat_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """The engine's chat: an assistant's earlier tool calls as the JSON the model wrote, a tool's result as
-    a user message naming the tool (``fusionrag_llm.tool_calls``)."""
-    chat, names = [], {}  # tool call id -> its tool's name
+def _chat_dicts(messages: list[ChatMessage]) -> list[dict]:
+    """The chat in OpenAI's shape, text only: an assistant's earlier calls with their arguments as objects,
+    a tool's result as a ``tool`` message (``tool_calls.ToolPlan.chat`` renders them)."""
+    chat = []
     for index, message in enumerate(messages):
         role = "system" if message.role == "developer" else message.role
         content = message.content
@@ -184,7 +185,7 @@ def _chat_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
             content = "".join(part.text for part in content)
         content = content or ""
         if role == "assistant" and message.tool_calls:
-            lines = []
+            calls = []
             for call in message.tool_calls:
                 function = call.get("function") if isinstance(call, dict) else None
                 if not isinstance(function, dict) or not isinstance(function.get("name"), str):
@@ -193,12 +194,15 @@ def _chat_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
                     arguments = json.loads(function.get("arguments") or "{}")
                 except ValueError:
                     raise FusionRAGError(f"messages[{index}].tool_calls: arguments must be a JSON object's text") from None
-                names[call.get("id")] = function["name"]
-                lines.append(tool_calls.call_text(function["name"], arguments))
-            content = "\n".join(lines)
+                if not isinstance(arguments, dict):
+                    raise FusionRAGError(f"messages[{index}].tool_calls: arguments must be a JSON object's text")
+                calls.append({"id": str(call.get("id") or f"call_{len(calls)}"), "type": "function",
+                              "function": {"name": function["name"], "arguments": arguments}})  # fmt: skip
+            chat.append({"role": "assistant", "content": content, "tool_calls": calls})
         elif role in ("tool", "function"):
-            role, content = "user", tool_calls.result_text(message.name or names.get(message.tool_call_id), content)
-        chat.append({"role": role, "content": content})
+            chat.append({"role": "tool", "content": content, "name": message.name, "tool_call_id": message.tool_call_id})
+        else:
+            chat.append({"role": role, "content": content})
     return chat
 
 

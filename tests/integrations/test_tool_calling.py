@@ -120,3 +120,35 @@ def test_the_agent_cookbook_runs():
     transcript = runpy.run_path(str(script), run_name="cookbook")["main"](["--model", "tiny"])
     # random weights: the call may not finish within the tokens given (the real model's call is tested above)
     assert transcript[0].startswith("user: ") and transcript[-1].startswith("answer: ")
+
+
+def test_both_frameworks_use_the_chat_template_s_own_tool_format_where_it_has_one():
+    from llama_index.core.llms import ChatMessage
+    from llama_index.core.tools import FunctionTool
+    from tool_templates import HERMES, tiny_with_template
+
+    from fusionrag_llm.integrations.llama_index import FusionRAGLLM
+
+    rag = tiny_with_template(HERMES)
+    seen = []
+    generate = rag.generate
+    rag.generate = lambda request, **options: seen.append(request) or generate(request, **options)
+    chat = ChatFusionRAG(rag=rag, max_tokens=90)
+    asked = chat.bind_tools([paint], tool_choice="paint").invoke("Paint it")
+    assert asked.tool_calls[0]["name"] == "paint" and asked.tool_calls[0]["args"]["color"] in ("red", "green")
+    assert seen[-1].tools.fmt == rag.tokenizer.tool_format  # listed by the template, read in its format
+    result = ToolMessage(content=paint.invoke(asked.tool_calls[0]["args"]), tool_call_id=asked.tool_calls[0]["id"])
+    chat.bind_tools([paint], tool_choice="none").invoke([HumanMessage("Paint it"), asked, result])
+    rendered = rag.tokenizer.decode([t for s in rag.segments(seen[-1]) for t in s.token_ids], False)
+    assert "<tool_call>\n{\"name\": \"paint\"" in rendered and "<tool_response>\npainted " in rendered
+
+    def paint_wall(color: Literal["red", "green"]) -> str:
+        """Paint the wall."""
+        return f"painted {color}"
+
+    llm = FusionRAGLLM(rag=rag, max_new_tokens=90)
+    response = llm.chat_with_tools([FunctionTool.from_defaults(fn=paint_wall)], user_msg="Paint it", tool_required=True)
+    (selection,) = llm.get_tool_calls_from_response(response)
+    assert selection.tool_name == "paint_wall" and seen[-1].tools.fmt is not None
+    result = ChatMessage(role="tool", content="painted red", additional_kwargs={"tool_call_id": selection.tool_id})
+    llm.chat([ChatMessage(role="user", content="Paint it"), response.message, result])
