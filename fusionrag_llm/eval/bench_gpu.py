@@ -31,6 +31,8 @@ from fusionrag_llm.models.llama import DecoderLM
 from fusionrag_llm.models.loader import LoadedModel
 from fusionrag_llm.models.tiny import byte_tokenizer, tiny_hf_config
 from fusionrag_llm.models.tokenizer import ChatTokenizer
+from fusionrag_llm.engine.sampling import SamplingParams
+from fusionrag_llm.methods import make_plan
 from fusionrag_llm.request import RAGRequest
 from fusionrag_llm.storage import StoreBudgets, TieredStore
 
@@ -46,7 +48,9 @@ SHAPES = {
 }  # fmt: skip
 METHODS = (("full_reuse", 0.0), ("fusionrag", 0.15))
 DTYPES = ("bfloat16", "float16", "float32")
-SECTIONS = ("add_chunks", "decode", "ttft", "e2e", "attention", "layerwise", "tests")  # in the order they run
+SECTIONS = ("add_chunks", "decode", "ttft", "e2e", "attention", "profile", "layerwise", "tests")  # in run order
+PROFILED_STEPS = 32  # decode steps of the profile section, after a prefill of DECODE_CONTEXTS[0] tokens
+TOP_OPS = 12  # operations listed per profile, by their own time
 TOKENS_PER_CHUNK = 512
 DECODE_CONTEXTS = (1024, 8192)
 QUESTION = "Which passage names the river?"
@@ -81,7 +85,7 @@ class GPUBenchConfig:
 
     def __post_init__(self) -> None:
         cuda = self.device.startswith("cuda")
-        every = {*SECTIONS[:5], *(("tests",) if cuda else ())} if "all" in self.sections else set()
+        every = {*SECTIONS[:6], *(("tests",) if cuda else ())} if "all" in self.sections else set()
         if unknown := set(self.sections) - {"all", *SECTIONS}:
             raise ValueError(f"unknown sections {','.join(sorted(unknown))}; all or some of {', '.join(SECTIONS)}")
         self.sections = tuple(name for name in SECTIONS if name in every or name in self.sections)
@@ -300,6 +304,26 @@ class _Run:
                         f"FlexAttention {flex}, causal SDPA of all keys {r['causal_sdpa_ms']:.2f} ms")  # fmt: skip
         return {"rows": rows}
 
+    def profile(self) -> dict:
+        """Where the time goes (torch profiler): kernel launches and host reads (device syncs) per decode step
+        of one sequence, and the operations that take most of the time of ``add_chunks`` (4 chunks)."""
+        rag, context = self.engine(self.tier), min(DECODE_CONTEXTS[0], max(self.config.contexts))
+        engine = rag.engine
+        engine.add_request(rag.segments(self.request(context)), make_plan("fusionrag"), PROFILED_STEPS + 2,
+                           sampling=SamplingParams(ignore_eos=True))  # fmt: skip
+        engine.step()  # its prefill and first token
+        steps = profiled(lambda: [engine.step() for _ in range(PROFILED_STEPS)], rag.engine.model.device)
+        while engine.has_unfinished():
+            engine.step()
+        per_step = {name: count / PROFILED_STEPS for name, count in steps["counts"].items()}
+        self.figure(f"decode step profile (torch profiler, {context} context, {PROFILED_STEPS} steps)",
+                    f"{per_step['launches']:.0f} kernel launches and {per_step['host_reads']:.0f} host reads per step")  # fmt: skip
+        ingest = profiled(lambda: add_timed(rag, chunk_texts(4, seed=5), seed=5), rag.engine.model.device)
+        top = ", ".join(f"{op['name']} {op['self_ms']:.0f} ms" for op in ingest["ops"][:4])
+        self.figure("add_chunks profile (4 chunks): most time in", top)
+        return {"context": context, "steps": PROFILED_STEPS, "per_step": per_step, "decode_ops": steps["ops"],
+                "add_chunks_ops": ingest["ops"]}  # fmt: skip
+
     def tests(self) -> dict:
         folder = self.config.tests_dir or tests_folder()
         if folder is None:
@@ -311,6 +335,27 @@ class _Run:
         self.figure("GPU-marked tests", f"{done['passed']} passed, {done['failed']} failed, {done['error']} errors"
                     f"{state}", "tests", 1.0 if passed else 0.0)  # fmt: skip
         return done
+
+
+def profiled(run, device: torch.device) -> dict:
+    """``run()`` under the torch profiler: counts of kernel launches and host reads (``item()``, ``int()``,
+    copies to the host: each a device sync on CUDA) and the TOP_OPS operations by their own time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        run()
+        _sync(device)()
+    events = prof.key_averages()
+    count = {event.key: event.count for event in events}
+    launches = sum(n for name, n in count.items() if "LaunchKernel" in name)
+    host_reads = count.get("aten::_local_scalar_dense", 0) + count.get("cudaStreamSynchronize", 0) + \
+        count.get("cudaDeviceSynchronize", 0)  # fmt: skip
+    device_time = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+    rows = [{"name": e.key, "calls": e.count, "self_ms": e.self_cpu_time_total / 1000,
+             "self_device_ms": getattr(e, device_time, 0) / 1000} for e in events]  # fmt: skip
+    rows.sort(key=lambda row: max(row["self_ms"], row["self_device_ms"]), reverse=True)
+    return {"counts": {"launches": launches, "host_reads": host_reads}, "ops": rows[:TOP_OPS]}
 
 
 def run_gpu_bench(config: GPUBenchConfig, out: Path) -> dict:

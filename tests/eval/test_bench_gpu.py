@@ -48,6 +48,10 @@ def test_every_section_writes_its_figures_and_the_tests_their_counts(tmp_path):
     attention = written["attention"]["rows"]
     assert [r["fraction"] for r in attention] == [0.05, 0.15, 0.3]
     assert all(r["max_abs_diff"] < 1e-4 and r["flex_ms"] > 0 for r in attention)  # eager FlexAttention agrees
+    profile = written["profile"]
+    assert profile["steps"] == 32 and profile["per_step"]["launches"] == 0  # no kernels to launch on the CPU
+    assert profile["per_step"]["host_reads"] >= 1  # at least the sampled token is read back each step
+    assert profile["decode_ops"] and profile["add_chunks_ops"][0]["self_ms"] > 0
     tests = written["tests"]
     assert (tests["passed"], tests["failed"], tests["error"]) == (1, 1, 0)  # the unmarked test deselected
     assert tests["failing"] == ["tests/test_on_gpu.py::test_fails"] and not tests["timed_out"]
@@ -71,7 +75,7 @@ def test_the_command_prints_the_summary_of_the_chosen_sections(tmp_path):
 
 
 def test_all_sections_are_the_figures_and_with_cuda_the_tests():
-    assert GPUBenchConfig(**SMALL).sections == ("add_chunks", "decode", "ttft", "e2e", "attention")
+    assert GPUBenchConfig(**SMALL).sections == ("add_chunks", "decode", "ttft", "e2e", "attention", "profile")
     assert GPUBenchConfig(**SMALL, sections=("tests", "all")).sections[-1] == "tests"
     assert GPUBenchConfig(**SMALL, sections=("layerwise", "ttft")).sections == ("ttft", "layerwise")
 
