@@ -8,7 +8,8 @@ tokens), so no document or question can forge a chat turn.
 
 A ``RAGRequest`` says where its chunks are: each piece is tokenized on its own, so a chunk has the
 same ids as at ingestion. A flat prompt is tokenized as one piece and keeps those ids; registered
-chunks are taken from it only where its own tokens equal theirs (``ChunkFinder.split_tokens``).
+chunks are taken from it only where its own tokens equal theirs (``ChunkFinder.split_tokens``),
+or all but the first word, which the prompt glued to the whitespace before it (``glued_ids``).
 The two therefore agree wherever the tokenizer splits at the piece edges anyway.
 """
 
@@ -168,7 +169,10 @@ class ChatRequest:
 class Segment:
     kind: str  # one of SEGMENT_KINDS
     text: str
-    token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]  # the prompt's own ids
+    # a chunk whose first word the prompt glued to the whitespace before it (``ChunkFinder.split_tokens``):
+    # its own first ids, which the text before holds inside one token; its stored KV serves the rest
+    glued_ids: tuple[int, ...] = ()
 
 
 def build_segments(body: Sequence[Segment], tail: Sequence[Segment] = ()) -> list[Segment]:

@@ -2,11 +2,14 @@
 
 The engine finds registered chunk texts in a prompt by content. When a framework formats the retrieved
 text in another form, nothing is found and every chunk is computed, which looks like a slow model
-rather than an error. Two forms are known: LlamaIndex's ``response_mode="simple_summarize"`` passes the
+rather than an error. Known causes: LlamaIndex's ``response_mode="simple_summarize"`` passes the
 context as a list, whose Python repr escapes newlines and quotes; a custom template (or a function
-mapping) may rewrite the text. The first is undone: the list's repr in the prompt is replaced by its
-items as text, which the prompt meant to hold, and kept only when the engine then finds the chunks
-(their tokens equal the registered ones). What stays unfound is counted and logged once per cause.
+mapping) may rewrite the text; or the prompt holds the text unchanged, but the characters next to it
+join its first or last characters into other tokens than it has alone (a letter before it, a word
+run on after it). The first is undone: the list's repr in the prompt is replaced by its items as
+text, which the prompt meant to hold, and kept only when the engine then finds the chunks (their
+tokens equal the registered ones). Whitespace glued to a chunk's first word is no cause: the engine
+finds the chunk all the same. What stays unfound is counted and logged once per cause.
 
 Framework-free on purpose, like ``_shared``.
 """
@@ -14,6 +17,7 @@ Framework-free on purpose, like ``_shared``.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -23,7 +27,8 @@ from fusionrag_llm.integrations._shared import engine_lock, for_tenant
 logger = logging.getLogger(__name__)
 
 LIST_REPR = "list_repr"  # the context went into the prompt as a Python list repr
-REWRITTEN = "rewritten"  # the prompt holds fewer registered chunks than the context did
+REWRITTEN = "rewritten"  # the prompt does not hold the text of some registered chunks of the context
+TOKEN_EDGES = "token_edges"  # it holds their text, but the text next to it changes the tokens at its edges
 UNREGISTERED = "unregistered"  # the context holds no registered chunk at all
 UNDONE = "list_repr_undone"  # a list repr was replaced by its items and the chunks were found
 
@@ -33,6 +38,10 @@ _MESSAGES = {
     REWRITTEN: "%d of %d retrieved chunks are not reused: the prompt does not hold their text as it was "
     "registered (a custom template or function mapping may rewrite it); register the text the prompt "
     "holds, or format the context unchanged",
+    TOKEN_EDGES: "%d of %d retrieved chunks are not reused: the prompt holds their text, but the characters "
+    "right before or after it join its first or last characters into other tokens than the chunk has on its "
+    "own (e.g. a letter or punctuation mark next to it); put a line break between the context and the text "
+    "around it",
     UNREGISTERED: "the retrieved context holds no registered chunk, so nothing is reused; register nodes as "
     "they are indexed (FusionRAGIngestion) with the text the synthesizer formats",
     UNDONE: "the retrieved context came as a Python list (e.g. response_mode='simple_summarize'); its repr in "
@@ -78,13 +87,30 @@ def check_request(rag: FusionRAG, request: Any, context: Any, replace: Callable[
             cause = UNDONE if found_undone >= expected else LIST_REPR
             return CheckedRequest(undone, expected, expected - found_undone, cause)
         return CheckedRequest(request, expected, expected - found, LIST_REPR)
-    return CheckedRequest(request, expected, expected - found, REWRITTEN)
+    return CheckedRequest(request, expected, expected - found, _unfound_cause(rag, text, request, tenant))
 
 
 def count_chunks(rag: FusionRAG, request: Any, tenant: str | None = None) -> int:
     """Chunks registered under ``tenant`` that the engine finds in ``request`` (a prompt or chat messages)."""
+    return len(chunk_texts(rag, request, tenant))
+
+
+def chunk_texts(rag: FusionRAG, request: Any, tenant: str | None = None) -> list[str]:
+    """The registered texts of the chunks the engine finds in ``request``, in order."""
     with engine_lock(rag):  # the chunk catalog it reads may be growing on another thread
-        return sum(segment.kind == "chunk" for segment in rag.segments(for_tenant(request, tenant)))
+        return [segment.text for segment in rag.segments(for_tenant(request, tenant)) if segment.kind == "chunk"]
+
+
+def _unfound_cause(rag: FusionRAG, context: str, request: Any, tenant: str | None) -> str:
+    """Why some chunks of ``context`` are not found in ``request``: their text is not there as registered
+    (REWRITTEN), or it is, and only its tokens differ at its edges (TOKEN_EDGES)."""
+    missing = Counter(chunk_texts(rag, context, tenant)) - Counter(chunk_texts(rag, request, tenant))
+    if isinstance(request, str):
+        texts = [request]
+    else:  # chat messages
+        texts = [message.get("content") or "" for message in request if isinstance(message, dict)]
+    held = all(any(chunk in text for text in texts) for chunk in missing)
+    return TOKEN_EDGES if missing and held else REWRITTEN
 
 
 def report(checked: CheckedRequest, warned: set[str], owner: str) -> None:

@@ -3,7 +3,8 @@
 Random prompts mix registered and unregistered texts with glue that cuts words (a registered text
 followed by letters, sitting inside a word, after a space the tokenizer glues to the next word).
 Under ``full_attention`` the ids and first-token logits must not depend on whether the chunks are
-registered; chunks that do sit on token boundaries are still found and reused.
+registered; chunks that do sit on token boundaries are still found and reused, and so are chunks
+whose first word the tokenizer glued to the whitespace before them (all but that word).
 """
 
 import random
@@ -11,34 +12,11 @@ import random
 import pytest
 import torch
 
-from fusionrag_llm import FusionRAG
+from fusionrag_llm import FusionRAG, get_method, method_names
 from fusionrag_llm.fusion.catalog import chunk_id_of
-from fusionrag_llm.fusion.chunk_finder import MIN_CHUNK_CHARS, ChunkFinder
-from fusionrag_llm.models.config import config_from_hf
-from fusionrag_llm.models.llama import DecoderLM
-from fusionrag_llm.models.loader import LoadedModel
-from fusionrag_llm.models.tiny import SPECIAL_TOKENS, tiny_hf_config, tiny_state_dict
-from fusionrag_llm.models.tokenizer import CHATML_TEMPLATE, ChatTokenizer
+from fusionrag_llm.fusion.chunk_finder import MIN_CHUNK_CHARS, ChunkFinder, Piece
 from fusionrag_llm.request import prompt_ids
-
-REGISTERED = [
-    "The ferry to Varrow leaves Keldmouth twice a day in the summer months.",
-    "Keldmouth is the only town on the island of Varrow, on its east coast.",
-    "island of Varrow, on its east coast",  # inside another registered text
-    "The wool market of Varrow takes place every September in Keldmouth.",
-    "Tamsin Orrery mapped the tidal caves below the northern cliffs in 1887.",
-    "Lowmarch bridge is old.",  # registered, but shorter than MIN_CHUNK_CHARS
-]
-UNREGISTERED = [
-    "Sheep outnumber people on Varrow by about forty to one.",
-    "Nobody remembers who built the lighthouse at Grey Point.",
-    "Answer briefly.",
-]
-GLUE = ["", " ", "  ", "\n", "\n\n", ": ", ", ", ". ", "-", "(", ")", '"', "ing", "s", "ly ", "x", "é", "'s",
-        "\t", "Context: ", "Context:\n", "\nQuestion: "]  # fmt: skip
-# Words the test tokenizer learns as single tokens, so a registered text glued to letters cuts a token.
-GLUED_WORDS = ["UnThe", "east coastly", "east coasts"]
-EMBEDDINGS = [[1.0, 0.0], [0.9, 0.1], [0.8, 0.2], [0.2, 0.8], [0.0, 1.0], [0.5, 0.5]]
+from merging_tokenizer import EMBEDDINGS, GLUE, REGISTERED, UNREGISTERED, bpe_rag, rag_over, registered_twin
 
 
 def random_prompt(rng: random.Random) -> str:
@@ -58,41 +36,6 @@ def random_prompt(rng: random.Random) -> str:
     return prompt
 
 
-def bpe_rag() -> FusionRAG:
-    """A random tiny model whose tokenizer has merges (GPT-2 style pre-tokenizer), so token
-    boundaries are not character boundaries and a registered text can sit inside a token."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)  # fmt: skip
-    core.train_from_iterator((REGISTERED + UNREGISTERED + GLUE + GLUED_WORDS) * 20, trainer)
-    hf = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", bos_token="<|im_start|>",
-                                 pad_token="<|endoftext|>", additional_special_tokens=list(SPECIAL_TOKENS))  # fmt: skip
-    hf.chat_template = CHATML_TEMPLATE
-    return rag_over(hf, "tiny-bpe")
-
-
-def rag_over(hf, name: str) -> FusionRAG:
-    """A fresh engine: random tiny weights sized to ``hf``'s vocabulary, in-memory store."""
-    config = tiny_hf_config("llama", vocab_size=len(hf), bos_token_id=hf.convert_tokens_to_ids("<|im_start|>"),
-                            eos_token_id=hf.convert_tokens_to_ids("<|im_end|>"))  # fmt: skip
-    cfg = config_from_hf(config, name)
-    model = DecoderLM(cfg)
-    model.load_state_dict(tiny_state_dict(model))
-    loaded = LoadedModel(name, model.eval(), ChatTokenizer(hf, cfg.eos_token_ids), config, "built-in")
-    return FusionRAG(loaded, store=":memory:")
-
-
-def registered_twin(rag: FusionRAG) -> FusionRAG:
-    twin = FusionRAG(rag.engine.loaded, store=":memory:")
-    twin.add_chunks(REGISTERED, embeddings=EMBEDDINGS, neighbors=2)
-    return twin
-
-
 def registered_finder() -> ChunkFinder:
     """A finder of the registered texts, as the twin's catalog registers them."""
     finder = ChunkFinder()
@@ -109,9 +52,10 @@ def first_logits(rag: FusionRAG, prompt: str) -> torch.Tensor:
     return rag.logits(prompt, [], method="full_attention")[0]
 
 
-def check_random_prompts(plain: FusionRAG, registered: FusionRAG, count: int, seed: int) -> tuple[int, int]:
-    """Assert ids and logits agree on ``count`` random prompts; returns (prompts with a chunk, with a refused match)."""
-    rng, found, refused, finder = random.Random(seed), 0, 0, registered_finder()
+def check_random_prompts(plain: FusionRAG, registered: FusionRAG, count: int, seed: int) -> tuple[int, int, int]:
+    """Assert ids and logits agree on ``count`` random prompts; returns how many had a chunk, a refused
+    match, and a chunk found after a glued first word."""
+    rng, found, refused, glued, finder = random.Random(seed), 0, 0, 0, registered_finder()
     for _ in range(count):
         prompt = random_prompt(rng)
         segments = registered.segments(prompt)
@@ -120,19 +64,20 @@ def check_random_prompts(plain: FusionRAG, registered: FusionRAG, count: int, se
         chunks = sum(s.kind == "chunk" for s in segments)
         found += chunks > 0
         refused += len([m for m in finder.matches(prompt) if len(m[1]) >= MIN_CHUNK_CHARS]) > chunks
-    return found, refused
+        glued += any(s.glued_ids for s in segments)
+    return found, refused, glued
 
 
 def test_random_flat_prompts_keep_ids_and_logits_with_the_byte_tokenizer():
     plain = FusionRAG.from_pretrained("tiny", store=":memory:")
-    found, _ = check_random_prompts(plain, registered_twin(plain), count=200, seed=0)
-    assert found >= 60  # on a byte tokenizer every character edge is a token edge
+    found, _, glued = check_random_prompts(plain, registered_twin(plain), count=200, seed=0)
+    assert found >= 60 and glued == 0  # on a byte tokenizer every character edge is a token edge
 
 
 def test_random_flat_prompts_keep_ids_and_logits_with_a_merging_tokenizer():
     plain = bpe_rag()
-    found, refused = check_random_prompts(plain, registered_twin(plain), count=200, seed=1)
-    assert found >= 20 and refused >= 20  # both paths were exercised
+    found, refused, glued = check_random_prompts(plain, registered_twin(plain), count=200, seed=1)
+    assert found >= 20 and refused >= 5 and glued >= 20  # every path was exercised
 
 
 def test_chunks_on_token_boundaries_are_found_and_reused():
@@ -149,12 +94,66 @@ def test_chunks_on_token_boundaries_are_found_and_reused():
 def test_chunks_that_cut_a_token_stay_text():
     rag = registered_twin(bpe_rag())
     registered, finder = ids_of(rag), registered_finder()
-    # a space glued to the first word, letters glued before, letters glued after
-    for prompt in ("Context: " + REGISTERED[1], "Un" + REGISTERED[3], REGISTERED[2] + "ly so", REGISTERED[2] + "s"):
+    # letters glued before, letters glued after (a glued space is taken: see the tests below)
+    for prompt in ("Un" + REGISTERED[3], REGISTERED[2] + "ly so", REGISTERED[2] + "s"):
         tokens = rag.tokenizer.tokenize(prompt)
         assert finder.matches(prompt), prompt  # the characters are there, but not the tokens
-        assert finder.split_tokens(tokens, registered.get) == [("text", prompt, tuple(tokens.ids))]
+        assert finder.split_tokens(tokens, registered.get) == [Piece("text", prompt, tuple(tokens.ids))]
         assert all(s.kind != "chunk" for s in rag.segments(prompt))  # and the engine reads it so
+
+
+# The merging tokenizer reads " Keldmouth" as one token: the space glues to the chunk's first word.
+GLUED = "Context: " + REGISTERED[1] + "\n\nQuestion: Which town is on Varrow?"
+SELECTING = [name for name in method_names() if get_method(name).selects]
+
+
+@pytest.fixture(scope="module")
+def bpe() -> FusionRAG:
+    return bpe_rag()
+
+
+def test_a_chunk_glued_to_the_space_before_is_found_from_its_second_token(bpe):
+    rag = registered_twin(bpe)
+    own = ids_of(rag)[REGISTERED[1]]
+    segments = rag.segments(GLUED)
+    assert prompt_ids(segments) == prompt_ids(bpe.segments(GLUED))  # registering changed no id
+    index = [s.kind for s in segments].index("chunk")
+    chunk, before = segments[index], segments[index - 1]
+    assert chunk.text == REGISTERED[1] and chunk.glued_ids == own[:1] and chunk.token_ids == own[1:]
+    # the token before holds the space and the chunk's first token's text, as the tokenizer decodes it
+    assert rag.tokenizer.decode(before.token_ids[-1:]) == " " + rag.tokenizer.decode(own[:1])
+    out = rag.generate(GLUED, method="full_reuse", max_new_tokens=2, reproducible=True)
+    assert out.stats.path_hits == {"exact": 0, "chunk": 1, "miss": 0} and out.stats.unmatched_chunks == 0
+    assert out.stats.reused_tokens == len(own) - 1 and out.stats.recomputed_tokens == 0
+    assert out.prompt_ids == prompt_ids(segments)
+
+
+def test_a_glued_chunk_at_ratio_one_equals_full_attention(bpe):
+    rag = registered_twin(bpe)
+    continuation = bpe.tokenizer.encode(" Keldmouth is")
+    full = rag.logits(GLUED, continuation, method="full_attention", reproducible=True)
+    for method in SELECTING:
+        logits = rag.logits(GLUED, continuation, method=method, recompute_ratio=1.0, reproducible=True)
+        assert (logits - full).abs().max().item() <= 1e-5, method
+        out = rag.generate(GLUED, method=method, recompute_ratio=1.0, max_new_tokens=1, reproducible=True)
+        assert out.stats.path_hits["chunk"] == 1 and out.stats.reused_tokens == 0, method
+    reused = rag.logits(GLUED, continuation, method="full_reuse", reproducible=True)
+    assert (reused - full).abs().max().item() > 1e-3  # the entry's KV was placed, not recomputed
+
+
+def test_a_glued_chunk_is_placed_alike_layer_by_layer_and_from_a_packed_entry(bpe):
+    """Rows 1.. of the entry, whether placed whole, fed layer by layer, or expanded from int8 first."""
+    whole = registered_twin(bpe)
+    layerwise = FusionRAG(bpe.engine.loaded, store=":memory:", options={"layerwise_load": True})
+    packed = FusionRAG(bpe.engine.loaded, store=":memory:", options={"kv_codec": "int8"})
+    continuation = bpe.tokenizer.encode(" Keldmouth")
+    expected = whole.logits(GLUED, continuation, method="full_reuse", reproducible=True)
+    for rag in (layerwise, packed):
+        rag.add_chunks(REGISTERED, embeddings=EMBEDDINGS, neighbors=2)
+        out = rag.generate(GLUED, method="full_reuse", max_new_tokens=1, reproducible=True)
+        assert out.stats.path_hits["chunk"] == 1 and out.stats.reused_tokens == len(ids_of(rag)[REGISTERED[1]]) - 1
+    torch.testing.assert_close(layerwise.logits(GLUED, continuation, method="full_reuse", reproducible=True), expected)
+    assert (packed.logits(GLUED, continuation, method="full_reuse", reproducible=True) - expected).abs().max() < 0.1
 
 
 def test_short_registered_texts_are_not_taken_from_flat_prompts_but_work_in_requests():
@@ -178,7 +177,7 @@ def test_decoding_fallback_finds_the_same_chunks_as_offsets(monkeypatch):
     monkeypatch.setattr(rag.tokenizer, "_data_backend", None)  # the slow-tokenizer path: no offsets
     for prompt, expected in zip(prompts, with_offsets):
         assert finder.split_tokens(rag.tokenizer.tokenize(prompt), registered.get) == expected, prompt
-    assert sum(kind == "chunk" for pieces in with_offsets for kind, _, _ in pieces) >= 10
+    assert sum(kind == "chunk" for pieces in with_offsets for kind, *_ in pieces) >= 10
 
 
 def test_old_character_split_is_unchanged():
@@ -196,14 +195,16 @@ def test_smollm2_tokenizer_random_prompts_keep_ids_and_logits():
     from fusionrag_llm.models.default_model import resolve_default_model
 
     plain = rag_over(AutoTokenizer.from_pretrained(resolve_default_model()), "tiny-smollm2-tokenizer")
-    found, refused = check_random_prompts(plain, registered_twin(plain), count=60, seed=3)
-    assert found >= 5 and refused >= 5
+    found, refused, glued = check_random_prompts(plain, registered_twin(plain), count=60, seed=3)
+    assert found >= 5 and refused >= 5 and glued >= 5
 
 
 @pytest.mark.real_model
 def test_smollm2_context_prefix_keeps_the_prompt(smollm2_rag):
-    """"Context: <passage>": SmolLM2 glues the space to the passage's first word, so the passage is
-    not a chunk there and full attention sees exactly the unregistered prompt; after a newline it is."""
+    """"Context: <passage>": SmolLM2 glues the space to the passage's first word (" The", where the
+    passage alone starts "The"), so the passage is a chunk from its second token on, and full attention
+    sees exactly the unregistered prompt; after a newline it is a chunk whole. At r = 1 both equal
+    full attention."""
     passage = "The lighthouse at Grey Point on Varrow was lit for the last time on 3 March 1961, after a storm."
     glued = "Context: " + passage + "\nWhen was it lit last?"
     separate = "Context:\n" + passage + "\nWhen was it lit last?"
@@ -212,5 +213,10 @@ def test_smollm2_context_prefix_keeps_the_prompt(smollm2_rag):
     for prompt, (ids, logits) in before.items():
         assert prompt_ids(smollm2_rag.segments(prompt)) == ids
         assert (first_logits(smollm2_rag, prompt) - logits).abs().max() <= 1e-4
-    assert [s.kind for s in smollm2_rag.segments(glued)] == ["prefix", "suffix"]
-    assert [s.kind for s in smollm2_rag.segments(separate)] == ["prefix", "chunk", "suffix"]
+    own = smollm2_rag.tokenizer.encode(passage)
+    chunks = {p: [s for s in smollm2_rag.segments(p) if s.kind == "chunk"] for p in (glued, separate)}
+    assert [(s.glued_ids, s.token_ids) for s in chunks[glued]] == [(tuple(own[:1]), tuple(own[1:]))]
+    assert [(s.glued_ids, s.token_ids) for s in chunks[separate]] == [((), tuple(own))]
+    for prompt, (_, logits) in before.items():
+        again = smollm2_rag.logits(prompt, [], method="fusionrag", recompute_ratio=1.0, reproducible=True)[0]
+        assert (again - logits).abs().max() <= 1e-4

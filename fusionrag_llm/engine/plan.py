@@ -59,10 +59,18 @@ class PlannedSegment:
     exact_plain: bool = False  # a chunk right after S0: its plain entry is its path's exact KV
     chunk_id: str | None = None  # the catalog id of a chunk's text (what fused entries name as neighbours)
     position: int | None = None  # position of its first token; None: its first slot (the usual layout)
+    # a chunk's own first ids held glued in the token before it: its entry is that of ``entry_ids``,
+    # placed from row ``len(glued_ids)`` on (``Segment.glued_ids``)
+    glued_ids: TokenIds = ()
 
     @property
     def first_position(self) -> int:
         return self.start if self.position is None else self.position
+
+    @property
+    def entry_ids(self) -> TokenIds:
+        """The ids of the entry that serves it: the chunk's own, glued ones included."""
+        return self.glued_ids + self.token_ids
 
 
 @dataclass(frozen=True)
@@ -94,9 +102,9 @@ class ContextPlan:
         both = self.chunk_kv == "blend"
         for segment in self.segments:
             if segment.candidates:
-                wanted.setdefault(segment.candidates[0].key, segment.token_ids)
+                wanted.setdefault(segment.candidates[0].key, segment.entry_ids)
                 if both and segment.candidates[0].variant == "fused" and segment.candidates[-1].variant == "plain":
-                    wanted.setdefault(segment.candidates[-1].key, segment.token_ids)
+                    wanted.setdefault(segment.candidates[-1].key, segment.entry_ids)
         return list(wanted.items())
 
 
@@ -140,7 +148,8 @@ def plan_context(segments: Sequence[Segment], run_plan: RunPlan, keys: EntryKeys
         candidates = _candidates(segment, run_plan, keys, index == first)
         chunk_id = chunk_id_of(segment.text) if segment.kind == "chunk" else None
         planned.append(PlannedSegment(segment.kind, tuple(segment.token_ids), start, end, ends.get(index),
-                                      candidates, index == exact, chunk_id, positions[index]))  # fmt: skip
+                                      candidates, index == exact, chunk_id, positions[index],
+                                      tuple(segment.glued_ids)))  # fmt: skip
     return ContextPlan(tuple(planned), tuple(boundaries), ids, keys.exact_blocks, run_plan.method.chunk_kv)
 
 
@@ -193,7 +202,7 @@ def _first_chunk_index(segments: Sequence[Segment], run_plan: RunPlan, keys: Ent
     """Index of the chunk whose plain entry is its exact KV (up to the store's codec): one right after
     a prefix equal to S0. It is served from that entry, never a fused one; in a lossless store it is
     exact (nothing to recompute), in a lossy one a reused chunk like the others."""
-    if not run_plan.reuses_chunks or len(segments) < 2 or segments[1].kind != "chunk":
+    if not run_plan.reuses_chunks or len(segments) < 2 or segments[1].kind != "chunk" or segments[1].glued_ids:
         return None
     return 1 if tuple(segments[0].token_ids) == keys.s0_ids else None
 
@@ -205,4 +214,5 @@ def _candidates(segment: Segment, run_plan: RunPlan, keys: EntryKeys, first: boo
         return ()
     variant = "plain" if first or run_plan.method.chunk_kv == "plain" else "fused"
     order = (variant, "plain") if variant != "plain" else ("plain",)
-    return tuple(ChunkCandidate(name, keys.key(segment.token_ids, name)) for name in order)
+    ids = tuple(segment.glued_ids) + tuple(segment.token_ids)  # a glued chunk's entry is still the whole chunk's
+    return tuple(ChunkCandidate(name, keys.key(ids, name)) for name in order)

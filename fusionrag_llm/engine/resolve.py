@@ -104,7 +104,7 @@ class ContextResolver:
                 plain = self._plain_alternative(segment, entry, context_plan, ahead[index], counts)
                 if plain is not None:  # chunk_kv="blend"
                     entry = blend_entry(entry, plain, cache.keys.device, cache.keys.dtype)
-                slots = self._place(cache, entry, segment.first_position)
+                slots = self._place(cache, entry, segment.first_position, len(segment.glued_ids))
                 if segment.exact_plain:  # exact KV: nothing to recompute, and its path block is known
                     matched += 1 if segment.path_key is not None else 0
                 else:
@@ -130,7 +130,7 @@ class ContextResolver:
             counts.method["fused_in_context"] = counts.method.get("fused_in_context", 0) + 1
             return None
         plain = segment.candidates[-1]  # the last candidate is always plain
-        found = self._fetch(plain.key, segment.token_ids, plain.variant) if plain.variant == "plain" else None
+        found = self._fetch(plain.key, segment.entry_ids, plain.variant) if plain.variant == "plain" else None
         return None if found is None else found[0]
 
     def _fetch(self, key: str, token_ids: Sequence[int], variant: str) -> tuple[KVEntry, str] | None:
@@ -173,15 +173,15 @@ class ContextResolver:
         counts.computed_tokens += 0 if hit else len(prefix.token_ids)
         self._place(cache, entry, 0)
 
-    def _place(self, cache: KVCache, entry: KVEntry, start_position: int) -> torch.Tensor:
+    def _place(self, cache: KVCache, entry: KVEntry, start_position: int, first_row: int = 0) -> torch.Tensor:
         if self._feed is not None:
-            return self._feed.place(entry, start_position)
-        return place_entry(self.model, cache, entry, start_position)
+            return self._feed.place(entry, start_position, first_row)
+        return place_entry(self.model, cache, entry, start_position, first_row=first_row)
 
     def _chunk_entry(self, segment: PlannedSegment, counts: ResolveCounts) -> KVEntry:
         """The first of the segment's candidates the store has, else its plain entry computed and stored."""
         for candidate in segment.candidates:
-            found = self._fetch(candidate.key, segment.token_ids, candidate.variant)
+            found = self._fetch(candidate.key, segment.entry_ids, candidate.variant)
             if found is not None:
                 return self._hit(segment, counts, candidate.variant, found)
         return self._computed_plain(segment, counts)
@@ -191,35 +191,37 @@ class ContextResolver:
         plain, and those requests made, ``fusion/request_variants.py``), the one with the lowest Cache
         Fix Overhead given the chunks ``ahead`` of it; ties: a request's, then fused, then plain. The
         plain one's overhead needs no data, so it is read only when it wins (or the others are missing)."""
-        fused, notes = None, None
+        fused, notes, glued = None, None, len(segment.glued_ids)
         if segment.candidates[0].variant == "fused":
-            fused = self._fetch(segment.candidates[0].key, segment.token_ids, "fused")
+            fused = self._fetch(segment.candidates[0].key, segment.entry_ids, "fused")
         if fused is not None:
-            notes = fused_notes(fused[0].meta, len(segment.token_ids))
+            notes = fused_notes(fused[0].meta, len(segment.entry_ids))
         served_order = notes.order if notes is not None else ()  # which tokens look outside: the fused ranking
         made = self.variants.of(segment.chunk_id) if self.variants is not None else []
         plain_fix = fix_overhead(plain_notes(), ahead)
         choices: list[tuple[float, int, StoredVariant | str]] = [(plain_fix, 2, "plain")]
         choices += [(fix_overhead(notes, ahead), 1, "fused")] if notes is not None else []
         choices += [(fix_overhead(v.notes(), ahead), 0, v) for v in made]
-        if self.variants is not None and tuple(ahead) not in {(), *(v.prefix for v in made),
-                                                               *([notes.prefix] if notes is not None else [])}:
+        # a glued chunk's request holds only part of it: no whole variant to make from it
+        if self.variants is not None and not glued and tuple(ahead) not in {
+                (), *(v.prefix for v in made), *([notes.prefix] if notes is not None else [])}:  # fmt: skip
             placed.new_variants.append((segment, tuple(ahead), served_order))
         for fix, _, choice in sorted(choices, key=lambda c: (c[0], c[1])):
             if choice == "fused":
-                placed.craft[segment.start] = (fix, served_order)
+                placed.craft[segment.start] = (fix, _placed_order(served_order, glued))
                 return self._hit(segment, counts, "fused", fused)
             if choice == "plain":
                 break
-            found = self._fetch(choice.key, segment.token_ids, "request")
+            found = self._fetch(choice.key, segment.entry_ids, "request")
             if found is not None:
-                own = VariantNotes.from_meta(found[0].meta, choice.prefix, len(segment.token_ids))
-                placed.craft[segment.start] = (fix, own.order if own is not None else served_order)
+                own = VariantNotes.from_meta(found[0].meta, choice.prefix, len(segment.entry_ids))
+                order = own.order if own is not None else served_order
+                placed.craft[segment.start] = (fix, _placed_order(order, glued))
                 self.variants.used(choice.key, fix)
                 return self._hit(segment, counts, "request", found)
-        placed.craft[segment.start] = (plain_fix, served_order)
+        placed.craft[segment.start] = (plain_fix, _placed_order(served_order, glued))
         plain = segment.candidates[-1]
-        found = self._fetch(plain.key, segment.token_ids, "plain")
+        found = self._fetch(plain.key, segment.entry_ids, "plain")
         if fused is not None:
             counts.method["fused_declined"] = counts.method.get("fused_declined", 0) + 1
         return self._computed_plain(segment, counts) if found is None else self._hit(segment, counts, "plain", found)
@@ -232,10 +234,10 @@ class ContextResolver:
         return found[0]
 
     def _computed_plain(self, segment: PlannedSegment, counts: ResolveCounts) -> KVEntry:
-        entry = self.entry_store.as_stored(self.computer.compute_plain([segment.token_ids])[0])
+        entry = self.entry_store.as_stored(self.computer.compute_plain([segment.entry_ids])[0])
         self.entry_store.put_keyed(segment.candidates[-1].key, entry)  # the last candidate is always plain
         counts.path_hits["miss"] += 1
-        counts.computed_tokens += len(segment.token_ids)
+        counts.computed_tokens += len(segment.entry_ids)
         return entry
 
     @staticmethod
@@ -279,6 +281,11 @@ def _chunks_ahead(context_plan: ContextPlan) -> dict[int, list[str]]:
         if segment.chunk_id is not None:
             seen.append(segment.chunk_id)
     return ahead
+
+
+def _placed_order(order: tuple[int, ...], glued: int) -> tuple[int, ...]:
+    """A variant's token order (indices into its entry) over the rows placed from row ``glued`` on."""
+    return tuple(i - glued for i in order if i >= glued) if glued else order
 
 
 def _count_tier(counts: ResolveCounts, tier: str) -> None:

@@ -9,11 +9,18 @@ change the ids the model sees, and so its output even under full attention. ``sp
 therefore takes a match as a chunk only where it starts and ends on token boundaries of the
 prompt's own tokenization and the tokens between are exactly the chunk's own ids; every piece's
 ids are a slice of that one tokenization, so the concatenated ids never depend on what is registered.
+
+One cut is taken anyway, because templates make it all the time: whitespace glued to the chunk's
+first word (LlamaIndex's indented context prompt puts "\n\n  " before the first node, and a BPE
+tokenizer reads " The" where the chunk alone starts "The"). Where the prompt's token before the
+chunk decodes to whitespace and the text of the chunk's first ``k`` ids, and the chunk's ids from
+the ``k``-th on follow it, the chunk is found from its ``k``-th id on: the glued token stays text
+(computed), and the chunk's stored KV serves the rest (``Piece.glued_ids`` keeps the ids it skips).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import Callable, Iterable, NamedTuple, Protocol, Sequence
 
 WINDOW = 16  # chars hashed per position; shorter texts are not registered at all
 BASE = 257
@@ -23,7 +30,14 @@ MODULUS = (1 << 61) - 1
 MIN_CHUNK_CHARS = 32
 MIN_CHUNK_TOKENS = 8
 
-Piece = tuple[str, str, tuple[int, ...]]  # (kind 'chunk' or 'text', text, token ids)
+
+class Piece(NamedTuple):
+    kind: str  # 'chunk' or 'text'
+    text: str  # a chunk's registered text; the prompt's text otherwise
+    token_ids: tuple[int, ...]  # the prompt's own ids
+    # a chunk's own first ids that the prompt holds inside the token before it (glued to whitespace):
+    # the chunk's ids are ``glued_ids + token_ids``; () where the prompt holds all of them
+    glued_ids: tuple[int, ...] = ()
 
 
 class Tokenized(Protocol):
@@ -33,6 +47,8 @@ class Tokenized(Protocol):
     ids: list[int]
 
     def index_at(self, char: int) -> int | None: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
 
 
 def _hash(text: str) -> int:
@@ -78,31 +94,35 @@ class ChunkFinder:
         return pieces
 
     def split_tokens(self, tokens: Tokenized, chunk_ids: Callable[[str], Sequence[int] | None]) -> list[Piece]:
-        """``tokens.text`` as (kind, text, ids) pieces whose ids concatenate to exactly ``tokens.ids``.
+        """``tokens.text`` as pieces whose ids concatenate to exactly ``tokens.ids``.
 
         ``chunk_ids(text)`` gives a registered text's own ids (as ingestion tokenized it). A match
         becomes a chunk only if it has at least ``MIN_CHUNK_CHARS`` characters and
         ``MIN_CHUNK_TOKENS`` tokens, starts and ends on token boundaries of ``tokens``, and the
-        tokens there equal its own ids; anything else stays text with the prompt's own ids.
+        tokens there equal its own ids, or its first word is glued to the whitespace before it (see
+        the module's docstring); anything else stays text with the prompt's own ids.
         """
-        spans: dict[int, tuple[int, int]] = {}
+        spans: dict[int, _Span] = {}
+        taken = 0  # tokens up to the end of the last chunk taken: a glued token is never one of them
 
         def accept(start: int, text: str) -> bool:
+            nonlocal taken
             span = _token_span(tokens, start, text, chunk_ids(text))
-            if span is not None:
-                spans[start] = span
-            return span is not None
+            if span is None or span.first - (1 if span.glued else 0) < taken:
+                return False
+            spans[start], taken = span, span.last
+            return True
 
         pieces: list[Piece] = []
         char = token = 0
         for start, text in self.matches(tokens.text, accept):
-            first, last = spans[start]
-            if start > char or first > token:
-                pieces.append(("text", tokens.text[char:start], tuple(tokens.ids[token:first])))
-            pieces.append(("chunk", text, tuple(tokens.ids[first:last])))
-            char, token = start + len(text), last
+            span = spans[start]
+            if start > char or span.first > token:
+                pieces.append(Piece("text", tokens.text[char:start], tuple(tokens.ids[token : span.first])))
+            pieces.append(Piece("chunk", text, tuple(tokens.ids[span.first : span.last]), span.glued))
+            char, token = start + len(text), span.last
         if char < len(tokens.text) or token < len(tokens.ids):
-            pieces.append(("text", tokens.text[char:], tuple(tokens.ids[token:])))
+            pieces.append(Piece("text", tokens.text[char:], tuple(tokens.ids[token:])))
         return pieces
 
     def matches(self, prompt: str, accept: Callable[[int, str], bool] | None = None) -> list[tuple[int, str]]:
@@ -135,11 +155,52 @@ class ChunkFinder:
         return None
 
 
-def _token_span(tokens: Tokenized, start: int, text: str, ids: Sequence[int] | None) -> tuple[int, int] | None:
-    """Token indices ``[first, last)`` of ``text`` at ``start`` when it may be taken as a chunk, else None."""
+class _Span(NamedTuple):
+    first: int  # the prompt's token index of the chunk's first id taken
+    last: int  # one past its last
+    glued: tuple[int, ...]  # the chunk's ids before ``first`` that the prompt glued into token ``first - 1``
+
+
+def _token_span(tokens: Tokenized, start: int, text: str, ids: Sequence[int] | None) -> _Span | None:
+    """Where ``text`` at ``start`` may be taken as a chunk in ``tokens``, else None."""
     if ids is None or len(text) < MIN_CHUNK_CHARS or len(ids) < MIN_CHUNK_TOKENS:
         return None
     first, last = tokens.index_at(start), tokens.index_at(start + len(text))
-    if first is None or last is None or tuple(tokens.ids[first:last]) != tuple(ids):
+    if last is None:
         return None
-    return first, last
+    if first is not None and tuple(tokens.ids[first:last]) == tuple(ids):
+        return _Span(first, last, ())
+    return _glued_span(tokens, start, text, ids, last)
+
+
+def _glued_span(tokens: Tokenized, start: int, text: str, ids: Sequence[int], last: int) -> _Span | None:
+    """The span of ``text`` from its ``k``-th id on, where the prompt's token before it decodes to
+    whitespace followed by the text of the chunk's first ``k`` ids (e.g. " The" where the chunk
+    alone starts "The", or " passage" where it starts "pass", "age"); None where it does not."""
+    begin = start  # the boundary the glued token starts at: back over whitespace only
+    while tokens.index_at(begin) is None:
+        if begin == 0 or not tokens.text[begin - 1].isspace():
+            return None
+        begin -= 1
+    glued = tokens.index_at(begin)
+    if glued is None or glued >= last:
+        return None
+    decoded = tokens.decode(tokens.ids[glued : glued + 1])
+    head = decoded[start - begin :]  # what the glued token holds of the chunk's text
+    if decoded[: start - begin] != tokens.text[begin:start] or not head or not text.startswith(head):
+        return None
+    k = _ids_spelling(tokens, ids, head)
+    if k is None or tokens.index_at(start + len(head)) != glued + 1:
+        return None
+    if tuple(tokens.ids[glued + 1 : last]) != tuple(ids[k:]):
+        return None
+    return _Span(glued + 1, last, tuple(ids[:k]))
+
+
+def _ids_spelling(tokens: Tokenized, ids: Sequence[int], head: str) -> int | None:
+    """The ``k`` (less than ``len(ids)``) with ``ids[:k]`` decoding to exactly ``head``, or None."""
+    for k in range(1, len(ids)):
+        decoded = tokens.decode(ids[:k])
+        if len(decoded) >= len(head):
+            return k if decoded == head else None
+    return None

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from fusionrag_llm.fusion.placement import place_entry
+from fusionrag_llm.fusion.placement import entry_rows, place_entry
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.models.llama import DecoderLM
 from fusionrag_llm.storage import KVEntry
@@ -71,14 +71,14 @@ class LayerFeed:
     def entries(self) -> int:
         return len(self._entries)
 
-    def place(self, entry: KVEntry, start_position: int) -> torch.Tensor:
+    def place(self, entry: KVEntry, start_position: int, first_row: int = 0) -> torch.Tensor:
         """``place_entry`` with the K/V deferred: the next free slots and their positions now, the
         layers when asked for (a packed entry: whole, now)."""
         if self._started:
             raise RuntimeError("a LayerFeed takes entries only before it starts")
         if entry.extras:
-            return place_entry(self.model, self.cache, entry, start_position)
-        cache = self.cache
+            return place_entry(self.model, self.cache, entry, start_position, first_row=first_row)
+        entry, cache = entry_rows(entry, first_row), self.cache
         slots = cache.reserve(len(entry.token_ids))
         positions = torch.arange(start_position, start_position + len(slots), device=slots.device)
         cache.positions[slots] = positions

@@ -64,6 +64,10 @@ class TokenizedText:
         self._offsets = offsets
         self._decode = decode
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """``ids`` as text, exactly (special tokens kept, no clean-up of spaces)."""
+        return self._decode(ids)
+
     def index_at(self, char: int) -> int | None:
         if self._by_char is not None:
             return self._by_char.get(char)

@@ -16,6 +16,7 @@ from llama_index.core.schema import TextNode
 
 from fusionrag_llm import FusionRAG
 from fusionrag_llm.integrations.llama_index import FusionRAGIngestion, FusionRAGLLM
+from merging_tokenizer import REGISTERED, bpe_rag, registered_twin
 
 LOGGER = "fusionrag_llm.integrations._retrieved"
 TURNS = ["Who built the Keldmouth lighthouse?", "And when was it finished?"]
@@ -126,3 +127,51 @@ def test_retrieved_text_that_was_never_registered_is_warned(rag, calls, caplog):
     warned = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert len(warned) == 1 and "holds no registered chunk" in warned[0]
     assert calls[-1][2]["unmatched_chunks"] == 0
+
+
+def test_a_space_glued_to_a_chunk_is_no_cause_and_a_letter_is_named_as_the_cause(calls, caplog):
+    """With a merging tokenizer: after "Context: " a node that starts "Keldmouth" is found (all but that
+    word, which the space glues to: " Keldmouth" is one token) and nothing is said; after "Context: Un" a
+    node that starts "The" is not ("UnThe" is one token), and as the prompt holds its text unchanged, the
+    warning names the tokens at its edges, not a rewriting template."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    rag = registered_twin(bpe_rag())
+    said = []
+    for text, glue, unmatched in ((REGISTERED[1], " ", 0), (REGISTERED[3], " Un", 1)):
+        index = VectorStoreIndex([TextNode(text=text)], embed_model=BagOfWordsEmbedding())
+        template = PromptTemplate("Context:" + glue + "{context_str}\nQuestion: {query_str}\nAnswer:")
+        engine = index.as_query_engine(llm=FusionRAGLLM(rag=rag, max_new_tokens=2), text_qa_template=template)
+        engine.query("Which town is on Varrow?")
+        stats = calls[-1][2]
+        assert stats["unmatched_chunks"] == unmatched and stats["path_hits"]["chunk"] == 1 - unmatched
+        said.append([r.getMessage() for r in caplog.records if r.name == LOGGER])
+    assert stats_reused(calls[0][2]) == len(rag.tokenizer.encode(REGISTERED[1])) - 1
+    assert said[0] == [] and len(said[1]) == 1
+    assert "1 of 1 retrieved chunks are not reused: the prompt holds their text" in said[1][0]
+    assert "template" not in said[1][0]
+
+
+def stats_reused(stats: dict) -> int:
+    """Chunk tokens served from entries: reused as they are, or picked and recomputed."""
+    return stats["reused_tokens"] + stats["recomputed_tokens"]
+
+
+@pytest.mark.real_model
+def test_condense_plus_context_reuses_every_chunk_on_the_default_model(smollm2_rag, corpus, calls, caplog):
+    """LlamaIndex's own context prompt is indented: its first node follows two spaces, and SmolLM2's
+    tokenizer glues the second one to the node's first word (" passage", where the node alone starts
+    "pass" "age"). The node is still found: all of it but that first word is reused, and nothing is warned."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    rag = FusionRAG(smollm2_rag.engine.loaded, store=":memory:")
+    documents = [Document(text=text, metadata={"passage": i}) for i, text in enumerate(corpus["passages"])]
+    embed = BagOfWordsEmbedding()
+    steps = [SentenceSplitter(chunk_size=256), embed, FusionRAGIngestion(rag=rag, neighbors=2)]
+    index = VectorStoreIndex(IngestionPipeline(transformations=steps).run(documents=documents), embed_model=embed)
+    llm = FusionRAGLLM(rag=rag, max_new_tokens=8)
+    engine = index.as_chat_engine(chat_mode="condense_plus_context", llm=llm, similarity_top_k=2)
+    for turn in TURNS:
+        engine.chat(turn)
+    stats = calls[-1][2]
+    assert stats["unmatched_chunks"] == 0 and stats["path_hits"]["chunk"] + stats["path_hits"]["exact"] == 2
+    assert stats["reused_tokens"] > 0
+    assert [r.getMessage() for r in caplog.records if r.name == LOGGER] == []
