@@ -18,6 +18,10 @@ what is missing. Entries are the same bits as one process computes when the comp
 (plain entries are computed one chunk per forward pass, see ``fusion/offline.py``); on CPU that
 needs the same torch thread count in the workers (``EngineSpec.threads``, one per worker by
 default) as in the process they are compared with.
+
+A running Ray cluster is used as it is. A local one started for the call ends with the calling
+process, even one killed by SIGKILL: a watchdog process (``ray_watchdog``, Linux) then kills all its
+processes, workers included, within a fraction of a second, so none goes on writing into the store.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from fusionrag_llm.errors import FusionRAGError, require
+from fusionrag_llm.engine.ray_watchdog import Watchdog
 from fusionrag_llm.engine.worker_spec import EngineSpec
 from fusionrag_llm.fusion.catalog import CatalogWriteError, ChunkCatalog, RegisteredChunk, chunk_id_of
 from fusionrag_llm.fusion.entry_compute import EntryComputer
@@ -208,14 +213,17 @@ def _batches(items: list, workers: int) -> list[list]:
 
 @contextmanager
 def _cluster(ray) -> Iterator[None]:
-    """The running Ray cluster, or a local one started (and shut down) for this call."""
-    started = not ray.is_initialized()
-    if started:
-        ray.init(include_dashboard=False, logging_level=logging.WARNING)
-    try:
+    """The running Ray cluster, or a local one started (and shut down) for this call, whose processes
+    end with this process even when it is killed (see ``ray_watchdog``)."""
+    if ray.is_initialized():
         yield
-    finally:
-        if started:
+        return
+    with Watchdog() as watchdog:
+        with watchdog.marking():  # a cluster that ray.init only connects to starts no process here
+            ray.init(include_dashboard=False, logging_level=logging.WARNING)
+        try:
+            yield
+        finally:
             ray.shutdown()
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fusionrag_llm import FusionRAG
-from fusionrag_llm.engine import ray_ingest
+from fusionrag_llm.engine import ray_ingest, ray_watchdog
 from fusionrag_llm.errors import MissingDependencyError
 from fusionrag_llm.fusion.catalog import chunk_id_of
 
@@ -118,6 +118,35 @@ def test_process_ended_tells_a_running_process_from_an_ended_or_zombie_one():
     child.wait()
     assert ray_ingest.process_ended(child.pid)
     assert not ray_ingest.process_ended(os.getpid())
+
+
+class FakeRay:
+    """What ``_cluster`` asks of Ray; records the watchdog's mark that ``init`` would give the processes."""
+
+    def __init__(self, initialized: bool):
+        self.initialized, self.calls = initialized, []
+
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+    def init(self, **options) -> None:
+        self.calls.append(("init", os.environ.get(ray_watchdog.MARK)))
+
+    def shutdown(self) -> None:
+        self.calls.append(("shutdown", None))
+
+
+def test_a_running_cluster_is_left_alone_and_only_a_started_one_is_marked_for_the_watchdog():
+    running, started = FakeRay(initialized=True), FakeRay(initialized=False)
+    with ray_ingest._cluster(running):
+        pass
+    with ray_ingest._cluster(started):
+        pass
+    assert running.calls == []  # never started, shut down or watched
+    (init, mark), shutdown = started.calls
+    assert init == "init" and shutdown == ("shutdown", None)
+    assert (mark is not None) == sys.platform.startswith("linux")
+    assert ray_watchdog.MARK not in os.environ  # only the processes ray.init starts carry it
 
 
 @pytest.mark.parametrize("workers", [0, -1, 1.5, "2", True, 1025])
