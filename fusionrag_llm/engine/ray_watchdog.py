@@ -9,6 +9,9 @@ raylet (a container whose first process reaps no orphans). So the processes star
 ``Watchdog.marking()`` carry a token in their environment, which every process they start inherits,
 and a process started beforehand waits for the caller to end (its pipe from the caller reaches end of
 file, or it gets another parent) and then SIGKILLs every process of the machine that carries the token.
+While it waits it also notes the marked processes it sees (pid and start time), and kills those too:
+a process that retitles itself (Ray's agents do, through setproctitle) may overwrite the environment
+that ``/proc`` shows, the token with it.
 
 Linux only (it reads ``/proc``); elsewhere ``Watchdog`` starts nothing. This file runs as the
 watchdog with the standard library only: ``python -I ray_watchdog.py TOKEN CALLER_PID``.
@@ -99,27 +102,43 @@ def _start(token: str) -> subprocess.Popen | None:
 
 
 def watch(token: str, caller: int) -> None:
-    """The watchdog: wait until the caller ends (or closes the pipe), then kill the marked processes."""
+    """The watchdog: wait until the caller ends (or closes the pipe), noting the marked processes it sees,
+    then kill the marked processes and the noted ones."""
+    seen: dict[int, int] = {}  # pid -> its start time
     while os.getppid() == caller:  # another parent: the caller died (a process it forked may hold the pipe)
         readable, _, _ = select.select([sys.stdin], [], [], POLL_S)
+        seen.update((pid, start) for pid in marked_processes(token) if (start := start_time(pid)) is not None)
         if readable:
             break  # the caller never writes: readable means end of file
-    kill_marked(token)
+    kill_marked(token, seen)
 
 
-def kill_marked(token: str, timeout_s: float = KILL_TIMEOUT_S) -> None:
-    """SIGKILL every process of this machine whose environment carries ``token``, until none is left (a
-    process may start another before it is killed)."""
+def kill_marked(token: str, seen: dict[int, int] | None = None, timeout_s: float = KILL_TIMEOUT_S) -> None:
+    """SIGKILL every process of this machine whose environment carries ``token``, and those of ``seen``
+    (pid -> start time) that still run, until none is left (a process may start another before it is
+    killed)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        noted = [pid for pid, start in (seen or {}).items() if start_time(pid) == start]
         found = 0
-        for pid in marked_processes(token):  # each killed as soon as found: a worker may be writing
+        for pid in [*noted, *marked_processes(token)]:  # each killed as soon as found: a worker may be writing
             with suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
             found += 1
         if not found:
             return
         time.sleep(0.01)
+
+
+def start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot), or None when it is gone or a zombie: a pid
+    used again later names another process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] in (b"Z", b"X") else int(fields[19])
 
 
 def marked_processes(token: str) -> Iterator[int]:
