@@ -6,7 +6,7 @@ from fusionrag_llm import FusionRAG, RAGRequest
 from fusionrag_llm.eval.datasets import default_musique_path, load_musique
 from fusionrag_llm.eval.metrics import mean_kl
 
-QUESTIONS, PASSAGES = 2, 3
+QUESTIONS, PASSAGES = 2, 2
 
 
 @pytest.mark.real_model
