@@ -119,6 +119,8 @@ def random_model(shape: str, device: str, dtype: torch.dtype, seed: int = 0, ker
                 param.normal_(0.0, param.shape[-1] ** -0.5, generator=generator)
     model.rotary.inv_freq = model.rotary.inv_freq.to(device)
     model.kernels = resolve_backend(torch.empty(0, device=device), kernels)
+    if model.device.type == "cuda":  # as a loaded model gets
+        model.fuse_projections()
     tokenizer = ChatTokenizer(byte_tokenizer(), cfg.eos_token_ids)
     return LoadedModel(f"random-{shape}", model.eval(), tokenizer, hf_config, "built-in")
 

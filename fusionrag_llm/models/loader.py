@@ -103,6 +103,8 @@ def load_model(name_or_path: str | Path, device=None, dtype=None, kernels: str |
     else:
         loaded = load_folder(resolve_model_folder(name_or_path), builtin or name, torch_device, torch_dtype)
     loaded.model.kernels = backend
+    if torch_device.type == "cuda":
+        loaded.model.fuse_projections()
     loaded.model.pack_linears()
     loaded.model.quantize_linears(decode_weights)
     loaded.model.compiled_decode = compiled_decode_setting()
