@@ -245,7 +245,7 @@ class LLMEngine:
     def _run(self, scheduled: ScheduledStep) -> None:
         work = self._admit(scheduled.prefills)
         decodes = scheduled.decodes
-        passes = [w.forward for w in work] + [self.runner.decode_pass(seq) for seq in decodes]
+        passes = [w.forward for w in work] + self.runner.decode_passes(decodes)
         caches = [w.seq.cache for w in work] + [seq.cache for seq in decodes]
         if not passes:
             return

@@ -33,16 +33,16 @@ class ModelRunner:
         last_row = torch.tensor([len(recompute) - 1], device=recompute.device)
         return layout.step(recompute, logit_rows=last_row, capture_raw_kv=capture_raw_kv, hooks=hooks, scaling=scaling)
 
-    def decode_pass(self, seq: Sequence) -> ForwardPass:
-        """Feed the sequence's last token at its position, into the next free slot of its cache."""
-        device = seq.cache.keys.device
-        return ForwardPass(
-            token_ids=torch.tensor([seq.token_ids[-1]], device=device),
-            positions=torch.tensor([seq.next_position], device=device),
-            slots=seq.cache.reserve(1),
-            decode=True,
-            scaling=_scaling(seq),
-        )
+    def decode_passes(self, seqs: Seq[Sequence]) -> list[ForwardPass]:
+        """Feed each sequence's last token at its position, into the next free slot of its cache. The
+        tokens and positions of all of them go to the device in one copy (on a GPU each copy from host
+        memory waits for the device: one per step, not two per sequence)."""
+        if not seqs:
+            return []
+        device = seqs[0].cache.keys.device
+        both = torch.tensor([[seq.token_ids[-1] for seq in seqs], [seq.next_position for seq in seqs]], device=device)
+        return [ForwardPass(token_ids=both[0, i : i + 1], positions=both[1, i : i + 1], slots=seq.cache.reserve(1),
+                            decode=True, scaling=_scaling(seq)) for i, seq in enumerate(seqs)]  # fmt: skip
 
     def run(self, passes: Seq[ForwardPass], caches: Seq[KVCache]) -> list[ForwardOutput]:
         if len(passes) == 1:
