@@ -163,11 +163,46 @@ int fr_quant_can_tile(void) {
 #if defined(__AVX512F__)
 #define FR_ROWS 8  /* rows that share one dequantized block in the multi-row kernels */
 
+/* One row through a tiled 4-bit weight, converting each nibble as it is used (faster for one row than
+   keeping the block's floats; the same sums in the same order as qlinear_tiled). */
+static void qlinear_tiled_row(const fr_qweight *w, const float *x, float *y, const float *xs) {
+    int64_t k = w->k, n = w->n, blocks = k / 32;
+    const __m512i low = _mm512_set1_epi32(0x0F);
+    #pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < n / 16; t++) {
+        const uint8_t *q = (const uint8_t *)w->q + t * blocks * 256;
+        const uint16_t *d = w->d + t * blocks * 16, *mins = w->m + t * blocks * 16;
+        __m512 acc = _mm512_setzero_ps(), base = _mm512_setzero_ps();
+        for (int64_t b = 0; b < blocks; b++) {
+            const uint8_t *p = q + b * 256;
+            const float *v = x + b * 32;
+            __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+            for (int i = 0; i < 16; i += 2) {
+                __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + i * 16)));
+                __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + i * 16 + 16)));
+                s0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(a, low)), _mm512_set1_ps(v[i]), s0);
+                s1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(a, 4)), _mm512_set1_ps(v[i + 16]), s1);
+                s2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(c, low)), _mm512_set1_ps(v[i + 1]), s2);
+                s3 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(c, 4)), _mm512_set1_ps(v[i + 17]), s3);
+            }
+            __m512 s = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+            acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + b * 16))), s, acc);
+            base = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mins + b * 16))),
+                                   _mm512_set1_ps(xs[b]), base);
+        }
+        _mm512_storeu_ps(y + t * 16, _mm512_add_ps(acc, base));
+    }
+}
+
 /* y [rows, n] (rows ldy floats apart) = x [rows, k] @ W.T for a tiled 4-bit weight; xs: x's block sums.
    Each block of a tile is turned into floats once and multiplied into up to FR_ROWS rows: the nibble
    conversions, most of the work of one row, are shared by a batch's rows. Every row is summed in the
    same order whatever `rows` is, so a sequence's numbers do not depend on the batch it is in. */
 static void qlinear_tiled(const fr_qweight *w, const float *x, int64_t rows, float *y, int64_t ldy, const float *xs) {
+    if (rows == 1) {
+        qlinear_tiled_row(w, x, y, xs);
+        return;
+    }
     int64_t k = w->k, n = w->n, blocks = k / 32;
     const __m512i low = _mm512_set1_epi32(0x0F);
     #pragma omp parallel for schedule(static)
