@@ -141,14 +141,6 @@ def with_tools_text(chat: list[dict[str, str]], text: str) -> list[dict[str, str
     return [{"role": "system", "content": text}, *chat]
 
 
-def tool_request(tools: Any, choice: Any) -> tuple[str, dict | None]:
-    """``(what the system message gains, the answer's JSON schema)`` for a request's ``tools`` and
-    ``tool_choice``, both checked (the schema is None under ``none``: free text)."""
-    checked = check_tools(tools)
-    choice = check_choice(choice, checked)
-    return tools_prompt(checked, choice), answer_schema(checked, choice)
-
-
 # ---------------------------------------------------------------------- the chat template's own tool format
 PROBE_TOOL = "fusionrag_probe_tool"
 _PROBE_ARGUMENTS = {"probe_argument": 7}

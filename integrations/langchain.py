@@ -279,7 +279,7 @@ class ChatFusionRAG(_FusionRAGSettings, BaseChatModel):
         default), a calls or a plain answer; "any"/"required" or a tool's name force a call, "none" none.
         The calls are constrained to the tools' JSON schemas (``fusionrag_llm.tool_calls``)."""
         formatted = [convert_to_openai_tool(tool) for tool in tools]
-        tool_calls.tool_request(formatted, tool_choice)  # checked now, where the tools are given
+        tool_calls.ToolPlan.of(formatted, tool_choice)  # checked now, where the tools are given
         return self.bind(tools=formatted, tool_choice=tool_choice, **kwargs)
 
     @property
