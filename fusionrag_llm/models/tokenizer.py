@@ -222,9 +222,15 @@ class ChatTokenizer:
     def _check_template_data(self, value: Any) -> None:
         """Refuse what the template renders as its own text (tools, calls) when it holds a control token's text."""
         text = json.dumps(value, ensure_ascii=False)
-        for token in self.hf.all_special_tokens + [t.content for t in self.hf.added_tokens_decoder.values() if t.special]:
-            if token and token in text:
+        for token in self._control_texts:
+            if token in text:
                 raise FusionRAGError(f"tool definitions and calls must not contain the model's control token {token!r}")
+
+    @cached_property
+    def _control_texts(self) -> tuple[str, ...]:
+        """The texts of the tokenizer's special tokens (what template text turns into control tokens)."""
+        special = [*self.hf.all_special_tokens, *(t.content for t in self.hf.added_tokens_decoder.values() if t.special)]
+        return tuple(dict.fromkeys(token for token in special if token))
 
     def _split_rendered(self, rendered: str, messages: list[dict[str, str]]) -> list[ChatPart]:
         parts, rest = [], rendered
