@@ -308,7 +308,7 @@ def serve(dataset, questions, tokens, max_new_tokens, concurrency, method, ratio
                                     "also for end to end and the attention keys.")  # fmt: skip
 @click.option("--sections", default="all", show_default=True,
               callback=lambda ctx, param, value: tuple(value.split(",")),
-              help="Comma-separated: add_chunks, decode, ttft, e2e, attention, layerwise (entries in host memory, "
+              help="Comma-separated: add_chunks, decode, ttft, e2e, attention, profile (launches and syncs per decode step), layerwise (entries in host memory, "
                    "placed whole or layer by layer), tests (the GPU-marked tests); all: every one but layerwise, "
                    "tests only with CUDA.")  # fmt: skip
 @repeats_option(5)

@@ -191,13 +191,14 @@ class TieredStore(PinningMixin):
         return on_home, on_shared
 
     def stored_form(self, entry: KVEntry, exact: bool = False) -> KVEntry:
-        """A copy of `entry` on the host as this store keeps it: cast to `storage_dtype` (unless
-        `exact`), then packed by the codec when it quantizes (`compress`). Callers that use an entry
-        they just computed use this form, so a key gives the same numbers whether the entry is fresh
-        or read back."""
+        """A copy of `entry` as this store keeps it: cast to `storage_dtype` (unless `exact`), then
+        packed by the codec when it quantizes (`compress`, on the host). Callers that use an entry they
+        just computed use this form, so a key gives the same numbers whether the entry is fresh or read
+        back. An unpacked copy stays on the entry's device: a GPU entry bound for the device tier is not
+        sent to the host and back (the byte tiers copy it to the host as they encode it)."""
         compress = getattr(self._codec, "compress", None)
         if compress is None:
-            return entry.copy_to("cpu", None if exact else self._storage_dtype)
+            return entry.copy_to(None, None if exact else self._storage_dtype)
         if exact:
             raise ValueError(f"codec {self.codec_id!r} keeps packed entries only; this store holds no exact entries")
         if self._storage_dtype is not None and not entry.extras:

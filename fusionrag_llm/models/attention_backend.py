@@ -25,6 +25,17 @@ class AttentionMeta:
     mask: torch.Tensor | None = None  # [1, 1, n, length] position (and group) mask, when no fast path applies
     tail_start: int | None = None  # the step is a causal block ending the cache, from this slot
     sorted_positions: torch.Tensor | None = None  # sorted queries over a cache where slot j is position j
+    # one query over the cache's used slots (Triton): [0, 1, 0, length] on the device, the kernel's query
+    # and key offsets, so neither the call nor its shapes depend on the length (no sync, graph-capturable)
+    offsets: torch.Tensor | None = None
+
+
+def one_query_offsets(lengths: list[int], device: torch.device) -> torch.Tensor:
+    """[n, 4] int64 rows ``[0, 1, 0, length]`` on ``device`` in one copy that does not wait for the device."""
+    host = torch.tensor([[0, 1, 0, n] for n in lengths], dtype=torch.int64)
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
 
 
 def _masked(step, cache: KVCache) -> AttentionMeta:
@@ -38,7 +49,16 @@ def _scaled(q: torch.Tensor, cache: KVCache, layer: int, step, meta: AttentionMe
                          scaling.slots[:n], scaling.temperature, scaling.scale)  # fmt: skip
 
 
-class TorchAttention:
+class _Backend:
+    def prepare(self, step, cache: KVCache) -> AttentionMeta | None:
+        raise NotImplementedError
+
+    def prepare_all(self, steps, caches, offsets: torch.Tensor | None = None) -> list[AttentionMeta | None]:
+        """Every sequence's ``prepare``; ``offsets``: see ``TritonAttention.prepare_all``."""
+        return [self.prepare(step, cache) for step, cache in zip(steps, caches)]
+
+
+class TorchAttention(_Backend):
     name = "torch"
 
     def prepare(self, step, cache: KVCache) -> AttentionMeta:
@@ -59,8 +79,22 @@ class TorchAttention:
                       meta.sorted_positions)  # fmt: skip
 
 
-class TritonAttention:
+class TritonAttention(_Backend):
     name = "triton"
+
+    def prepare_all(self, steps, caches, offsets: torch.Tensor | None = None) -> list[AttentionMeta | None]:
+        """``prepare`` per sequence; the sequences whose one query sees the cache's used slots (a decode
+        step) read them through the packed kernel with device offsets: one copy for the whole step
+        (``one_query_offsets``), or rows of ``offsets`` [n, 4] that the caller keeps up to date (the
+        captured decode step, ``models/decode_graphs.py``), one per such sequence in order."""
+        metas = [self.prepare(step, cache) for step, cache in zip(steps, caches)]
+        single = [i for i, (step, meta) in enumerate(zip(steps, metas)) if meta is None and len(step.slots) == 1]
+        if single:
+            if offsets is None:
+                offsets = one_query_offsets([caches[i].length for i in single], caches[single[0]].keys.device)
+            for row, i in enumerate(single):
+                metas[i] = AttentionMeta(offsets=offsets[row])
+        return metas
 
     def prepare(self, step, cache: KVCache) -> AttentionMeta | None:
         if step.groups is not None or step.scaling is not None:
@@ -77,6 +111,10 @@ class TritonAttention:
             return _scaled(q, cache, layer, step, meta)
         n = cache.length
         keys, values = cache.keys[layer, :, :n], cache.values[layer, :, :n]
+        if meta is not None and meta.offsets is not None:  # every slot's KV, the offsets bound them
+            return dispatch.q_sparse_attention_varlen(q, step.positions, meta.offsets[:2], cache.keys[layer],
+                                                      cache.values[layer], cache.positions, cache.valid,
+                                                      meta.offsets[2:], max_seqlen_q=1, backend="triton")  # fmt: skip
         if meta is not None and meta.tail_start is not None:
             return attend_causal_block(q, keys, values, meta.tail_start)
         if meta is not None:

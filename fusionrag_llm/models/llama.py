@@ -24,6 +24,7 @@ from fusionrag_llm.kernels.cpu_quant import FORMATS
 from fusionrag_llm.kernels.rotary import rotate
 from fusionrag_llm.models.attention_backend import attention_backend
 from fusionrag_llm.models.config import ModelConfig
+from fusionrag_llm.models.decode_graphs import DecodeGraphs, graphable
 from fusionrag_llm.models.fast_decode import DecodeProgram
 from fusionrag_llm.models.forward import BatchContext, ForwardOutput, ForwardPass, spans_of
 from fusionrag_llm.models.kv_cache import KVCache
@@ -140,6 +141,10 @@ class DecoderLM(nn.Module):
         # (models/fast_decode.py, built by quantize_linears); False: layer by layer from Python, as
         # every other forward
         self.compiled_decode = True
+        # decode steps on CUDA replay captured graphs where they can (models/decode_graphs.py); False:
+        # layer by layer from Python
+        self.cuda_graphs = True
+        self.decode_graphs = DecodeGraphs()  # what it captured: .captured, .failed
 
     @property
     def kernels(self) -> str:
@@ -231,19 +236,22 @@ class DecoderLM(nn.Module):
         cos, sin = cos_sin if cos_sin is not None else self.rotary_cos_sin(positions)
         return rotate(x, cos, sin)
 
-    def _batch(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> tuple[BatchContext, torch.Tensor]:
-        """The forward's shared metadata and the stacked token embeddings [n_total, hidden]."""
+    def _batch(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache],
+               offsets: torch.Tensor | None = None) -> tuple[BatchContext, torch.Tensor]:  # fmt: skip
+        """The forward's shared metadata and the stacked token embeddings [n_total, hidden]; ``offsets``:
+        see ``TritonAttention.prepare_all``."""
         for step, cache in zip(steps, caches):
             cache.positions[step.slots] = step.positions
             cache.valid[step.slots] = True
             if step.groups is not None:
                 cache.groups[step.slots] = step.groups
         outputs = [ForwardOutput(logits=torch.empty(0), raw_keys=[], raw_values=[]) for _ in steps]
-        batch = self._context(list(steps), list(caches), outputs)
+        batch = self._context(list(steps), list(caches), outputs, offsets)
         ids = steps[0].token_ids if len(steps) == 1 else torch.cat([s.token_ids for s in steps])
         return batch, self.model.embed_tokens(ids)
 
-    def _context(self, steps: list[ForwardPass], caches: list[KVCache], outputs: list[ForwardOutput]) -> BatchContext:
+    def _context(self, steps: list[ForwardPass], caches: list[KVCache], outputs: list[ForwardOutput],
+                 offsets: torch.Tensor | None = None) -> BatchContext:  # fmt: skip
         positions = steps[0].positions if len(steps) == 1 else torch.cat([s.positions for s in steps])
         cos_sin = None if self.kernels == "triton" else self.rotary_cos_sin(positions)
         return BatchContext(
@@ -252,7 +260,7 @@ class DecoderLM(nn.Module):
             spans=spans_of(steps),
             rotate=lambda x: self.rotate(x, positions, cos_sin),
             attention=self.attention,
-            metas=[self.attention.prepare(step, cache) for step, cache in zip(steps, caches)],
+            metas=self.attention.prepare_all(steps, caches, offsets),
             outputs=outputs,
             cos_sin=cos_sin,
         )
@@ -297,8 +305,13 @@ class DecoderLM(nn.Module):
         with quantized_linears(all(step.decode for step in steps)):
             return self._forward_batch(steps, caches)
 
-    def _forward_batch(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> list[ForwardOutput]:
-        batch, x = self._batch(steps, caches)  # x: [n_total, hidden]
+    def _forward_batch(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache],
+                       offsets: torch.Tensor | None = None) -> list[ForwardOutput]:  # fmt: skip
+        if offsets is None and self.cuda_graphs and graphable(self, steps, caches):
+            outputs = self.decode_graphs.run(self, steps, caches, self._weights_key())
+            if outputs is not None:
+                return outputs
+        batch, x = self._batch(steps, caches, offsets)  # x: [n_total, hidden]
         program = self._decode_program
         if self.compiled_decode and program is not None and program.takes(batch) and program.current():
             x = program.run(x, batch)
@@ -320,6 +333,17 @@ class DecoderLM(nn.Module):
             else:
                 out.raw_keys = out.raw_values = None
         return batch.outputs
+
+
+    def graph_body(self, steps: list[ForwardPass], caches: list[KVCache], offsets: torch.Tensor) -> torch.Tensor:
+        """The decode step ``DecodeGraphs`` captures: every sequence's logits [n, vocab], with the attention
+        offsets [n, 4] the graph keeps in its own buffer."""
+        return torch.cat([out.logits for out in self._forward_batch(steps, caches, offsets)])
+
+    def _weights_key(self) -> tuple[int, ...]:
+        """Where the weights and the rotary table are now: a moved or replaced tensor changes it (a graph
+        holds their addresses)."""
+        return (self.rotary.inv_freq.data_ptr(), *(p.data_ptr() for p in self.parameters()))
 
 
 def _keep(step: ForwardPass) -> torch.Tensor | None:

@@ -44,3 +44,15 @@ def test_triton_path_matches_torch_path_on_gpu():
 def test_unknown_kernel_backend_is_a_clear_error():
     with pytest.raises(ValueError, match="allowed: auto, torch, triton"):
         FusionRAG.from_pretrained("tiny", store=":memory:", options={"kernels": "cuda-magic"})
+
+
+def test_a_batch_of_decode_steps_reads_each_cache_through_its_own_offsets():
+    """Several sequences decoded at once on the Triton backend (each one query over its own cache, the
+    cache's length given on the device) give the tokens of the torch backend."""
+    requests = [RAGRequest(chunks=CHUNKS, question="When?"), RAGRequest(chunks=CHUNKS[::-1], question="Who built it?"),
+                RAGRequest(chunks=CHUNKS[1:], question="Where?")]  # fmt: skip
+    outs = {}
+    for kernels in ("torch", "triton"):
+        rag = build(kernels, "cuda" if torch.cuda.is_available() else "cpu")
+        outs[kernels] = [o.token_ids for o in rag.generate_many(requests, "fusionrag", 0.3, 5, sampling={"ignore_eos": True})]
+    assert outs["triton"] == outs["torch"] and all(len(tokens) == 5 for tokens in outs["torch"])

@@ -17,7 +17,7 @@ from fusionrag_llm.fusion.request_variants import VARIANT_LOG
 from fusionrag_llm.models.forward import ForwardPass
 from method_spy import spy
 
-from tests.methods.test_cache_craft import A, B, C, D, E, EMBEDDINGS, QUESTION
+from test_cache_craft import A, C, D, E, EMBEDDINGS, QUESTION
 
 
 def engine(store=":memory:", craft_variants=5):

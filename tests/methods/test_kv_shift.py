@@ -4,12 +4,15 @@ from the upper half of the layers up (``fusion/kv_shift.py``)."""
 import pytest
 import torch
 
-from fusionrag_llm import FusionRAG, FusionRAGError, LayerHook, RAGRequest, get_method
-from fusionrag_llm.fusion.kv_shift import ChunkShift
-from fusionrag_llm.integrations.langchain import ChatFusionRAG
-from fusionrag_llm.integrations.llama_index import FusionRAGLLM
-from fusionrag_llm.models.forward import ForwardPass
-from method_spy import spy
+pytest.importorskip("langchain_core", reason="the framework checks need the langchain extra")
+pytest.importorskip("llama_index.core", reason="the framework checks need the llama-index extra")
+
+from fusionrag_llm import FusionRAG, FusionRAGError, LayerHook, RAGRequest, get_method  # noqa: E402
+from fusionrag_llm.fusion.kv_shift import ChunkShift  # noqa: E402
+from fusionrag_llm.integrations.langchain import ChatFusionRAG  # noqa: E402
+from fusionrag_llm.integrations.llama_index import FusionRAGLLM  # noqa: E402
+from fusionrag_llm.models.forward import ForwardPass  # noqa: E402
+from method_spy import spy  # noqa: E402
 
 CHUNKS = [
     "The river Sel floods the lower town of Brightwater every spring after the snow melts in the hills.",

@@ -60,7 +60,7 @@ def test_weights_changed_after_fusing_are_the_ones_used():
 
 @pytest.mark.gpu
 def test_a_cuda_model_is_loaded_with_fused_projections_and_the_logits_of_a_cpu_one():
-    cpu = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False})
+    cpu = FusionRAG.from_pretrained("tiny", device="cpu", store=":memory:", options={"prefix_cache": False})
     gpu = FusionRAG.from_pretrained("tiny", device="cuda", dtype="float32", store=":memory:",
                                     options={"prefix_cache": False, "kernels": "torch"})  # fmt: skip
     attn = gpu.engine.model.model.layers[0].self_attn  # q, k and v view one matrix

@@ -60,3 +60,16 @@ def test_loader_prefetches_onto_the_device(tmp_path):
         result = loader.wait("r", timeout=30)
         assert result.entries[key_for(7)].device.type == "cuda"
         assert store.tier_of(key_for(7)) == "device"
+
+
+@pytest.mark.parametrize("storage_dtype", [None, torch.float16])
+def test_a_gpu_entry_is_stored_on_the_device_tier_without_a_trip_to_the_host(storage_dtype):
+    entry = make_entry(5, dtype=torch.float32).copy_to("cuda")
+    store = TieredStore(None, StoreBudgets(device_bytes=4 * ENTRY_BYTES, host_bytes=0), "cuda",
+                        storage_dtype=storage_dtype)  # fmt: skip
+    stored = store.stored_form(entry)
+    assert stored.device.type == "cuda" and stored.keys.data_ptr() != entry.keys.data_ptr()
+    assert stored.dtype == (storage_dtype or torch.float32)
+    store.put(key_for(5), entry)
+    got, tier = store.get(key_for(5))
+    assert tier == "device" and got.bitwise_equal(stored)

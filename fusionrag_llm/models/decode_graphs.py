@@ -1,0 +1,127 @@
+"""Decode steps on CUDA replayed from captured CUDA graphs.
+
+A decode step of an 8B model on a GPU launches about a thousand small kernels; launched one by one
+from Python they take several times longer than the kernels run. ``DecodeGraphs`` records a step's
+kernels once in a CUDA graph and replays it for the following steps of the same sequences: the
+launches cost one call per step.
+
+A graph holds raw device addresses, so it is made for one set of caches and one placement of the
+weights (its key: the addresses of the model's tensors, each cache's buffers and capacity, in order;
+weights changed in place are read as they are) and replays only steps that change nothing but the
+values in its inputs:
+
+* the step's token ids, positions and slots, copied into the graph's input buffer;
+* each cache's used length, in the attention offsets (``TritonAttention.prepare_all``): the kernel
+  reads it from the device, so no shape of the step depends on it.
+
+It takes only a plain decode step: one token per sequence (``ForwardPass.decode``) with no hook,
+capture, attention groups, scaling or KV still arriving, on the Triton backend. Anything else, and
+any step after a failed capture (a warning says why), runs layer by layer as before. Capturing runs
+the step once for real first (its writes are the same values the replay writes again), so a new set
+of sequences costs one eager step and one capture. The few most recent graphs are kept; they share
+one memory pool.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from fusionrag_llm.models.forward import ForwardOutput, ForwardPass
+from fusionrag_llm.models.kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from fusionrag_llm.models.llama import DecoderLM
+
+logger = logging.getLogger(__name__)
+
+KEPT_GRAPHS = 4  # sets of sequences whose graphs are kept (a batch changes when one ends or joins)
+
+
+def graphable(model: DecoderLM, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> bool:
+    """True for a plain decode step on CUDA through the Triton backend (see the module docstring)."""
+    if model.device.type != "cuda" or model.kernels != "triton":
+        return False
+    plain = all(step.decode and len(step.token_ids) == 1 and step.logit_rows is None and not step.hooks
+                and not step.capture_query_layers and not step.capture_raw_kv and step.groups is None
+                and step.scaling is None for step in steps)  # fmt: skip
+    return plain and all(cache.feed is None for cache in caches)
+
+
+class DecodeGraphs:
+    """The captured decode steps of one model (``DecoderLM.decode_graphs``; ``DecoderLM.cuda_graphs`` turns them off)."""
+
+    def __init__(self) -> None:
+        self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
+        self._pool = None
+        self.failed: str | None = None  # why capturing failed; then every step runs eagerly
+
+    @property
+    def captured(self) -> int:
+        """How many graphs are kept now."""
+        return len(self._graphs)
+
+    def run(self, model: DecoderLM, steps: Sequence[ForwardPass], caches: Sequence[KVCache],
+            weights: tuple[int, ...]) -> list[ForwardOutput] | None:  # fmt: skip
+        """The step's outputs from a graph (captured now if none was for these caches and ``weights``, the
+        addresses of the model's tensors), or None when this model cannot capture (the caller runs the
+        step eagerly)."""
+        if self.failed is not None:
+            return None
+        key = (weights, *((c.keys.data_ptr(), c.values.data_ptr(), c.positions.data_ptr(), c.valid.data_ptr(),
+                           c.groups.data_ptr(), c.capacity) for c in caches))  # fmt: skip
+        graph = self._graphs.pop(key, None)
+        if graph is None:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            try:
+                graph = _Graph(model, steps, caches, self._pool)
+            except RuntimeError as exc:  # an operation that cannot be captured: eager from now on
+                self.failed = f"{type(exc).__name__}: {exc}"
+                self._graphs.clear()
+                logger.warning("decode steps run without CUDA graphs: capturing failed (%s)", self.failed)
+                return None
+        self._graphs[key] = graph
+        while len(self._graphs) > KEPT_GRAPHS:
+            self._graphs.popitem(last=False)
+        return graph.replay(steps, caches)
+
+
+class _Graph:
+    """One captured decode step over fixed caches; inputs go into its buffers before each replay."""
+
+    def __init__(self, model: DecoderLM, steps: Sequence[ForwardPass], caches: Sequence[KVCache], pool) -> None:
+        n, device = len(caches), model.device
+        self.caches = list(caches)  # kept alive: the graph writes into their buffers
+        self.inputs = torch.empty(3, n, dtype=torch.int64, device=device)  # token ids, positions, slots
+        self.offsets = torch.empty(n, 4, dtype=torch.int64, device=device)  # [0, 1, 0, length] per sequence
+        self.host = torch.empty(n, 4, dtype=torch.int64).pin_memory()
+        self.copied = torch.cuda.Event()  # the last copy out of ``host`` is done
+        self._fill(steps, caches)
+        graph_steps = [ForwardPass(self.inputs[0, i : i + 1], self.inputs[1, i : i + 1], self.inputs[2, i : i + 1],
+                                   decode=True) for i in range(n)]  # fmt: skip
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # the step once for real: lazy set-up happens outside the capture
+            model.graph_body(graph_steps, self.caches, self.offsets)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.logits = model.graph_body(graph_steps, self.caches, self.offsets)
+
+    def _fill(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> None:
+        for row, name in enumerate(("token_ids", "positions", "slots")):
+            self.inputs[row].copy_(torch.cat([getattr(step, name) for step in steps]))
+        self.copied.synchronize()
+        self.host.copy_(torch.tensor([[0, 1, 0, cache.length] for cache in caches]))
+        self.offsets.copy_(self.host, non_blocking=True)
+        self.copied.record()
+
+    def replay(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> list[ForwardOutput]:
+        self._fill(steps, caches)
+        self.graph.replay()
+        logits = self.logits.clone()  # the next replay overwrites the graph's own
+        return [ForwardOutput(logits=logits[i : i + 1]) for i in range(len(steps))]
