@@ -16,9 +16,10 @@ values in its inputs:
 
 It takes only a plain decode step: one token per sequence (``ForwardPass.decode``) with no hook,
 capture, attention groups, scaling or KV still arriving, on the Triton backend. Anything else, and
-any step after a failed capture (a warning says why), runs layer by layer as before. Capturing runs
-the step once for real first (its writes are the same values the replay writes again), so a new set
-of sequences costs one eager step and one capture. The few most recent graphs are kept; they share
+any step after a failed capture (a warning says why), runs layer by layer as before. The first step of
+a new set of sequences runs eagerly (while a batch fills up, each step has new members); the second
+captures, running the step once for real first (its writes are the same values the replay writes
+again), so a new set of sequences costs two eager steps and one capture. The few most recent graphs are kept; they share
 one memory pool.
 """
 
@@ -57,6 +58,7 @@ class DecodeGraphs:
     def __init__(self) -> None:
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
         self._pool = None
+        self._last: tuple | None = None  # the key of the last step run eagerly
         self.failed: str | None = None  # why capturing failed; then every step runs eagerly
 
     @property
@@ -75,6 +77,9 @@ class DecodeGraphs:
                            c.groups.data_ptr(), c.capacity) for c in caches))  # fmt: skip
         graph = self._graphs.pop(key, None)
         if graph is None:
+            if key != self._last:  # a set of sequences seen once runs eagerly: while a batch fills up,
+                self._last = key  # each step has new members, and a capture would not be replayed
+                return None
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             try:
