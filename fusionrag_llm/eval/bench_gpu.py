@@ -26,6 +26,7 @@ from fusionrag_llm.api import FusionRAG
 from fusionrag_llm.eval.gpu_checks import attention_rows, header, run_gpu_tests, tests_folder
 from fusionrag_llm.eval.results import markdown_table, ms, write_json
 from fusionrag_llm.kernels.dispatch import resolve_backend
+from fusionrag_llm.models.attention_backend import TritonAttention
 from fusionrag_llm.models.config import config_from_hf
 from fusionrag_llm.models.llama import DecoderLM
 from fusionrag_llm.models.loader import LoadedModel
@@ -307,7 +308,27 @@ class _Run:
             flex = f"{r['flex_ms']:.2f} ms (max diff {r['max_abs_diff']:.1e})" if "flex_ms" in r else r["flex"]
             self.figure(f"recompute attention, {r['fraction']:.0%} of {r['keys']} keys", f"own {r['own_ms']:.2f} ms, "
                         f"FlexAttention {flex}, causal SDPA of all keys {r['causal_sdpa_ms']:.2f} ms")  # fmt: skip
-        return {"rows": rows}
+        return {"rows": rows, "ttft": self.recompute_ttft()}
+
+    def recompute_ttft(self) -> dict:
+        """``fusionrag``'s time to the first token at the longest length with the recompute through each of
+        the Triton backend's choices (``TritonAttention.recompute``): the own kernel and FlexAttention."""
+        rag, context = self.engine(self.tier), max(self.config.contexts)
+        backend = rag.engine.model.attention
+        if not isinstance(backend, TritonAttention):
+            return {"skipped": f"the {backend.name} backend has one recompute path"}
+        request, seconds = self.request(context), {}
+        try:
+            for recompute in TritonAttention.RECOMPUTE:
+                backend.recompute = recompute
+                timed(rag, [request], "fusionrag", 0.15)  # warm-up (FlexAttention compiles here)
+                seconds[recompute] = statistics.median(timed(rag, [request], "fusionrag", 0.15)["s"]
+                                                       for _ in range(max(1, self.config.repeats // 2)))  # fmt: skip
+        finally:
+            backend.recompute = "kernel"
+        self.figure(f"TTFT fusionrag r=0.15, {context}, recompute by the own kernel vs FlexAttention",
+                    f"{ms(seconds['kernel'])} vs {ms(seconds['flex'])} ms ({seconds['kernel'] / seconds['flex']:.2f}x)")  # fmt: skip
+        return {"context": context, "s": seconds}
 
     def profile(self) -> dict:
         """Where the time goes (torch profiler): kernel launches and host reads (device syncs) per decode step

@@ -9,6 +9,8 @@ kernel does not model. A step with ``scaling`` (APE) takes the rescaled softmax 
 
 from __future__ import annotations
 
+import functools
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +30,7 @@ class AttentionMeta:
     # one query over the cache's used slots (Triton): [0, 1, 0, length] on the device, the kernel's query
     # and key offsets, so neither the call nor its shapes depend on the length (no sync, graph-capturable)
     offsets: torch.Tensor | None = None
+    block_mask: object = None  # FlexAttention's block mask of a recompute step (TritonAttention.recompute)
 
 
 def one_query_offsets(lengths: list[int], device: torch.device) -> torch.Tensor:
@@ -80,7 +83,18 @@ class TorchAttention(_Backend):
 
 
 class TritonAttention(_Backend):
+    """``recompute``: what attends a step's scattered queries over the cache (a sparse recompute),
+    "kernel" (the own query-sparse kernel) or "flex" (FlexAttention, compiled on CUDA, with one block
+    mask per forward from the positions). ``fusionrag bench gpu --sections attention`` times both, in
+    isolation and as time to the first token; the faster one on the cards measured becomes the default."""
+
     name = "triton"
+    RECOMPUTE = ("kernel", "flex")
+
+    def __init__(self, recompute: str = "kernel") -> None:
+        if recompute not in self.RECOMPUTE:
+            raise ValueError(f"recompute must be one of {', '.join(self.RECOMPUTE)}, got {recompute!r}")
+        self.recompute = recompute
 
     def prepare_all(self, steps, caches, offsets: torch.Tensor | None = None) -> list[AttentionMeta | None]:
         """``prepare`` per sequence; the sequences whose one query sees the cache's used slots (a decode
@@ -104,6 +118,9 @@ class TritonAttention(_Backend):
                                      any_device=True)  # fmt: skip
             if tail is not None:
                 return AttentionMeta(tail_start=tail)
+            if self.recompute == "flex":
+                n = cache.length
+                return AttentionMeta(block_mask=flex_block_mask(step.positions, cache.positions[:n], cache.valid[:n]))
         return None
 
     def __call__(self, q: torch.Tensor, cache: KVCache, layer: int, step, meta: AttentionMeta | None) -> torch.Tensor:
@@ -117,10 +134,38 @@ class TritonAttention(_Backend):
                                                       meta.offsets[2:], max_seqlen_q=1, backend="triton")  # fmt: skip
         if meta is not None and meta.tail_start is not None:
             return attend_causal_block(q, keys, values, meta.tail_start)
+        if meta is not None and meta.block_mask is not None:
+            return _flex(q.device.type)(q[None], keys[None], values[None], block_mask=meta.block_mask, enable_gqa=True)[0]
         if meta is not None:
             return attend(q, keys, values, meta.mask, None)
         return dispatch.q_sparse_attention(q, step.positions, keys, values, cache.positions[:n], cache.valid[:n],
                                            backend="triton")  # fmt: skip
+
+
+def flex_block_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, k_valid: torch.Tensor):
+    """FlexAttention's block mask of queries at ``q_positions`` over keys: key j is seen when it is valid
+    and its position is at most the query's (the rule of ``kernels/q_sparse_attention.py``)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def visible(b, h, q, k):
+        return k_valid[k] & (k_positions[k] <= q_positions[q])
+
+    return create_block_mask(visible, None, None, len(q_positions), len(k_positions), device=q_positions.device)
+
+
+@functools.cache
+def _flex(device_type: str):
+    """flex_attention, compiled on CUDA (eager elsewhere: it materialises the scores, for tests)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device_type != "cuda":
+        def eager(*args, **kwargs):
+            with warnings.catch_warnings():  # eager FlexAttention says it is slow; it is only for checks
+                warnings.simplefilter("ignore", UserWarning)
+                return flex_attention(*args, **kwargs)
+
+        return eager
+    return torch.compile(flex_attention)
 
 
 def attention_backend(name: str) -> TorchAttention | TritonAttention:

@@ -19,8 +19,8 @@ capture, attention groups, scaling or KV still arriving, on the Triton backend. 
 any step after a failed capture (a warning says why), runs layer by layer as before. The first step of
 a new set of sequences runs eagerly (while a batch fills up, each step has new members); the second
 captures, running the step once for real first (its writes are the same values the replay writes
-again), so a new set of sequences costs two eager steps and one capture. The few most recent graphs are kept; they share
-one memory pool.
+again), so a new set of sequences costs two eager steps and one capture. The few most recent graphs are kept, each with its
+own memory pool (a few megabytes: one token per sequence).
 """
 
 from __future__ import annotations
@@ -57,7 +57,6 @@ class DecodeGraphs:
 
     def __init__(self) -> None:
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
-        self._pool = None
         self._last: tuple | None = None  # the key of the last step run eagerly
         self.failed: str | None = None  # why capturing failed; then every step runs eagerly
 
@@ -80,10 +79,8 @@ class DecodeGraphs:
             if key != self._last:  # a set of sequences seen once runs eagerly: while a batch fills up,
                 self._last = key  # each step has new members, and a capture would not be replayed
                 return None
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
             try:
-                graph = _Graph(model, steps, caches, self._pool)
+                graph = _Graph(model, steps, caches)
             except RuntimeError as exc:  # an operation that cannot be captured: eager from now on
                 self.failed = f"{type(exc).__name__}: {exc}"
                 self._graphs.clear()
@@ -98,7 +95,7 @@ class DecodeGraphs:
 class _Graph:
     """One captured decode step over fixed caches; inputs go into its buffers before each replay."""
 
-    def __init__(self, model: DecoderLM, steps: Sequence[ForwardPass], caches: Sequence[KVCache], pool) -> None:
+    def __init__(self, model: DecoderLM, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> None:
         n, device = len(caches), model.device
         self.caches = list(caches)  # kept alive: the graph writes into their buffers
         self.inputs = torch.empty(3, n, dtype=torch.int64, device=device)  # token ids, positions, slots
@@ -114,7 +111,7 @@ class _Graph:
             model.graph_body(graph_steps, self.caches, self.offsets)
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        with torch.cuda.graph(self.graph):  # its own memory pool: graphs replay in any order
             self.logits = model.graph_body(graph_steps, self.caches, self.offsets)
 
     def _fill(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> None:

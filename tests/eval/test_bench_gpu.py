@@ -48,6 +48,7 @@ def test_every_section_writes_its_figures_and_the_tests_their_counts(tmp_path):
     attention = written["attention"]["rows"]
     assert [r["fraction"] for r in attention] == [0.05, 0.15, 0.3]
     assert all(r["max_abs_diff"] < 1e-4 and r["flex_ms"] > 0 for r in attention)  # eager FlexAttention agrees
+    assert "one recompute path" in written["attention"]["ttft"]["skipped"]  # the torch backend
     profile = written["profile"]
     assert profile["steps"] == 32 and profile["per_step"]["launches"] == 0  # no kernels to launch on the CPU
     assert profile["per_step"]["host_reads"] >= 1  # at least the sampled token is read back each step
