@@ -98,26 +98,40 @@ class EntryComputer:
 
         ``notes``: also measure Cache-Craft's notes on it (``fusion/craft.py``; kept in its meta). They
         cost one more attention pass per layer, about 70% more time for a 600-token chunk after nine."""
+        return self.compute_fused_many([(token_ids, neighbours, neighbour_ids)], notes)[0]
+
+    def compute_fused_many(self, jobs: Sequence[tuple[TokenIds, Sequence[KVEntry], Sequence[str]]],
+                           notes: bool = False) -> list[KVEntry]:  # fmt: skip
+        """``compute_fused`` of each (token ids, neighbours, neighbour ids) in ``jobs``, all in one forward
+        (each chunk over its own cache): one pass through the weights for several chunks. The numbers
+        match one chunk per pass up to the last bits of float arithmetic (ingestion batches them on a GPU
+        only, see ``fusion/offline.py``)."""
         s0, _ = self.prefix_entry(self.keys.s0_ids)
-        neighbours = self._fitting(token_ids, neighbours)
-        used = list(neighbour_ids[: len(neighbours)])
-        context = len(self.keys.s0_ids) + sum(len(n.token_ids) for n in neighbours)
-        cache = self.model.new_cache(context + len(token_ids))
-        place_entry(self.model, cache, s0, 0)
-        position, spans = len(self.keys.s0_ids), []
-        for neighbour in neighbours:
-            place_entry(self.model, cache, neighbour, position)
-            spans.append((position, position + len(neighbour.token_ids)))
-            position += len(neighbour.token_ids)
-        device = self.model.device
-        ids = torch.tensor(token_ids, device=device)
-        recorder = NotesRecorder(used, spans, (context, context + len(ids))) if notes else None
-        step = ForwardPass(ids, torch.arange(context, context + len(ids), device=device), cache.reserve(len(ids)),
-                           logit_rows=ids[:0], capture_raw_kv=True, hooks=(recorder,) if recorder is not None else ())  # fmt: skip
-        out = self.model(step, cache)
-        extra = {META_KEY: recorder.notes().to_meta()} if recorder is not None else {}
-        meta = self.keys.meta("fused", neighbours=used, requested=list(neighbour_ids), **extra)
-        return KVEntry(tuple(token_ids), out.raw_keys.clone(), out.raw_values.clone(), meta)
+        device, steps, caches, parts = self.model.device, [], [], []
+        for token_ids, neighbours, neighbour_ids in jobs:
+            neighbours = self._fitting(token_ids, neighbours)
+            used = list(neighbour_ids[: len(neighbours)])
+            context = len(self.keys.s0_ids) + sum(len(n.token_ids) for n in neighbours)
+            cache = self.model.new_cache(context + len(token_ids))
+            place_entry(self.model, cache, s0, 0)
+            position, spans = len(self.keys.s0_ids), []
+            for neighbour in neighbours:
+                place_entry(self.model, cache, neighbour, position)
+                spans.append((position, position + len(neighbour.token_ids)))
+                position += len(neighbour.token_ids)
+            ids = torch.tensor(token_ids, device=device)
+            recorder = NotesRecorder(used, spans, (context, context + len(ids))) if notes else None
+            steps.append(ForwardPass(ids, torch.arange(context, context + len(ids), device=device),
+                                     cache.reserve(len(ids)), logit_rows=ids[:0], capture_raw_kv=True,
+                                     hooks=(recorder,) if recorder is not None else ()))  # fmt: skip
+            caches.append(cache)
+            parts.append((token_ids, neighbour_ids, used, recorder))
+        entries = []
+        for out, (token_ids, neighbour_ids, used, recorder) in zip(self.model.forward_batch(steps, caches), parts):
+            extra = {META_KEY: recorder.notes().to_meta()} if recorder is not None else {}
+            meta = self.keys.meta("fused", neighbours=used, requested=list(neighbour_ids), **extra)
+            entries.append(KVEntry(tuple(token_ids), out.raw_keys.clone(), out.raw_values.clone(), meta))
+        return entries
 
     def _fitting(self, token_ids: TokenIds, neighbours: Sequence[KVEntry]) -> list[KVEntry]:
         """The most similar neighbours that fit the context window with S0 and the chunk."""

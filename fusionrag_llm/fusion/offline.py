@@ -26,7 +26,10 @@ requests keep stepping). What runs there sees the catalog and the store as anoth
 
 Plain entries are computed one chunk per forward pass: batched passes differ in the last bits
 (~1e-6, measured) with the batch's make-up, and an entry must have the same bits whichever process,
-batch or online miss computed it, or the fused entries computed after it would differ too.
+batch or online miss computed it, or the fused entries computed after it would differ too. Fused
+entries, which nothing is computed from, are computed FUSED_BATCH per forward on a GPU, where one
+chunk per forward leaves the card waiting for kernel launches; on the CPU one per forward (the same
+bits as any other process).
 
 Writes to a store folder are checked (``persist=True``): a failed write (full disk, read-only
 store) stops ingestion with one ``IngestionWriteError`` saying what was kept; a re-run resumes.
@@ -39,7 +42,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
 from tqdm.auto import tqdm
 
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
@@ -54,6 +56,7 @@ from fusionrag_llm.storage import KVEntry, StoreWriteError
 
 logger = logging.getLogger(__name__)
 MAX_RECOMPUTES = 100  # of one fused entry while other processes keep registering closer chunks
+FUSED_BATCH = 8  # fused entries computed in one forward on a GPU
 
 
 class IngestReport(list):
@@ -222,10 +225,17 @@ def _ensure_fused(computer: EntryComputer, catalog: ChunkCatalog, chunks: list[R
                   report: IngestReport, progress: bool, notes: bool = False,
                   pause: Callable[[], None] | None = None) -> None:  # fmt: skip
     catalog.refresh()
-    for chunk in tqdm(chunks, desc="fused entries", unit="chunk", disable=not progress):
-        if pause is not None:
-            pause()
-        fuse_chunk(computer, catalog, chunk, neighbors, report, notes)
+    size = fused_batch(computer.model)
+    with tqdm(total=len(chunks), desc="fused entries", unit="chunk", disable=not progress) as bar:
+        for start in range(0, len(chunks), size):
+            if pause is not None:
+                pause()
+            group = chunks[start : start + size]
+            if len(group) == 1:
+                fuse_chunk(computer, catalog, group[0], neighbors, report, notes)
+            else:
+                fuse_chunks(computer, catalog, group, neighbors, report, notes)
+            bar.update(len(group))
     _refresh_stale(computer, catalog, report, notes, pause)
 
 
@@ -233,8 +243,7 @@ def fuse_chunk(computer: EntryComputer, catalog: ChunkCatalog, chunk: Registered
                report: IngestReport, notes: bool = False) -> None:  # fmt: skip
     """Make ``chunk``'s fused entry the one its current ``count`` neighbours give (with notes if asked)."""
     near = catalog.neighbourhood(chunk, count)
-    entry_store = computer.entry_store
-    if _is_current(entry_store, catalog, chunk, near) and (not notes or _has_notes(entry_store, catalog, chunk)):
+    if _is_done(computer.entry_store, catalog, chunk, near, notes):
         return
     for _ in range(MAX_RECOMPUTES):
         _store_fused(computer, catalog, chunk, near, report, notes)
@@ -245,6 +254,37 @@ def fuse_chunk(computer: EntryComputer, catalog: ChunkCatalog, chunk: Registered
         near = latest
     logger.warning("fused entry of chunk %s: its neighbours kept changing; the last process to fuse it refreshes it",
                    chunk.chunk_id)  # fmt: skip
+
+
+def fused_batch(model) -> int:
+    """Fused entries computed per forward: FUSED_BATCH on a GPU, one on the CPU (module docstring)."""
+    return FUSED_BATCH if model.device.type == "cuda" else 1
+
+
+def fuse_chunks(computer: EntryComputer, catalog: ChunkCatalog, chunks: list[RegisteredChunk], count: int,
+                report: IngestReport, notes: bool = False) -> None:  # fmt: skip
+    """``fuse_chunk`` of each of ``chunks``, the entries not current computed in one forward; one whose
+    neighbours changed while they were computed goes through ``fuse_chunk`` again."""
+    todo = []
+    for chunk in chunks:
+        near = catalog.neighbourhood(chunk, count)
+        if not _is_done(computer.entry_store, catalog, chunk, near, notes):
+            todo.append((chunk, near))
+    if not todo:
+        return
+    jobs = [(chunk.token_ids, [_plain_entry(computer, n, report) for n in near.chunks], list(near.ids))
+            for chunk, near in todo]  # fmt: skip
+    for (chunk, near), entry in zip(todo, computer.compute_fused_many(jobs, notes)):
+        _keep_fused(computer, catalog, chunk, near, entry, report)
+        catalog.refresh()
+        if catalog.neighbourhood(chunk, count).ids != near.ids:
+            fuse_chunk(computer, catalog, chunk, count, report, notes)
+
+
+def _is_done(entry_store: EntryStore, catalog: ChunkCatalog, chunk: RegisteredChunk, near: Neighbourhood,
+             notes: bool) -> bool:  # fmt: skip
+    """The chunk's fused entry is current for ``near`` (and has notes, if asked)."""
+    return _is_current(entry_store, catalog, chunk, near) and (not notes or _has_notes(entry_store, catalog, chunk))
 
 
 def _has_notes(entry_store: EntryStore, catalog: ChunkCatalog, chunk: RegisteredChunk) -> bool:
@@ -260,7 +300,13 @@ def _has_notes(entry_store: EntryStore, catalog: ChunkCatalog, chunk: Registered
 def _store_fused(computer: EntryComputer, catalog: ChunkCatalog, chunk: RegisteredChunk, near: Neighbourhood,
                  report: IngestReport, notes: bool = False) -> None:  # fmt: skip
     plain = [_plain_entry(computer, neighbour, report) for neighbour in near.chunks]
-    entry = computer.compute_fused(chunk.token_ids, plain, list(near.ids), notes=notes)
+    _keep_fused(computer, catalog, chunk, near, computer.compute_fused(chunk.token_ids, plain, list(near.ids), notes=notes),
+                report)  # fmt: skip
+
+
+def _keep_fused(computer: EntryComputer, catalog: ChunkCatalog, chunk: RegisteredChunk, near: Neighbourhood,
+                entry: KVEntry, report: IngestReport) -> None:  # fmt: skip
+    """Store ``entry``, the chunk's fused entry computed after ``near``, and record it."""
     stored = _put(computer.entry_store, entry, "fused")
     report.fused_computed += 1
     if stored:  # a record of an entry the store refused would claim it current
