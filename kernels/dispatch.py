@@ -64,6 +64,14 @@ def q_sparse_attention_varlen(q, q_positions, cu_seqlens_q, k, v, k_positions, k
               page_v, page_positions, cu_seqlens_page, max_seqlen_q)
 
 
+def q_sparse_attention_spans(q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, k_ends,
+                             max_seqlen_q, scale=None, *, backend: str | None = None):
+    """Dispatching :func:`fusionrag_llm.kernels.q_sparse_attention_varlen.q_sparse_attention_spans`."""
+    use_triton = resolve_backend(q, backend, _tiled_head_dim(q)) == "triton"
+    fn = _varlen.q_sparse_attention_spans if use_triton else _varlen.q_sparse_attention_spans_ref
+    return fn(q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, k_ends, max_seqlen_q, scale)
+
+
 def apply_rotary(x, positions, inv_freq, *, backend: str | None = None):
     """Dispatching :func:`fusionrag_llm.kernels.rotary.apply_rotary`."""
     fn = _rotary.apply_rotary if resolve_backend(x, backend) == "triton" else _rotary.apply_rotary_ref

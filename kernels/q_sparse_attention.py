@@ -105,7 +105,7 @@ if triton is not None:
 
     @triton.jit
     def _q_sparse_fwd_kernel(
-            Q, Q_POS, CU_Q, K, V, K_POS, K_VALID, CU_K, PK, PV, P_POS, CU_P, OUT, LSE,
+            Q, Q_POS, CU_Q, K, V, K_POS, K_VALID, K_START, K_END, PK, PV, P_POS, CU_P, OUT, LSE,
             stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn,
             stride_pkh, stride_pkn, stride_pvh, stride_pvn, stride_oh, stride_on, stride_lh,
             qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -132,7 +132,7 @@ if triton is not None:
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         acc, m_i, l_i = _attend_keys(
             acc, m_i, l_i, q, q_pos, q_min, q_max, K + kv_head * stride_kh, V + kv_head * stride_vh,
-            K_POS, K_VALID, tl.load(CU_K + req), tl.load(CU_K + req + 1), stride_kn, stride_vn,
+            K_POS, K_VALID, tl.load(K_START + req), tl.load(K_END + req), stride_kn, stride_vn,
             offs_d, qk_scale, HAS_VALID, WITH_V, F32, BLOCK_N)
         if HAS_PAGE:
             acc, m_i, l_i = _attend_keys(
@@ -205,26 +205,31 @@ def q_sparse_attention(q, q_positions, k, v, k_positions, k_valid, scale=None,
 
 
 def launch_forward(q, q_positions, cu_q, k, v, k_positions, k_valid, cu_k, page_k, page_v,
-                   page_positions, cu_p, scale, max_seqlen_q, with_v, store_lse, op="q_sparse_attention_varlen"):
+                   page_positions, cu_p, scale, max_seqlen_q, with_v, store_lse, op="q_sparse_attention_varlen",
+                   k_ends=None):  # fmt: skip
     """Launch the forward kernel on validated inputs; returns (out or None, lse2 or None).
+
+    Request b's keys are ``[cu_k[b], cu_k[b + 1])``; with ``k_ends`` [B], ``[cu_k[b], k_ends[b])`` (``cu_k``
+    then holds B starts: spans that need not be packed end to end, e.g. caches in one pool).
 
     lse2 [Hq, Tq] float32 is the log2-domain log-sum-exp of ``scale * log2(e) * q.k`` over the
     visible keys (-inf for rows that see nothing); critical_scores uses it.
     """
     check_devices(op, q=q, q_positions=q_positions, cu_seqlens_q=cu_q, k=k, v=v,
                   k_positions=k_positions, k_valid=k_valid, cu_seqlens_k=cu_k, page_k=page_k,
-                  page_v=page_v, page_positions=page_positions, cu_seqlens_page=cu_p)
+                  page_v=page_v, page_positions=page_positions, cu_seqlens_page=cu_p, k_ends=k_ends)
     hq, tq, d = q.shape
     hkv = k.shape[0]
     check_head_dim(op, d)
     check_last_dim_contiguous(op, q=q, k=k, v=v, page_k=page_k, page_v=page_v)
     q_positions, k_positions = q_positions.contiguous(), k_positions.contiguous()
     cu_q, cu_k = cu_q.to(torch.int64).contiguous(), cu_k.to(torch.int64).contiguous()
+    k_starts, k_ends = (cu_k[:-1], cu_k[1:]) if k_ends is None else (cu_k, k_ends.to(torch.int64).contiguous())
     valid = None if k_valid is None else k_valid.contiguous().view(torch.uint8)
     has_page = page_k is not None
     pk, pv = (page_k, page_v) if has_page else (k, v)
     p_pos = page_positions.contiguous() if has_page else k_positions
-    cu_p = cu_p.to(torch.int64).contiguous() if has_page else cu_k
+    cu_p = cu_p.to(torch.int64).contiguous() if has_page else cu_q
     out = torch.empty_like(q, memory_format=torch.contiguous_format) if with_v else None
     lse = torch.empty((hq, tq), dtype=torch.float32, device=q.device) if store_lse else None
     group = hq // hkv
@@ -234,7 +239,7 @@ def launch_forward(q, q_positions, cu_q, k, v, k_positions, k_valid, cu_k, page_
     if tq == 0 or n_req == 0:
         return out, lse
     _q_sparse_fwd_kernel[grid](
-        q, q_positions, cu_q, k, v, k_positions, valid if valid is not None else k_positions, cu_k,
+        q, q_positions, cu_q, k, v, k_positions, valid if valid is not None else k_positions, k_starts, k_ends,
         pk, pv, p_pos, cu_p, out if with_v else q, lse if store_lse else q_positions,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         pk.stride(0), pk.stride(1), pv.stride(0), pv.stride(1),

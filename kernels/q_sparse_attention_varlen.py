@@ -15,6 +15,9 @@ A request's queries attend only to its own context and page, with the rule of
 the true maximum (rows beyond it would be left unwritten); when omitted it is read from
 ``cu_seqlens_q`` (one device sync) and all offsets are validated on the host. Pass it on hot paths
 to avoid the sync (the offsets are then trusted).
+
+``q_sparse_attention_spans`` takes each request's keys as a span ``[k_starts[b], k_ends[b])`` of ``k``
+instead of packed end to end: caches that sit apart in one pool, each read up to its used length.
 """
 
 from __future__ import annotations
@@ -106,4 +109,41 @@ def q_sparse_attention_varlen_ref(q, q_positions, cu_seqlens_q, k, v, k_position
         out[:, qs] = q_sparse_attention_ref(
             q[:, qs], q_positions[qs], k[:, ks], v[:, ks], k_positions[ks],
             None if k_valid is None else k_valid[ks], scale, *page)
+    return out
+
+
+def _check_spans(op, q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, k_ends, max_seqlen_q):
+    check_attention_inputs(op, q, q_positions, k, v, k_positions, k_valid)
+    _check_offsets(op, "cu_seqlens_q", cu_seqlens_q)
+    n_req = cu_seqlens_q.shape[0] - 1
+    for name, t in (("k_starts", k_starts), ("k_ends", k_ends)):
+        check(isinstance(t, torch.Tensor) and t.dim() == 1 and t.shape[0] == n_req, op,
+              f"{name} must be a 1-D tensor of B = {n_req} offsets, like cu_seqlens_q")
+        check(t.dtype in (torch.int32, torch.int64), op, f"{name} has dtype {t.dtype}; allowed: int32, int64")
+    check(isinstance(max_seqlen_q, int) and max_seqlen_q >= 0, op,
+          f"max_seqlen_q must be a non-negative int, got {max_seqlen_q!r}")
+
+
+def q_sparse_attention_spans(q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, k_ends,
+                             max_seqlen_q, scale=None):
+    """Triton Q-sparse attention of B requests whose keys are spans of ``k``: request b's queries
+    ``q[:, cu_seqlens_q[b]:cu_seqlens_q[b + 1]]`` attend to ``k/v[:, k_starts[b]:k_ends[b]]`` (positions
+    and validity sliced alike). The offsets are trusted (no sync); ``max_seqlen_q`` sizes the grid."""
+    require_triton(_OP)
+    _check_spans(_OP, q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, k_ends, max_seqlen_q)
+    out, _ = launch_forward(q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, None, None, None,
+                            None, scale, max_seqlen_q, with_v=True, store_lse=False, k_ends=k_ends)  # fmt: skip
+    return out
+
+
+def q_sparse_attention_spans_ref(q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, k_ends,
+                                 max_seqlen_q, scale=None):
+    """Pure-torch reference of :func:`q_sparse_attention_spans`: one reference call per request."""
+    _check_spans(_OP + "_ref", q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, k_ends, max_seqlen_q)
+    cq, starts, ends = cu_seqlens_q.tolist(), k_starts.tolist(), k_ends.tolist()
+    out = torch.empty_like(q)
+    for b, (start, end) in enumerate(zip(starts, ends)):
+        qs, ks = slice(cq[b], cq[b + 1]), slice(start, end)
+        out[:, qs] = q_sparse_attention_ref(q[:, qs], q_positions[qs], k[:, ks], v[:, ks], k_positions[ks],
+                                            None if k_valid is None else k_valid[ks], scale)  # fmt: skip
     return out

@@ -97,3 +97,32 @@ def test_varlen_validation_errors(fn):
         kw.update(over)
         with pytest.raises(ValueError, match=msg):
             fn(**kw)
+
+
+@needs_triton
+def test_spans_read_each_request_s_keys_where_they_sit_in_one_pool():
+    """Each request's keys are a span of one buffer, apart from the others and read only up to a used
+    length (caches in one pool): the same result as one call per request over its own keys."""
+    from fusionrag_llm.kernels.q_sparse_attention_varlen import q_sparse_attention_spans, q_sparse_attention_spans_ref
+
+    cases = [make_case(n, m, 4, 2, 32, page=False, seed=n + m) for n, m in [(1, 40), (3, 75), (1, 9)]]
+    starts, layout, filler = [], [], lambda n: torch.randn(2, n, 32)
+    pool_k, pool_v, pool_pos, pool_valid, at = [], [], [], [], 0
+    for case in cases:  # 5 unused slots before each request's keys and 7 after its used length
+        for part_k, part_v, pos, valid in ((filler(5), filler(5), torch.zeros(5, dtype=torch.long), torch.ones(5, dtype=torch.bool)),
+                                           (case.k, case.v, case.k_positions, case.k_valid),
+                                           (filler(7), filler(7), torch.zeros(7, dtype=torch.long), torch.ones(7, dtype=torch.bool))):  # fmt: skip
+            if part_k is case.k:
+                starts.append(at)
+            pool_k.append(part_k), pool_v.append(part_v), pool_pos.append(pos), pool_valid.append(valid)
+            at += part_k.shape[1]
+    k_starts = torch.tensor(starts)
+    k_ends = k_starts + torch.tensor([c.k.shape[1] for c in cases])
+    q = torch.cat([c.q for c in cases], 1)
+    kw = dict(q=q, q_positions=torch.cat([c.q_positions for c in cases]),
+              cu_seqlens_q=torch.tensor([0, 1, 4, 5]), k=torch.cat(pool_k, 1), v=torch.cat(pool_v, 1),
+              k_positions=torch.cat(pool_pos), k_valid=torch.cat(pool_valid), k_starts=k_starts, k_ends=k_ends,
+              max_seqlen_q=3)  # fmt: skip
+    want = torch.cat([q_sparse_attention_ref(*c.args()) for c in cases], 1)
+    torch.testing.assert_close(q_sparse_attention_spans_ref(**kw), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(q_sparse_attention_spans(**kw), want, rtol=1e-4, atol=1e-5)
