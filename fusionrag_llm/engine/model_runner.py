@@ -16,6 +16,7 @@ from fusionrag_llm.engine.sequence import Sequence
 from fusionrag_llm.fusion.placement import position_free_kv
 from fusionrag_llm.fusion.layout import RequestLayout
 from fusionrag_llm.models.kv_cache import KVCache
+from fusionrag_llm.models.kv_pool import KVPools
 from fusionrag_llm.models.forward import AttentionScaling
 from fusionrag_llm.models.llama import DecoderLM, ForwardOutput, ForwardPass
 
@@ -23,9 +24,14 @@ from fusionrag_llm.models.llama import DecoderLM, ForwardOutput, ForwardPass
 class ModelRunner:
     def __init__(self, model: DecoderLM):
         self.model = model
+        # request caches from shared buffers (``models/kv_pool.py``), so a decode step of many sequences
+        # is one attention call per layer: on CUDA with the Triton backend, whose kernel reads them
+        self.pools = KVPools.of(model) if model.device.type == "cuda" and model.kernels == "triton" else None
 
     def new_cache(self, capacity: int) -> KVCache:
-        return self.model.new_cache(capacity)
+        """A request's cache: from a pool where there are pools and one has room, else a dense one."""
+        cache = self.pools.new_cache(capacity) if self.pools is not None else None
+        return cache if cache is not None else self.model.new_cache(capacity)
 
     def recompute_pass(self, layout: RequestLayout, recompute: torch.Tensor, capture_raw_kv: bool,
                        hooks: tuple = (), scaling: AttentionScaling | None = None) -> ForwardPass:  # fmt: skip

@@ -27,15 +27,45 @@ class AttentionMeta:
     mask: torch.Tensor | None = None  # [1, 1, n, length] position (and group) mask, when no fast path applies
     tail_start: int | None = None  # the step is a causal block ending the cache, from this slot
     sorted_positions: torch.Tensor | None = None  # sorted queries over a cache where slot j is position j
-    # one query over the cache's used slots (Triton): [0, 1, 0, length] on the device, the kernel's query
-    # and key offsets, so neither the call nor its shapes depend on the length (no sync, graph-capturable)
-    offsets: torch.Tensor | None = None
+    # one query over the cache's used slots (Triton): device views of the span kernel's query offsets
+    # [0, 1] and the slots [start, end) it reads, so neither the call nor its shapes depend on the length
+    # (no sync, graph-capturable); see ``span_offsets``
+    query_offsets: torch.Tensor | None = None
+    key_start: torch.Tensor | None = None
+    key_end: torch.Tensor | None = None
     block_mask: object = None  # FlexAttention's block mask of a recompute step (TritonAttention.recompute)
 
 
-def one_query_offsets(lengths: list[int], device: torch.device) -> torch.Tensor:
-    """[n, 4] int64 rows ``[0, 1, 0, length]`` on ``device`` in one copy that does not wait for the device."""
-    host = torch.tensor([[0, 1, 0, n] for n in lengths], dtype=torch.int64)
+@dataclass
+class PooledStep:
+    """A step of one query per sequence whose caches all live in one ``KVPool``: each layer writes the new
+    K/V with one indexed write and attends with one call (``TritonAttention.attend_pooled``)."""
+
+    pool: object  # models/kv_pool.KVPool
+    query_offsets: torch.Tensor  # [n + 1]: 0, 1, ..., n
+    key_starts: torch.Tensor  # [n] each cache's first pool slot
+    key_ends: torch.Tensor  # [n] one past its last used slot
+    slots: torch.Tensor  # [n] the pool slots the tokens' K/V go to
+    positions: torch.Tensor  # [n] the tokens' positions
+
+
+def shared_pool(caches) -> object | None:
+    """The pool every cache lives in, if they share one (else None)."""
+    pool = caches[0].pool if caches else None
+    return pool if pool is not None and all(cache.pool is pool for cache in caches) else None
+
+
+def span_offsets(caches, pooled: bool) -> list[int]:
+    """The span kernel's offsets for one query per cache, in one list: ``0..n`` (query offsets), then each
+    cache's first slot and one past its last used slot, in the pool's numbering when ``pooled``, else
+    in its own (from 0)."""
+    starts = [cache.pool_start if pooled else 0 for cache in caches]
+    return [*range(len(caches) + 1), *starts, *(start + cache.length for start, cache in zip(starts, caches))]
+
+
+def device_ints(values: list[int], device: torch.device) -> torch.Tensor:
+    """``values`` as int64 on ``device`` in one copy that does not wait for the device."""
+    host = torch.tensor(values, dtype=torch.int64)
     if device.type == "cuda":
         return host.pin_memory().to(device, non_blocking=True)
     return host.to(device)
@@ -56,9 +86,10 @@ class _Backend:
     def prepare(self, step, cache: KVCache) -> AttentionMeta | None:
         raise NotImplementedError
 
-    def prepare_all(self, steps, caches, offsets: torch.Tensor | None = None) -> list[AttentionMeta | None]:
-        """Every sequence's ``prepare``; ``offsets``: see ``TritonAttention.prepare_all``."""
-        return [self.prepare(step, cache) for step, cache in zip(steps, caches)]
+    def prepare_all(self, steps, caches, offsets: torch.Tensor | None = None) -> tuple[list, PooledStep | None]:
+        """Every sequence's ``prepare``, and the step's ``PooledStep`` where the backend runs one (see
+        ``TritonAttention.prepare_all``; ``offsets`` too)."""
+        return [self.prepare(step, cache) for step, cache in zip(steps, caches)], None
 
 
 class TorchAttention(_Backend):
@@ -96,19 +127,36 @@ class TritonAttention(_Backend):
             raise ValueError(f"recompute must be one of {', '.join(self.RECOMPUTE)}, got {recompute!r}")
         self.recompute = recompute
 
-    def prepare_all(self, steps, caches, offsets: torch.Tensor | None = None) -> list[AttentionMeta | None]:
-        """``prepare`` per sequence; the sequences whose one query sees the cache's used slots (a decode
-        step) read them through the packed kernel with device offsets: one copy for the whole step
-        (``one_query_offsets``), or rows of ``offsets`` [n, 4] that the caller keeps up to date (the
-        captured decode step, ``models/decode_graphs.py``), one per such sequence in order."""
+    def prepare_all(self, steps, caches, offsets: torch.Tensor | None = None) -> tuple[list, PooledStep | None]:
+        """``prepare`` per sequence. The sequences whose one query sees the cache's used slots (a decode
+        step) read them through the span kernel with device offsets (``span_offsets``): one copy for the
+        whole step, or ``offsets``, which the caller keeps up to date (the captured decode step,
+        ``models/decode_graphs.py``). When every sequence is such a one, with no hook and every cache in
+        one pool, the step is a ``PooledStep``: one write and one attention call per layer for all."""
         metas = [self.prepare(step, cache) for step, cache in zip(steps, caches)]
         single = [i for i, (step, meta) in enumerate(zip(steps, metas)) if meta is None and len(step.slots) == 1]
-        if single:
-            if offsets is None:
-                offsets = one_query_offsets([caches[i].length for i in single], caches[single[0]].keys.device)
-            for row, i in enumerate(single):
-                metas[i] = AttentionMeta(offsets=offsets[row])
-        return metas
+        if not single:
+            return metas, None
+        plain = len(single) == len(steps) and all(not s.hooks for s in steps) and all(c.feed is None for c in caches)
+        pool = shared_pool(caches) if plain else None
+        m = len(single)
+        if offsets is None:
+            offsets = device_ints(span_offsets([caches[i] for i in single], pool is not None), caches[single[0]].keys.device)
+        queries, starts, ends = offsets[: m + 1], offsets[m + 1 : 2 * m + 1], offsets[2 * m + 1 :]
+        if pool is not None:
+            slots = (steps[0].slots if m == 1 else torch.cat([step.slots for step in steps])) + starts
+            positions = steps[0].positions if m == 1 else torch.cat([step.positions for step in steps])
+            return metas, PooledStep(pool, queries, starts, ends, slots, positions)
+        for row, i in enumerate(single):
+            metas[i] = AttentionMeta(query_offsets=offsets[:2], key_start=starts[row : row + 1], key_end=ends[row : row + 1])
+        return metas, None
+
+    def attend_pooled(self, q: torch.Tensor, step: PooledStep, layer: int) -> torch.Tensor:
+        """Every sequence's one query over its span of the pool (the new K/V already written there)."""
+        pool = step.pool
+        return dispatch.q_sparse_attention_spans(q, step.positions, step.query_offsets, pool.keys[layer],
+                                                 pool.values[layer], pool.positions, pool.valid, step.key_starts,
+                                                 step.key_ends, 1, backend="triton")  # fmt: skip
 
     def prepare(self, step, cache: KVCache) -> AttentionMeta | None:
         if step.groups is not None or step.scaling is not None:
@@ -128,10 +176,10 @@ class TritonAttention(_Backend):
             return _scaled(q, cache, layer, step, meta)
         n = cache.length
         keys, values = cache.keys[layer, :, :n], cache.values[layer, :, :n]
-        if meta is not None and meta.offsets is not None:  # every slot's KV, the offsets bound them
-            return dispatch.q_sparse_attention_varlen(q, step.positions, meta.offsets[:2], cache.keys[layer],
-                                                      cache.values[layer], cache.positions, cache.valid,
-                                                      meta.offsets[2:], max_seqlen_q=1, backend="triton")  # fmt: skip
+        if meta is not None and meta.query_offsets is not None:  # every slot's KV, the offsets bound them
+            return dispatch.q_sparse_attention_spans(q, step.positions, meta.query_offsets, cache.keys[layer],
+                                                     cache.values[layer], cache.positions, cache.valid,
+                                                     meta.key_start, meta.key_end, 1, backend="triton")  # fmt: skip
         if meta is not None and meta.tail_start is not None:
             return attend_causal_block(q, keys, values, meta.tail_start)
         if meta is not None and meta.block_mask is not None:

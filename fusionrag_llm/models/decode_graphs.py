@@ -14,6 +14,9 @@ values in its inputs:
 * each cache's used length, in the attention offsets (``TritonAttention.prepare_all``): the kernel
   reads it from the device, so no shape of the step depends on it.
 
+Caches of one pool (``models/kv_pool.py``) make a step of one write and one attention call per layer
+for all sequences; others, a write and a call per sequence (in the graph, still no launch each).
+
 It takes only a plain decode step: one token per sequence (``ForwardPass.decode``) with no hook,
 capture, attention groups, scaling or KV still arriving, on the Triton backend. Anything else, and
 any step after a failed capture (a warning says why), runs layer by layer as before. The first step of
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from fusionrag_llm.models.attention_backend import shared_pool, span_offsets
 from fusionrag_llm.models.forward import ForwardOutput, ForwardPass
 from fusionrag_llm.models.kv_cache import KVCache
 
@@ -99,8 +103,9 @@ class _Graph:
         n, device = len(caches), model.device
         self.caches = list(caches)  # kept alive: the graph writes into their buffers
         self.inputs = torch.empty(3, n, dtype=torch.int64, device=device)  # token ids, positions, slots
-        self.offsets = torch.empty(n, 4, dtype=torch.int64, device=device)  # [0, 1, 0, length] per sequence
-        self.host = torch.empty(n, 4, dtype=torch.int64).pin_memory()
+        self.pooled = shared_pool(caches) is not None  # then the step is one call per layer
+        self.offsets = torch.empty(3 * n + 1, dtype=torch.int64, device=device)  # attention_backend.span_offsets
+        self.host = torch.empty(3 * n + 1, dtype=torch.int64).pin_memory()
         self.copied = torch.cuda.Event()  # the last copy out of ``host`` is done
         self._fill(steps, caches)
         graph_steps = [ForwardPass(self.inputs[0, i : i + 1], self.inputs[1, i : i + 1], self.inputs[2, i : i + 1],
@@ -118,7 +123,7 @@ class _Graph:
         for row, name in enumerate(("token_ids", "positions", "slots")):
             self.inputs[row].copy_(torch.cat([getattr(step, name) for step in steps]))
         self.copied.synchronize()
-        self.host.copy_(torch.tensor([[0, 1, 0, cache.length] for cache in caches]))
+        self.host.copy_(torch.tensor(span_offsets(caches, self.pooled)))
         self.offsets.copy_(self.host, non_blocking=True)
         self.copied.record()
 

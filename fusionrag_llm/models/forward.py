@@ -3,7 +3,8 @@
 A forward runs one or several sequences at once. Every sequence brings a ``ForwardPass`` (its
 tokens, their absolute positions and the slots of its own ``KVCache`` they write) and gets back a
 ``ForwardOutput``. The linear layers see all sequences' tokens as one matrix; attention runs per
-sequence over that sequence's cache. ``BatchContext`` carries what every layer needs (row spans,
+sequence over that sequence's cache (or, for one query per sequence over caches of one pool, in one
+call: ``models/kv_pool.py``). ``BatchContext`` carries what every layer needs (row spans,
 rotary tables, each sequence's attention metadata, what to capture) so layer signatures stay short.
 """
 
@@ -101,6 +102,9 @@ class BatchContext:
     outputs: list[ForwardOutput]
     # the rotary cos/sin [n_total, d] that ``rotate`` applies (torch backend), or None (Triton computes its own)
     cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
+    # one query per sequence, every cache in one pool: one write and one attention call per layer
+    # (``models/attention_backend.PooledStep``), or None: per sequence
+    pooled: Any = None
 
     def capture_raw_kv(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Keep the pre-rotary K/V rows of the sequences that asked for them."""
@@ -118,6 +122,11 @@ class BatchContext:
         """Write each sequence's rotated K/V into its cache, then attend per sequence.
 
         q [heads, n_total, d], k/v [kv_heads, n_total, d] -> [heads, n_total, d]."""
+        if self.pooled is not None:  # no hook, no KV still arriving: every sequence at once
+            pool, slots = self.pooled.pool, self.pooled.slots
+            pool.keys[layer][:, slots] = k
+            pool.values[layer][:, slots] = v
+            return self.attention.attend_pooled(q, self.pooled, layer)
         outputs = []
         for step, cache, meta, (start, end) in zip(self.steps, self.caches, self.metas, self.spans):
             cache.ready(layer)  # stored KV loading layer by layer: this layer's is in before it is read

@@ -24,6 +24,9 @@ class KVCache:
     # stored KV still arriving layer by layer (``fusion/layer_feed.LayerFeed``): the forward asks for
     # each layer before reading it (``ready``); anything else reading the cache calls ``settle`` first
     feed: Any = None
+    # the ``models/kv_pool.KVPool`` whose buffers these tensors view, from its slot ``pool_start`` on
+    pool: Any = None
+    pool_start: int = 0
 
     def ready(self, layer: int) -> None:
         """Layers ``[0, layer]`` hold every stored entry placed in this cache."""

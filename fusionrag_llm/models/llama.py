@@ -254,15 +254,17 @@ class DecoderLM(nn.Module):
                  offsets: torch.Tensor | None = None) -> BatchContext:  # fmt: skip
         positions = steps[0].positions if len(steps) == 1 else torch.cat([s.positions for s in steps])
         cos_sin = None if self.kernels == "triton" else self.rotary_cos_sin(positions)
+        metas, pooled = self.attention.prepare_all(steps, caches, offsets)
         return BatchContext(
             steps=steps,
             caches=caches,
             spans=spans_of(steps),
             rotate=lambda x: self.rotate(x, positions, cos_sin),
             attention=self.attention,
-            metas=self.attention.prepare_all(steps, caches, offsets),
+            metas=metas,
             outputs=outputs,
             cos_sin=cos_sin,
+            pooled=pooled,
         )
 
     def _narrow(self, batch: BatchContext, x: torch.Tensor) -> tuple[BatchContext, torch.Tensor]:

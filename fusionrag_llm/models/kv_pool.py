@@ -1,0 +1,116 @@
+"""Request caches carved from one device buffer, so a decode step reads every sequence in one call.
+
+A request's ``KVCache`` is a dense rectangle ``[layers, kv_heads, capacity, head_dim]``. Made one by one,
+the caches of a batch sit apart in memory and attention runs once per sequence and layer: on a GPU,
+thousands of small kernels per decode step. ``KVPool`` holds one buffer per cache tensor
+(``[layers, kv_heads, slots, head_dim]`` keys and values; positions, validity and groups per slot) and
+hands out caches that are views of a span of its slots, so a cache is used exactly as a dense one
+(every method, placement and write reads and writes through the views), while a step whose sequences
+all live in one pool writes their new K/V with one indexed write per layer and attends with one call
+of the span kernel (``kernels/q_sparse_attention_varlen.q_sparse_attention_spans``).
+
+A span is taken first-fit and comes back to the pool when its cache is garbage-collected (a finalizer
+on the cache object; every copy the engine keeps of a cache's KV is a copy, not a view). A pool does
+not grow (its addresses are in captured graphs): ``KVPools`` makes another one when none has room, of
+``POOL_BYTES`` (or ``POOL_SHARE`` of the device's free memory, if less); a cache larger than that is a
+dense one of its own, as before.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+
+from fusionrag_llm.models.kv_cache import KVCache
+
+POOL_BYTES = 4 << 30  # one pool's K and V, on a GPU
+POOL_SHARE = 0.25  # at most this part of the device's free memory per new pool
+
+
+class KVPool:
+    """Spans of ``slots`` cache slots of one model's shape; ``allocate`` gives a cache or None (full)."""
+
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, slots: int, dtype: torch.dtype,
+                 device: torch.device | str) -> None:  # fmt: skip
+        shape = (num_layers, kv_heads, slots, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.positions = torch.zeros(slots, dtype=torch.long, device=device)
+        self.valid = torch.zeros(slots, dtype=torch.bool, device=device)
+        self.groups = torch.zeros(slots, dtype=torch.int32, device=device)
+        self.slots = slots
+        self._free = [(0, slots)]  # (start, length), by start; neighbours merged
+        self._lock = threading.Lock()
+
+    @property
+    def free_slots(self) -> int:
+        with self._lock:
+            return sum(length for _, length in self._free)
+
+    def allocate(self, capacity: int) -> KVCache | None:
+        """A cache of ``capacity`` slots over the first free span that holds it (cleared), or None."""
+        if capacity < 1:
+            raise ValueError(f"a cache needs at least one slot, got capacity {capacity}")
+        with self._lock:
+            index = next((i for i, (_, length) in enumerate(self._free) if length >= capacity), None)
+            if index is None:
+                return None
+            start, length = self._free[index]
+            if length == capacity:
+                del self._free[index]
+            else:
+                self._free[index] = (start + capacity, length - capacity)
+        span = slice(start, start + capacity)
+        for tensor in (self.keys, self.values):
+            tensor[:, :, span].zero_()
+        for tensor in (self.positions, self.valid, self.groups):
+            tensor[span].zero_()
+        cache = KVCache(self.keys[:, :, span], self.values[:, :, span], self.positions[span], self.valid[span],
+                        self.groups[span], pool=self, pool_start=start)  # fmt: skip
+        weakref.finalize(cache, self._release, start, capacity)
+        return cache
+
+    def _release(self, start: int, capacity: int) -> None:
+        with self._lock:
+            spans = sorted([*self._free, (start, capacity)])
+            merged = [spans[0]]
+            for begin, length in spans[1:]:
+                last_begin, last_length = merged[-1]
+                if last_begin + last_length == begin:
+                    merged[-1] = (last_begin, last_length + length)
+                else:
+                    merged.append((begin, length))
+            self._free = merged
+
+
+class KVPools:
+    """A model's pools: a cache from the first with room, else from a new one (module docstring)."""
+
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+                 pool_bytes: int = POOL_BYTES) -> None:  # fmt: skip
+        self.shape = (num_layers, kv_heads, head_dim)
+        self.dtype, self.device, self.pool_bytes = dtype, torch.device(device), pool_bytes
+        self.slot_bytes = 2 * num_layers * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+        self.pools: list[KVPool] = []
+
+    @classmethod
+    def of(cls, model, pool_bytes: int = POOL_BYTES) -> KVPools:
+        cfg = model.cfg
+        return cls(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device, pool_bytes)
+
+    def new_cache(self, capacity: int) -> KVCache | None:
+        """A pooled cache of ``capacity`` slots, or None when no pool has room and no new one fits."""
+        for pool in self.pools:
+            cache = pool.allocate(capacity)
+            if cache is not None:
+                return cache
+        budget = self.pool_bytes
+        if self.device.type == "cuda":
+            budget = min(budget, int(torch.cuda.mem_get_info(self.device)[0] * POOL_SHARE))
+        slots = budget // self.slot_bytes
+        if slots < capacity:  # a cache larger than a pool may be: a dense one of its own
+            return None
+        self.pools.append(KVPool(*self.shape, slots, self.dtype, self.device))
+        return self.pools[-1].allocate(capacity)

@@ -1,0 +1,70 @@
+"""Request caches carved from one pool: spans taken first-fit and given back when a cache is dropped,
+and a decode step over pooled caches (one write and one attention call per layer) gives the tokens of
+per-sequence caches."""
+
+import gc
+
+import pytest
+import torch
+
+from fusionrag_llm import FusionRAG, RAGRequest
+from fusionrag_llm.kernels._common import HAS_TRITON
+from fusionrag_llm.models.attention_backend import TritonAttention
+from fusionrag_llm.models.kv_pool import KVPool, KVPools
+
+CHUNKS = ["Ferries leave Keldmouth twice a day.", "The lighthouse was built in 1872.", "Sheep graze the cliffs."]
+
+
+def test_spans_are_taken_first_fit_cleared_and_given_back_when_the_cache_is_dropped():
+    pool = KVPool(2, 1, 4, 10, torch.float32, "cpu")
+    a, b = pool.allocate(4), pool.allocate(3)
+    assert (a.pool_start, b.pool_start, pool.free_slots) == (0, 4, 3)
+    assert pool.allocate(4) is None  # 3 free slots left
+    b.keys.fill_(7.0)
+    b.valid[:] = True
+    assert pool.keys[:, :, 4:7].eq(7.0).all()  # a cache's tensors are views of the pool
+    del b
+    gc.collect()
+    assert pool.free_slots == 6
+    c = pool.allocate(6)  # the freed span and the tail, merged
+    assert c.pool_start == 4 and not c.valid.any() and not c.keys.any()  # cleared for its new owner
+    with pytest.raises(ValueError, match="at least one slot"):
+        pool.allocate(0)
+
+
+def test_pools_make_another_pool_when_none_has_room_and_none_for_a_cache_larger_than_a_pool():
+    slot_bytes = 2 * 2 * 1 * 4 * 4  # K and V, 2 layers, 1 head of 4 floats
+    pools = KVPools(2, 1, 4, torch.float32, torch.device("cpu"), pool_bytes=8 * slot_bytes)
+    first, second = pools.new_cache(6), pools.new_cache(6)
+    assert len(pools.pools) == 2 and first.pool is not second.pool
+    assert pools.new_cache(9) is None  # larger than a pool: the caller makes a dense cache
+
+
+def build(kernels: str) -> FusionRAG:
+    rag = FusionRAG.from_pretrained("tiny", device="cpu", dtype="float32", store=":memory:",
+                                    options={"prefix_cache": False, "kernels": kernels})  # fmt: skip
+    rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.7, 0.7], [0, 1]], neighbors=1)
+    return rag
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_a_decode_step_over_pooled_caches_gives_the_tokens_of_separate_caches(monkeypatch):
+    requests = [RAGRequest(chunks=CHUNKS, question="When?"), RAGRequest(chunks=CHUNKS[::-1], question="Who built it?"),
+                RAGRequest(chunks=CHUNKS[1:], question="Where?")]  # fmt: skip
+    sampling = {"ignore_eos": True}
+    want = [o.token_ids for o in build("torch").generate_many(requests, "fusionrag", 0.3, 4, sampling=sampling)]
+    pooled_steps = []
+    attend = TritonAttention.attend_pooled
+    monkeypatch.setattr(TritonAttention, "attend_pooled", lambda self, q, step, layer: pooled_steps.append(len(step.slots))
+                        or attend(self, q, step, layer))  # fmt: skip
+    rag = build("triton")
+    model = rag.engine.model
+    rag.engine.runner.pools = KVPools.of(model, pool_bytes=4 << 20)  # as on CUDA; here through the interpreter
+    got = [o.token_ids for o in rag.generate_many(requests, "fusionrag", 0.3, 4, sampling=sampling)]
+    assert got == want
+    assert 3 in pooled_steps  # decode steps of all three sequences in one call per layer
+    # pools too small to share: each cache alone in a pool or a dense one, each sequence attends alone
+    rag.engine.runner.pools = KVPools.of(model, pool_bytes=KVPools.of(model).slot_bytes * 150)
+    pooled_steps.clear()
+    assert [o.token_ids for o in rag.generate_many(requests, "fusionrag", 0.3, 4, sampling=sampling)] == want
+    assert not pooled_steps
