@@ -30,8 +30,11 @@ class ModelRunner:
 
     def new_cache(self, capacity: int) -> KVCache:
         """A request's cache: from a pool where there are pools and one has room, else a dense one."""
+        model = self.model
+        if self.pools is not None and (self.pools.dtype, self.pools.device) != (model.dtype, model.device):
+            self.pools = KVPools.of(model)  # the model was moved or cast since
         cache = self.pools.new_cache(capacity) if self.pools is not None else None
-        return cache if cache is not None else self.model.new_cache(capacity)
+        return cache if cache is not None else model.new_cache(capacity)
 
     def recompute_pass(self, layout: RequestLayout, recompute: torch.Tensor, capture_raw_kv: bool,
                        hooks: tuple = (), scaling: AttentionScaling | None = None) -> ForwardPass:  # fmt: skip

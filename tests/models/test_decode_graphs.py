@@ -1,4 +1,5 @@
-"""Decode steps replayed from CUDA graphs give the tokens of the same steps run layer by layer."""
+"""Decode steps replayed from CUDA graphs give the tokens of the same steps run layer by layer, over
+pooled caches (one attention call per layer) and over separate ones."""
 
 import pytest
 import torch
@@ -34,6 +35,9 @@ def test_captured_decode_steps_give_the_eager_tokens_and_follow_moved_weights():
     model.cuda_graphs = True
     assert answers(rag) == scaled
     model.to(torch.float64).to(torch.float32)  # new storage for every weight: new graphs, same tokens
+    assert answers(rag) == scaled and model.decode_graphs.failed is None
+    assert rag.engine.runner.pools is not None and rag.engine.runner.pools.pools  # pooled caches on CUDA
+    rag.engine.runner.pools = None  # separate caches: a write and a call per sequence in the graph
     assert answers(rag) == scaled and model.decode_graphs.failed is None
 
 
