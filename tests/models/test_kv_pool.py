@@ -49,10 +49,9 @@ def build(kernels: str) -> FusionRAG:
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_a_decode_step_over_pooled_caches_gives_the_tokens_of_separate_caches(monkeypatch):
-    requests = [RAGRequest(chunks=CHUNKS, question="When?"), RAGRequest(chunks=CHUNKS[::-1], question="Who built it?"),
-                RAGRequest(chunks=CHUNKS[1:], question="Where?")]  # fmt: skip
+    requests = [RAGRequest(chunks=CHUNKS, question="When?"), RAGRequest(chunks=CHUNKS[::-1], question="Who built it?")]
     sampling = {"ignore_eos": True}
-    want = [o.token_ids for o in build("torch").generate_many(requests, "fusionrag", 0.3, 4, sampling=sampling)]
+    want = [o.token_ids for o in build("torch").generate_many(requests, "fusionrag", 0.3, 3, sampling=sampling)]
     pooled_steps = []
     attend = TritonAttention.attend_pooled
     monkeypatch.setattr(TritonAttention, "attend_pooled", lambda self, q, step, layer: pooled_steps.append(len(step.slots))
@@ -60,11 +59,11 @@ def test_a_decode_step_over_pooled_caches_gives_the_tokens_of_separate_caches(mo
     rag = build("triton")
     model = rag.engine.model
     rag.engine.runner.pools = KVPools.of(model, pool_bytes=4 << 20)  # as on CUDA; here through the interpreter
-    got = [o.token_ids for o in rag.generate_many(requests, "fusionrag", 0.3, 4, sampling=sampling)]
+    got = [o.token_ids for o in rag.generate_many(requests, "fusionrag", 0.3, 3, sampling=sampling)]
     assert got == want
-    assert 3 in pooled_steps  # decode steps of all three sequences in one call per layer
+    assert 2 in pooled_steps  # decode steps of both sequences in one call per layer
     # pools too small to share: each cache alone in a pool or a dense one, each sequence attends alone
     rag.engine.runner.pools = KVPools.of(model, pool_bytes=KVPools.of(model).slot_bytes * 150)
     pooled_steps.clear()
-    assert [o.token_ids for o in rag.generate_many(requests, "fusionrag", 0.3, 4, sampling=sampling)] == want
+    assert [o.token_ids for o in rag.generate_many(requests, "fusionrag", 0.3, 3, sampling=sampling)] == want
     assert not pooled_steps
