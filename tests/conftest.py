@@ -26,7 +26,11 @@ def isolated_default_store(tmp_path_factory):
     os.environ["FUSIONRAG_STORE"] = str(tmp_path_factory.mktemp("default-store"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by the markers
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # the real weights make a test slow (pyproject.toml: the default run leaves it out)
+        if "real_model" in item.keywords:
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")

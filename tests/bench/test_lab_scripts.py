@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+pytestmark = pytest.mark.slow  # each script runs in a process of its own (see pyproject.toml)
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(ROOT.glob("bench/**/*.py"))
 TIMEOUT_S = 300  # the tiny runs take seconds; this only stops a hung one

@@ -1,8 +1,11 @@
 """``fusionrag ingest --workers N``: files ingested by Ray workers (the session's real local cluster)."""
 
+import pytest
 from click.testing import CliRunner
 
 from fusionrag_llm.cli.main import cli
+
+pytestmark = pytest.mark.slow  # other processes (see pyproject.toml)
 
 DOCS = {
     "canal.md": "# Canals\n\nThe Ostrel canal links the port of Vaney to the lake of Sorn.",

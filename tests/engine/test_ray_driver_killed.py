@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 pytest.importorskip("ray", reason="ingestion with workers needs Ray (pip install '.[distributed]')")
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads processes from /proc")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads processes from /proc"), pytest.mark.slow]
 
 TEST_MARK = "FUSIONRAG_TEST_DRIVER"  # every process the driver starts inherits it in its environment
 GONE_WITHIN_S = 20.0

@@ -15,6 +15,8 @@ from fusionrag_llm.engine import ray_ingest, ray_watchdog
 from fusionrag_llm.errors import MissingDependencyError
 from fusionrag_llm.fusion.catalog import chunk_id_of
 
+pytestmark = pytest.mark.slow  # other processes (see pyproject.toml)
+
 COUNT, DIM, NEIGHBOURS = 12, 16, 3
 VECTORS = np.random.default_rng(11).standard_normal((COUNT, DIM)).astype(np.float32)  # no ties among similarities
 TEXTS = [f"Chunk {n}: the mill of village {n} grinds {n * 13} sacks a day." for n in range(COUNT)]

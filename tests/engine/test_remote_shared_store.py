@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from fusionrag_llm import FusionRAG, RAGRequest
 from fusionrag_llm.fusion.catalog import chunk_id_of
 from fusionrag_llm.storage import remote_key_prefix
@@ -18,6 +20,8 @@ from fusionrag_llm.storage import remote_key_prefix
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from concurrent_ingest_worker import NEIGHBOURS, VECTORS, text_of  # noqa: E402
+
+pytestmark = pytest.mark.slow  # other processes (see pyproject.toml)
 
 WORKER = str(HERE.parent / "concurrent_ingest_worker.py")
 CHUNKS = list(range(8))

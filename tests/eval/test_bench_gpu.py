@@ -25,6 +25,7 @@ def test_fails():
 """
 
 
+@pytest.mark.slow  # every section, and the tests in a subprocess
 def test_every_section_writes_its_figures_and_the_tests_their_counts(tmp_path):
     tests_dir = tmp_path / "checkout" / "tests"
     tests_dir.mkdir(parents=True)

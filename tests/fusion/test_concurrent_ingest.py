@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from fusionrag_llm import FusionRAG
 from fusionrag_llm.fusion.catalog import chunk_id_of
 from fusionrag_llm.fusion.entry_compute import EntryComputer
@@ -50,6 +52,7 @@ def fused_entries(store: Path) -> dict[int, object]:
     return found
 
 
+@pytest.mark.slow  # four processes
 def test_four_processes_leave_the_fused_entries_of_one(tmp_path):
     assert sorted(set().union(*SUBSETS)) == list(range(COUNT))
     finish(start_worker(tmp_path / "single", "-", "single", list(range(COUNT))))

@@ -6,7 +6,8 @@ import torch
 from fusionrag_llm import FusionRAG, RAGRequest
 from fusionrag_llm.kernels._common import HAS_TRITON
 
-pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+# the engine through the Triton interpreter on the CPU: the slow tier (see pyproject.toml)
+pytestmark = [pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed"), pytest.mark.slow]
 
 CHUNKS = ["Ferries leave Keldmouth twice a day.", "The lighthouse was built in 1872.", "Sheep graze the cliffs."]
 

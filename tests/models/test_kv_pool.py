@@ -47,6 +47,7 @@ def build(kernels: str) -> FusionRAG:
     return rag
 
 
+@pytest.mark.slow  # the engine through the Triton interpreter
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_a_decode_step_over_pooled_caches_gives_the_tokens_of_separate_caches(monkeypatch):
     requests = [RAGRequest(chunks=CHUNKS, question="When?"), RAGRequest(chunks=CHUNKS[::-1], question="Who built it?")]

@@ -14,6 +14,8 @@ from storage_testutil import key_for, make_entry
 
 from fusionrag_llm.storage import StoreBudgets, StoreOptions, TieredStore
 
+pytestmark = pytest.mark.slow  # other processes (see pyproject.toml)
+
 HERE = Path(__file__).resolve().parent
 OPTIONS = StoreOptions(disk_min_file_bytes=16 * 1024)  # entries of 300 tokens become files
 PRELUDE = """

@@ -37,6 +37,7 @@ def file_of(folder: Path, key: str) -> Path:
     return path
 
 
+@pytest.mark.slow  # a second Python process
 def test_a_new_process_gets_hits_and_identical_answers(tmp_path):
     first = result_of(worker(tmp_path, "both", 0, 6))
     assert first["plain_computed"] == 6
@@ -81,6 +82,7 @@ def test_truncated_entry_is_caught_by_verify(tmp_path):
     assert len(store.keys()) == report.checked - 1
 
 
+@pytest.mark.slow
 def test_two_processes_ingest_and_read_one_store_at_once(tmp_path):
     procs = [subprocess.Popen([sys.executable, WORKER, str(tmp_path), "both", str(a), str(b)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
@@ -94,6 +96,7 @@ def test_two_processes_ingest_and_read_one_store_at_once(tmp_path):
     assert len(rag.chunks) == 18
 
 
+@pytest.mark.slow
 def test_killed_ingestion_keeps_completed_entries_and_resumes(tmp_path):
     process = subprocess.Popen([sys.executable, WORKER, str(tmp_path), "ingest", "0", "400"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
