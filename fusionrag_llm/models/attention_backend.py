@@ -86,9 +86,10 @@ class _Backend:
     def prepare(self, step, cache: KVCache) -> AttentionMeta | None:
         raise NotImplementedError
 
-    def prepare_all(self, steps, caches, offsets: torch.Tensor | None = None) -> tuple[list, PooledStep | None]:
+    def prepare_all(self, steps, caches, positions: torch.Tensor,
+                    offsets: torch.Tensor | None = None) -> tuple[list, PooledStep | None]:  # fmt: skip
         """Every sequence's ``prepare``, and the step's ``PooledStep`` where the backend runs one (see
-        ``TritonAttention.prepare_all``; ``offsets`` too)."""
+        ``TritonAttention.prepare_all``; ``positions``: every step's, in order; ``offsets`` too)."""
         return [self.prepare(step, cache) for step, cache in zip(steps, caches)], None
 
 
@@ -127,7 +128,8 @@ class TritonAttention(_Backend):
             raise ValueError(f"recompute must be one of {', '.join(self.RECOMPUTE)}, got {recompute!r}")
         self.recompute = recompute
 
-    def prepare_all(self, steps, caches, offsets: torch.Tensor | None = None) -> tuple[list, PooledStep | None]:
+    def prepare_all(self, steps, caches, positions: torch.Tensor,
+                    offsets: torch.Tensor | None = None) -> tuple[list, PooledStep | None]:  # fmt: skip
         """``prepare`` per sequence. The sequences whose one query sees the cache's used slots (a decode
         step) read them through the span kernel with device offsets (``span_offsets``): one copy for the
         whole step, or ``offsets``, which the caller keeps up to date (the captured decode step,
@@ -145,7 +147,6 @@ class TritonAttention(_Backend):
         queries, starts, ends = offsets[: m + 1], offsets[m + 1 : 2 * m + 1], offsets[2 * m + 1 :]
         if pool is not None:
             slots = (steps[0].slots if m == 1 else torch.cat([step.slots for step in steps])) + starts
-            positions = steps[0].positions if m == 1 else torch.cat([step.positions for step in steps])
             return metas, PooledStep(pool, queries, starts, ends, slots, positions)
         for row, i in enumerate(single):
             metas[i] = AttentionMeta(query_offsets=offsets[:2], key_start=starts[row : row + 1], key_end=ends[row : row + 1])

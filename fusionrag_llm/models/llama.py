@@ -254,7 +254,7 @@ class DecoderLM(nn.Module):
                  offsets: torch.Tensor | None = None) -> BatchContext:  # fmt: skip
         positions = steps[0].positions if len(steps) == 1 else torch.cat([s.positions for s in steps])
         cos_sin = None if self.kernels == "triton" else self.rotary_cos_sin(positions)
-        metas, pooled = self.attention.prepare_all(steps, caches, offsets)
+        metas, pooled = self.attention.prepare_all(steps, caches, positions, offsets)
         return BatchContext(
             steps=steps,
             caches=caches,
@@ -336,10 +336,9 @@ class DecoderLM(nn.Module):
                 out.raw_keys = out.raw_values = None
         return batch.outputs
 
-
     def graph_body(self, steps: list[ForwardPass], caches: list[KVCache], offsets: torch.Tensor) -> torch.Tensor:
         """The decode step ``DecodeGraphs`` captures: every sequence's logits [n, vocab], with the attention
-        offsets [n, 4] the graph keeps in its own buffer."""
+        offsets (``attention_backend.span_offsets``) the graph keeps in its own buffer."""
         return torch.cat([out.logits for out in self._forward_batch(steps, caches, offsets)])
 
     def _weights_key(self) -> tuple[int, ...]:
