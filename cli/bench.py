@@ -97,7 +97,7 @@ dataset_option = click.option("--dataset", default=None, callback=_dataset,
 methods_option = click.option("--method", "methods", default=DEFAULT_METHODS, show_default=True, callback=_methods,
                               help="Methods to compare, comma-separated; full_attention and full_reuse are always run.")  # fmt: skip
 store_option = click.option("--store", default=None, type=click.Path(file_okay=False),
-                            help="KV store folder (resumed runs skip the offline stage); default: memory only.")  # fmt: skip
+                            help="KV store folder (resumed runs skip the offline stage); default: a temporary folder, removed after the run.")  # fmt: skip
 kv_codec_option = engine_option(("kv_codec",), {"kv_codec": "model"},
                                 "kv_codec=C: how the store keeps chunk KV; default model (the compute dtype, lossless), "
                                 "as every earlier recorded run.")  # fmt: skip

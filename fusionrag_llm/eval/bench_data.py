@@ -21,7 +21,10 @@ Example:
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
+import weakref
 from pathlib import Path
 
 from fusionrag_llm.eval.datasets import QAExample, default_musique_path, load_musique
@@ -108,14 +111,25 @@ def open_bench_rag(model: str, device: str | None = None, dtype: str | None = No
 
     Reproducible, no request reads exact KV another left (an exact run, Full Attention or ratio 1,
     leaves none of a prompt behind for the next method), so every method is measured on its own entries.
-    ``store``: a folder (persistent; resumed runs skip the offline stage) or ``None`` (memory only);
-    never the user's default store. ``kv_codec``: how the store keeps chunk KV (None: ``"model"``, the
+    ``store``: a folder (persistent; resumed runs skip the offline stage) or ``None``: a temporary
+    folder, removed when the engine is, so that entries beyond the memory tier's budget go to disk
+    instead of being evicted (a method served plain entries for evicted fused ones would be measured
+    on something else than it asks for); never the user's default store. ``kv_codec``: how the store keeps chunk KV (None: ``"model"``, the
     compute dtype, lossless, not the product's default: every recorded run compares against it).
     """
     from fusionrag_llm import FusionRAG
 
-    return FusionRAG.from_pretrained(model, device=device, dtype=dtype, store=":memory:" if store is None else store,
-                                     options={"reproducible": True, "kv_codec": kv_codec or "model"})  # fmt: skip
+    folder = tempfile.mkdtemp(prefix="fusionrag-bench-") if store is None else store
+    try:
+        rag = FusionRAG.from_pretrained(model, device=device, dtype=dtype, store=folder,
+                                        options={"reproducible": True, "kv_codec": kv_codec or "model"})  # fmt: skip
+    except BaseException:
+        if store is None:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    if store is None:
+        weakref.finalize(rag, shutil.rmtree, folder, True)
+    return rag
 
 
 def parse_methods(text: str) -> tuple[str, ...]:

@@ -27,7 +27,8 @@ from fusionrag_llm.eval.results import check_ints
 from fusionrag_llm.request import RAGRequest
 
 STAT_FIELDS = ("ttft_s", "load_s", "select_s", "prefill_s", "decode_s", "prompt_tokens", "reused_tokens",
-               "recomputed_tokens", "computed_tokens", "generated_tokens", "path_hits", "tier_hits")  # fmt: skip
+               "recomputed_tokens", "missed_tokens", "computed_tokens", "generated_tokens", "path_hits", "tier_hits",
+               "variant_hits")  # fmt: skip
 
 
 @dataclass(frozen=True)

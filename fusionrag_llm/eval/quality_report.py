@@ -176,6 +176,20 @@ def distribution_markdown(rows: list[dict]) -> str:
             + markdown_table(headers, table) + "\n")  # fmt: skip
 
 
+def served_markdown(records: list[dict]) -> str:
+    """Which entries each method's requests were served: a method that reads fused entries and got plain
+    ones (a store too small for the run evicted them) is measured on something else than it asks for."""
+    headers = ["method", "ratio", "n", "fused entries", "plain entries", "missed tokens"]
+    table = []
+    for (method, ratio), group in _by_run(records).items():
+        hits = [r.get("variant_hits") or {} for r in group]
+        table.append([method, ratio_cell(ratio), len(group), sum(h.get("fused", 0) for h in hits),
+                      sum(h.get("plain", 0) for h in hits), sum(r.get("missed_tokens") or 0 for r in group)])  # fmt: skip
+    return ("## Entries served\n\nChunk entries the requests read, by variant, and chunk tokens computed because "
+            "their entry was missing. A method that reads fused entries but got plain ones here was measured "
+            "on a store too small for the run (pass a larger `--store`).\n\n" + markdown_table(headers, table) + "\n")
+
+
 def greedy_agreement_markdown(rows: list[dict]) -> str:
     lengths = list(rows[0]["shares"]) if rows else []
     headers = ["method", "ratio", "n", *(f"first {k}" for k in lengths), "whole answer"]
@@ -245,7 +259,8 @@ def write_quality(out_dir: Path, config: dict, machine: dict, run: dict, records
             "greedy_agreement": agreement, "partings": parts, "per_question": per_question(records),
             "records": records}  # fmt: skip
     markdown = "\n".join([quality_markdown(rows, config, machine), distribution_markdown(spread),
-                          greedy_agreement_markdown(agreement), partings_markdown(parts)])  # fmt: skip
+                          greedy_agreement_markdown(agreement), partings_markdown(parts),
+                          served_markdown(records)])  # fmt: skip
     title = f"{config['model']}, {len({r['qid'] for r in records})} questions"
     return [*write_report(out_dir, "quality", data, markdown),
             plot_vs_ratio(rows, "kl", "mean KL(FA || method)", out_dir / "quality_kl.png", title),

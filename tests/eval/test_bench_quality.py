@@ -57,6 +57,24 @@ def test_writes_json_table_and_plots(synthetic_run):
     table = (out / "quality.md").read_text()
     assert "| fusionrag_paper | 0.15 | 2 |" in table and "| full_reuse | - | 2 |" in table
     assert table in output
+    # every fusionrag request was served its chunks' fused entries (3 passages: 3 of 2 questions; the
+    # chunk right after the canonical prefix is read exactly and counts for neither)
+    served = table.split("## Entries served")[1]
+    assert "| fusionrag | 0.15 | 2 | 4 | 0 | 0 |" in served and "| full_reuse | - | 2 | 0 | 4 | 0 |" in served
+
+
+def test_a_run_without_store_keeps_its_entries_in_a_temporary_folder_it_removes():
+    import gc
+
+    from fusionrag_llm.eval.bench_data import open_bench_rag
+
+    rag = open_bench_rag("tiny")
+    folder = rag.store.directory
+    rag.add_chunks(["A passage the run stores.", "Another passage."], neighbors=1, progress=False)
+    assert folder.is_dir() and any(folder.iterdir())
+    del rag
+    gc.collect()
+    assert not folder.exists()
 
 
 def test_json_content(synthetic_run):
