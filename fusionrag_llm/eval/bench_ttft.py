@@ -31,15 +31,6 @@ TIMING_FIELDS = ("ttft_s", "load_s", "select_s", "prefill_s")
 BASELINES = ("transformers", "llama_cpp")
 
 
-def parse_baselines(value: str) -> tuple[str, ...]:
-    """``"transformers,llama_cpp"`` -> a tuple; ``"none"`` or ``""`` -> no baseline."""
-    names = tuple(dict.fromkeys(n.strip() for n in value.split(",") if n.strip() and n.strip() != "none"))
-    bad = [n for n in names if n not in BASELINES]
-    if bad:
-        raise ValueError(f"baselines must be some of {', '.join(BASELINES)} (or none), got {value!r}")
-    return names
-
-
 @dataclass(frozen=True)
 class TTFTConfig:
     dataset: str  # "synthetic" or a resolved file path

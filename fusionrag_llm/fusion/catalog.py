@@ -300,10 +300,6 @@ class ChunkCatalog:
         floor = found[-1][1] if found and len(found) == count else None
         return Neighbourhood(tuple(rows[row] for row, _ in found), count, len(index), floor)
 
-    def neighbours_of(self, chunks: list[RegisteredChunk], count: int) -> list[list[RegisteredChunk]]:
-        """Up to ``count`` most similar other chunks of each chunk's embedding space, most similar first."""
-        return [list(self.neighbourhood(chunk, count).chunks) for chunk in chunks]
-
     def may_have_changed(self, record: FusedRecord) -> bool:
         """Whether a chunk registered after ``record``'s view could be one of its neighbours now.
 

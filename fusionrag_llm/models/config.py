@@ -41,10 +41,6 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
 
     @property
-    def num_query_groups(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
-    @property
     def kv_shape(self) -> tuple[int, int, int]:
         """(layers, kv heads, head dim): the form of every layer stack of K or V this model reads."""
         return self.num_layers, self.num_kv_heads, self.head_dim
