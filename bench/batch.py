@@ -7,20 +7,26 @@ length. The offline stage runs first (not timed). After one warm-up request, the
 by one (each alone in the engine), then together (prefills admitted together, every decode step one
 forward over all unfinished answers). Throughput is generated tokens per second of wall time; the
 ratio compares the two runs of the same process. Greedy answers must be the same either way: the
-count of identical answers is reported, with the requests that differ. Writes batch.json, batch.md
-and batch.png.
+count of identical answers is reported, with the requests that differ. Then one decode step of 1, 2,
+4, ... of the requests' caches (``--rows``), timed through the model's step API (median of 5), at the
+workload's context and at a short one: what batching can give on this machine, since a step of
+several sequences still reads each one's own KV. Writes batch.json, batch.md and batch.png.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from pathlib import Path
 
 from fusionrag_llm.eval.bench_data import add_chunks, dataset_label, open_bench_rag, workload_requests
+import torch
+
 from fusionrag_llm.eval.results import figure, fmt, machine_info, markdown_table, ms, write_report
 
-TINY_ARGS = ["--model", "tiny", "--dataset", "synthetic", "--requests", "2", "--tokens", "100", "--max-new-tokens", "2"]
+TINY_ARGS = ["--model", "tiny", "--dataset", "synthetic", "--requests", "2", "--tokens", "100", "--max-new-tokens", "2",
+             "--rows", "1,2"]
 
 
 def run_batch(rag, requests, knobs: dict) -> dict:
@@ -39,6 +45,38 @@ def run_batch(rag, requests, knobs: dict) -> dict:
         "different_answers": [i for i, (a, b) in enumerate(zip(single, batch)) if a.token_ids != b.token_ids],
         "requests": [_request_row(i, a, b) for i, (a, b) in enumerate(zip(single, batch))],
     }
+
+
+def step_scaling(rag, rows: list[int], lengths: list[int], repeats: int = 5) -> list[dict]:
+    """Milliseconds of one decode step of ``r`` sequences at once (each of ``length`` cached tokens), for
+    every ``r`` in ``rows`` and ``length`` in ``lengths``; the median of ``repeats`` steps."""
+    from fusionrag_llm.models.forward import ForwardPass
+
+    model = rag.engine.model
+    vocab = model.cfg.vocab_size
+    table = []
+    for length in lengths:
+        caches = []
+        for seed in range(max(rows)):
+            ids = torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(seed))
+            cache = model.new_cache(length + repeats + 1)
+            step = ForwardPass(ids, torch.arange(length), cache.reserve(length), logit_rows=torch.tensor([length - 1]))
+            model.forward(step, cache)
+            caches.append(cache)
+        for count in rows:
+            group = [cache.fork() for cache in caches[:count]]
+            times = []
+            for index in range(repeats):
+                steps = [ForwardPass(torch.tensor([1]), torch.tensor([length + index]), cache.reserve(1), decode=True)
+                         for cache in group]  # fmt: skip
+                start = time.perf_counter()
+                model.forward_batch(steps, group)
+                times.append(time.perf_counter() - start)
+            table.append({"context": length, "rows": count, "step_ms": statistics.median(times) * 1000})
+    single = {row["context"]: row["step_ms"] for row in table if row["rows"] == 1}
+    for row in table:  # tokens per second of the step against one sequence's step, where rows include 1
+        row["speedup"] = row["rows"] * single[row["context"]] / row["step_ms"] if row["context"] in single else None
+    return table
 
 
 def _tokens(generations) -> int:
@@ -77,6 +115,10 @@ def batch_markdown(result: dict, config: dict, machine: dict) -> str:
         + f"\n\nIdentical greedy answers: {result['same_answers']} of {len(result['requests'])}\n\n"
         + markdown_table(["request", "prompt tokens", "new tokens", "TTFT alone ms", "TTFT in batch ms", "same"],
                          per_request)  # fmt: skip
+        + "\n\nOne decode step of several sequences (tokens/s against one sequence's step):\n\n"
+        + markdown_table(["context tokens", "sequences", "step ms", "tokens/s vs one"],
+                         [[r["context"], r["rows"], fmt(r["step_ms"], 1), fmt(r["speedup"], 2)]
+                          for r in result["steps"]])  # fmt: skip
         + "\n"
     )
 
@@ -106,6 +148,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--method", default="fusionrag")
     p.add_argument("--ratio", type=float, default=0.15)
     p.add_argument("--neighbors", type=int, default=3)
+    p.add_argument("--rows", default="1,2,4,8", help="sequences per timed decode step, comma-separated")
     p.add_argument("--out", default="bench_results")
     return p.parse_args(argv)
 
@@ -118,6 +161,8 @@ def main(argv=None) -> None:
     offline = add_chunks(rag, [chunk for request in requests for chunk in request.chunks], args.neighbors)
     knobs = {"method": args.method, "recompute_ratio": args.ratio, "max_new_tokens": args.max_new_tokens}
     result = run_batch(rag, requests, knobs)
+    context = round(statistics.mean(row["prompt_tokens"] for row in result["requests"]))
+    result["steps"] = step_scaling(rag, [int(r) for r in args.rows.split(",")], sorted({16, context}))
     config = {**vars(args), "dataset": dataset}
     machine = machine_info(rag)
     paths = write_report(Path(args.out), "batch", {"config": config, "machine": machine, "offline": offline, **result},
