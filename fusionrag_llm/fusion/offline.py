@@ -74,6 +74,7 @@ class IngestReport(list):
         self.plain_computed = plain_computed
         self.fused_computed = fused_computed  # includes stale fused entries of other chunks refreshed by this call
         self.seconds = {} if seconds is None else seconds  # per stage, where the caller timed them
+        self.evicted = 0  # chunks whose entries the store dropped before the call ended (too small a store)
 
     @property
     def chunk_ids(self) -> list[str]:
@@ -146,7 +147,27 @@ def add_chunks(
             _ensure_fused(computer, catalog, chunks, neighbors, report, progress, variant_notes, pause)
     except (StoreWriteError, CatalogWriteError) as exc:
         raise wrap_write_errors(computer.entry_store, exc, report) from exc
+    report.evicted = _evicted(computer.entry_store, catalog, chunks, fuse)
+    if report.evicted:
+        logger.warning(
+            "the store no longer holds the entries of %d of the %d chunks just ingested: its memory budget is "
+            "smaller than this ingestion needed, so requests will compute them again or be served plain "
+            "entries for fused ones; use a store folder (store=...) or a larger budget",
+            report.evicted, len(chunks),
+        )  # fmt: skip
     return report
+
+
+def _evicted(entry_store: EntryStore, catalog: ChunkCatalog, chunks: list[RegisteredChunk], fuse: bool) -> int:
+    """Chunks of this ingestion whose plain entry, or (with ``fuse``) whose recorded fused entry, the
+    store dropped before the call ended (a store too small for the call: later writes evicted them)."""
+    def gone(chunk: RegisteredChunk) -> bool:
+        if not entry_store.contains(chunk.token_ids, "plain"):
+            return True
+        key = entry_store.keys.key(chunk.token_ids, "fused")
+        return fuse and catalog.fused_record(key) is not None and not entry_store.contains(chunk.token_ids, "fused")
+
+    return sum(gone(chunk) for chunk in chunks)
 
 
 def register_chunks(computer: EntryComputer, catalog: ChunkCatalog, encode, texts: list[str], embeddings=None,
