@@ -70,12 +70,14 @@ def chunk_texts(example: QAExample) -> list[str]:
 
 def add_chunks(rag, texts: list[str], neighbors: int, methods: tuple[str, ...] = (), progress: bool = False) -> dict:
     """The offline stage for the distinct ``texts``, with the notes on fused entries that ``methods`` read
-    (asked for only then: measuring them makes every fused entry slower); its chunk count and seconds."""
+    (asked for only then: measuring them makes every fused entry slower); its chunk count, seconds and
+    the chunks whose entries the store dropped before it ended (``IngestReport.evicted``: 0 unless the
+    store is too small for the run)."""
     start = time.perf_counter()
     pool = list(dict.fromkeys(texts))
     extra = {"variant_notes": True} if needs_variant_notes(methods) else {}
-    rag.add_chunks(pool, neighbors=neighbors, progress=progress, **extra)
-    return {"chunks": len(pool), "seconds": time.perf_counter() - start}
+    report = rag.add_chunks(pool, neighbors=neighbors, progress=progress, **extra)
+    return {"chunks": len(pool), "seconds": time.perf_counter() - start, "evicted": report.evicted}
 
 
 def prompt_sizes(rag, question: str, passages: list[str], target: int) -> list[int]:

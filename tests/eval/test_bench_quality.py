@@ -84,6 +84,7 @@ def test_json_content(synthetic_run):
     assert data["config"]["methods"][:2] == ["full_attention", "full_reuse"] and data["config"]["ratios"] == [0.0, 0.15]
     assert {"platform", "cpu_count", "torch"} <= set(data["machine"])
     assert data["run"]["computed"] == len(data["records"]) == 2 * (2 + 3 * 2)
+    assert data["run"]["offline"]["evicted"] == 0  # the run's store kept every entry it needs
     for record in data["records"]:
         assert 0 <= record["f1"] <= 1 and record["em"] in (0.0, 1.0) and record["kl"] >= 0
         assert record["ttft_s"] > 0 and record["prompt_tokens"] > 0

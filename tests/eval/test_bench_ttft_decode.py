@@ -23,7 +23,7 @@ def test_ttft(tmp_path):
     assert (tmp_path / "ttft.png").read_bytes()[:4] == b"\x89PNG" and "vs HF" in markdown
     # tiny has no GGUF file: llama.cpp is skipped with the reason, whether or not it is installed
     assert "llama.cpp: skipped" in markdown and "## End to end: TTFT + 4 tokens" in markdown
-    assert data["offline"]["chunks"] > 0
+    assert data["offline"]["chunks"] > 0 and data["offline"]["evicted"] == 0
     rows = {(r["length"], r["label"]): r for r in data["rows"]}
     labels = {"full_attention", "full_reuse", "fusionrag@0.15", "cacheblend@0.15", "transformers"}
     assert set(rows) == {(n, label) for n in (200, 700) for label in labels}
