@@ -20,9 +20,9 @@ import statistics
 import time
 from pathlib import Path
 
-from fusionrag_llm.eval.bench_data import add_chunks, dataset_label, open_bench_rag, workload_requests
 import torch
 
+from fusionrag_llm.eval.bench_data import add_chunks, dataset_label, open_bench_rag, workload_requests
 from fusionrag_llm.eval.results import figure, fmt, machine_info, markdown_table, ms, write_report
 
 TINY_ARGS = ["--model", "tiny", "--dataset", "synthetic", "--requests", "2", "--tokens", "100", "--max-new-tokens", "2",
@@ -106,6 +106,7 @@ def batch_markdown(result: dict, config: dict, machine: dict) -> str:
              f"{result['throughput_ratio']:.2f}x"]]  # fmt: skip
     per_request = [[r["request"], r["prompt_tokens"], r["generated_one_by_one"], ms(r["ttft_one_by_one_s"]),
                     ms(r["ttft_batched_s"]), "yes" if r["same_answer"] else "NO"] for r in result["requests"]]  # fmt: skip
+    steps = [[r["context"], r["rows"], fmt(r["step_ms"], 1), fmt(r["speedup"], 2)] for r in result["steps"]]
     return (
         f"# Batching: {config['model']}, {config['requests']} requests of ~{config['tokens']} tokens, "
         f"{config['max_new_tokens']} new tokens, {config['method']}@{config['ratio']:g}\n\n"
@@ -116,9 +117,7 @@ def batch_markdown(result: dict, config: dict, machine: dict) -> str:
         + markdown_table(["request", "prompt tokens", "new tokens", "TTFT alone ms", "TTFT in batch ms", "same"],
                          per_request)  # fmt: skip
         + "\n\nOne decode step of several sequences (tokens/s against one sequence's step):\n\n"
-        + markdown_table(["context tokens", "sequences", "step ms", "tokens/s vs one"],
-                         [[r["context"], r["rows"], fmt(r["step_ms"], 1), fmt(r["speedup"], 2)]
-                          for r in result["steps"]])  # fmt: skip
+        + markdown_table(["context tokens", "sequences", "step ms", "tokens/s vs one"], steps)
         + "\n"
     )
 

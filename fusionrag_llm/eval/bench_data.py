@@ -116,8 +116,9 @@ def open_bench_rag(model: str, device: str | None = None, dtype: str | None = No
     ``store``: a folder (persistent; resumed runs skip the offline stage) or ``None``: a temporary
     folder, removed when the engine is, so that entries beyond the memory tier's budget go to disk
     instead of being evicted (a method served plain entries for evicted fused ones would be measured
-    on something else than it asks for); never the user's default store. ``kv_codec``: how the store keeps chunk KV (None: ``"model"``, the
-    compute dtype, lossless, not the product's default: every recorded run compares against it).
+    on something else than it asks for); never the user's default store. ``kv_codec``: how the store
+    keeps chunk KV (None: ``"model"``, the compute dtype, lossless, not the product's default: every
+    recorded run compares against it).
     """
     from fusionrag_llm import FusionRAG
 

@@ -150,7 +150,7 @@ def add_chunks(
     report.evicted = _evicted(computer.entry_store, catalog, chunks, fuse)
     if report.evicted:
         logger.warning(
-            "the store no longer holds the entries of %d of the %d chunks just ingested: its memory budget is "
+            "the store no longer holds the entries of %d of the %d chunks just ingested: its budget is "
             "smaller than this ingestion needed, so requests will compute them again or be served plain "
             "entries for fused ones; use a store folder (store=...) or a larger budget",
             report.evicted, len(chunks),
@@ -161,13 +161,12 @@ def add_chunks(
 def _evicted(entry_store: EntryStore, catalog: ChunkCatalog, chunks: list[RegisteredChunk], fuse: bool) -> int:
     """Chunks of this ingestion whose plain entry, or (with ``fuse``) whose recorded fused entry, the
     store dropped before the call ended (a store too small for the call: later writes evicted them)."""
-    def gone(chunk: RegisteredChunk) -> bool:
-        if not entry_store.contains(chunk.token_ids, "plain"):
-            return True
-        key = entry_store.keys.key(chunk.token_ids, "fused")
-        return fuse and catalog.fused_record(key) is not None and not entry_store.contains(chunk.token_ids, "fused")
+    def fused_gone(chunk: RegisteredChunk) -> bool:
+        recorded = catalog.fused_record(entry_store.keys.key(chunk.token_ids, "fused")) is not None
+        return recorded and not entry_store.contains(chunk.token_ids, "fused")
 
-    return sum(gone(chunk) for chunk in chunks)
+    without_plain = {id(chunk) for chunk in missing_plain(entry_store, chunks)}
+    return sum(id(chunk) in without_plain or (fuse and fused_gone(chunk)) for chunk in chunks)
 
 
 def register_chunks(computer: EntryComputer, catalog: ChunkCatalog, encode, texts: list[str], embeddings=None,
