@@ -132,7 +132,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--dataset", default=None, help="'synthetic' or a MuSiQue-format file (default: the shared one)")
     p.add_argument("--turns", type=int, default=5, choices=range(1, len(REPHRASINGS) + 1), metavar="1..6")
-    p.add_argument("--window", type=int, default=3, help="passages per turn (one new per turn)")
+    p.add_argument("--window", type=int, default=2, help="passages per turn (one new per turn)")
     p.add_argument("--requests", type=int, default=12, help="requests of the reordering run")
     p.add_argument("--pool", type=int, default=8, help="passages they share")
     p.add_argument("--per-request", type=int, default=4, help="passages per request")

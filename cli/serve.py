@@ -83,7 +83,7 @@ def _keys(ctx, param, values) -> tuple[dict[str, str | None], bool | str]:
               help="A limit on requests, repeatable: waiting=256 (requests queued for admission; more: HTTP 429), "
                    "timeout=600 (seconds a request may take: HTTP 408), body_mib=16 (request body size: HTTP 413).")  # fmt: skip
 @engine_option(defaults={"turn_cache_gib": 2.0},
-               help=ENGINE_OPTION_HELP + " Here turn_cache_gib (host memory for multi-turn reuse: a chat's next turn "
+               help=ENGINE_OPTION_HELP + " Here turn_cache_gib (memory on the model's device for multi-turn reuse: a chat's next turn "
                     "reads the last turn's KV) is 2 unless given (0: off).")  # fmt: skip
 def serve(model, store, remote, device, dtype, host, port, served_model_name, max_num_seqs, access, limits,
           engine_options) -> None:  # fmt: skip

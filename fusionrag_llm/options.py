@@ -30,7 +30,7 @@ class EngineOptions:
       ``"q8"`` / ``"q4"``; default ``$FUSIONRAG_DECODE_WEIGHTS`` or ``"auto"`` (blocks only where they hold
       the weights' own numbers, so answers do not change; docs/cpu.md).
     * ``prefix_cache``: also store and reuse exact KV of whole chunk paths (the alternative path).
-    * ``turn_cache_gib``: host memory for multi-turn reuse (0: off): a request whose prompt starts with an
+    * ``turn_cache_gib``: memory for multi-turn reuse, on the model's device (0: off): a request whose prompt starts with an
       earlier prompt and answer computes only the rest (``stats.turn_tokens``; docs/store.md).
     * ``kv_codec``: how the store keeps chunk KV: ``"model"`` (exact), ``"float32"``, ``"bf16"``, ``"fp16"``,
       ``"int8"``, ``"fp8"``, ``"int4"``; default the codec the store folder records, ``"bf16"`` for a new

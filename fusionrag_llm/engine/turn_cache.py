@@ -2,10 +2,13 @@
 prompt starts with the last turn's prompt and answer) computes only its new tokens.
 
 When a request finishes, the KV of every token it fed (prompt and answer) is kept in blocks of
-``TURN_BLOCK`` tokens plus its last partial block, each under a hash chain key
-``h_i = hash(namespace, h_{i-1}, tokens of block i)`` (nano-vllm's prefix index, in host memory,
-least recently used blocks evicted beyond ``budget_bytes``). A new request looks up the longest
-chain matching the start of its prompt and reads that prefix instead of computing it.
+``TURN_BLOCK`` tokens plus its last partial block. The KV sits in a ``BlockPool`` (fixed-size blocks
+with reference counts, on the model's device, within ``budget_bytes``); the index is integers only:
+a hash chain ``h_i = sha256(h_{i-1}, tokens of block i)`` from a root per namespace, each key naming
+its pool block (nano-vllm's prefix index). A new request looks up the longest chain matching the
+start of its prompt and reads that prefix instead of computing it. Least recently used blocks that
+no reader holds are dropped when the pool is full, deepest first (with whatever hangs under them);
+a reader holds its blocks' references while it copies, so it copies without the index's lock.
 
 KV is kept by what computed it (the namespace): a run whose context was exact (Full Attention, or
 every reused token recomputed) under ``"exact"``, which any request may read; any other run under
@@ -26,6 +29,8 @@ from dataclasses import astuple, dataclass
 from typing import Sequence
 
 import torch
+
+from fusionrag_llm.models.block_pool import BlockPool
 
 TURN_BLOCK = 64
 EXACT = "exact"
@@ -48,22 +53,24 @@ def tenant_namespace(tenant: str, namespace: str) -> str:
     return f"tenant:{hashlib.sha256(tenant.encode()).hexdigest()}|{namespace}"
 
 
-def block_key(namespace: str, previous: str | None, token_ids: Sequence[int]) -> str:
-    payload = f"{namespace}|{previous}|{','.join(map(str, token_ids))}"
-    return hashlib.sha256(payload.encode()).hexdigest()
+def _digest(payload: str) -> int:
+    return int.from_bytes(hashlib.sha256(payload.encode()).digest()[:16], "big")
 
 
-@dataclass
+def _root(namespace: str) -> int:
+    return _digest(f"root|{namespace}")
+
+
+def block_key(previous: int, token_ids: Sequence[int]) -> int:
+    """The chain key of a block of ``token_ids`` hung under the block (or root) keyed ``previous``."""
+    return _digest(f"{previous}|{','.join(map(str, token_ids))}")
+
+
+@dataclass(frozen=True)
 class _Block:
-    key: str
-    parent: str  # the key of the block before it (or of its namespace's root)
+    block: int  # its pool block
+    parent: int  # the key of the block before it (or of its namespace's root)
     tokens: tuple[int, ...]
-    keys: torch.Tensor  # [layers, kv_heads, n, head_dim] raw (rotary not applied), on the host
-    values: torch.Tensor
-
-    @property
-    def nbytes(self) -> int:
-        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
 
 
 @dataclass(frozen=True)
@@ -91,24 +98,26 @@ class TurnCache:
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
             raise ValueError(f"the turn cache budget must be an int >= 0 bytes, got {budget_bytes!r}")
         self.budget_bytes, self.block = budget_bytes, block
-        self._blocks: OrderedDict[str, _Block] = OrderedDict()  # least recently used first
-        self._children: dict[str, list[str]] = {}  # parent key -> keys of the blocks under it
-        self._bytes = 0
+        self.pool: BlockPool | None = None  # made for the first KV kept: its shape, dtype and device
+        self._index: OrderedDict[int, _Block] = OrderedDict()  # chain key -> block, least recently used first
+        self._children: dict[int, list[int]] = {}  # parent key -> keys of the blocks under it
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self._blocks)
+        return len(self._index)
 
     def clear(self) -> None:
-        """Forget every kept block."""
+        """Forget every kept block (a reader copying one still finishes its copy)."""
         with self._lock:
-            self._blocks.clear()
+            if self.pool is not None:
+                self.pool.unref([block.block for block in self._index.values()])
+            self._index.clear()
             self._children.clear()
-            self._bytes = 0
 
     @property
     def nbytes(self) -> int:
-        return self._bytes
+        """Memory of the blocks kept or being read."""
+        return 0 if self.pool is None else self.pool.used * self.pool.block_bytes
 
     def lookup(self, token_ids: Sequence[int], namespaces: Sequence[str], limit: int) -> TurnHit | None:
         """The longest kept prefix of ``token_ids`` (at most ``limit`` tokens) in any of ``namespaces``."""
@@ -118,31 +127,43 @@ class TurnCache:
             (length, path), namespace = max(walks, key=lambda walk: walk[0][0])
             if not length:
                 return None
-            self._touch([block.key for block, _ in path])
-            keys = torch.cat([block.keys[:, :, :used] for block, used in path], dim=2)
-            values = torch.cat([block.values[:, :, :used] for block, used in path], dim=2)
+            self._touch([key for key, _ in path])
+            held = [self._index[key].block for key, _ in path]
+            self.pool.ref(held)
+        try:  # the references keep the blocks whole while they are copied, without the lock
+            parts = [(self.pool.kv(block), used) for block, (_, used) in zip(held, path)]
+            keys = torch.cat([kv[0][:, :, :used] for kv, used in parts], dim=2)
+            values = torch.cat([kv[1][:, :, :used] for kv, used in parts], dim=2)
+        finally:
+            self.pool.unref(held)
         return TurnHit(length, keys, values, namespace)
 
-    def _walk(self, token_ids: list[int], namespace: str) -> tuple[int, list[tuple[_Block, int]]]:
-        """Whole blocks while one matches the next tokens, then the longest matching start of one."""
+    def _walk(self, token_ids: list[int], namespace: str) -> tuple[int, list[tuple[int, int]]]:
+        """Whole blocks while one matches the next tokens, then the longest matching start of one:
+        the length covered and the path's (key, tokens used)."""
         node, length, path = _root(namespace), 0, []
         while length < len(token_ids):
             best, best_used = None, 0
             for key in self._children.get(node, ()):
-                block = self._blocks.get(key)
-                if block is None:
-                    continue
-                used = _common(block.tokens, token_ids[length:])
-                if used > best_used or (used == best_used and best is not None and used == len(block.tokens)):
-                    best, best_used = block, used
+                used = _common(self._index[key].tokens, token_ids[length:])
+                whole = used == len(self._index[key].tokens)
+                if used > best_used or (used == best_used and best is not None and whole):
+                    best, best_used = key, used
             if best is None:
                 break
             path.append((best, best_used))
             length += best_used
-            if best_used < len(best.tokens):
+            if best_used < len(self._index[best].tokens):
                 break
-            node = best.key
+            node = best
         return length, path
+
+    def _find(self, parent: int, tokens: tuple[int, ...]) -> int | None:
+        """The key of the kept block of ``tokens`` under ``parent``, if kept (its tokens checked, not
+        only its key)."""
+        key = block_key(parent, tokens)
+        found = self._index.get(key)
+        return key if found is not None and found.parent == parent and found.tokens == tokens else None
 
     def kept(self, token_ids: Sequence[int], namespace: str) -> int:
         """How many leading tokens of ``token_ids`` whole kept blocks already hold (a multiple of the
@@ -150,8 +171,8 @@ class TurnCache:
         parent, length = _root(namespace), 0
         with self._lock:
             while length + self.block <= len(token_ids):
-                key = block_key(namespace, parent, tuple(token_ids[length : length + self.block]))
-                if key not in self._blocks:
+                key = self._find(parent, tuple(token_ids[length : length + self.block]))
+                if key is None:
                     break
                 parent, length = key, length + self.block
         return length
@@ -163,43 +184,63 @@ class TurnCache:
         before it are kept already). Returns how many blocks were added."""
         added, parent, path = 0, _root(namespace), []
         with self._lock:
+            if self.pool is None:
+                layers, heads, _, head_dim = keys.shape
+                self.pool = BlockPool(layers, heads, self.block, head_dim, keys.dtype, keys.device, self.budget_bytes)
+            if not self.pool.fits(keys):
+                raise ValueError(f"turn KV {tuple(keys.shape)} {keys.dtype} on {keys.device} does not fit this "
+                                 f"cache's blocks {self.pool.shape} {self.pool.dtype} on {self.pool.device}")
             for first in range(0, len(token_ids), self.block):
                 tokens = tuple(token_ids[first : first + self.block])
-                key = block_key(namespace, parent, tokens)
-                if key not in self._blocks:
+                key = self._find(parent, tokens)
+                if key is None:
                     if first < start:
-                        break  # evicted since ``kept`` looked: the blocks after it would hang under nothing
-                    rows = slice(first - start, first - start + len(tokens))
-                    block = _Block(key, parent, tokens, keys[:, :, rows].to("cpu", copy=True),
-                                   values[:, :, rows].to("cpu", copy=True))  # fmt: skip
-                    if block.nbytes > self.budget_bytes:
+                        break  # dropped since ``kept`` looked: the blocks after it would hang under nothing
+                    key = block_key(parent, tokens)
+                    if key in self._index:  # another block under this key: leave it
                         break
-                    self._blocks[key] = block
+                    block = self._allocate(set(path))
+                    if block is None:
+                        break
+                    rows = slice(first - start, first - start + len(tokens))
+                    block_keys, block_values = self.pool.kv(block)
+                    block_keys[:, :, : len(tokens)] = keys[:, :, rows]
+                    block_values[:, :, : len(tokens)] = values[:, :, rows]
+                    self._index[key] = _Block(block, parent, tokens)
                     self._children.setdefault(parent, []).append(key)
-                    self._bytes += block.nbytes
                     added += 1
                 parent = key
                 path.append(key)
+                self._index.move_to_end(key)  # never dropped to make room for the blocks after it
             self._touch(path)
-            while self._bytes > self.budget_bytes and self._blocks:
-                self._evict(next(iter(self._blocks)))
         return added
 
-    def _touch(self, path: list[str]) -> None:
-        """Mark a path used, its first block last: eviction takes a path's deepest blocks first, so
-        no kept block hangs under an evicted one for long."""
-        for key in reversed(path):
-            self._blocks.move_to_end(key)
+    def _allocate(self, keep: set[int]) -> int | None:
+        """A pool block, dropping least recently used blocks no reader holds (none of ``keep``) while
+        the pool is full."""
+        while True:
+            block = self.pool.allocate()
+            if block is not None:
+                return block
+            victim = next((key for key, kept in self._index.items()
+                           if key not in keep and self.pool.refs(kept.block) == 1), None)  # fmt: skip
+            if victim is None:
+                return None
+            self._drop(victim)
 
-    def _evict(self, key: str) -> None:
-        block = self._blocks.pop(key)
-        self._bytes -= block.nbytes
+    def _drop(self, key: int) -> None:
+        """Forget a block and every block under it (no chain reaches them any more)."""
+        block = self._index.pop(key)
+        self.pool.unref([block.block])
         siblings = self._children.get(block.parent, [])
         if key in siblings:
             siblings.remove(key)
         if not siblings:
             self._children.pop(block.parent, None)
+        for child in list(self._children.get(key, ())):
+            self._drop(child)
 
-
-def _root(namespace: str) -> str:
-    return f"root|{namespace}"
+    def _touch(self, path: list[int]) -> None:
+        """Mark a path used, its first block last: dropping takes a path's deepest blocks first."""
+        for key in reversed(path):
+            self._index.move_to_end(key)

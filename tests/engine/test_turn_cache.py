@@ -130,3 +130,62 @@ def test_clear_forgets_every_block():
     cache.remember(list(range(10)), *_kv(10), EXACT)
     cache.clear()
     assert len(cache) == 0 and cache.nbytes == 0 and cache.lookup(list(range(10)), [EXACT], limit=9) is None
+
+
+def test_blocks_sit_in_one_pool_within_the_budget_on_the_kv_s_device():
+    block_bytes = 2 * (2 * 1 * 4 * 4 * 4)
+    cache = TurnCache(budget_bytes=5 * block_bytes, block=4)
+    assert cache.nbytes == 0 and cache.pool is None  # no memory before the first turn
+    cache.remember(list(range(10)), *_kv(10), EXACT)  # 2 whole blocks and a partial one: 3 pool blocks
+    assert cache.pool.capacity == 5 and cache.pool.used == 3 and cache.nbytes == 3 * block_bytes
+    assert cache.pool.device == torch.device("cpu") and cache.pool.dtype == torch.float32
+    with pytest.raises(ValueError, match="does not fit this cache's blocks"):
+        cache.remember(list(range(50, 60)), *(kv.double() for kv in _kv(10)), EXACT)
+    cache.clear()
+    assert cache.pool.used == 0 and len(cache) == 0
+
+
+def test_dropping_a_block_drops_what_hangs_under_it():
+    block_bytes = 2 * (2 * 1 * 4 * 4 * 4)
+    cache = TurnCache(budget_bytes=3 * block_bytes, block=4)
+    cache.remember(list(range(12)), *_kv(12), EXACT)  # a chain of 3: the pool is full
+    cache.remember(list(range(8)) + [70, 71, 72, 73], *_kv(12), EXACT, start=8)  # a branch after 2 blocks
+    # the branch's block needed room: the least recently used block no reader holds went (the old
+    # chain's last); the shared two blocks stay and both lookups agree with what was kept
+    assert len(cache) == 3 and cache.pool.used == 3
+    assert cache.lookup(list(range(8)) + [70, 71, 72, 73], [EXACT], limit=12).length == 12
+    assert cache.lookup(list(range(12)), [EXACT], limit=12).length == 8
+
+
+def test_readers_copy_the_kv_that_was_kept_while_other_turns_evict_around_them():
+    """Lookups on one thread, turns that keep evicting on another: every hit holds exactly the KV
+    kept for its tokens (a block being read is never handed to a new turn mid-copy)."""
+    import threading
+
+    block_bytes = 2 * (2 * 1 * 4 * 4 * 4)
+    cache = TurnCache(budget_bytes=4 * block_bytes, block=4)
+    ids = list(range(8))
+    cache.remember(ids, *_kv(8), EXACT)
+    errors, stop = [], threading.Event()
+
+    def churn():
+        for round_ in range(300):
+            other = [1000 + round_ * 8 + i for i in range(8)]
+            cache.remember(other, *_kv(8, fill=1000.0 + round_ * 8), EXACT)  # values = token ids
+        stop.set()
+
+    def read():
+        while not stop.is_set():
+            hit = cache.lookup(ids, [EXACT], limit=8)
+            if hit is None:
+                cache.remember(ids, *_kv(8), EXACT)
+                continue
+            if hit.keys[0, 0, :, 0].tolist() != [float(i) for i in ids[: hit.length]]:
+                errors.append(hit.keys[0, 0, :, 0].tolist())
+
+    threads = [threading.Thread(target=churn), threading.Thread(target=read)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and cache.pool.used <= 4

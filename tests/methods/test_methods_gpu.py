@@ -35,3 +35,16 @@ def test_recomputing_everything_is_full_attention_on_cuda(rag, method):
     full = rag.logits(REQUEST, [5, 6, 7], method="full_attention")
     every = rag.logits(REQUEST, [5, 6, 7], method=method, recompute_ratio=1.0)
     assert (every - full).abs().max().item() <= 0.05 * full.abs().max().item()
+
+
+def test_a_chat_s_next_turn_reads_its_kv_from_blocks_on_the_device():
+    rag = FusionRAG.from_pretrained("tiny", device="cuda", dtype="bfloat16", store=":memory:",
+                                    options={"turn_cache_gib": 0.05})
+    rag.add_chunks(CHUNKS, embeddings=EMBEDDINGS, neighbors=2)
+    chat = [{"role": "user", "content": f"{CHUNKS[0]}\nWho kept the log?"}]
+    first = rag.generate(chat, method="full_attention", max_new_tokens=6)
+    chat += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And when?"}]
+    second = rag.generate(chat, method="full_attention", max_new_tokens=6)
+    pool = rag.engine.turns.pool
+    assert pool.device.type == "cuda" and pool.dtype == torch.bfloat16 and pool.used > 0
+    assert second.stats.turn_tokens > 0
