@@ -25,7 +25,7 @@ import torch
 
 from fusionrag_llm.engine.decode import check_token_ids
 from fusionrag_llm.engine.model_runner import ModelRunner
-from fusionrag_llm.engine.prefetch import Prefetcher
+from fusionrag_llm.engine.connector import KVConnector
 from fusionrag_llm.engine.resolve import ContextResolver, Preloaded, ResolvedContext
 from fusionrag_llm.engine.sampling import SamplingParams
 from fusionrag_llm.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
@@ -33,8 +33,8 @@ from fusionrag_llm.engine.sequence import Sequence, Status
 from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.engine.streaming import GenerationStream, IncrementalText
 from fusionrag_llm.engine.structured import json_constraint
-from fusionrag_llm.engine.tenants import TenantScope, TenantScopes
-from fusionrag_llm.engine.turn_cache import EXACT, TurnCache, namespace_of, tenant_namespace
+from fusionrag_llm.engine.tenants import TenantScopes
+from fusionrag_llm.engine.turn_cache import TurnCache
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
 from fusionrag_llm.fusion.entry_store import EntryStore
 from fusionrag_llm.fusion.request_variants import check_craft_variants
@@ -43,8 +43,7 @@ from fusionrag_llm.fusion.scorers.auxiliary_attention import check_layers
 from fusionrag_llm.methods.base import MethodRun, Prefill, RunPlan, select_many
 from fusionrag_llm.models.llama import ForwardOutput, ForwardPass
 from fusionrag_llm.models.loader import LoadedModel, check_auxiliary_model
-from fusionrag_llm.request import Segment, prompt_ids, split_segments
-from fusionrag_llm.storage import KVEntry
+from fusionrag_llm.request import Segment, prompt_ids
 
 __all__ = ["Generation", "LLMEngine", "SchedulerConfig"]
 
@@ -104,8 +103,8 @@ class LLMEngine:
         self.prefix_cache = prefix_cache
         self.runner = ModelRunner(loaded.model)
         self.scheduler = Scheduler(config)
-        self.prefetcher = Prefetcher(entry_store.store)
-        self.turns = turns  # multi-turn reuse: finished requests' KV by token blocks (None: off)
+        # every load and save of KV beside the forward: the loader thread, turn KV, path blocks
+        self.kv = KVConnector(entry_store.store, self.runner, turns, self.keys.exact_blocks)
         # Cache-Craft's request-made chunk variants, M per chunk on average (None: not kept or read)
         self.variants = self.tenants.default.variants
         self._lock = threading.RLock()  # one step at a time; callers on other threads join its batches
@@ -162,8 +161,7 @@ class LLMEngine:
         if sampling.json_schema is not None:
             seq.constraint = json_constraint(self.tokenizer, self.model.cfg.vocab_size, sampling.json_schema)
         seq.stop_ids = frozenset(extra_stops) | (frozenset() if sampling.ignore_eos else seq.stop_ids)
-        if self.turns is not None:
-            self._read_earlier_turn(seq, scope)
+        self.kv.match_turn(seq, scope)
         seq.context_plan = self.resolver(tenant=scope.tenant, reproducible=plan.reproducible).plan(
             seq.segments, plan)  # keys once, for prefetch and assembly
         with self._lock:
@@ -173,58 +171,20 @@ class LLMEngine:
     def step(self) -> list[Sequence]:
         """Admit, prefill and decode once; returns the sequences that finished in this step."""
         with self._lock:
-            self.prefetcher.submit(self.scheduler.to_prefetch())
-            scheduled = self.scheduler.schedule(self.prefetcher.ready)
+            self.kv.start_load(self.scheduler.to_prefetch())
+            scheduled = self.scheduler.schedule(self.kv.loaded)
             if scheduled.empty:
                 return []
             # admitted ones still to load start now, behind the assembly of those admitted before them
-            self.prefetcher.submit([seq for seq in scheduled.prefills if seq.prefetch])
+            self.kv.start_load([seq for seq in scheduled.prefills if seq.prefetch])
             self._run(scheduled)
             self.scheduler.update(scheduled)
-            self.prefetcher.release_if_idle(self.scheduler.waiting)
+            self.kv.release_if_idle(self.scheduler.waiting)
             return [seq for seq in [*scheduled.prefills, *scheduled.decodes] if seq.finished]
 
     def _settled(self, plan: RunPlan) -> RunPlan:
         """``plan`` with ``reproducible`` decided: the engine's setting where the request left it open."""
         return plan if plan.reproducible is not None else dataclasses.replace(plan, reproducible=self.reproducible)
-
-    def _read_earlier_turn(self, seq: Sequence, scope: TenantScope) -> None:
-        """Start ``seq`` from the longest prefix of its prompt that an earlier request of its tenant
-        kept (a chat's last turn): that prefix becomes segment 0, read as an exact path block."""
-        plan, keys = seq.plan, scope.keys
-        if plan.reproducible or not self._turns_apply(plan):
-            return
-        exact = tenant_namespace(scope.tenant, EXACT)
-        namespaces = [exact] if plan.exact else [exact, tenant_namespace(scope.tenant, namespace_of(plan))]
-        hit = self.turns.lookup(seq.prompt_ids, namespaces, limit=seq.num_prompt_tokens - 1)
-        length = 0 if hit is None else _chunk_aligned(seq.segments, hit.length)
-        if not length:
-            return
-        seq.segments = split_segments(seq.segments, length)
-        ids = tuple(seq.prompt_ids[:length])
-        to_device = self.model.device
-        entry = KVEntry(ids, hit.keys[:, :, :length].to(to_device), hit.values[:, :, :length].to(to_device), keys.meta("path"))
-        seq.preloaded = {**(seq.preloaded or {}), keys.path_block_key(None, ids): (entry, "host")}
-        seq.stats.turn_tokens = length
-        if hit.namespace != exact:  # an approximated prefix: the whole context is approximated
-            seq.kv_namespace = hit.namespace
-
-    def _remember_turn(self, seq: Sequence) -> None:
-        """Keep a finished request's KV (prompt and answer) for a later turn to start from."""
-        if seq.finish_reason not in ("stop", "length") or seq.cache is None or not self._turns_apply(seq.plan):
-            return
-        ids = (seq.prompt_ids + seq.token_ids)[: seq.cache.length]
-        start = self.turns.kept(ids, seq.kv_namespace)  # an earlier turn's blocks: not read back again
-        fed = self.runner.fed_kv(seq.cache, start)
-        if fed is not None:
-            self.turns.remember(ids, fed[0], fed[1], seq.kv_namespace, start)
-
-    def _turns_apply(self, plan: RunPlan) -> bool:
-        """Whether runs under ``plan`` read and keep turn KV: not when chunks share positions or see
-        rescaled attention (no prefix of such a context is a plain path), nor in a store that keeps no
-        exact path blocks (a quantizing codec's)."""
-        method = plan.method
-        return not method.parallel_positions and method.attention_scaling is None and self.keys.exact_blocks
 
     def abort(self, request_id: int) -> bool:
         """Stop a waiting or running request (and its forks); it finishes with reason ``"abort"``."""
@@ -232,7 +192,7 @@ class LLMEngine:
             seq = self.scheduler.abort(request_id)
             if seq is None:
                 return False
-            self.prefetcher.discard(seq)
+            self.kv.discard(seq)
             for one in [seq, *seq.forks]:
                 if not one.finished:
                     self.scheduler.abort(one.request_id)
@@ -275,8 +235,8 @@ class LLMEngine:
                 seq.accept(token)
                 if seq.stop_strings and seq.token_ids:
                     seq.find_stop_string(self._answer_so_far(seq))
-                if seq.finished and self.turns is not None:
-                    self._remember_turn(seq)
+                if seq.finished:
+                    self.kv.save_turn(seq)
             except Exception as exc:  # its draw, stop search or turn keeping: this sequence fails alone
                 seq.finish("error", exc)
 
@@ -343,7 +303,7 @@ class LLMEngine:
         stats.queue_s = start - seq.arrival
         resolver = None
         try:
-            preloaded, pinned = self.prefetcher.take(seq)
+            preloaded, pinned = self.kv.take(seq)
             resolver = self.resolver(preloaded, pinned, seq.tenant, bool(plan.reproducible))
             seq.cache = self.runner.new_cache(seq.num_prompt_tokens + seq.max_new_tokens)
             if seq.context_plan is None:
@@ -382,11 +342,7 @@ class LLMEngine:
     def _finish_prefill(self, work: PrefillWork, out: ForwardOutput) -> None:
         seq = work.seq
         seq.cache.settle()  # the prefill read every layer: what is left of the layer feed is bookkeeping
-        # whose KV its context now holds: exact (any later request may read it) or this plan's own
-        exact = work.exact and seq.plan.method.attention_scaling is None
-        seq.kv_namespace = tenant_namespace(seq.tenant, EXACT if exact else namespace_of(seq.plan))
-        if work.exact:
-            work.resolver.store_exact_blocks(work.resolved, work.recompute, out.raw_keys, out.raw_values, seq.prompt_ids)
+        self.kv.save_prefill(seq, work.resolver, work.resolved, work.recompute, out, work.exact)
         done = time.perf_counter()
         seq.stats.prefill_s, seq.stats.ttft_s = done - work.chosen, done - work.started
         seq.prompt_logits, seq.first_token_at = out.logits[-1], done
@@ -473,18 +429,6 @@ class LLMEngine:
                 raise seq.error
             self._finish_prefill(work[0], self.runner.run([work[0].forward], [seq.cache])[0])
         return self.runner.teacher_forced(seq, continuation)
-
-
-def _chunk_aligned(segments: Seq[Segment], length: int) -> int:
-    """``length`` moved back to the start of the chunk it ends inside, if any: the rest of a chunk
-    would be computed as text, while the whole chunk is served from its entry."""
-    start = 0
-    for segment in segments:
-        end = start + len(segment.token_ids)
-        if start < length < end and segment.kind == "chunk":
-            return start
-        start = end
-    return length
 
 
 class _Retry(Exception):

@@ -85,9 +85,9 @@ def test_a_session_checks_its_input(rag):
 
 
 def test_a_turn_hit_ending_inside_a_chunk_stops_at_the_chunk_so_its_entry_serves_it():
-    from fusionrag_llm.engine.llm_engine import _chunk_aligned
+    from fusionrag_llm.engine.connector import chunk_aligned
     from fusionrag_llm.request import Segment
 
     segments = [Segment("prefix", "", (1, 2, 3)), Segment("chunk", "", (4, 5, 6, 7)), Segment("text", "", (8, 9)),
                 Segment("suffix", "", (10,))]  # fmt: skip
-    assert [_chunk_aligned(segments, n) for n in (2, 3, 4, 6, 7, 8, 9)] == [2, 3, 3, 3, 7, 8, 9]
+    assert [chunk_aligned(segments, n) for n in (2, 3, 4, 6, 7, 8, 9)] == [2, 3, 3, 3, 7, 8, 9]

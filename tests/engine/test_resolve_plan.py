@@ -251,9 +251,9 @@ def test_prefetched_entries_are_pinned_until_assembled_and_never_leak(rag, monke
     assert rag.store.stats().pinned == 0
     segments = rag.segments(requests[0])
     dropped = engine.add_request(segments, FUSIONRAG, 2, prefetch=4)
-    engine.prefetcher.submit([dropped])
+    engine.kv.start_load([dropped])
     assert engine.abort(dropped.request_id)
-    engine.prefetcher.release_if_idle([])
+    engine.kv.release_if_idle([])
     assert rag.store.stats().pinned == 0
 
 

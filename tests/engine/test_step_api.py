@@ -148,7 +148,7 @@ def test_threads_share_the_engine_and_get_their_own_answers(rag):
 def test_a_failing_request_fails_alone(rag, monkeypatch):
     engine = rag.engine
     plan = make_plan("fusionrag", 0.15)
-    original = engine.prefetcher.take
+    original = engine.kv.take
     bad = engine.add_request(rag.segments(REQUESTS[0]), plan, 4)
 
     def failing(seq):
@@ -156,7 +156,7 @@ def test_a_failing_request_fails_alone(rag, monkeypatch):
             raise OSError("disk went away")
         return original(seq)
 
-    monkeypatch.setattr(engine.prefetcher, "take", failing)
+    monkeypatch.setattr(engine.kv, "take", failing)
     good = engine.add_request(rag.segments(REQUESTS[1]), plan, 4)
     with pytest.raises(OSError, match="disk went away"):
         engine.run_until_finished([bad, good])

@@ -77,7 +77,7 @@ def test_exact_requests_never_read_approximated_kv():
 
 
 def test_the_turn_cache_is_off_by_default_and_checks_its_budget():
-    assert FusionRAG.from_pretrained("tiny", store=":memory:").engine.turns is None
+    assert FusionRAG.from_pretrained("tiny", store=":memory:").engine.kv.turns is None
     for bad in (-1, "2", True, 4096):
         with pytest.raises(FusionRAGError, match=r"turn_cache_gib must be a number of GiB in \[0, 1024\)"):
             FusionRAG.from_pretrained("tiny", store=":memory:", options={"turn_cache_gib": bad})

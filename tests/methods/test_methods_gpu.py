@@ -45,6 +45,6 @@ def test_a_chat_s_next_turn_reads_its_kv_from_blocks_on_the_device():
     first = rag.generate(chat, method="full_attention", max_new_tokens=6)
     chat += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And when?"}]
     second = rag.generate(chat, method="full_attention", max_new_tokens=6)
-    pool = rag.engine.turns.pool
+    pool = rag.engine.kv.turns.pool
     assert pool.device.type == "cuda" and pool.dtype == torch.bfloat16 and pool.used > 0
     assert second.stats.turn_tokens > 0
