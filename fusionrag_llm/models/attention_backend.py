@@ -38,15 +38,18 @@ class AttentionMeta:
 
 @dataclass
 class PooledStep:
-    """A step of one query per sequence whose caches all live in one ``KVPool``: each layer writes the new
-    K/V with one indexed write and attends with one call (``TritonAttention.attend_pooled``)."""
+    """A step whose sequences' caches all live in one ``KVPool`` and whose queries all follow the kernel's
+    rule (decode tokens, sparse recomputes): each layer writes every sequence's new K/V with one indexed
+    write and attends with one call (``TritonAttention.attend_pooled``)."""
 
     pool: object  # models/kv_pool.KVPool
-    query_offsets: torch.Tensor  # [n + 1]: 0, 1, ..., n
+    query_offsets: torch.Tensor  # [n + 1]: where each sequence's queries start in the step's rows
     key_starts: torch.Tensor  # [n] each cache's first pool slot
     key_ends: torch.Tensor  # [n] one past its last used slot
-    slots: torch.Tensor  # [n] the pool slots the tokens' K/V go to
-    positions: torch.Tensor  # [n] the tokens' positions
+    slots: torch.Tensor  # [rows] the pool slots the tokens' K/V go to
+    positions: torch.Tensor  # [rows] the tokens' positions
+    max_queries: int = 1  # the most queries of one sequence (sizes the kernel's grid)
+    per_sequence: bool = False  # some sequence has layer hooks or KV still arriving: run those per sequence
 
 
 def shared_pool(caches) -> object | None:
@@ -55,12 +58,15 @@ def shared_pool(caches) -> object | None:
     return pool if pool is not None and all(cache.pool is pool for cache in caches) else None
 
 
-def span_offsets(caches, pooled: bool) -> list[int]:
-    """The span kernel's offsets for one query per cache, in one list: ``0..n`` (query offsets), then each
-    cache's first slot and one past its last used slot, in the pool's numbering when ``pooled``, else
-    in its own (from 0)."""
+def span_offsets(caches, pooled: bool, queries: list[int] | None = None) -> list[int]:
+    """The span kernel's offsets in one list: where each cache's queries start (``queries`` per cache;
+    default one each: ``0..n``) and the end, then each cache's first slot and one past its last used
+    slot, in the pool's numbering when ``pooled``, else in its own (from 0)."""
     starts = [cache.pool_start if pooled else 0 for cache in caches]
-    return [*range(len(caches) + 1), *starts, *(start + cache.length for start, cache in zip(starts, caches))]
+    offsets = [0]
+    for count in queries or [1] * len(caches):
+        offsets.append(offsets[-1] + count)
+    return [*offsets, *starts, *(start + cache.length for start, cache in zip(starts, caches))]
 
 
 def device_ints(values: list[int], device: torch.device) -> torch.Tensor:
@@ -130,34 +136,48 @@ class TritonAttention(_Backend):
 
     def prepare_all(self, steps, caches, positions: torch.Tensor,
                     offsets: torch.Tensor | None = None) -> tuple[list, PooledStep | None]:  # fmt: skip
-        """``prepare`` per sequence. The sequences whose one query sees the cache's used slots (a decode
-        step) read them through the span kernel with device offsets (``span_offsets``): one copy for the
-        whole step, or ``offsets``, which the caller keeps up to date (the captured decode step,
-        ``models/decode_graphs.py``). When every sequence is such a one, with no hook and every cache in
-        one pool, the step is a ``PooledStep``: one write and one attention call per layer for all."""
+        """``prepare`` per sequence, then one call for all where it can be. When every cache lives in one
+        pool and every sequence's queries follow the kernel's rule (one query over the used slots, a
+        decode step, or a sparse recompute; no causal block, no mask), the step is a ``PooledStep``: one
+        K/V write and one attention call per layer for every sequence, with device offsets
+        (``span_offsets``) in one copy, or ``offsets``, which the caller keeps up to date (the captured
+        decode step, ``models/decode_graphs.py``). Otherwise, the sequences whose one query sees the
+        cache's used slots read them through the span kernel with those offsets, each alone."""
         metas = [self.prepare(step, cache) for step, cache in zip(steps, caches)]
+        pool = shared_pool(caches) if all(meta is None for meta in metas) else None
+        if pool is not None and any(len(step.slots) != 1 for step in steps):
+            return metas, self._pooled_rows(steps, caches, positions, pool)
         single = [i for i, (step, meta) in enumerate(zip(steps, metas)) if meta is None and len(step.slots) == 1]
         if not single:
             return metas, None
-        plain = len(single) == len(steps) and all(not s.hooks for s in steps) and all(c.feed is None for c in caches)
-        pool = shared_pool(caches) if plain else None
         m = len(single)
         if offsets is None:
             offsets = device_ints(span_offsets([caches[i] for i in single], pool is not None), caches[single[0]].keys.device)
         queries, starts, ends = offsets[: m + 1], offsets[m + 1 : 2 * m + 1], offsets[2 * m + 1 :]
         if pool is not None:
             slots = (steps[0].slots if m == 1 else torch.cat([step.slots for step in steps])) + starts
-            return metas, PooledStep(pool, queries, starts, ends, slots, positions)
+            return metas, PooledStep(pool, queries, starts, ends, slots, positions,
+                                     per_sequence=_per_sequence(steps, caches))  # fmt: skip
         for row, i in enumerate(single):
             metas[i] = AttentionMeta(query_offsets=offsets[:2], key_start=starts[row : row + 1], key_end=ends[row : row + 1])
         return metas, None
 
+    @staticmethod
+    def _pooled_rows(steps, caches, positions: torch.Tensor, pool) -> PooledStep:
+        """A ``PooledStep`` of sequences with several queries each (their counts known on the host)."""
+        counts = [len(step.slots) for step in steps]
+        n = len(steps)
+        offsets = device_ints(span_offsets(caches, True, counts), caches[0].keys.device)
+        slots = torch.cat([step.slots + cache.pool_start for step, cache in zip(steps, caches)])
+        return PooledStep(pool, offsets[: n + 1], offsets[n + 1 : 2 * n + 1], offsets[2 * n + 1 :], slots, positions,
+                          max(counts), _per_sequence(steps, caches))  # fmt: skip
+
     def attend_pooled(self, q: torch.Tensor, step: PooledStep, layer: int) -> torch.Tensor:
-        """Every sequence's one query over its span of the pool (the new K/V already written there)."""
+        """Every sequence's queries over its span of the pool (the new K/V already written there)."""
         pool = step.pool
         return dispatch.q_sparse_attention_spans(q, step.positions, step.query_offsets, pool.keys[layer],
                                                  pool.values[layer], pool.positions, pool.valid, step.key_starts,
-                                                 step.key_ends, 1, backend="triton")  # fmt: skip
+                                                 step.key_ends, step.max_queries, backend="triton")  # fmt: skip
 
     def prepare(self, step, cache: KVCache) -> AttentionMeta | None:
         if step.groups is not None or step.scaling is not None:
@@ -189,6 +209,10 @@ class TritonAttention(_Backend):
             return attend(q, keys, values, meta.mask, None)
         return dispatch.q_sparse_attention(q, step.positions, keys, values, cache.positions[:n], cache.valid[:n],
                                            backend="triton")  # fmt: skip
+
+
+def _per_sequence(steps, caches) -> bool:
+    return any(step.hooks for step in steps) or any(cache.feed is not None for cache in caches)
 
 
 def flex_block_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, k_valid: torch.Tensor):

@@ -3,8 +3,8 @@
 A forward runs one or several sequences at once. Every sequence brings a ``ForwardPass`` (its
 tokens, their absolute positions and the slots of its own ``KVCache`` they write) and gets back a
 ``ForwardOutput``. The linear layers see all sequences' tokens as one matrix; attention runs per
-sequence over that sequence's cache (or, for one query per sequence over caches of one pool, in one
-call: ``models/kv_pool.py``). ``BatchContext`` carries what every layer needs (row spans,
+sequence over that sequence's cache (or, over caches of one pool, for every sequence in one call:
+``models/kv_pool.py``). ``BatchContext`` carries what every layer needs (row spans,
 rotary tables, each sequence's attention metadata, what to capture) so layer signatures stay short.
 """
 
@@ -122,10 +122,17 @@ class BatchContext:
         """Write each sequence's rotated K/V into its cache, then attend per sequence.
 
         q [heads, n_total, d], k/v [kv_heads, n_total, d] -> [heads, n_total, d]."""
-        if self.pooled is not None:  # no hook, no KV still arriving: every sequence at once
-            pool, slots = self.pooled.pool, self.pooled.slots
+        if self.pooled is not None:  # every sequence's write and attention at once
+            pool, slots, per_sequence = self.pooled.pool, self.pooled.slots, self.pooled.per_sequence
+            for step, cache, (start, end) in zip(self.steps, self.caches, self.spans) if per_sequence else ():
+                cache.ready(layer)
+                for hook in step.hooks:
+                    hook.before_write(layer, cache, k[:, start:end], v[:, start:end])
             pool.keys[layer][:, slots] = k
             pool.values[layer][:, slots] = v
+            for step, cache, (start, end) in zip(self.steps, self.caches, self.spans) if per_sequence else ():
+                for hook in step.hooks:
+                    hook.after_write(layer, q[:, start:end], cache, step)
             return self.attention.attend_pooled(q, self.pooled, layer)
         outputs = []
         for step, cache, meta, (start, end) in zip(self.steps, self.caches, self.metas, self.spans):

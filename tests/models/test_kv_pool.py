@@ -40,9 +40,9 @@ def test_pools_make_another_pool_when_none_has_room_and_none_for_a_cache_larger_
     assert pools.new_cache(9) is None  # larger than a pool: the caller makes a dense cache
 
 
-def build(kernels: str) -> FusionRAG:
+def build(kernels: str, **options) -> FusionRAG:
     rag = FusionRAG.from_pretrained("tiny", device="cpu", dtype="float32", store=":memory:",
-                                    options={"prefix_cache": False, "kernels": kernels})  # fmt: skip
+                                    options={"prefix_cache": False, "kernels": kernels, **options})  # fmt: skip
     rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.7, 0.7], [0, 1]], neighbors=1)
     return rag
 
@@ -64,9 +64,25 @@ def test_a_decode_step_over_pooled_caches_gives_the_tokens_of_separate_caches(mo
     got = [o.token_ids for o in rag.generate_many(requests, "fusionrag", 0.3, 3, sampling=sampling)]
     assert got == want
     assert 2 in pooled_steps  # decode steps of both sequences in one call per layer
+    assert any(rows > 2 for rows in pooled_steps)  # and their sparse prefills (with fusionrag's KV shift hook)
     # pools too small to share: each cache alone in a pool or a dense one, each sequence attends alone
     rag.engine.runner.pools = KVPools.of(model, pool_bytes=KVPools.of(model).slot_bytes * 150)
     pooled_steps.clear()
     want = [o.token_ids for o in reference.generate_many(requests, "full_reuse", None, 3, sampling=sampling)]
     assert [o.token_ids for o in rag.generate_many(requests, "full_reuse", None, 3, sampling=sampling)] == want
     assert not pooled_steps
+
+
+@pytest.mark.slow  # the engine through the Triton interpreter
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_pooled_prefills_wait_for_each_layer_of_stored_kv_arriving_layer_by_layer(monkeypatch):
+    requests = [RAGRequest(chunks=CHUNKS, question="When?"), RAGRequest(chunks=CHUNKS[1:], question="Who?")]
+    want = [o.token_ids for o in build("torch").generate_many(requests, "fusionrag", 0.3, 2)]
+    rows = []
+    attend = TritonAttention.attend_pooled
+    monkeypatch.setattr(TritonAttention, "attend_pooled", lambda self, q, step, layer: rows.append(len(step.slots))
+                        or attend(self, q, step, layer))  # fmt: skip
+    rag = build("triton", layerwise_load=True)
+    rag.engine.runner.pools = KVPools.of(rag.engine.model, pool_bytes=4 << 20)
+    assert [o.token_ids for o in rag.generate_many(requests, "fusionrag", 0.3, 2)] == want
+    assert any(count > 2 for count in rows)  # both prefills in one call per layer, entries fed layer by layer
