@@ -24,12 +24,13 @@ The last process to write an entry thus wrote it from a view in which its neighb
 may let other work of its process run there (``FusionRAG.add_chunks`` releases the engine lock, so
 requests keep stepping). What runs there sees the catalog and the store as another process would.
 
-Plain entries are computed one chunk per forward pass: batched passes differ in the last bits
+On the CPU, entries are computed one chunk per forward pass: batched passes differ in the last bits
 (~1e-6, measured) with the batch's make-up, and an entry must have the same bits whichever process,
-batch or online miss computed it, or the fused entries computed after it would differ too. Fused
-entries, which nothing is computed from, are computed FUSED_BATCH per forward on a GPU, where one
-chunk per forward leaves the card waiting for kernel launches; on the CPU one per forward (the same
-bits as any other process).
+batch or online miss computed it, or the fused entries computed after it would differ too. On a GPU,
+where one chunk per forward leaves the card waiting for kernel launches, plain entries are computed
+PLAIN_BATCH and fused entries FUSED_BATCH per forward: equal to one per forward up to float rounding
+(every process reads the plain entries the store holds, so its fused entries start from the same
+bits unless a plain entry was dropped and computed again).
 
 Writes to a store folder are checked (``persist=True``): a failed write (full disk, read-only
 store) stops ingestion with one ``IngestionWriteError`` saying what was kept; a re-run resumes.
@@ -57,6 +58,7 @@ from fusionrag_llm.storage import KVEntry, StoreWriteError
 logger = logging.getLogger(__name__)
 MAX_RECOMPUTES = 100  # of one fused entry while other processes keep registering closer chunks
 FUSED_BATCH = 8  # fused entries computed in one forward on a GPU
+PLAIN_BATCH = 8  # plain entries computed in one forward on a GPU
 
 
 class IngestReport(list):
@@ -218,20 +220,39 @@ def missing_plain(entry_store: EntryStore, chunks: list[RegisteredChunk]) -> lis
 def _ensure_plain(computer: EntryComputer, chunks: list[RegisteredChunk], report: IngestReport, progress: bool,
                   pause: Callable[[], None] | None = None) -> None:  # fmt: skip
     missing = missing_plain(computer.entry_store, chunks)
-    for chunk in tqdm(missing, desc="plain entries", unit="chunk", disable=not progress or not missing):
-        if pause is not None:
-            pause()
-            if computer.entry_store.contains(chunk.token_ids, "plain"):  # a request's miss stored it meanwhile
-                continue
-        store_plain(computer, chunk, report)
+    size = plain_batch(computer.model)
+    with tqdm(total=len(missing), desc="plain entries", unit="chunk", disable=not progress or not missing) as bar:
+        for start in range(0, len(missing), size):
+            group = missing[start : start + size]
+            if pause is not None:
+                pause()  # a request's miss may store some meanwhile
+                group = [c for c in group if not computer.entry_store.contains(c.token_ids, "plain")]
+            if group:
+                store_plains(computer, group, report)
+            bar.update(min(size, len(missing) - start))
+
+
+def plain_batch(model) -> int:
+    """Plain entries computed per forward: PLAIN_BATCH on a GPU, one on the CPU (module docstring)."""
+    return PLAIN_BATCH if model.device.type == "cuda" else 1
 
 
 def store_plain(computer: EntryComputer, chunk: RegisteredChunk, report: IngestReport) -> KVEntry:
-    entry = computer.compute_plain([chunk.token_ids])[0]  # one chunk per pass: see the module docstring
-    entry = computer.entry_store.as_stored(entry)  # fused neighbours read what the store holds
-    _put(computer.entry_store, entry, "plain")
-    report.plain_computed += 1
-    return entry
+    """Compute and store ``chunk``'s plain entry, alone in its forward (see the module docstring)."""
+    return store_plains(computer, [chunk], report)[0]
+
+
+def store_plains(computer: EntryComputer, chunks: list[RegisteredChunk], report: IngestReport) -> list[KVEntry]:
+    """Compute the plain entries of ``chunks`` in one forward (where their tokens fit one) and store them."""
+    ids = [chunk.token_ids for chunk in chunks]
+    entries = computer.compute_plain(ids, max_batch_tokens=sum(map(len, ids)))
+    stored = []
+    for entry in entries:
+        entry = computer.entry_store.as_stored(entry)  # fused neighbours read what the store holds
+        _put(computer.entry_store, entry, "plain")
+        report.plain_computed += 1
+        stored.append(entry)
+    return stored
 
 
 def _plain_entry(computer: EntryComputer, chunk: RegisteredChunk, report: IngestReport) -> KVEntry:

@@ -30,3 +30,17 @@ def test_fused_entries_computed_in_batches_match_one_per_forward(monkeypatch):
         torch.testing.assert_close(b.values, a.values, rtol=1e-5, atol=1e-5)
     again = many.add_chunks(CHUNKS, embeddings=EMBEDDINGS, neighbors=2)
     assert again.fused_computed == again.plain_computed == 0  # recorded as current: nothing to redo
+
+
+def test_plain_entries_computed_in_batches_match_one_per_forward(monkeypatch):
+    monkeypatch.setattr(offline, "plain_batch", lambda model: 1)
+    one, one_report = ingest(1, monkeypatch)
+    monkeypatch.setattr(offline, "plain_batch", lambda model: 2)  # batches of 2, 2 and 1
+    many, many_report = ingest(1, monkeypatch)
+    assert many_report.plain_computed == one_report.plain_computed == len(CHUNKS)
+    for text in CHUNKS:
+        a, b = one.stored(chunk_id_of(text), "plain").entry, many.stored(chunk_id_of(text), "plain").entry
+        assert a.meta == b.meta and a.token_ids == b.token_ids
+        torch.testing.assert_close(b.keys, a.keys, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(b.values, a.values, rtol=1e-5, atol=1e-5)
+    assert many.add_chunks(CHUNKS, embeddings=EMBEDDINGS, neighbors=2).plain_computed == 0
