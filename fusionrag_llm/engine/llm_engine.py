@@ -309,8 +309,7 @@ class LLMEngine:
             if seq.context_plan is None:
                 seq.context_plan = resolver.plan(seq.segments, plan)
             resolved, counts = resolver.assemble_plan(seq.context_plan, seq.cache, self.layerwise_load)
-            # after the prompt's last position (its length, unless chunks share positions)
-            seq.prompt_end = int(seq.cache.positions[: seq.cache.length].max()) + 1 if seq.cache.length else 0
+            seq.prompt_end = seq.context_plan.prompt_end  # from the plan: no read of the device
         except Exception as exc:  # a bad store entry or input fails this request only
             seq.finish("error", exc)
             return None
@@ -438,7 +437,7 @@ class _Retry(Exception):
 def _count_tokens(stats: GenerationStats, layout, selected: torch.Tensor) -> None:
     """Split the prompt's tokens by where their KV came from, each token counted once."""
     missed = layout.missed_slots if layout.missed_slots is not None else selected[:0]
-    missed_kept = int((~torch.isin(missed, selected)).sum())
+    missed_kept = int((~torch.isin(missed, selected)).sum()) if len(missed) else 0  # no read without a miss
     stats.recomputed_tokens, stats.missed_tokens = len(selected), missed_kept
     stats.reused_tokens = len(layout.reused_slots) - len(selected) - missed_kept
     stats.fresh_tokens = len(layout.fresh_slots)

@@ -84,6 +84,11 @@ class ContextPlan:
     chunk_kv: str | None = "plain"  # the method's ``chunk_kv``: which stored variant serves each chunk
 
     @property
+    def prompt_end(self) -> int:
+        """The position after the prompt's last one: its length, unless chunks share positions."""
+        return max((s.first_position + len(s.token_ids) for s in self.segments), default=0)
+
+    @property
     def chunk_ids(self) -> frozenset[str]:
         """Catalog ids of the request's chunks."""
         return frozenset(s.chunk_id for s in self.segments if s.chunk_id is not None)

@@ -34,25 +34,31 @@ class ChunkShift(LayerHook):
     def __init__(self, model, layout: RequestLayout, positions: torch.Tensor, recompute: torch.Tensor,
                  selected: torch.Tensor, share: float, from_layer: int) -> None:  # fmt: skip
         self.model, self.share, self.from_layer = model, float(share), int(from_layer)
-        reused = layout.reused_slots.to(recompute.device)
-        chunk = chunk_of(layout).to(recompute.device)  # every reused slot lies in one chunk
-        picked = torch.isin(reused, selected.to(recompute.device))
-        counts = torch.bincount(chunk[picked], minlength=max(len(layout.chunk_spans), 1))
-        left = ~picked & (counts[chunk] > 0)  # a chunk with nothing recomputed keeps its KV
-        self.picked, self.picked_chunk = reused[picked], chunk[picked]
+        device = recompute.device
+        reused = layout.reused_slots.to(device)  # sorted, and holding every selected slot
+        chunk = chunk_of(layout).to(device)  # every reused slot lies in one chunk
+        self.picked = selected.to(device).sort().values
+        self.picked_chunk = chunk[torch.searchsorted(reused, self.picked)]
         self.picked_rows = torch.searchsorted(recompute, self.picked)  # their rows in the step
-        self.left, self.left_chunk = reused[left], chunk[left]
+        counts = torch.zeros(max(len(layout.chunk_spans), 1), device=device).index_add_(
+            0, self.picked_chunk, torch.ones(len(self.picked), device=device))
+        # every reused slot is moved, by weight 1 where its chunk had tokens recomputed and it was not one
+        # of them, else 0 (the same numbers as moving only those, with no mask turned into a shape: no
+        # device read)
+        self.left, self.left_chunk = reused, chunk
+        self.left_weight = (~torch.isin(reused, self.picked) & (counts[chunk] > 0)).float()
         self.picked_positions, self.left_positions = positions[self.picked], positions[self.left]
         # the rotary tables of both sets, once for every layer (the Triton rotary kernel makes its own)
         torch_rotary = getattr(model, "kernels", "torch") != "triton"
         self.unrotate = model.rotary_cos_sin(-self.picked_positions) if torch_rotary else None
         self.rerotate = model.rotary_cos_sin(self.left_positions) if torch_rotary else None
-        self.counts = counts.clamp(min=1).float()
+        self.counts = counts.clamp(min=1)
 
     @property
     def active(self) -> bool:
-        """Whether any reused token is shifted (else the prefill need not call it)."""
-        return self.share > 0 and len(self.left) > 0 and self.from_layer < self.model.cfg.num_layers
+        """Whether any reused token may be shifted (else the prefill need not call it)."""
+        return (self.share > 0 and 0 < len(self.picked) < len(self.left)
+                and self.from_layer < self.model.cfg.num_layers)  # fmt: skip
 
     writes_kv = True
 
@@ -60,13 +66,15 @@ class ChunkShift(LayerHook):
         if layer < self.from_layer:
             return
         rows = self.picked_rows
+        weight = self.left_weight[None, :, None]
         shift_v = self._chunk_mean((values[:, rows] - cache.values[layer][:, self.picked]).float())
-        cache.values[layer][:, self.left] += self.share * shift_v[:, self.left_chunk].to(cache.values.dtype)
+        cache.values[layer][:, self.left] += self.share * (shift_v[:, self.left_chunk] * weight).to(cache.values.dtype)
         # rotation is linear: un-rotate the change itself, rotate each chunk's mean to each token's position
         change = keys[:, rows] - cache.keys[layer][:, self.picked]
         change = self.model.rotate(change, -self.picked_positions, self.unrotate).float()
         moved = self._chunk_mean(change)[:, self.left_chunk].to(cache.keys.dtype)
-        cache.keys[layer][:, self.left] += self.share * self.model.rotate(moved, self.left_positions, self.rerotate)
+        moved = self.model.rotate(moved, self.left_positions, self.rerotate) * weight.to(cache.keys.dtype)
+        cache.keys[layer][:, self.left] += self.share * moved
 
     def _chunk_mean(self, change: torch.Tensor) -> torch.Tensor:
         """[kv_heads, picked, d] -> the mean over each chunk's picked tokens, [kv_heads, chunks, d]."""

@@ -37,8 +37,8 @@ def layers_pass(inp: ScoringInput) -> ForwardPass:
     return _pass(inp, upper_half(inp))
 
 
-def layers_scores_from(inp: ScoringInput, out: ForwardOutput, rows: torch.Tensor | None = None) -> torch.Tensor:
-    per_layer = [_layer_scores(inp, out, layer, rows) for layer in upper_half(inp)]
+def layers_scores_from(inp: ScoringInput, out: ForwardOutput) -> torch.Tensor:
+    per_layer = [_layer_scores(inp, out, layer) for layer in upper_half(inp)]
     return torch.stack([s / s.sum().clamp_min(1e-12) for s in per_layer]).mean(dim=0)
 
 
@@ -51,12 +51,13 @@ def _pass(inp: ScoringInput, layers: tuple[int, ...]) -> ForwardPass:
     return inp.layout.step(fresh, logit_rows=fresh[:0], capture_query_layers=frozenset(layers))
 
 
-def _layer_scores(inp: ScoringInput, out: ForwardOutput, layer: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+def _layer_scores(inp: ScoringInput, out: ForwardOutput, layer: int) -> torch.Tensor:
     """The question's attention at ``layer`` to each reused token, from a forward whose rows were the
-    slots ``rows`` (default: the fresh slots, as in ``scoring_pass``)."""
+    fresh slots (``scoring_pass``)."""
     model, cache, layout = inp.model, inp.cache, inp.layout
-    in_suffix = torch.isin(layout.fresh_slots if rows is None else rows, layout.suffix_slots)
-    queries = out.queries[layer][:, in_suffix]  # [heads, n_suffix, head_dim]
+    # the suffix's rows among the fresh slots (both sorted, the suffix among them): no mask, no device read
+    rows = torch.searchsorted(layout.fresh_slots, layout.suffix_slots)
+    queries = out.queries[layer][:, rows]  # [heads, n_suffix, head_dim]
     n = cache.length
     context = critical_scores(queries, layout.suffix_slots, cache.keys[layer, :, :n],
                               cache.positions[:n], cache.valid[:n], backend=model.kernels)  # fmt: skip
