@@ -39,14 +39,9 @@ def reads(step) -> int:
     return mode.count
 
 
-@pytest.mark.slow  # the engine through the Triton interpreter
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-@pytest.mark.parametrize("method", ["fusionrag", "full_reuse"])
-def test_a_step_reads_back_only_the_sampled_tokens(method):
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False, "kernels": "triton"})
+def check_steps(rag: FusionRAG, method: str) -> None:
     rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.7, 0.7], [0, 1]], neighbors=1)
     engine = rag.engine
-    engine.runner.pools = KVPools.of(engine.model, pool_bytes=4 << 20)  # as on CUDA
     plan = make_plan(method, 0.3 if method == "fusionrag" else None)
     for questions in (["When?", "Who?"], ["Why?", "Where?"]):  # the second pair reads entries checked before
         seqs = [engine.add_request(rag.segments(RAGRequest(chunks=CHUNKS, question=q)), plan, 3,
@@ -56,3 +51,19 @@ def test_a_step_reads_back_only_the_sampled_tokens(method):
         assert all(seq.finished for seq in seqs)
     assert prefill == 1  # both prefills in one step: the first tokens, read in one transfer
     assert decodes == [1, 1]  # each decode step: its tokens
+
+
+@pytest.mark.slow  # the engine through the Triton interpreter
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("method", ["fusionrag", "full_reuse"])
+def test_a_step_reads_back_only_the_sampled_tokens(method):
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False, "kernels": "triton"})
+    rag.engine.runner.pools = KVPools.of(rag.engine.model, pool_bytes=4 << 20)  # as on CUDA
+    check_steps(rag, method)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["fusionrag", "full_reuse"])
+def test_a_step_on_cuda_reads_back_only_the_sampled_tokens(method):
+    check_steps(FusionRAG.from_pretrained("tiny", device="cuda", dtype="bfloat16", store=":memory:",
+                                          options={"prefix_cache": False}), method)  # fmt: skip
