@@ -5,17 +5,22 @@ from Python they take several times longer than the kernels run. ``DecodeGraphs`
 kernels once in a CUDA graph and replays it for the following steps of the same sequences: the
 launches cost one call per step.
 
-A graph holds raw device addresses, so it is made for one set of caches and one placement of the
-weights (its key: the addresses of the model's tensors, each cache's buffers and capacity, in order;
-weights changed in place are read as they are) and replays only steps that change nothing but the
-values in its inputs:
+A graph holds raw device addresses, so it is made for one placement of the weights (weights changed
+in place are read as they are) and replays only steps that change nothing but the values in its
+inputs:
 
 * the step's token ids, positions and slots, copied into the graph's input buffer;
-* each cache's used length, in the attention offsets (``TritonAttention.prepare_all``): the kernel
-  reads it from the device, so no shape of the step depends on it.
+* each cache's first pool slot and used length, in the attention offsets
+  (``TritonAttention.prepare_all``): the kernel reads them from the device, so no shape of the step
+  depends on them.
 
 Caches of one pool (``models/kv_pool.py``) make a step of one write and one attention call per layer
-for all sequences; others, a write and a call per sequence (in the graph, still no launch each).
+for all sequences, and every write goes through the pool's buffers at slots read from the offsets:
+such a graph is made for a pool and a number of sequences (its key: the weights' addresses, the
+pool's, the count), and any sequences of that pool replay it, so a batch that changes members keeps
+its graph. Separate caches make a write and a call per sequence (in the graph, still no launch each),
+at their own addresses: that graph is made for one set of caches (its key: each cache's buffers and
+capacity, in order).
 
 It takes only a plain decode step: one token per sequence (``ForwardPass.decode``) with no hook,
 capture, attention groups, scaling or KV still arriving, on the Triton backend. Anything else, and
@@ -76,8 +81,12 @@ class DecodeGraphs:
         step eagerly)."""
         if self.failed is not None:
             return None
-        key = (weights, *((c.keys.data_ptr(), c.values.data_ptr(), c.positions.data_ptr(), c.valid.data_ptr(),
-                           c.groups.data_ptr(), c.capacity) for c in caches))  # fmt: skip
+        pool = shared_pool(caches)
+        if pool is not None:  # any caches of the pool: its buffers and the count
+            key = (weights, "pool", pool.keys.data_ptr(), pool.values.data_ptr(), len(caches))
+        else:
+            key = (weights, *((c.keys.data_ptr(), c.values.data_ptr(), c.positions.data_ptr(), c.valid.data_ptr(),
+                               c.groups.data_ptr(), c.capacity) for c in caches))  # fmt: skip
         graph = self._graphs.pop(key, None)
         if graph is None:
             if key != self._last:  # a set of sequences seen once runs eagerly: while a batch fills up,
@@ -101,9 +110,11 @@ class _Graph:
 
     def __init__(self, model: DecoderLM, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> None:
         n, device = len(caches), model.device
-        self.caches = list(caches)  # kept alive: the graph writes into their buffers
+        pool = shared_pool(caches)
+        self.pooled = pool is not None  # then the step is one call per layer, through the pool's buffers
+        # kept alive: the graph writes into their buffers (the pool's; else these caches')
+        self.holds = pool if pool is not None else list(caches)
         self.inputs = torch.empty(3, n, dtype=torch.int64, device=device)  # token ids, positions, slots
-        self.pooled = shared_pool(caches) is not None  # then the step is one call per layer
         self.offsets = torch.empty(3 * n + 1, dtype=torch.int64, device=device)  # attention_backend.span_offsets
         self.host = torch.empty(3 * n + 1, dtype=torch.int64).pin_memory()
         self.copied = torch.cuda.Event()  # the last copy out of ``host`` is done
@@ -113,11 +124,11 @@ class _Graph:
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):  # the step once for real: lazy set-up happens outside the capture
-            model.graph_body(graph_steps, self.caches, self.offsets)
+            model.graph_body(graph_steps, list(caches), self.offsets)
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):  # its own memory pool: graphs replay in any order
-            self.logits = model.graph_body(graph_steps, self.caches, self.offsets)
+            self.logits = model.graph_body(graph_steps, list(caches), self.offsets)
 
     def _fill(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> None:
         for row, name in enumerate(("token_ids", "positions", "slots")):

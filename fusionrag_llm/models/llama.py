@@ -22,7 +22,7 @@ from torch import nn
 from fusionrag_llm.kernels import cpu_quant, dispatch
 from fusionrag_llm.kernels.cpu_quant import FORMATS
 from fusionrag_llm.kernels.rotary import rotate
-from fusionrag_llm.models.attention_backend import attention_backend
+from fusionrag_llm.models.attention_backend import attention_backend, shared_pool
 from fusionrag_llm.models.config import ModelConfig
 from fusionrag_llm.models.decode_graphs import DecodeGraphs, graphable
 from fusionrag_llm.models.fast_decode import DecodeProgram
@@ -239,14 +239,20 @@ class DecoderLM(nn.Module):
     def _batch(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache],
                offsets: torch.Tensor | None = None) -> tuple[BatchContext, torch.Tensor]:  # fmt: skip
         """The forward's shared metadata and the stacked token embeddings [n_total, hidden]; ``offsets``:
-        see ``TritonAttention.prepare_all``."""
-        for step, cache in zip(steps, caches):
+        see ``TritonAttention.prepare_all``. A captured step over one pool writes its positions through
+        the pool (its slots from the offsets), so it names no cache of its own: any caches of that pool
+        replay it (``models/decode_graphs.py``)."""
+        pool = shared_pool(caches) if offsets is not None else None
+        for step, cache in zip(steps, caches) if pool is None else ():
             cache.positions[step.slots] = step.positions
             cache.valid[step.slots] = True
             if step.groups is not None:
                 cache.groups[step.slots] = step.groups
         outputs = [ForwardOutput(logits=torch.empty(0), raw_keys=[], raw_values=[]) for _ in steps]
         batch = self._context(list(steps), list(caches), outputs, offsets)
+        if pool is not None:
+            pool.positions[batch.pooled.slots] = batch.pooled.positions
+            pool.valid[batch.pooled.slots] = True
         ids = steps[0].token_ids if len(steps) == 1 else torch.cat([s.token_ids for s in steps])
         return batch, self.model.embed_tokens(ids)
 

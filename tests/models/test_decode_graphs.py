@@ -27,7 +27,7 @@ def test_captured_decode_steps_give_the_eager_tokens_and_follow_moved_weights():
     assert model.decode_graphs.captured == 0
     model.cuda_graphs = True
     assert answers(rag) == eager
-    assert model.decode_graphs.failed is None and model._graphs.captured > 0
+    assert model.decode_graphs.failed is None and model.decode_graphs.captured > 0
     with torch.no_grad():  # weights changed in place: the graphs read them as they are
         model.lm_head.weight.mul_(1.5)
     model.cuda_graphs = False
@@ -47,3 +47,18 @@ def test_a_step_a_graph_cannot_take_runs_eagerly():
                                     options={"prefix_cache": False, "kernels": "torch"})  # fmt: skip
     rag.generate(REQUESTS[0], "full_attention", 1.0, 4, sampling=SAMPLING)
     assert rag.engine.model.decode_graphs.captured == 0  # the torch backend's steps depend on the cache length
+
+
+@pytest.mark.gpu
+def test_one_graph_serves_any_sequences_of_a_pool_as_many_as_it_was_captured_for():
+    rag = FusionRAG.from_pretrained("tiny", device="cuda", dtype="float32", store=":memory:",
+                                    options={"prefix_cache": False, "kernels": "triton"})  # fmt: skip
+    rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.7, 0.7], [0, 1]], neighbors=1)
+    model = rag.engine.model
+    pairs = [REQUESTS, [RAGRequest(chunks=CHUNKS[1:], question="Why?"), RAGRequest(chunks=CHUNKS[:2], question="Where?")]]
+    model.cuda_graphs = False
+    eager = [[o.token_ids for o in rag.generate_many(pair, "fusionrag", 0.3, 12, sampling=SAMPLING)] for pair in pairs]
+    model.cuda_graphs = True
+    graphed = [[o.token_ids for o in rag.generate_many(pair, "fusionrag", 0.3, 12, sampling=SAMPLING)] for pair in pairs]
+    assert graphed == eager and model.decode_graphs.failed is None
+    assert model.decode_graphs.captured == 1  # the second pair's caches replayed the first pair's graph
