@@ -136,7 +136,7 @@ class DecoderLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryTable(cfg.rope, cfg.head_dim)
         self.kernels = "torch"
-        self._decode_program: DecodeProgram | None = None  # see quantize_linears
+        self.decode_program: DecodeProgram | None = None  # see quantize_linears
         # decode steps on the CPU run their layers in one compiled call where they can
         # (models/fast_decode.py, built by quantize_linears); False: layer by layer from Python, as
         # every other forward
@@ -188,7 +188,7 @@ class DecoderLM(nn.Module):
         for block in self.model.layers:  # q/k/v and gate/up as one call each where they share a format
             block.self_attn.qkv.fuse()
             block.mlp.gate_up.fuse()
-        self._decode_program = DecodeProgram.build(self)
+        self.decode_program = DecodeProgram.build(self)
         return count
 
     def fuse_projections(self) -> int:
@@ -320,7 +320,7 @@ class DecoderLM(nn.Module):
             if outputs is not None:
                 return outputs
         batch, x = self._batch(steps, caches, offsets)  # x: [n_total, hidden]
-        program = self._decode_program
+        program = self.decode_program
         if self.compiled_decode and program is not None and program.takes(batch) and program.current():
             x = program.run(x, batch)
         else:

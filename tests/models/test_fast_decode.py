@@ -89,7 +89,7 @@ def _assert_compiled_like_layers(model: DecoderLM, lengths, steps: int) -> None:
 def test_compiled_steps_compute_the_layer_by_layer_forward(shape, weights, monkeypatch):
     """Over prompts of a few tokens and of more than one attention task (512 keys) per kv head."""
     model = _model(shape, weights)
-    assert model._decode_program is not None
+    assert model.decode_program is not None
     runs = _spy(monkeypatch)
     _assert_compiled_like_layers(model, (5, 700), steps=4)
     assert runs == [1] * 8  # the compiled steps only
@@ -119,7 +119,7 @@ class _Seen(LayerHook):
 def test_models_and_steps_it_does_not_take_run_layer_by_layer(monkeypatch):
     half = _model("tiny", weights="float").to(torch.bfloat16)
     half.quantize_linears("float")
-    assert half._decode_program is None  # the compiled layers compute in float32 only
+    assert half.decode_program is None  # the compiled layers compute in float32 only
 
     model = _model("d64-g3")
     runs = _spy(monkeypatch)
@@ -147,7 +147,7 @@ def test_a_weight_changed_after_quantizing_is_read_as_the_python_forward_reads_i
     twin = cache.fork()
     with torch.no_grad():
         model.model.layers[1].mlp.down_proj.weight.mul_(0.5)
-    assert not model._decode_program.current()
+    assert not model.decode_program.current()
     got = _decode(model, [cache], [token], compiled=True, steps=2)
     want = _decode(model, [twin], [token], compiled=False, steps=2)
     assert runs == []
@@ -197,8 +197,8 @@ def test_projections_in_different_formats_and_float_weights_in_one_model(monkeyp
         if index == 1:
             block.mlp.up_proj.quantize(None)
             assert not block.mlp.gate_up.fuse()
-    model._decode_program = DecodeProgram.build(model)
-    assert model._decode_program is not None
+    model.decode_program = DecodeProgram.build(model)
+    assert model.decode_program is not None
     runs = _spy(monkeypatch)
     _assert_compiled_like_layers(model, (7, 280), steps=3)
     assert runs == [1] * 6
