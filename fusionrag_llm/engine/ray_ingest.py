@@ -41,8 +41,9 @@ from fusionrag_llm.engine.ray_watchdog import Watchdog
 from fusionrag_llm.engine.worker_spec import EngineSpec
 from fusionrag_llm.fusion.catalog import CatalogWriteError, ChunkCatalog, RegisteredChunk, chunk_id_of
 from fusionrag_llm.fusion.entry_compute import EntryComputer
-from fusionrag_llm.fusion.offline import (IngestReport, fuse_chunk, missing_plain, register_chunks, stale_chunks,
-                                          store_plain, validate_neighbors, validate_texts, wrap_write_errors)  # fmt: skip
+from fusionrag_llm.fusion.offline import (IngestReport, count_evicted, fuse_chunk, missing_plain, register_chunks,
+                                          stale_chunks, store_plain, validate_neighbors, validate_texts,
+                                          wrap_write_errors)  # fmt: skip
 from fusionrag_llm.fusion.embeddings import Embedder
 from fusionrag_llm.models.loader import LoadedModel
 from fusionrag_llm.storage import StoreWriteError
@@ -155,6 +156,8 @@ def ingest_with_workers(loaded: LoadedModel, computer: EntryComputer, catalog: C
                 _fuse_stage(ray, actors, computer, catalog, chunks, neighbors, variant_notes, report, progress)
                 clock.lap("fused")
         clock.lap("stop")
+    catalog.refresh()  # the workers' fused records
+    count_evicted(computer.entry_store, catalog, chunks, fuse, report)
     return report
 
 

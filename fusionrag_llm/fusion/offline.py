@@ -149,7 +149,21 @@ def add_chunks(
             _ensure_fused(computer, catalog, chunks, neighbors, report, progress, variant_notes, pause)
     except (StoreWriteError, CatalogWriteError) as exc:
         raise wrap_write_errors(computer.entry_store, exc, report) from exc
-    report.evicted = _evicted(computer.entry_store, catalog, chunks, fuse)
+    count_evicted(computer.entry_store, catalog, chunks, fuse, report)
+    return report
+
+
+def count_evicted(entry_store: EntryStore, catalog: ChunkCatalog, chunks: list[RegisteredChunk], fuse: bool,
+                  report: IngestReport) -> None:  # fmt: skip
+    """``report.evicted``: chunks of this ingestion whose plain entry, or (with ``fuse``) whose recorded
+    fused entry, the store dropped before the call ended (a store too small for the call: later writes
+    evicted them); a warning says so when there are any."""
+    def fused_gone(chunk: RegisteredChunk) -> bool:
+        recorded = catalog.fused_record(entry_store.keys.key(chunk.token_ids, "fused")) is not None
+        return recorded and not entry_store.contains(chunk.token_ids, "fused")
+
+    without_plain = {id(chunk) for chunk in missing_plain(entry_store, chunks)}
+    report.evicted = sum(id(chunk) in without_plain or (fuse and fused_gone(chunk)) for chunk in chunks)
     if report.evicted:
         logger.warning(
             "the store no longer holds the entries of %d of the %d chunks just ingested: its budget is "
@@ -157,18 +171,6 @@ def add_chunks(
             "entries for fused ones; use a store folder (store=...) or a larger budget",
             report.evicted, len(chunks),
         )  # fmt: skip
-    return report
-
-
-def _evicted(entry_store: EntryStore, catalog: ChunkCatalog, chunks: list[RegisteredChunk], fuse: bool) -> int:
-    """Chunks of this ingestion whose plain entry, or (with ``fuse``) whose recorded fused entry, the
-    store dropped before the call ended (a store too small for the call: later writes evicted them)."""
-    def fused_gone(chunk: RegisteredChunk) -> bool:
-        recorded = catalog.fused_record(entry_store.keys.key(chunk.token_ids, "fused")) is not None
-        return recorded and not entry_store.contains(chunk.token_ids, "fused")
-
-    without_plain = {id(chunk) for chunk in missing_plain(entry_store, chunks)}
-    return sum(id(chunk) in without_plain or (fuse and fused_gone(chunk)) for chunk in chunks)
 
 
 def register_chunks(computer: EntryComputer, catalog: ChunkCatalog, encode, texts: list[str], embeddings=None,

@@ -60,7 +60,7 @@ def assert_same_entries(found: dict, expected: dict) -> None:
 def test_ray_workers_store_the_entries_one_process_stores(ray_cluster, reference, tmp_path):
     rag = FusionRAG.from_pretrained("tiny", store=tmp_path, options={"prefix_cache": False})
     report = rag.add_chunks(TEXTS, neighbors=NEIGHBOURS, embeddings=VECTORS, workers=2)
-    assert (report.plain_computed, report.fused_computed) == (COUNT, COUNT)
+    assert (report.plain_computed, report.fused_computed, report.evicted) == (COUNT, COUNT, 0)
     assert set(report.seconds) == {"cluster", "register", "workers_ready", "plain", "fused", "stop"}
     assert len(reference) == 2 * COUNT
     assert_same_entries(entries_of(rag), reference)
