@@ -11,6 +11,13 @@ REQUESTS = [RAGRequest(chunks=CHUNKS, question="When?"), RAGRequest(chunks=CHUNK
 SAMPLING = {"ignore_eos": True}
 
 
+def triton_rag() -> FusionRAG:
+    rag = FusionRAG.from_pretrained("tiny", device="cuda", dtype="float32", store=":memory:",
+                                    options={"prefix_cache": False, "kernels": "triton"})  # fmt: skip
+    rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.7, 0.7], [0, 1]], neighbors=1)
+    return rag
+
+
 def answers(rag: FusionRAG) -> list[list[int]]:
     one = [rag.generate(request, "fusionrag", 0.3, 12, sampling=SAMPLING).token_ids for request in REQUESTS]
     return one + [out.token_ids for out in rag.generate_many(REQUESTS, "fusionrag", 0.3, 12, sampling=SAMPLING)]
@@ -18,9 +25,7 @@ def answers(rag: FusionRAG) -> list[list[int]]:
 
 @pytest.mark.gpu
 def test_captured_decode_steps_give_the_eager_tokens_and_follow_moved_weights():
-    rag = FusionRAG.from_pretrained("tiny", device="cuda", dtype="float32", store=":memory:",
-                                    options={"prefix_cache": False, "kernels": "triton"})  # fmt: skip
-    rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.7, 0.7], [0, 1]], neighbors=1)
+    rag = triton_rag()
     model = rag.engine.model
     model.cuda_graphs = False
     eager = answers(rag)
@@ -51,9 +56,7 @@ def test_a_step_a_graph_cannot_take_runs_eagerly():
 
 @pytest.mark.gpu
 def test_one_graph_serves_any_sequences_of_a_pool_as_many_as_it_was_captured_for():
-    rag = FusionRAG.from_pretrained("tiny", device="cuda", dtype="float32", store=":memory:",
-                                    options={"prefix_cache": False, "kernels": "triton"})  # fmt: skip
-    rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.7, 0.7], [0, 1]], neighbors=1)
+    rag = triton_rag()
     model = rag.engine.model
     pairs = [REQUESTS, [RAGRequest(chunks=CHUNKS[1:], question="Why?"), RAGRequest(chunks=CHUNKS[:2], question="Where?")]]
     model.cuda_graphs = False
