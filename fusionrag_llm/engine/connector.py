@@ -13,8 +13,9 @@ Loading:
 * ``match_turn(seq, tenant)``: the longest prefix of the prompt an earlier request of the tenant
   left in the turn cache (a chat's last turn) becomes the sequence's first segment, handed to the
   assembly like a loaded path block.
-* Waiting for a layer: with layer-wise loading the assembly gives the request cache a feed
-  (``fusion/layer_feed.py``) and the forward waits for each layer before reading it (``KVCache.ready``).
+* ``feed(cache)``: with layer-wise loading (``layerwise``), what the assembly hands a request's
+  stored KV to (``fusion/layer_feed.py``): it reaches the cache layer by layer while the forward runs,
+  and the forward waits for each layer before reading it (``KVCache.ready``).
 
 Saving:
 
@@ -32,17 +33,20 @@ from fusionrag_llm.engine.resolve import ContextResolver, Preloaded, ResolvedCon
 from fusionrag_llm.engine.sequence import Sequence
 from fusionrag_llm.engine.tenants import TenantScope
 from fusionrag_llm.engine.turn_cache import EXACT, TurnCache, namespace_of, tenant_namespace
+from fusionrag_llm.fusion.layer_feed import LayerFeed
 from fusionrag_llm.methods.base import RunPlan
 from fusionrag_llm.models.forward import ForwardOutput
+from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.request import Segment, split_segments
 from fusionrag_llm.storage import KVEntry, PrefetchLoader
 
 
 class KVConnector:
-    def __init__(self, store, runner, turns: TurnCache | None, exact_blocks: bool):
+    def __init__(self, store, runner, turns: TurnCache | None, exact_blocks: bool, layerwise: bool = False):
         self.store, self.runner = store, runner
         self.turns = turns  # multi-turn reuse: finished requests' KV by token blocks (None: off)
         self.exact_blocks = exact_blocks  # the store keeps exact path blocks (not a quantizing codec's)
+        self.layerwise = layerwise  # stored KV reaches request caches layer by layer (``feed``)
         self._loader: PrefetchLoader | None = None
         self._submitted: set[int] = set()
 
@@ -88,6 +92,10 @@ class KVConnector:
         if self._loader is not None and not self._submitted and not any(seq.prefetch for seq in waiting):
             self._loader.close()
             self._loader = None
+
+    def feed(self, cache: KVCache) -> LayerFeed | None:
+        """What the assembly of ``cache``'s context places stored KV through, layer by layer (None: whole)."""
+        return LayerFeed(self.runner.model, cache) if self.layerwise else None
 
     def match_turn(self, seq: Sequence, scope: TenantScope) -> None:
         """Start ``seq`` from the longest prefix of its prompt that an earlier request of its tenant

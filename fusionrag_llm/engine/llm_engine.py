@@ -85,10 +85,6 @@ class LLMEngine:
         self.loaded = loaded
         # a request whose plan leaves it open (None) runs reproducibly when this is True (``RunPlan``)
         self.reproducible = reproducible
-        # Cache-Craft's layer-wise preloading (``fusion/layer_feed.py``): stored KV reaches the request
-        # cache layer by layer while the forward runs; default on for a CUDA model, where a copy engine
-        # overlaps it with compute (on the CPU nothing would overlap)
-        self.layerwise_load = loaded.model.device.type == "cuda" if layerwise_load is None else bool(layerwise_load)
         # CacheClip's auxiliary model: a separate one of the same tokenizer, or the first
         # ``auxiliary_layers`` layers of this one
         self.auxiliary_model = check_auxiliary_model(auxiliary, loaded) if isinstance(auxiliary, LoadedModel) else None
@@ -104,7 +100,11 @@ class LLMEngine:
         self.runner = ModelRunner(loaded.model)
         self.scheduler = Scheduler(config)
         # every load and save of KV beside the forward: the loader thread, turn KV, path blocks
-        self.kv = KVConnector(entry_store.store, self.runner, turns, self.keys.exact_blocks)
+        # Cache-Craft's layer-wise preloading (``fusion/layer_feed.py``): stored KV reaches the request
+        # cache layer by layer while the forward runs; default on for a CUDA model, where a copy engine
+        # overlaps it with compute (on the CPU nothing would overlap)
+        layerwise = loaded.model.device.type == "cuda" if layerwise_load is None else bool(layerwise_load)
+        self.kv = KVConnector(entry_store.store, self.runner, turns, self.keys.exact_blocks, layerwise)
         # Cache-Craft's request-made chunk variants, M per chunk on average (None: not kept or read)
         self.variants = self.tenants.default.variants
         self._lock = threading.RLock()  # one step at a time; callers on other threads join its batches
@@ -308,7 +308,7 @@ class LLMEngine:
             seq.cache = self.runner.new_cache(seq.num_prompt_tokens + seq.max_new_tokens)
             if seq.context_plan is None:
                 seq.context_plan = resolver.plan(seq.segments, plan)
-            resolved, counts = resolver.assemble_plan(seq.context_plan, seq.cache, self.layerwise_load)
+            resolved, counts = resolver.assemble_plan(seq.context_plan, seq.cache, self.kv.feed(seq.cache))
             seq.prompt_end = seq.context_plan.prompt_end  # from the plan: no read of the device
         except Exception as exc:  # a bad store entry or input fails this request only
             seq.finish("error", exc)

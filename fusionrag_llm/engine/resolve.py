@@ -77,13 +77,14 @@ class ContextResolver:
         return plan_context(segments, run_plan, self.keys, self.prefix_cache)
 
     def assemble_plan(self, context_plan: ContextPlan, cache: KVCache,
-                      layerwise: bool = False) -> tuple[ResolvedContext, ResolveCounts]:  # fmt: skip
+                      feed: LayerFeed | None = None) -> tuple[ResolvedContext, ResolveCounts]:  # fmt: skip
         """Place the context's stored or computed KV into ``cache``; returns where it went and what was found.
 
-        ``layerwise``: the entries' K/V follow layer by layer while the forward runs (Cache-Craft's
-        layer-wise preloading, ``fusion/layer_feed.py``); the cache holds the feed until settled."""
+        ``feed``: the entries' K/V follow layer by layer while the forward runs (Cache-Craft's
+        layer-wise preloading, ``fusion/layer_feed.py``, from ``KVConnector.feed``); the cache holds the
+        feed until settled."""
         counts = ResolveCounts()
-        self._feed = LayerFeed(self.model, cache) if layerwise else None
+        self._feed = feed
         matched = self._place_exact_blocks(context_plan, cache, counts)
         if matched == 0:
             self._place_prefix(context_plan, cache, counts)

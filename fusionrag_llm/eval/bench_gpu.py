@@ -163,7 +163,7 @@ def timed(rag: FusionRAG, requests: list[RAGRequest], method: str, ratio: float 
           layerwise: bool = False) -> dict:  # fmt: skip
     """One request through ``generate`` (with its TTFT's parts) or several through ``generate_many``, every
     answer ``new_tokens`` long: wall seconds, the time to the last first token, decode tokens/s after it."""
-    rag.engine.layerwise_load = layerwise
+    rag.engine.kv.layerwise = layerwise
     sync, sampling = _sync(rag.engine.model.device), {"ignore_eos": True}
     sync()
     started = time.perf_counter()

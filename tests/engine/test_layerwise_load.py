@@ -93,7 +93,7 @@ def test_layer_groups_grow_so_that_the_first_layer_waits_for_one():
 def test_every_method_gives_the_same_logits_layer_by_layer(pair, method):
     ratio = 0.3  # a method that selects nothing runs at 0 (full_attention at 1) whatever is asked
     whole, layerwise = pair
-    assert not whole.engine.layerwise_load and layerwise.engine.layerwise_load
+    assert not whole.engine.kv.layerwise and layerwise.engine.kv.layerwise
     a = whole.generate(REQUEST, method=method, recompute_ratio=ratio, max_new_tokens=4)
     b = layerwise.generate(REQUEST, method=method, recompute_ratio=ratio, max_new_tokens=4)
     assert a.token_ids == b.token_ids
@@ -127,4 +127,4 @@ def test_exact_path_blocks_are_fed_layer_by_layer():
 
 
 def test_off_by_default_on_the_cpu():
-    assert FusionRAG.from_pretrained("tiny", device="cpu", store=":memory:").engine.layerwise_load is False
+    assert FusionRAG.from_pretrained("tiny", device="cpu", store=":memory:").engine.kv.layerwise is False

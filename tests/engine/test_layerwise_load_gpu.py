@@ -26,7 +26,7 @@ def cuda_engine(layerwise, dtype):
 
 def test_on_by_default_on_cuda_and_the_host_tier_is_pinned():
     rag = cuda_engine(None, "float32")
-    assert rag.engine.layerwise_load is True
+    assert rag.engine.kv.layerwise is True
     host = [tier for tier in rag.store._memory if tier.name == "host"][0]
     assert host.pin and all(host.get(key).keys.is_pinned() for key in host.keys())
 

@@ -17,7 +17,7 @@ def test_serve_passes_its_engine_options(monkeypatch, tmp_path, flags, expected)
                                       "--port", "8123", "--engine-option", "craft_variants=2", *flags])  # fmt: skip
     assert result.exit_code == 0, result.output
     engine = served["rag"].engine
-    assert engine.layerwise_load is expected and engine.variants is not None and served["port"] == 8123
+    assert engine.kv.layerwise is expected and engine.variants is not None and served["port"] == 8123
 
 
 def test_a_bad_engine_option_is_refused_with_the_known_ones(monkeypatch, tmp_path):
