@@ -25,7 +25,7 @@ def scoring_pass(inp: ScoringInput) -> ForwardPass:
 
 
 def scores_from(inp: ScoringInput, out: ForwardOutput) -> torch.Tensor:
-    return _layer_scores(inp, out, _last(inp))
+    return _layer_scores(inp, out, _last(inp), _suffix_rows(inp))
 
 
 def scores(inp: ScoringInput) -> torch.Tensor:
@@ -38,7 +38,8 @@ def layers_pass(inp: ScoringInput) -> ForwardPass:
 
 
 def layers_scores_from(inp: ScoringInput, out: ForwardOutput) -> torch.Tensor:
-    per_layer = [_layer_scores(inp, out, layer) for layer in upper_half(inp)]
+    rows = _suffix_rows(inp)
+    per_layer = [_layer_scores(inp, out, layer, rows) for layer in upper_half(inp)]
     return torch.stack([s / s.sum().clamp_min(1e-12) for s in per_layer]).mean(dim=0)
 
 
@@ -51,12 +52,15 @@ def _pass(inp: ScoringInput, layers: tuple[int, ...]) -> ForwardPass:
     return inp.layout.step(fresh, logit_rows=fresh[:0], capture_query_layers=frozenset(layers))
 
 
-def _layer_scores(inp: ScoringInput, out: ForwardOutput, layer: int) -> torch.Tensor:
+def _suffix_rows(inp: ScoringInput) -> torch.Tensor:
+    """The suffix's rows among the fresh slots (both sorted, the suffix among them): no mask, no device read."""
+    return torch.searchsorted(inp.layout.fresh_slots, inp.layout.suffix_slots)
+
+
+def _layer_scores(inp: ScoringInput, out: ForwardOutput, layer: int, rows: torch.Tensor) -> torch.Tensor:
     """The question's attention at ``layer`` to each reused token, from a forward whose rows were the
-    fresh slots (``scoring_pass``)."""
+    fresh slots (``scoring_pass``); ``rows``: the suffix's among them (``_suffix_rows``)."""
     model, cache, layout = inp.model, inp.cache, inp.layout
-    # the suffix's rows among the fresh slots (both sorted, the suffix among them): no mask, no device read
-    rows = torch.searchsorted(layout.fresh_slots, layout.suffix_slots)
     queries = out.queries[layer][:, rows]  # [heads, n_suffix, head_dim]
     n = cache.length
     context = critical_scores(queries, layout.suffix_slots, cache.keys[layer, :, :n],
