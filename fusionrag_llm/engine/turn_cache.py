@@ -183,6 +183,7 @@ class TurnCache:
         ``start..`` (``[layers, kv_heads, len - start, head_dim]``; ``start`` from ``kept``, the blocks
         before it are kept already). Returns how many blocks were added."""
         added, parent, path = 0, _root(namespace), []
+        on_path: set[int] = set()  # never dropped to make room for the blocks after them
         with self._lock:
             if self.pool is None:
                 layers, heads, _, head_dim = keys.shape
@@ -199,7 +200,7 @@ class TurnCache:
                     key = block_key(parent, tokens)
                     if key in self._index:  # another block under this key: leave it
                         break
-                    block = self._allocate(set(path))
+                    block = self._allocate(on_path)
                     if block is None:
                         break
                     rows = slice(first - start, first - start + len(tokens))
@@ -211,7 +212,7 @@ class TurnCache:
                     added += 1
                 parent = key
                 path.append(key)
-                self._index.move_to_end(key)  # never dropped to make room for the blocks after it
+                on_path.add(key)
             self._touch(path)
         return added
 
