@@ -45,19 +45,19 @@ class ChunkShift(LayerHook):
         # every reused slot is moved, by weight 1 where its chunk had tokens recomputed and it was not one
         # of them, else 0 (the same numbers as moving only those, with no mask turned into a shape: no
         # device read)
-        self.left, self.left_chunk = reused, chunk
-        self.left_weight = (~torch.isin(reused, self.picked) & (counts[chunk] > 0)).float()
-        self.picked_positions, self.left_positions = positions[self.picked], positions[self.left]
+        self.reused, self.reused_chunk = reused, chunk
+        self.weight = (~torch.isin(reused, self.picked) & (counts[chunk] > 0)).float()
+        self.picked_positions, self.reused_positions = positions[self.picked], positions[self.reused]
         # the rotary tables of both sets, once for every layer (the Triton rotary kernel makes its own)
         torch_rotary = getattr(model, "kernels", "torch") != "triton"
         self.unrotate = model.rotary_cos_sin(-self.picked_positions) if torch_rotary else None
-        self.rerotate = model.rotary_cos_sin(self.left_positions) if torch_rotary else None
+        self.rerotate = model.rotary_cos_sin(self.reused_positions) if torch_rotary else None
         self.counts = counts.clamp(min=1)
 
     @property
     def active(self) -> bool:
         """Whether any reused token may be shifted (else the prefill need not call it)."""
-        return (self.share > 0 and 0 < len(self.picked) < len(self.left)
+        return (self.share > 0 and 0 < len(self.picked) < len(self.reused)
                 and self.from_layer < self.model.cfg.num_layers)  # fmt: skip
 
     writes_kv = True
@@ -66,15 +66,15 @@ class ChunkShift(LayerHook):
         if layer < self.from_layer:
             return
         rows = self.picked_rows
-        weight = self.left_weight[None, :, None]
+        weight = self.weight[None, :, None]
         shift_v = self._chunk_mean((values[:, rows] - cache.values[layer][:, self.picked]).float())
-        cache.values[layer][:, self.left] += self.share * (shift_v[:, self.left_chunk] * weight).to(cache.values.dtype)
+        cache.values[layer][:, self.reused] += self.share * (shift_v[:, self.reused_chunk] * weight).to(cache.values.dtype)
         # rotation is linear: un-rotate the change itself, rotate each chunk's mean to each token's position
         change = keys[:, rows] - cache.keys[layer][:, self.picked]
         change = self.model.rotate(change, -self.picked_positions, self.unrotate).float()
-        moved = self._chunk_mean(change)[:, self.left_chunk].to(cache.keys.dtype)
-        moved = self.model.rotate(moved, self.left_positions, self.rerotate) * weight.to(cache.keys.dtype)
-        cache.keys[layer][:, self.left] += self.share * moved
+        moved = self._chunk_mean(change)[:, self.reused_chunk].to(cache.keys.dtype)
+        moved = self.model.rotate(moved, self.reused_positions, self.rerotate) * weight.to(cache.keys.dtype)
+        cache.keys[layer][:, self.reused] += self.share * moved
 
     def _chunk_mean(self, change: torch.Tensor) -> torch.Tensor:
         """[kv_heads, picked, d] -> the mean over each chunk's picked tokens, [kv_heads, chunks, d]."""
