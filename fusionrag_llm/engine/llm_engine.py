@@ -99,11 +99,11 @@ class LLMEngine:
         self.prefix_cache = prefix_cache
         self.runner = ModelRunner(loaded.model)
         self.scheduler = Scheduler(config)
-        # every load and save of KV beside the forward: the loader thread, turn KV, path blocks
         # Cache-Craft's layer-wise preloading (``fusion/layer_feed.py``): stored KV reaches the request
         # cache layer by layer while the forward runs; default on for a CUDA model, where a copy engine
         # overlaps it with compute (on the CPU nothing would overlap)
         layerwise = loaded.model.device.type == "cuda" if layerwise_load is None else bool(layerwise_load)
+        # every load and save of KV beside the forward: the loader thread, layer-wise feeds, turn KV, path blocks
         self.kv = KVConnector(entry_store.store, self.runner, turns, self.keys.exact_blocks, layerwise)
         # Cache-Craft's request-made chunk variants, M per chunk on average (None: not kept or read)
         self.variants = self.tenants.default.variants
