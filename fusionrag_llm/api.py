@@ -60,9 +60,7 @@ class FusionRAG:
         # of the orders its earlier requests were given
         self._catalogs = PerTenant(lambda tenant: ChunkCatalog(self.store.record_log(catalog_file(tenant)),
                                                                self.tokenizer.encode))  # fmt: skip
-        self._catalog = self._catalogs.default
         self._context_indexes = PerTenant(lambda tenant: ContextIndex())
-        self.context_index = self._context_indexes.default
         self.engine = LLMEngine(loaded, entry_store, prefix_cache=options.prefix_cache,
                                 auxiliary=_auxiliary(options.auxiliary, loaded), turns=turn_cache(options.turn_cache_gib),
                                 craft_variants=options.craft_variants, layerwise_load=options.layerwise_load,

@@ -1,17 +1,14 @@
-"""Token-id checks, and greedy decoding of one sequence as a plain loop (the reference the parity
-tests compare the engine's model with; the engine itself decodes through its step loop)."""
+"""Token-id checks."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from numbers import Integral
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from fusionrag_llm.errors import FusionRAGError
-from fusionrag_llm.models.kv_cache import KVCache
-from fusionrag_llm.models.llama import DecoderLM, ForwardPass
 
 
 def check_token_ids(ids: Any, vocab_size: int, name: str = "continuation_ids") -> list[int]:
@@ -34,28 +31,3 @@ def check_token_ids(ids: Any, vocab_size: int, name: str = "continuation_ids") -
             )
     return [int(value) for value in checked]
 
-
-def greedy_tokens(
-    model: DecoderLM,
-    cache: KVCache,
-    first_logits: torch.Tensor,  # [vocab] logits after the last prompt token
-    next_position: int,
-    max_new_tokens: int,
-    stop_ids: frozenset[int],
-) -> Iterator[int]:
-    """Yield greedy tokens until a stop token (not yielded) or ``max_new_tokens``."""
-    logits = first_logits
-    for step in range(max_new_tokens):
-        token = int(torch.argmax(logits))
-        if token in stop_ids:
-            return
-        yield token
-        if step + 1 == max_new_tokens:
-            return
-        device = cache.keys.device
-        forward = ForwardPass(
-            token_ids=torch.tensor([token], device=device),
-            positions=torch.tensor([next_position + step], device=device),
-            slots=cache.reserve(1),
-        )
-        logits = model(forward, cache).logits[0]

@@ -1,9 +1,9 @@
 """The engine: requests in, one scheduling step at a time, tokens out.
 
-DESIGN.md section 4. ``add_request`` queues a sequence; ``step`` admits what fits (resolve and
-assemble its context, select the tokens to recompute), then runs the admitted sequences' sparse
-prefills and one decode token of every running sequence in one batched forward. ``generate``,
-``stream`` and ``generate_many`` are loops over ``step``, so concurrent callers share its batches.
+``add_request`` queues a sequence; ``step`` admits what fits (resolve and assemble its context,
+select the tokens to recompute), then runs the admitted sequences' sparse prefills and one decode
+token of every running sequence in one batched forward. ``generate``, ``stream`` and
+``generate_many`` are loops over ``step``, so concurrent callers share its batches.
 
 Prompt tokens occupy slots equal to their positions; the prefix comes from the exact prefix cache,
 chunks from their entries (rotary applied at their assembled positions), and the recompute set
@@ -134,8 +134,7 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the step API
     def add_request(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, *, stop: Seq[str] = (),
-                    prefetch: int = 0, preloaded: Preloaded | None = None,
-                    sampling: SamplingParams | dict | None = None, n: int = 1, tenant: str | None = None) -> Sequence:  # fmt: skip
+                    prefetch: int = 0, sampling: SamplingParams | dict | None = None, n: int = 1, tenant: str | None = None) -> Sequence:  # fmt: skip
         """Queue a request; returns its sequence (``request_id``, ``token_ids``, ``finished``, ``stats``).
 
         ``stop``: strings that end decoding once the answer contains one (the answer is cut before
@@ -155,7 +154,7 @@ class LLMEngine:
         scope = self.tenants[tenant]
         plan = self._settled(plan)
         seq = self._sequence(segments, plan, max_new_tokens, scope.tenant)
-        seq.stop_strings, seq.prefetch, seq.preloaded = check_stop(stop), prefetch, preloaded
+        seq.stop_strings, seq.prefetch = check_stop(stop), prefetch
         seq.sampling, seq.n = sampling, n
         seq.generator = sampling.generator(self.model.device)
         if sampling.json_schema is not None:
@@ -377,10 +376,9 @@ class LLMEngine:
             if seq.error is not None:
                 raise seq.error
 
-    def generate(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, preloaded: Preloaded | None = None,
-                 stop: Seq[str] = (), sampling=None, n: int = 1, tenant: str | None = None) -> Generation:  # fmt: skip
-        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, preloaded=preloaded, sampling=sampling, n=n,
-                               tenant=tenant)  # fmt: skip
+    def generate(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, stop: Seq[str] = (),
+                 sampling=None, n: int = 1, tenant: str | None = None) -> Generation:  # fmt: skip
+        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, sampling=sampling, n=n, tenant=tenant)
         self.run_until_finished([seq])
         return self.generation(seq)
 
@@ -401,11 +399,10 @@ class LLMEngine:
         self.run_until_finished(seqs)
         return [self.generation(seq) for seq in seqs]
 
-    def stream(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, preloaded: Preloaded | None = None,
-               stop: Seq[str] = (), sampling=None, tenant: str | None = None) -> GenerationStream:  # fmt: skip
+    def stream(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, stop: Seq[str] = (),
+               sampling=None, tenant: str | None = None) -> GenerationStream:  # fmt: skip
         """Prefill now; iterate the returned stream for text deltas."""
-        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, preloaded=preloaded, sampling=sampling,
-                               tenant=tenant)  # fmt: skip
+        seq = self.add_request(segments, plan, max_new_tokens, stop=stop, sampling=sampling, tenant=tenant)
         while seq.status is Status.WAITING:
             self.step()
         if seq.error is not None:

@@ -1,6 +1,6 @@
 """A request's resolve plan: where each segment sits and which stored entries may serve it.
 
-The bookkeeping half of the alternative path (DESIGN.md section 4.1), in plain Python: slots,
+The bookkeeping half of the alternative path (docs/store.md, the prefix cache), in plain Python: slots,
 path-block keys and chunk-entry keys, each computed once per request and read by both the
 asynchronous loader (``prefetch_keys``) and assembly. Exact KV of a prompt is stored as a chain of
 path blocks, one per boundary: segment 0, then (with the prefix cache on and a lossless store)
@@ -172,12 +172,6 @@ def _parallel_positions(segments: Sequence[Segment]) -> list[int | None]:
             positions.append(after)
             after += len(segment.token_ids)
     return positions
-
-
-def plan_boundaries(segments: Sequence[Segment], keys: EntryKeys, prefix_cache: bool) -> list[Boundary]:
-    """The path blocks of ``segments`` alone (what ``plan_context`` puts in ``boundaries``)."""
-    ids = tuple(token for segment in segments for token in segment.token_ids)
-    return _boundaries(segments, _spans(segments), ids, keys, prefix_cache)
 
 
 def _spans(segments: Sequence[Segment]) -> list[tuple[int, int]]:

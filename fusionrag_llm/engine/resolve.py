@@ -1,6 +1,6 @@
 """Resolving a request's context: the longest exact path first, then each chunk's single entry.
 
-The paper's alternative path (DESIGN.md section 4.1). ``plan`` names every entry the request may
+The paper's alternative path (docs/store.md, the prefix cache). ``plan`` names every entry the request may
 read (``fusionrag_llm.engine.plan``, no tensors); ``assemble_plan`` walks the chain of path blocks
 as far as the store has it, then serves the chunks after that from their fused or plain entries,
 computing a missing plain entry once, and places everything in the request's cache. Blocks are

@@ -10,9 +10,7 @@ object, shared by every engine on it:
   numbers the chunks alike and finds the same neighbours.
 * ``{"fused", "chunk", "count", "requested", "neighbours", "view", "floor"}`` says which neighbours
   the fused entry stored under key ``fused`` was computed after, so ingestion can tell stale fused
-  entries (their chunk has closer chunks now) without reading the entries (megabytes each). Its
-  ``fused_order`` names the neighbours' layout (``fusion/fused_order.py``; records written before
-  layouts existed have none and read as the default, whose keys they carry).
+  entries (their chunk has closer chunks now) without reading the entries (megabytes each).
 
 ``refresh`` reads only the bytes appended since the last read, under a shared lock. A line that is
 not UTF-8, not JSON or not a valid record is skipped with a warning naming its line number: one bad
@@ -76,10 +74,6 @@ class CatalogWriteError(FusionRAGError):
     """The chunk catalog could not be appended to (read-only store, permissions, full disk)."""
 
 
-# the layout of the neighbours before a fused entry's chunk: most similar first (the paper's); records of
-# other layouts, which earlier versions could write, are read but serve nothing
-PAPER_LAYOUT = "similar_first"
-
 @dataclass(frozen=True)
 class RegisteredChunk:
     chunk_id: str
@@ -115,13 +109,11 @@ class FusedRecord:
     view: int
     floor: float | None
     notes: bool = False  # the entry carries Cache-Craft's notes (``fusion/craft.py``)
-    fused_order: str = PAPER_LAYOUT  # the neighbours' layout: the paper's (records of others serve nothing)
 
     def to_json(self) -> str:
         return json.dumps({"fused": self.key, "chunk": self.chunk_id, "count": self.count,
                            "requested": list(self.requested), "neighbours": list(self.neighbours),
-                           "view": self.view, "floor": self.floor, "notes": self.notes,
-                           "fused_order": self.fused_order})  # fmt: skip
+                           "view": self.view, "floor": self.floor, "notes": self.notes})  # fmt: skip
 
     @classmethod
     def from_json(cls, record: dict) -> FusedRecord:
@@ -137,10 +129,7 @@ class FusedRecord:
         notes = record.get("notes", False)  # records written before notes existed have none
         if not isinstance(notes, bool):
             raise ValueError("notes must be true or false")
-        layout = record.get("fused_order", PAPER_LAYOUT)  # records older than layouts: the paper's
-        if not isinstance(layout, str):
-            raise ValueError("fused_order must be a string")
-        return cls(record["fused"], record["chunk"], count, tuple(ids[0]), tuple(ids[1]), view, floor, notes, layout)
+        return cls(record["fused"], record["chunk"], count, tuple(ids[0]), tuple(ids[1]), view, floor, notes)
 
 
 class ChunkCatalog:

@@ -86,8 +86,9 @@ def fused_notes(meta: dict, length: int) -> VariantNotes:
     notes = VariantNotes.from_meta(meta, prefix, length)
     if notes is None:
         if not _warned_notes:
-            logger.warning("fused entries without Cache-Craft notes (computed by an older version): their variant "
-                           "choice assumes the most context dependence; ingest into a new store to measure it")  # fmt: skip
+            logger.warning("fused entries without Cache-Craft notes (ingested without variant_notes=True): their "
+                           "variant choice assumes the most context dependence; add_chunks(..., variant_notes=True) "
+                           "measures it")  # fmt: skip
             _warned_notes = True
         notes = VariantNotes(tuple(prefix), (1.0,) * len(prefix), 1.0)
     return notes

@@ -1,4 +1,4 @@
-"""The offline stage: plain entries, embeddings and FAISS neighbours, fused entries (DESIGN.md section 3).
+"""The offline stage: plain entries, embeddings and FAISS neighbours, fused entries (docs/methods.md).
 
 Idempotent: entries are keyed by content and each fused entry's neighbours are recorded in the
 catalog, so a second call with the same texts computes nothing. Plain entries of all chunks exist

@@ -8,7 +8,7 @@ import torch
 
 import fusionrag_llm.storage.keys as store_keys
 from fusionrag_llm import FusionRAG, RAGRequest
-from fusionrag_llm.engine.plan import ResolveCounts, plan_boundaries, plan_context
+from fusionrag_llm.engine.plan import ResolveCounts, plan_context
 from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.fusion.entry_keys import EntryKeys
 from fusionrag_llm.methods import make_plan
@@ -42,7 +42,6 @@ def test_blocks_end_at_the_prefix_and_at_each_chunk_and_cover_the_text_before_it
     assert [(s.start, s.end) for s in plan.segments][-3:] == [(278, 280), (280, 408), (408, 411)]
     assert [s.path_key is not None for s in plan.segments] == [True, True, False, True, False, True, False]
     assert plan.block_ids(plan.boundaries[2]) == (10, 10, *chunk(1))
-    assert plan_boundaries(segments, KEYS, prefix_cache=True) == list(plan.boundaries)
 
 
 def test_block_keys_chain_on_the_block_before():

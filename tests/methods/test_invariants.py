@@ -1,4 +1,4 @@
-"""DESIGN.md section 4 invariants on the tiny model."""
+"""The engine's invariants (docs/methods.md) on the tiny model."""
 
 import pytest
 import torch

@@ -4,7 +4,6 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from fusionrag_llm.engine.decode import greedy_tokens
 from fusionrag_llm.models.llama import ForwardPass
 from fusionrag_llm.models.loader import load_model
 from fusionrag_llm.models.tiny import TINY_FAMILIES
@@ -30,8 +29,13 @@ def engine_greedy(loaded, ids: torch.Tensor, count: int) -> list[int]:
     model = loaded.model
     cache = model.new_cache(len(ids) + count)
     step = ForwardPass(ids, torch.arange(len(ids)), cache.reserve(len(ids)), logit_rows=torch.tensor([len(ids) - 1]))
-    first = model(step, cache).logits[0]
-    return list(greedy_tokens(model, cache, first, len(ids), count, frozenset()))
+    logits, tokens = model(step, cache).logits[0], []
+    for position in range(len(ids), len(ids) + count):  # greedy decoding as a plain loop, no stop token
+        tokens.append(int(torch.argmax(logits)))
+        if len(tokens) < count:
+            one = ForwardPass(torch.tensor(tokens[-1:]), torch.tensor([position]), cache.reserve(1))
+            logits = model(one, cache).logits[0]
+    return tokens
 
 
 @pytest.mark.parametrize("family", FAMILIES)
