@@ -11,7 +11,7 @@ import torch
 # kernel module -> (its launcher; whether the module holds the @triton.jit kernel itself)
 KERNEL_MODULES = {
     "q_sparse_attention": ("q_sparse_attention", True),
-    "q_sparse_attention_varlen": ("q_sparse_attention_varlen", False),  # q_sparse_attention's kernel, packed
+    "q_sparse_attention_varlen": ("q_sparse_attention_spans", False),  # q_sparse_attention's kernel, batched
     "rotary": ("apply_rotary", True),
     "critical_scores": ("critical_scores", True),
     "cpu_quant": ("linear", False),  # a C kernel, compiled on first use
