@@ -16,7 +16,7 @@ One entry per kernel module (``KERNEL_BENCHES``): ``q_sparse_attention`` (above)
 ``q_sparse_attention_varlen`` (``q_sparse_attention_spans``, batched decode: one query per request
 over its span of the keys), ``apply_rotary`` and ``critical_scores``, each timed against its torch
 reference on the same inputs with their max difference, and ``cpu_quant`` (a decode row through the
-8-bit and 4-bit CPU linear, on the CPU).
+8-bit and 4-bit CPU linear, on the CPU, against the float64 product of the dequantized weight).
 A new kernel adds its entry there. Writes ``kernels.json`` into ``--out``.
 """
 
@@ -214,11 +214,20 @@ def bench_spans_decode(shape: dict, device: str, reps: int, requests: int = 4) -
                           4 * d * hq * requests * per, q.element_size() * 2 * k.numel(), device, reps)  # fmt: skip
 
 
+def quant_linear_ref(x: torch.Tensor, weight) -> torch.Tensor:
+    """The rows times the dequantized weight, in float64: what the CPU kernel computes, summed exactly."""
+    from fusionrag_llm.kernels import cpu_quant
+
+    return (x.double() @ cpu_quant.dequantize(weight).double().T).float()
+
+
 def bench_cpu_quant(shape: dict, device: str, reps: int) -> list[dict]:
     """Block-quantized CPU linear of one decode row (always on the CPU): q8 and q4 against the reference."""
     from fusionrag_llm.kernels import cpu_quant
 
-    if not cpu_quant.available():
+    try:
+        cpu_quant.load_library()
+    except RuntimeError:
         return [_row("quant_linear", 1.0, 1, None, 0, 0, error="the CPU kernel could not be built here")]
     g = torch.Generator().manual_seed(4)
     n, k = 4 * shape["heads_q"] * shape["head_dim"], shape["heads_q"] * shape["head_dim"]  # an MLP up-projection
@@ -227,8 +236,8 @@ def bench_cpu_quant(shape: dict, device: str, reps: int) -> list[dict]:
     rows = []
     for fmt in cpu_quant.FORMATS:
         qw = cpu_quant.quantize(weight, fmt)
-        rows += _kernel_vs_ref(f"quant_linear_{fmt}", lambda qw=qw: cpu_quant.linear(x, qw),
-                               lambda qw=qw: cpu_quant.linear_ref(x, qw), 1.0, 1, 2 * n * k, qw.nbytes, "cpu", reps)  # fmt: skip
+        rows += _kernel_vs_ref(f"quant_linear_{fmt}", lambda qw=qw: cpu_quant.run_linear(x, qw),
+                               lambda qw=qw: quant_linear_ref(x, qw), 1.0, 1, 2 * n * k, qw.nbytes, "cpu", reps)  # fmt: skip
     return rows
 
 
