@@ -19,9 +19,8 @@ block's scale and minimum apply to 16 outputs at once (about 1.4x faster than on
 The kernel is in a small C file (``cpu_kernels.c``, beside this module, which also holds the compiled
 decode step of ``models/fast_decode.py``) compiled once per machine with the system C compiler (AVX2 /
 AVX-512 where the CPU has them, plain C otherwise) and called through ``ctypes``; it runs its rows on
-OpenMP threads (the runtime torch already loaded, so the two share one thread pool). ``linear_ref`` is
-the torch reference, the oracle of the parity tests. Where no compiler works, ``load_library`` raises
-``RuntimeError`` saying why and callers keep the float path.
+OpenMP threads (the runtime torch already loaded, so the two share one thread pool). Where no compiler
+works, ``load_library`` raises ``RuntimeError`` saying why and callers keep the float path.
 """
 
 from __future__ import annotations
@@ -177,22 +176,9 @@ def dequantize(weight: QuantWeight) -> torch.Tensor:
     return (q * weight.d.float()[..., None] + weight.m.float()[..., None]).reshape(n, k)
 
 
-def linear_ref(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
-    """Torch reference of ``linear``: the rows times the dequantized weight, in float64."""
-    return (x.double() @ dequantize(weight).double().T).float()
-
-
-def linear(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
-    """``x`` [m, k] float32 on CPU times ``weight`` [n, k]: [m, n] float32 (see the module docstring)."""
-    op = "quant_linear"
-    check_tensor(x, op, "x", 2, (torch.float32,))
-    check(x.device.type == "cpu", op, f"x must be on the CPU, got {x.device}")
-    check(x.shape[1] == weight.shape[1], op, f"x has {x.shape[1]} columns, the weight {weight.shape[1]}")
-    return run_linear(x.contiguous(), weight)
-
-
 def run_linear(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
-    """``linear`` without the checks, for callers that made them (a decode step calls it ~200 times)."""
+    """``x`` [m, k] float32, contiguous, on the CPU, times ``weight`` [n, k]: [m, n] float32 (see the module
+    docstring). Unchecked: the caller made sure of the input (a decode step calls it ~200 times)."""
     lib = _library or load_library()
     m, n = x.shape[0], weight.shape[0]
     y = torch.empty(m, n, dtype=torch.float32)
@@ -225,15 +211,6 @@ def load_library(folder: Path | None = None) -> ctypes.CDLL:
         _library_error = f"the quantized CPU kernel could not be built or loaded: {exc}"
         raise RuntimeError(_library_error) from exc
     return _library
-
-
-def available() -> bool:
-    """True when the kernel is built (or can be built) here."""
-    try:
-        load_library()
-    except RuntimeError:
-        return False
-    return True
 
 
 def _build(folder: Path) -> Path:
@@ -271,5 +248,5 @@ def _open(path: Path) -> ctypes.CDLL:
     return lib
 
 
-__all__ = ["BLOCK", "FORMATS", "TILE", "QuantWeight", "available", "can_tile", "dequantize", "kernel_folder", "linear",
-           "linear_ref", "load_library", "quantize", "quantize_exact", "run_linear", "tile", "untile"]  # fmt: skip
+__all__ = ["BLOCK", "FORMATS", "TILE", "QuantWeight", "can_tile", "dequantize", "kernel_folder", "load_library",
+           "quantize", "quantize_exact", "run_linear", "tile", "untile"]  # fmt: skip

@@ -21,7 +21,7 @@ from ._common import (KEY_NEVER, QUERY_NONE, check_devices, check_head_dim,
                       check_last_dim_contiguous, default_scale, interpreting, require_triton, tl,
                       triton)
 from .q_sparse_attention import (check_attention_inputs, launch_config, launch_forward, masked_key_positions,
-                                 masked_softmax_parts)
+                                 masked_softmax)
 
 _OP = "critical_scores"
 _LOG2E = 1.4426950408889634
@@ -92,10 +92,10 @@ def critical_scores(q, q_positions, k, k_positions, k_valid, scale=None):
         return torch.zeros(nk, dtype=torch.float32, device=k.device)
     cu_q = torch.tensor([0, nq], dtype=torch.int64, device=q.device)
     cu_k = torch.tensor([0, nk], dtype=torch.int64, device=q.device)
-    _, lse = launch_forward(q, q_positions, cu_q, k, k, k_positions, k_valid, cu_k, None, None, None,
-                            None, scale, nq, with_v=False, store_lse=True, op=_OP)
+    _, lse = launch_forward(q, q_positions, cu_q, k, k, k_positions, k_valid, cu_k, scale, nq, with_v=False,
+                            store_lse=True, op=_OP)
     partial = torch.empty((hkv, nk), dtype=torch.float32, device=k.device)
-    cfg = launch_config(d, nq * (hq // hkv))
+    cfg = launch_config(nq * (hq // hkv))
     q_positions, k_positions = q_positions.contiguous(), k_positions.contiguous()
     valid = None if k_valid is None else k_valid.contiguous().view(torch.uint8)
     _column_sums_kernel[(triton.cdiv(nk, cfg["BLOCK_N"]), hkv)](
@@ -115,12 +115,11 @@ def critical_scores_ref(q, q_positions, k, k_positions, k_valid, scale=None):
     hq, nq, d = q.shape
     hkv, nk, _ = k.shape
     scale = default_scale(scale, d)
-    source = (k.float(), None, masked_key_positions(k_positions, k_valid))
+    kf, pos = k.float(), masked_key_positions(k_positions, k_valid)
     qf = q.float().reshape(hkv, hq // hkv, nq, d)  # [Hkv, G, Nq, D]
     scores = torch.zeros(nk, dtype=torch.float32, device=k.device)
     step = max(1, _REF_CHUNK_ELEMENTS // max(1, hq * nk))
     for i0 in range(0, nq, step):
-        (probs,), _ = masked_softmax_parts(qf[:, :, i0:i0 + step], q_positions[i0:i0 + step],
-                                           [source], scale)
+        probs = masked_softmax(qf[:, :, i0:i0 + step], q_positions[i0:i0 + step], kf, pos, scale)
         scores += probs.sum(dim=(0, 1, 2))
     return scores

@@ -46,22 +46,11 @@ def _tiled_head_dim(t: torch.Tensor) -> bool:
     return 16 <= d <= 128 and d & (d - 1) == 0
 
 
-def q_sparse_attention(q, q_positions, k, v, k_positions, k_valid, scale=None, page_k=None,
-                       page_v=None, page_positions=None, *, backend: str | None = None):
+def q_sparse_attention(q, q_positions, k, v, k_positions, k_valid, scale=None, *, backend: str | None = None):
     """Dispatching :func:`fusionrag_llm.kernels.q_sparse_attention.q_sparse_attention`."""
     use_triton = resolve_backend(q, backend, _tiled_head_dim(q)) == "triton"
     fn = _attn.q_sparse_attention if use_triton else _attn.q_sparse_attention_ref
-    return fn(q, q_positions, k, v, k_positions, k_valid, scale, page_k, page_v, page_positions)
-
-
-def q_sparse_attention_varlen(q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, cu_seqlens_k,
-                              scale=None, page_k=None, page_v=None, page_positions=None,
-                              cu_seqlens_page=None, max_seqlen_q=None, *, backend: str | None = None):
-    """Dispatching :func:`fusionrag_llm.kernels.q_sparse_attention_varlen.q_sparse_attention_varlen`."""
-    use_triton = resolve_backend(q, backend, _tiled_head_dim(q)) == "triton"
-    fn = _varlen.q_sparse_attention_varlen if use_triton else _varlen.q_sparse_attention_varlen_ref
-    return fn(q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, cu_seqlens_k, scale, page_k,
-              page_v, page_positions, cu_seqlens_page, max_seqlen_q)
+    return fn(q, q_positions, k, v, k_positions, k_valid, scale)
 
 
 def q_sparse_attention_spans(q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, k_ends,

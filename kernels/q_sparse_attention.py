@@ -2,14 +2,12 @@
 
 The queries are the recompute set (the paper's "Q index"): arbitrary tokens with their absolute
 positions. The keys are the request's context (shared chunk KV, possibly with stale or missing
-entries, hence ``k_valid``) plus an optional per-request *page* holding the fresh K/V of the
-recomputed tokens. A query at position p sees every valid key at position <= p; the causal rule is
-by position, never by index, so neither keys nor queries need to be sorted.
+entries, hence ``k_valid``). A query at position p sees every valid key at position <= p; the
+causal rule is by position, never by index, so neither keys nor queries need to be sorted.
 
-    out[h, i] = sum_j softmax_j(scale * q[h, i] . key_j) value_j,
-    j over {context keys with k_valid and k_positions <= q_positions[i]}
-         + {page keys with page_positions <= q_positions[i]},
-    key/value head of query head h = h // (Hq // Hkv)  (GQA).
+    out[h, i] = sum_j softmax_j(scale * q[h, i] . k[h', j]) v[h', j],
+    j over {keys with k_valid and k_positions <= q_positions[i]},
+    key/value head of query head h: h' = h // (Hq // Hkv)  (GQA).
 
 A query row that sees no key at all returns zeros. The kernel packs the ``Hq // Hkv`` query heads
 sharing a KV head into one row block (each K/V tile is loaded once per group) and runs an online
@@ -18,7 +16,7 @@ scan of the key positions); it compares positions element-wise only in tiles hol
 the block's earliest query. No ``[Nq, Nk]`` mask is ever built. Decode (one query per request) goes
 through the same kernel.
 
-This module holds the kernel, its launcher (``launch_forward``, shared by the packed form in
+This module holds the kernel, its launcher (``launch_forward``, shared by the span form in
 ``q_sparse_attention_varlen.py`` and by ``critical_scores.py``, which import it from here; this
 module imports neither) and the torch reference.
 """
@@ -105,12 +103,11 @@ if triton is not None:
 
     @triton.jit
     def _q_sparse_fwd_kernel(
-            Q, Q_POS, CU_Q, K, V, K_POS, K_VALID, K_START, K_END, PK, PV, P_POS, CU_P, OUT, LSE,
-            stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn,
-            stride_pkh, stride_pkn, stride_pvh, stride_pvn, stride_oh, stride_on, stride_lh,
+            Q, Q_POS, CU_Q, K, V, K_POS, K_VALID, K_START, K_END, OUT, LSE,
+            stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_oh, stride_on, stride_lh,
             qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-            BLOCK_N: tl.constexpr, HAS_VALID: tl.constexpr, HAS_PAGE: tl.constexpr,
-            WITH_V: tl.constexpr, STORE_LSE: tl.constexpr, F32: tl.constexpr):
+            BLOCK_N: tl.constexpr, HAS_VALID: tl.constexpr, WITH_V: tl.constexpr,
+            STORE_LSE: tl.constexpr, F32: tl.constexpr):
         """Grid (row blocks, Hkv, requests); rows are (query token, head in the GQA group) pairs."""
         kv_head = tl.program_id(1).to(tl.int64)
         req = tl.program_id(2)
@@ -134,11 +131,6 @@ if triton is not None:
             acc, m_i, l_i, q, q_pos, q_min, q_max, K + kv_head * stride_kh, V + kv_head * stride_vh,
             K_POS, K_VALID, tl.load(K_START + req), tl.load(K_END + req), stride_kn, stride_vn,
             offs_d, qk_scale, HAS_VALID, WITH_V, F32, BLOCK_N)
-        if HAS_PAGE:
-            acc, m_i, l_i = _attend_keys(
-                acc, m_i, l_i, q, q_pos, q_min, q_max, PK + kv_head * stride_pkh, PV + kv_head * stride_pvh,
-                P_POS, P_POS, tl.load(CU_P + req), tl.load(CU_P + req + 1), stride_pkn, stride_pvn,
-                offs_d, qk_scale, False, WITH_V, F32, BLOCK_N)
         if WITH_V:
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # no visible key: acc is 0, so out is 0
             tl.store(OUT + head[:, None] * stride_oh + tok[:, None] * stride_on + offs_d[None, :],
@@ -148,8 +140,7 @@ if triton is not None:
             tl.store(LSE + head * stride_lh + tok, lse, mask=row_ok)
 
 
-def check_attention_inputs(op, q, q_positions, k, v, k_positions, k_valid,
-                           page_k=None, page_v=None, page_positions=None) -> None:
+def check_attention_inputs(op, q, q_positions, k, v, k_positions, k_valid) -> None:
     """Validate shapes and dtypes shared by the attention launchers and references."""
     check_tensor(q, op, "q [Hq, Nq, D]", 3, FLOAT_DTYPES)
     check_tensor(k, op, "k [Hkv, Nk, D]", 3, (q.dtype,))
@@ -166,47 +157,30 @@ def check_attention_inputs(op, q, q_positions, k, v, k_positions, k_valid,
     if k_valid is not None:
         check_tensor(k_valid, op, "k_valid [Nk]", 1, (torch.bool,))
         check(k_valid.shape[0] == nk, op, f"k_valid has {k_valid.shape[0]} entries, k has {nk}")
-    page = (page_k, page_v, page_positions)
-    check(all(t is None for t in page) or all(t is not None for t in page), op,
-          "page_k, page_v and page_positions must be given together (or none of them)")
-    if page_k is not None:
-        check_tensor(page_k, op, "page_k [Hkv, Np, D]", 3, (q.dtype,))
-        check_tensor(page_v, op, "page_v [Hkv, Np, D]", 3, (q.dtype,))
-        check_tensor(page_positions, op, "page_positions [Np]", 1, (torch.int64,))
-        check(page_k.shape[0] == hkv and page_k.shape[2] == d, op,
-              f"page_k shape {tuple(page_k.shape)} must be [Hkv={hkv}, Np, D={d}]")
-        check(tuple(page_v.shape) == tuple(page_k.shape), op,
-              f"page_v shape {tuple(page_v.shape)} != page_k shape {tuple(page_k.shape)}")
-        check(page_positions.shape[0] == page_k.shape[1], op,
-              f"page_positions has {page_positions.shape[0]} entries, page_k has {page_k.shape[1]}")
 
 
-def q_sparse_attention(q, q_positions, k, v, k_positions, k_valid, scale=None,
-                       page_k=None, page_v=None, page_positions=None):
+def q_sparse_attention(q, q_positions, k, v, k_positions, k_valid, scale=None):
     """Triton Q-sparse attention of one request (see the module docstring for the semantics).
 
     q [Hq, Nq, D] (rotary applied), q_positions [Nq] int64, k/v [Hkv, Nk, D], k_positions [Nk]
-    int64, k_valid [Nk] bool or None (all valid), page_k/page_v [Hkv, Np, D], page_positions [Np]
-    int64. Returns out [Hq, Nq, D] in q's dtype; rows with no visible key are zero.
+    int64, k_valid [Nk] bool or None (all valid). Returns out [Hq, Nq, D] in q's dtype; rows with
+    no visible key are zero.
     CUDA tensors (CPU under ``TRITON_INTERPRET=1``), last dimension contiguous, D in {16..128}.
 
     >>> out = q_sparse_attention(q, qpos, k, v, kpos, valid)  # doctest: +SKIP
     """
     require_triton(_OP)
-    check_attention_inputs(_OP, q, q_positions, k, v, k_positions, k_valid,
-                           page_k, page_v, page_positions)
+    check_attention_inputs(_OP, q, q_positions, k, v, k_positions, k_valid)
     dev = q.device
     cu_q = torch.tensor([0, q.shape[1]], dtype=torch.int64, device=dev)
     cu_k = torch.tensor([0, k.shape[1]], dtype=torch.int64, device=dev)
-    cu_p = None if page_k is None else torch.tensor([0, page_k.shape[1]], dtype=torch.int64, device=dev)
-    out, _ = launch_forward(q, q_positions, cu_q, k, v, k_positions, k_valid, cu_k, page_k, page_v,
-                            page_positions, cu_p, scale, q.shape[1], with_v=True, store_lse=False, op=_OP)
+    out, _ = launch_forward(q, q_positions, cu_q, k, v, k_positions, k_valid, cu_k, scale, q.shape[1],
+                            with_v=True, store_lse=False, op=_OP)
     return out
 
 
-def launch_forward(q, q_positions, cu_q, k, v, k_positions, k_valid, cu_k, page_k, page_v,
-                   page_positions, cu_p, scale, max_seqlen_q, with_v, store_lse, op="q_sparse_attention_varlen",
-                   k_ends=None):  # fmt: skip
+def launch_forward(q, q_positions, cu_q, k, v, k_positions, k_valid, cu_k, scale, max_seqlen_q, with_v, store_lse,
+                   op, k_ends=None):
     """Launch the forward kernel on validated inputs; returns (out or None, lse2 or None).
 
     Request b's keys are ``[cu_k[b], cu_k[b + 1])``; with ``k_ends`` [B], ``[cu_k[b], k_ends[b])`` (``cu_k``
@@ -216,41 +190,34 @@ def launch_forward(q, q_positions, cu_q, k, v, k_positions, k_valid, cu_k, page_
     visible keys (-inf for rows that see nothing); critical_scores uses it.
     """
     check_devices(op, q=q, q_positions=q_positions, cu_seqlens_q=cu_q, k=k, v=v,
-                  k_positions=k_positions, k_valid=k_valid, cu_seqlens_k=cu_k, page_k=page_k,
-                  page_v=page_v, page_positions=page_positions, cu_seqlens_page=cu_p, k_ends=k_ends)
+                  k_positions=k_positions, k_valid=k_valid, cu_seqlens_k=cu_k, k_ends=k_ends)
     hq, tq, d = q.shape
     hkv = k.shape[0]
     check_head_dim(op, d)
-    check_last_dim_contiguous(op, q=q, k=k, v=v, page_k=page_k, page_v=page_v)
+    check_last_dim_contiguous(op, q=q, k=k, v=v)
     q_positions, k_positions = q_positions.contiguous(), k_positions.contiguous()
     cu_q, cu_k = cu_q.to(torch.int64).contiguous(), cu_k.to(torch.int64).contiguous()
     k_starts, k_ends = (cu_k[:-1], cu_k[1:]) if k_ends is None else (cu_k, k_ends.to(torch.int64).contiguous())
     valid = None if k_valid is None else k_valid.contiguous().view(torch.uint8)
-    has_page = page_k is not None
-    pk, pv = (page_k, page_v) if has_page else (k, v)
-    p_pos = page_positions.contiguous() if has_page else k_positions
-    cu_p = cu_p.to(torch.int64).contiguous() if has_page else cu_q
     out = torch.empty_like(q, memory_format=torch.contiguous_format) if with_v else None
     lse = torch.empty((hq, tq), dtype=torch.float32, device=q.device) if store_lse else None
     group = hq // hkv
-    cfg = launch_config(d, max_seqlen_q * group, q.element_size())
+    cfg = launch_config(max_seqlen_q * group, q.element_size())
     n_req = cu_q.shape[0] - 1
     grid = (max(1, triton.cdiv(max_seqlen_q * group, cfg["BLOCK_M"])), hkv, n_req)
     if tq == 0 or n_req == 0:
         return out, lse
     _q_sparse_fwd_kernel[grid](
         q, q_positions, cu_q, k, v, k_positions, valid if valid is not None else k_positions, k_starts, k_ends,
-        pk, pv, p_pos, cu_p, out if with_v else q, lse if store_lse else q_positions,
+        out if with_v else q, lse if store_lse else q_positions,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        pk.stride(0), pk.stride(1), pv.stride(0), pv.stride(1),
         out.stride(0) if with_v else 0, out.stride(1) if with_v else 0, tq,
         default_scale(scale, d) * _LOG2E, GROUP=group, HEAD_DIM=d, HAS_VALID=valid is not None,
-        HAS_PAGE=has_page, WITH_V=with_v, STORE_LSE=store_lse,
-        F32=q.dtype == torch.float32 or interpreting(), **cfg)
+        WITH_V=with_v, STORE_LSE=store_lse, F32=q.dtype == torch.float32 or interpreting(), **cfg)
     return out, lse
 
 
-def launch_config(head_dim: int, rows_max: int, itemsize: int = 2) -> dict:
+def launch_config(rows_max: int, itemsize: int = 2) -> dict:
     """Tile sizes: tiny tiles under the interpreter (speed), on GPU the fastest of a sweep.
 
     ``python bench/kernels/tune.py`` on an H100 (bf16, 32k context, head dim 128, GQA 4):
@@ -269,30 +236,23 @@ def launch_config(head_dim: int, rows_max: int, itemsize: int = 2) -> dict:
     return {"BLOCK_M": block_m, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 
 
-def q_sparse_attention_ref(q, q_positions, k, v, k_positions, k_valid, scale=None,
-                           page_k=None, page_v=None, page_positions=None):
+def q_sparse_attention_ref(q, q_positions, k, v, k_positions, k_valid, scale=None):
     """Pure-torch reference of :func:`q_sparse_attention` (same signature, any device).
 
     Computes in fp32 and processes the queries in chunks so that at most ~16M scores exist at once
     (the CPU engine path runs long contexts through it). Returns out [Hq, Nq, D] in q's dtype.
     """
-    check_attention_inputs(_OP + "_ref", q, q_positions, k, v, k_positions, k_valid,
-                           page_k, page_v, page_positions)
+    check_attention_inputs(_OP + "_ref", q, q_positions, k, v, k_positions, k_valid)
     hq, nq, d = q.shape
-    hkv = k.shape[0]
+    hkv, nk, _ = k.shape
     scale = default_scale(scale, d)
-    sources = [(k, v, masked_key_positions(k_positions, k_valid))]
-    if page_k is not None:
-        sources.append((page_k, page_v, page_positions))
-    sources = [(kk.float(), vv.float(), pos) for kk, vv, pos in sources]
-    n_keys = sum(pos.shape[0] for _, _, pos in sources)
-    step = max(1, _REF_CHUNK_ELEMENTS // max(1, hq * n_keys))
+    kf, vf, pos = k.float(), v.float(), masked_key_positions(k_positions, k_valid)
+    step = max(1, _REF_CHUNK_ELEMENTS // max(1, hq * nk))
     qf = q.float().reshape(hkv, hq // hkv, nq, d)  # [Hkv, G, Nq, D]
     out = torch.empty((hkv, hq // hkv, nq, d), dtype=torch.float32, device=q.device)
     for i0 in range(0, nq, step):
-        qc, pos_c = qf[:, :, i0:i0 + step], q_positions[i0:i0 + step]
-        probs, _ = masked_softmax_parts(qc, pos_c, sources, scale)
-        out[:, :, i0:i0 + step] = sum(torch.matmul(p, vv[:, None]) for p, (_, vv, _) in zip(probs, sources))
+        probs = masked_softmax(qf[:, :, i0:i0 + step], q_positions[i0:i0 + step], kf, pos, scale)
+        out[:, :, i0:i0 + step] = torch.matmul(probs, vf[:, None])
     return out.reshape(hq, nq, d).to(q.dtype)
 
 
@@ -303,23 +263,18 @@ def masked_key_positions(k_positions, k_valid):
     return torch.where(k_valid, k_positions, torch.full_like(k_positions, KEY_NEVER))
 
 
-def masked_softmax_parts(qc, q_pos, sources, scale):
-    """Softmax over the keys of several sources, returned per source.
+def masked_softmax(qc, q_pos, k, k_pos, scale):
+    """Softmax of the scaled scores over the keys each query sees (key position <= query position).
 
-    qc [Hkv, G, M, D] fp32, q_pos [M]; sources: (k [Hkv, N, D] fp32, v, positions [N]).
-    Returns (probs per source [Hkv, G, M, N], denominators [Hkv, G, M, 1]); rows with no visible
-    key have all-zero probabilities.
+    qc [Hkv, G, M, D] fp32, q_pos [M], k [Hkv, N, D] fp32, k_pos [N] (``masked_key_positions``).
+    Returns probs [Hkv, G, M, N]; rows with no visible key have all-zero probabilities.
     """
-    scores = []
-    for kk, _, pos in sources:
-        s = torch.matmul(qc, kk[:, None].transpose(-1, -2)) * scale  # [Hkv, G, M, N]
-        scores.append(s.masked_fill(pos[None, :] > q_pos[:, None], float("-inf")))
-    row_max = torch.stack([_row_max(s) for s in scores]).amax(0)[..., None]
-    row_max = row_max.clamp_min(torch.finfo(torch.float32).min)  # all -inf rows -> exp gives 0
-    exps = [torch.exp(s - row_max) for s in scores]
-    denom = sum(e.sum(-1, keepdim=True) for e in exps)
-    safe = torch.where(denom > 0, denom, torch.ones_like(denom))
-    return [e / safe for e in exps], denom
+    s = torch.matmul(qc, k[:, None].transpose(-1, -2)) * scale  # [Hkv, G, M, N]
+    s = s.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    row_max = _row_max(s)[..., None].clamp_min(torch.finfo(torch.float32).min)  # all -inf rows -> exp gives 0
+    e = torch.exp(s - row_max)
+    denom = e.sum(-1, keepdim=True)
+    return e / torch.where(denom > 0, denom, torch.ones_like(denom))
 
 
 def _row_max(s):
@@ -330,4 +285,4 @@ def _row_max(s):
 
 
 __all__ = ["q_sparse_attention", "q_sparse_attention_ref", "check_attention_inputs", "launch_config",
-           "launch_forward", "masked_key_positions", "masked_softmax_parts"]
+           "launch_forward", "masked_key_positions", "masked_softmax"]

@@ -4,18 +4,19 @@
     python bench/kernels/speed.py --small      # CPU smoke run (Triton interpreter)
 
 For each recompute fraction f the recompute set R is ``round(f * context)`` random context
-positions: their stale context entries are invalid and their fresh K/V sit in the page (the
-FusionRAG prefill layout). Compared, per fraction: the Triton kernel; SDPA of the same queries over
-context + page with a materialised ``[|R|, context + |R|]`` mask (mask construction timed
+positions, the queries; their fresh K/V are written over their context entries (the FusionRAG
+prefill layout: the keys are the cache). Compared, per fraction: the Triton kernel; SDPA of the same
+queries over the context with a materialised ``[|R|, context]`` mask (mask construction timed
 separately); and, once, full causal SDPA over all ``context`` tokens (what Full Attention pays).
 TFLOP/s count the useful work only (4 * D * Hq per visible query-key pair); GB/s count the
 algorithmic bytes (each input read once, output written once), so both are lower bounds on what
 the hardware moved.
 
 One entry per kernel module (``KERNEL_BENCHES``): ``q_sparse_attention`` (above),
-``q_sparse_attention_varlen`` (packed decode: one query per request), ``apply_rotary`` and
-``critical_scores``, each timed against its torch reference on the same inputs with their max
-difference, and ``cpu_quant`` (a decode row through the 8-bit and 4-bit CPU linear, on the CPU).
+``q_sparse_attention_varlen`` (``q_sparse_attention_spans``, batched decode: one query per request
+over its span of the keys), ``apply_rotary`` and ``critical_scores``, each timed against its torch
+reference on the same inputs with their max difference, and ``cpu_quant`` (a decode row through the
+8-bit and 4-bit CPU linear, on the CPU, against the float64 product of the dequantized weight).
 A new kernel adds its entry there. Writes ``kernels.json`` into ``--out``.
 """
 
@@ -39,42 +40,36 @@ FRACTIONS = (0.05, 0.15, 0.3, 1.0)
 TINY_ARGS = ["--small", "--context", "40", "--fractions", "0.15,1.0"]
 
 def build_inputs(shape: dict, fraction: float, device: str, seed: int = 0) -> dict:
-    """FusionRAG prefill layout: context [Hkv, N, D], R = recompute positions, page = R's K/V."""
+    """FusionRAG prefill layout: context [Hkv, N, D] holding R's fresh K/V, R = recompute positions (queries)."""
     g = torch.Generator().manual_seed(seed)
     n, hq, hkv, d = shape["context"], shape["heads_q"], shape["heads_kv"], shape["head_dim"]
     dtype = getattr(torch, shape["dtype"])
     nq = max(1, round(fraction * n))
     recompute = torch.randperm(n, generator=g)[:nq].sort().values
-    valid = torch.ones(n, dtype=torch.bool)
-    valid[recompute] = False
 
     def rnd(*s):
         return torch.randn(*s, generator=g).to(device=device, dtype=dtype)
 
     return {"q": rnd(hq, nq, d), "q_positions": recompute.to(device), "k": rnd(hkv, n, d),
             "v": rnd(hkv, n, d), "k_positions": torch.arange(n, device=device),
-            "k_valid": valid.to(device), "page_k": rnd(hkv, nq, d), "page_v": rnd(hkv, nq, d),
-            "page_positions": recompute.to(device)}
+            "k_valid": torch.ones(n, dtype=torch.bool, device=device)}
 
 
 def visible_pairs(inp: dict) -> int:
-    """Number of (query, key) pairs the rule makes visible (context + page, when there is one)."""
-    page = [] if inp["page_positions"] is None else [inp["page_positions"]]
-    keys = torch.cat([inp["k_positions"][inp["k_valid"]], *page]).sort().values
+    """Number of (query, key) pairs the rule makes visible."""
+    keys = inp["k_positions"][inp["k_valid"]].sort().values
     return int(torch.searchsorted(keys, inp["q_positions"], right=True).sum())
 
 
 def masked_sdpa(inp: dict):
-    """SDPA over context + page with an explicit boolean mask; returns (call, mask build seconds)."""
+    """SDPA over the context with an explicit boolean mask; returns (call, mask build seconds)."""
     t0 = time.perf_counter()
-    pos = torch.cat([inp["k_positions"], inp["page_positions"]])
-    ok = torch.cat([inp["k_valid"], torch.ones_like(inp["page_positions"], dtype=torch.bool)])
-    mask = ok[None, :] & (pos[None, :] <= inp["q_positions"][:, None])  # [Nq, N + Np]
+    mask = inp["k_valid"][None, :] & (inp["k_positions"][None, :] <= inp["q_positions"][:, None])  # [Nq, N]
     _sync(inp["q"].device)
     build_s = time.perf_counter() - t0
     group = inp["q"].shape[0] // inp["k"].shape[0]
-    k = torch.cat([inp["k"], inp["page_k"]], 1).repeat_interleave(group, 0)[None]
-    v = torch.cat([inp["v"], inp["page_v"]], 1).repeat_interleave(group, 0)[None]
+    k = inp["k"].repeat_interleave(group, 0)[None]
+    v = inp["v"].repeat_interleave(group, 0)[None]
     q = inp["q"][None]
     return (lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None])[0]), build_s
 
@@ -111,8 +106,8 @@ def time_call(fn, device: str, reps: int) -> float:
 def _bytes(inp: dict, kv_heads_read: int) -> int:
     es = inp["q"].element_size()
     hq, nq, d = inp["q"].shape
-    n, np_ = inp["k"].shape[1], inp["page_k"].shape[1]
-    return es * (2 * hq * nq * d + 2 * kv_heads_read * (n + np_) * d) + 9 * n + 16 * nq
+    n = inp["k"].shape[1]
+    return es * (2 * hq * nq * d + 2 * kv_heads_read * n * d) + 9 * n + 16 * nq
 
 
 def _row(method, fraction, nq, seconds, flops, nbytes, **extra) -> dict:
@@ -138,10 +133,9 @@ def bench_fraction(shape: dict, fraction: float, device: str, reps: int) -> list
     hq, nq, d = inp["q"].shape
     flops = 4 * d * hq * visible_pairs(inp)
     args = [inp[k] for k in ("q", "q_positions", "k", "v", "k_positions", "k_valid")]
-    page = (inp["page_k"], inp["page_v"], inp["page_positions"])
 
     def sparse():
-        return q_sparse_attention(*args, None, *page)
+        return q_sparse_attention(*args)
 
     t_sparse, err_sparse = _attempt(sparse, device, reps)
     rows = [_row("q_sparse_attention", fraction, nq, t_sparse, flops,
@@ -154,7 +148,7 @@ def bench_fraction(shape: dict, fraction: float, device: str, reps: int) -> list
         torch.cuda.empty_cache()
         t_dense, build_s, diff, err = None, None, None, f"out of memory: {str(exc).splitlines()[0]}"
     rows[0]["max_abs_diff_vs_sdpa"] = diff
-    mask_bytes = nq * (inp["k"].shape[1] + nq)
+    mask_bytes = nq * inp["k"].shape[1]
     rows.append(_row("sdpa_bool_mask", fraction, nq, t_dense, flops, _bytes(inp, hq) + mask_bytes,
                      mask_build_ms=None if build_s is None else build_s * 1e3, error=err))
     return rows
@@ -202,28 +196,38 @@ def bench_critical_scores(shape: dict, device: str, reps: int) -> list[dict]:
                           device, reps)  # fmt: skip
 
 
-def bench_varlen_decode(shape: dict, device: str, reps: int, requests: int = 4) -> list[dict]:
-    """Packed decode: ``requests`` requests, one query each, over their own context share."""
-    from fusionrag_llm.kernels.q_sparse_attention_varlen import q_sparse_attention_varlen, q_sparse_attention_varlen_ref
+def bench_spans_decode(shape: dict, device: str, reps: int, requests: int = 4) -> list[dict]:
+    """Batched decode: ``requests`` requests, one query each, over their own span of the keys."""
+    from fusionrag_llm.kernels.q_sparse_attention_varlen import q_sparse_attention_spans, q_sparse_attention_spans_ref
 
     g = torch.Generator().manual_seed(3)
     n, hq, hkv, d = shape["context"], shape["heads_q"], shape["heads_kv"], shape["head_dim"]
     per = max(1, n // requests)
     q, k, v = _rand(g, shape, device, hq, requests, d), *(_rand(g, shape, device, hkv, per * requests, d) for _ in "kv")
     k_positions = torch.arange(per, device=device).repeat(requests)
+    k_starts = torch.arange(0, per * requests, per, device=device)
     args = (q, torch.full((requests,), per, device=device), torch.arange(requests + 1, device=device), k, v,
-            k_positions, None, torch.arange(0, per * requests + 1, per, device=device))  # fmt: skip
-    kernel = lambda: q_sparse_attention_varlen(*args, max_seqlen_q=1)  # noqa: E731
-    reference = lambda: q_sparse_attention_varlen_ref(*args)  # noqa: E731
-    return _kernel_vs_ref("q_sparse_attention_varlen", kernel, reference, 1 / per, requests,
+            k_positions, None, k_starts, k_starts + per, 1)  # fmt: skip
+    kernel = lambda: q_sparse_attention_spans(*args)  # noqa: E731
+    reference = lambda: q_sparse_attention_spans_ref(*args)  # noqa: E731
+    return _kernel_vs_ref("q_sparse_attention_spans", kernel, reference, 1 / per, requests,
                           4 * d * hq * requests * per, q.element_size() * 2 * k.numel(), device, reps)  # fmt: skip
+
+
+def quant_linear_ref(x: torch.Tensor, weight) -> torch.Tensor:
+    """The rows times the dequantized weight, in float64: what the CPU kernel computes, summed exactly."""
+    from fusionrag_llm.kernels import cpu_quant
+
+    return (x.double() @ cpu_quant.dequantize(weight).double().T).float()
 
 
 def bench_cpu_quant(shape: dict, device: str, reps: int) -> list[dict]:
     """Block-quantized CPU linear of one decode row (always on the CPU): q8 and q4 against the reference."""
     from fusionrag_llm.kernels import cpu_quant
 
-    if not cpu_quant.available():
+    try:
+        cpu_quant.load_library()
+    except RuntimeError:
         return [_row("quant_linear", 1.0, 1, None, 0, 0, error="the CPU kernel could not be built here")]
     g = torch.Generator().manual_seed(4)
     n, k = 4 * shape["heads_q"] * shape["head_dim"], shape["heads_q"] * shape["head_dim"]  # an MLP up-projection
@@ -232,14 +236,14 @@ def bench_cpu_quant(shape: dict, device: str, reps: int) -> list[dict]:
     rows = []
     for fmt in cpu_quant.FORMATS:
         qw = cpu_quant.quantize(weight, fmt)
-        rows += _kernel_vs_ref(f"quant_linear_{fmt}", lambda qw=qw: cpu_quant.linear(x, qw),
-                               lambda qw=qw: cpu_quant.linear_ref(x, qw), 1.0, 1, 2 * n * k, qw.nbytes, "cpu", reps)  # fmt: skip
+        rows += _kernel_vs_ref(f"quant_linear_{fmt}", lambda qw=qw: cpu_quant.run_linear(x, qw),
+                               lambda qw=qw: quant_linear_ref(x, qw), 1.0, 1, 2 * n * k, qw.nbytes, "cpu", reps)  # fmt: skip
     return rows
 
 
 # kernel module -> its benchmark beyond the SDPA comparison (q_sparse_attention's is bench_fraction)
 KERNEL_BENCHES = {
-    "q_sparse_attention_varlen": bench_varlen_decode,
+    "q_sparse_attention_varlen": bench_spans_decode,
     "rotary": bench_rotary,
     "critical_scores": bench_critical_scores,
     "cpu_quant": bench_cpu_quant,

@@ -7,7 +7,7 @@
 
 Cases (``cases``): speed.py's FusionRAG prefill layout at its recompute fractions (32k context,
 32 query / 8 KV heads, head dim 128, bf16), a small recompute set (16 queries: 64 rows) and
-decode (one query at the end of the context, some context keys invalid, no page). A *variant* is
+decode (one query at the end of the context, one context key invalid). A *variant* is
 a module of ``fusionrag_llm.kernels`` with the ``q_sparse_attention`` launcher (by default the
 shipped one); each configuration (BLOCK_M, BLOCK_N, num_warps, num_stages) replaces the module's
 ``launch_config`` for its calls, ``default`` keeps the module's choice.
@@ -51,7 +51,7 @@ SMALL_GRID = [(16, 16, 4, 2), (32, 16, 4, 2)]
 TINY_ARGS = ["--small", "--context", "40", "--fractions", "0.3", "--defaults-only"]
 
 def cases(shape: dict, fractions, small: bool) -> list[dict]:
-    """The tuned cases: name, recompute fraction or query count, page or not, configuration grid."""
+    """The tuned cases: name, recompute fraction or query count, decode or not, configuration grid."""
     grid = (lambda g: SMALL_GRID) if small else (lambda g: g)
     out = [{"name": f"prefill f={f:g}", "fraction": f, "grid": grid(GRID_ROWS)} for f in fractions]
     out.append({"name": "16 queries", "queries": 16, "grid": grid(GRID_BLOCK)})
@@ -60,13 +60,14 @@ def cases(shape: dict, fractions, small: bool) -> list[dict]:
 
 
 def case_inputs(shape: dict, case: dict, device: str, seed: int) -> dict:
-    """speed.py's layout (sorted random recompute positions, their page); decode: the last position."""
+    """speed.py's layout (sorted random recompute positions over the context); decode: the last position,
+    the recompute position's context entry invalid."""
     n = shape["context"]
     fraction = case.get("fraction", case.get("queries", 1) / n)
     inp = build_inputs(shape, fraction, device, seed=seed)
     if case.get("decode"):
+        inp["k_valid"][inp["q_positions"]] = False
         inp["q_positions"] = torch.full_like(inp["q_positions"], n - 1)
-        inp["page_k"] = inp["page_v"] = inp["page_positions"] = None
     return inp
 
 
@@ -81,7 +82,7 @@ def _as_tuple(cfg: dict) -> Config:
 def default_config(module, inp: dict) -> Config:
     """The configuration the module's own ``launch_config`` picks for these inputs."""
     rows = inp["q"].shape[1] * (inp["q"].shape[0] // inp["k"].shape[0])
-    return _as_tuple(module.launch_config(inp["q"].shape[2], rows))
+    return _as_tuple(module.launch_config(rows, inp["q"].element_size()))
 
 
 def run_config(module, cfg: Config | None, inp: dict, ref: torch.Tensor, device: str, reps: int,
@@ -90,20 +91,19 @@ def run_config(module, cfg: Config | None, inp: dict, ref: torch.Tensor, device:
     own = module.launch_config
     used = default_config(module, inp) if cfg is None else cfg
     args = [inp[k] for k in ("q", "q_positions", "k", "v", "k_positions", "k_valid")]
-    page = (inp["page_k"], inp["page_v"], inp["page_positions"])
     row = {"config": list(used), "default": cfg is None}
     if cfg is not None:
-        module.launch_config = lambda head_dim, rows_max, itemsize=2: _as_dict(cfg)
+        module.launch_config = lambda rows_max, itemsize=2: _as_dict(cfg)
     try:
         torch.full_like(inp["q"], float("nan"))  # freed at once: the output buffer reuses this NaN block
-        out = module.q_sparse_attention(*args, None, *page).float()
+        out = module.q_sparse_attention(*args).float()
         if device == "cuda":
             torch.cuda.synchronize()
         rel = ((out - ref).norm() / ref.norm()).item()
         row.update(rel_err=rel, max_abs_diff=(out - ref).abs().max().item(), finite=bool(out.isfinite().all()))
         row["ok"] = row["finite"] and rel <= tolerance
         if row["ok"]:
-            row["ms"] = time_call(lambda: module.q_sparse_attention(*args, None, *page), device, reps) * 1e3
+            row["ms"] = time_call(lambda: module.q_sparse_attention(*args), device, reps) * 1e3
     except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory for this tile shape
         row.update(ok=False, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
     finally:
@@ -135,7 +135,7 @@ def run(shape: dict, case_list: list[dict], variants: list[str], device: str, re
     for case in case_list:
         inp = case_inputs(shape, case, device, seed)
         args = [inp[k] for k in ("q", "q_positions", "k", "v", "k_positions", "k_valid")]
-        ref = q_sparse_attention_ref(*args, None, inp["page_k"], inp["page_v"], inp["page_positions"]).float()
+        ref = q_sparse_attention_ref(*args).float()
         flops = 4 * inp["q"].shape[2] * inp["q"].shape[0] * visible_pairs(inp)
         for i, variant in enumerate(variants):
             configs = (GRID_BASELINE if len(variants) > 1 and i == 0 else case["grid"]) if grid else []

@@ -5,7 +5,7 @@ after a 900-token prompt, SmolLM2-135M's step took about 18 ms here, of which 6 
 matrix products and 4 ms attention; the rest was some 4,800 small torch operations (norms, rotary,
 views, cache writes) and the interpreter between them. ``DecodeProgram`` hands the decoder layers
 of such a step to ``fr_decode_layers`` (``kernels/cpu_kernels.c``): norms, the projections (the
-block-quantized kernel of ``cpu_quant.linear``, or float32 rows), Qwen3's q/k norms, rotary, the K/V
+block-quantized kernel of ``cpu_quant.run_linear``, or float32 rows), Qwen3's q/k norms, rotary, the K/V
 write and attention over each sequence's cache, and the MLP, for every sequence of the step at once.
 The embedding, the final norm and the output head stay in torch.
 

@@ -11,10 +11,10 @@ import torch
 # kernel module -> (its launcher; whether the module holds the @triton.jit kernel itself)
 KERNEL_MODULES = {
     "q_sparse_attention": ("q_sparse_attention", True),
-    "q_sparse_attention_varlen": ("q_sparse_attention_varlen", False),  # q_sparse_attention's kernel, packed
+    "q_sparse_attention_varlen": ("q_sparse_attention_spans", False),  # q_sparse_attention's kernel, batched
     "rotary": ("apply_rotary", True),
     "critical_scores": ("critical_scores", True),
-    "cpu_quant": ("linear", False),  # a C kernel, compiled on first use
+    "cpu_quant": ("run_linear", False),  # a C kernel, compiled on first use; its reference is speed.py's
 }
 
 
@@ -23,7 +23,8 @@ def test_every_kernel_module_has_kernel_launcher_reference_and_benchmark(load_sc
     for module_name, (launcher, has_kernel) in KERNEL_MODULES.items():
         module = importlib.import_module(f"fusionrag_llm.kernels.{module_name}")
         assert ("@triton.jit" in inspect.getsource(module)) == has_kernel, module_name
-        assert callable(getattr(module, launcher)) and callable(getattr(module, f"{launcher}_ref")), module_name
+        reference = speed.quant_linear_ref if module_name == "cpu_quant" else getattr(module, f"{launcher}_ref")
+        assert callable(getattr(module, launcher)) and callable(reference), module_name
         # q_sparse_attention's benchmark is the comparison with SDPA that every run makes
         assert module_name == "q_sparse_attention" or module_name in speed.KERNEL_BENCHES, module_name
 

@@ -13,7 +13,7 @@ CASES = [(1, 45, 4, 4, 16), (3, 70, 6, 2, 64), (17, 100, 8, 2, 128), (70, 61, 4,
 
 def _question_case(nq, nk, hq, hkv, d, seed=0):
     """Question tokens after a context with holes; a few question positions fall inside it."""
-    case = make_case(nq, nk, hq, hkv, d, page=False, seed=seed)
+    case = make_case(nq, nk, hq, hkv, d, recompute=False, seed=seed)
     case.q_positions = torch.arange(nk - nq // 3, nk - nq // 3 + nq)[torch.randperm(nq)]
     return case
 
@@ -79,7 +79,7 @@ def test_validation_errors(fn):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("nq", [8, 64])  # the launch configurations of up to 64 and of over 128 rows
 def test_gpu_parity(dtype, nq):
-    case = make_case(nq, 8000, 32, 8, 128, page=False, dtype=dtype, device="cuda")
+    case = make_case(nq, 8000, 32, 8, 128, recompute=False, dtype=dtype, device="cuda")
     case.q_positions = torch.arange(8000, 8000 + nq, device="cuda")
     args = (case.q, case.q_positions, case.k, case.k_positions, case.k_valid)
     got, want = critical_scores(*args), critical_scores_ref(*args)

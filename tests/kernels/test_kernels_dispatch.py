@@ -32,19 +32,16 @@ def test_env_and_argument_override(monkeypatch):
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
 def test_dispatched_calls_agree(backend):
-    case = make_case(5, 40, 4, 2, 16)
-    out = dispatch.q_sparse_attention(*case.args(), None, *case.page(), backend=backend)
-    torch.testing.assert_close(out, q_sparse_attention_ref(*case.args(), None, *case.page()),
-                               rtol=1e-4, atol=1e-5)
-    cu = torch.tensor([0, 5])
-    cu_k = torch.tensor([0, 40])
-    packed = dispatch.q_sparse_attention_varlen(case.q, case.q_positions, cu, case.k, case.v,
-                                                case.k_positions, case.k_valid, cu_k, None,
-                                                *case.page(), cu, backend=backend)
-    torch.testing.assert_close(packed, out, rtol=1e-4, atol=1e-5)
+    case = make_case(5, 40, 4, 2, 16)  # 40 context keys and the recompute set's 5
+    out = dispatch.q_sparse_attention(*case.args(), backend=backend)
+    torch.testing.assert_close(out, q_sparse_attention_ref(*case.args()), rtol=1e-4, atol=1e-5)
+    spans = dispatch.q_sparse_attention_spans(case.q, case.q_positions, torch.tensor([0, 5]), case.k, case.v,
+                                              case.k_positions, case.k_valid, torch.tensor([0]), torch.tensor([45]), 5,
+                                              backend=backend)  # fmt: skip
+    torch.testing.assert_close(spans, out, rtol=1e-4, atol=1e-5)
     scores = dispatch.critical_scores(case.q, case.q_positions, case.k, case.k_positions,
                                       case.k_valid, backend=backend)
-    assert scores.shape == (40,) and scores.dtype == torch.float32
+    assert scores.shape == (45,) and scores.dtype == torch.float32
     inv_freq = 1.0 / 10000 ** (torch.arange(0, 16, 2).float() / 16)
     rot = dispatch.apply_rotary(case.k, case.k_positions, inv_freq, backend=backend)
     assert rot.shape == case.k.shape

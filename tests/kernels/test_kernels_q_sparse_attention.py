@@ -7,7 +7,7 @@ from kernel_cases import dense_attention, make_case, needs_cuda, needs_triton
 from fusionrag_llm.kernels import q_sparse_attention as qsa_mod
 from fusionrag_llm.kernels.q_sparse_attention import q_sparse_attention, q_sparse_attention_ref
 
-# (nq, nk, hq, hkv, d, page): ragged context lengths (not multiples of 32), GQA 1/3/4, D 16/64/128.
+# (nq, nk, hq, hkv, d, recompute): ragged context lengths (not multiples of 32), GQA 1/3/4, D 16/64/128.
 CASES = [
     (1, 45, 4, 4, 16, False),
     (1, 77, 8, 2, 64, True),
@@ -19,24 +19,23 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("nq,nk,hq,hkv,d,page", CASES)
-def test_reference_matches_dense_oracle(nq, nk, hq, hkv, d, page):
-    case = make_case(nq, nk, hq, hkv, d, page=page, seed=nq + nk)
-    got = q_sparse_attention_ref(*case.args(), 0.3, *case.page())
-    want = dense_attention(*case.args(), 0.3, *case.page())
+@pytest.mark.parametrize("nq,nk,hq,hkv,d,recompute", CASES)
+def test_reference_matches_dense_oracle(nq, nk, hq, hkv, d, recompute):
+    case = make_case(nq, nk, hq, hkv, d, recompute=recompute, seed=nq + nk)
+    got = q_sparse_attention_ref(*case.args(), 0.3)
+    want = dense_attention(*case.args(), 0.3)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_reference_query_chunking(monkeypatch):
     monkeypatch.setattr(qsa_mod, "_REF_CHUNK_ELEMENTS", 300)  # forces many small query chunks
     case = make_case(17, 50, 4, 2, 16, seed=3)
-    got = q_sparse_attention_ref(*case.args(), None, *case.page())
-    torch.testing.assert_close(got, dense_attention(*case.args(), None, *case.page()),
-                               rtol=1e-5, atol=1e-5)
+    got = q_sparse_attention_ref(*case.args())
+    torch.testing.assert_close(got, dense_attention(*case.args()), rtol=1e-5, atol=1e-5)
 
 
 def test_row_without_visible_key_is_zero():
-    case = make_case(3, 20, 2, 1, 16, page=False)
+    case = make_case(3, 20, 2, 1, 16, recompute=False)
     case.q_positions[:] = torch.tensor([-1, 5, 30])
     case.k_valid[:] = True
     out = q_sparse_attention_ref(*case.args())
@@ -45,22 +44,22 @@ def test_row_without_visible_key_is_zero():
 
 def test_reference_bf16_returns_input_dtype():
     case = make_case(5, 30, 4, 2, 32, dtype=torch.bfloat16)
-    out = q_sparse_attention_ref(*case.args(), None, *case.page())
+    out = q_sparse_attention_ref(*case.args())
     assert out.dtype == torch.bfloat16 and out.shape == case.q.shape
 
 
 @needs_triton
-@pytest.mark.parametrize("nq,nk,hq,hkv,d,page", CASES)
-def test_triton_matches_reference(nq, nk, hq, hkv, d, page):
-    case = make_case(nq, nk, hq, hkv, d, page=page, seed=nq * nk)
-    got = q_sparse_attention(*case.args(), None, *case.page())
-    want = q_sparse_attention_ref(*case.args(), None, *case.page())
+@pytest.mark.parametrize("nq,nk,hq,hkv,d,recompute", CASES)
+def test_triton_matches_reference(nq, nk, hq, hkv, d, recompute):
+    case = make_case(nq, nk, hq, hkv, d, recompute=recompute, seed=nq * nk)
+    got = q_sparse_attention(*case.args())
+    want = q_sparse_attention_ref(*case.args())
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 @needs_triton
 def test_triton_zero_rows_and_all_valid_default():
-    case = make_case(4, 40, 2, 2, 16, page=False)
+    case = make_case(4, 40, 2, 2, 16, recompute=False)
     case.q_positions[:] = torch.tensor([-1, 0, 39, 100])
     got = q_sparse_attention(case.q, case.q_positions, case.k, case.v, case.k_positions, None)
     want = q_sparse_attention_ref(case.q, case.q_positions, case.k, case.v, case.k_positions, None)
@@ -71,11 +70,10 @@ def test_triton_zero_rows_and_all_valid_default():
 @needs_triton
 def test_triton_non_contiguous_heads():
     case = make_case(5, 40, 4, 2, 16)
-    k_big = torch.randn(2, 40, 2 * 16)
+    k_big = torch.randn(2, case.k.shape[1], 2 * 16)
     k = k_big[..., :16]  # stride(1) = 32: a view into a wider buffer
     args = (case.q, case.q_positions, k, case.v, case.k_positions, case.k_valid)
-    torch.testing.assert_close(q_sparse_attention(*args, None, *case.page()),
-                               q_sparse_attention_ref(*args, None, *case.page()), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(q_sparse_attention(*args), q_sparse_attention_ref(*args), rtol=1e-4, atol=1e-5)
 
 
 @needs_triton
@@ -83,20 +81,21 @@ def test_triton_non_contiguous_heads():
 def test_triton_long_context_scan_and_unsorted_keys(shuffle_keys):
     # > 2 scan chunks of 1024 keys; early queries make the backward scan step over invisible chunks,
     # and shuffled key positions put invisible tiles before the last visible key (exact no-ops).
-    case = make_case(9, 2600, 4, 2, 16, seed=7)
+    case = make_case(9, 2600, 4, 2, 16, seed=7)  # keys: 2600 context entries, then R's 9 fresh ones
     if shuffle_keys:
-        case.k_positions = case.k_positions[torch.randperm(2600, generator=torch.Generator().manual_seed(1))]
+        perm = torch.randperm(2600, generator=torch.Generator().manual_seed(1))
+        case.k_positions[:2600] = case.k_positions[:2600][perm]
     case.q_positions[:4] = torch.tensor([-5, 3, 40, 700])
-    case.page_positions[:3] = torch.tensor([2700, 1, 2000])
-    got = q_sparse_attention(*case.args(), None, *case.page())
-    want = dense_attention(*case.args(), None, *case.page())
+    case.k_positions[2600:2603] = torch.tensor([2700, 1, 2000])
+    got = q_sparse_attention(*case.args())
+    want = dense_attention(*case.args())
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert torch.all(got[:, 0] == 0)
 
 
 @needs_triton
 def test_triton_block_sees_nothing_and_empty_context():
-    case = make_case(5, 1500, 2, 1, 16, page=False, seed=4)
+    case = make_case(5, 1500, 2, 1, 16, recompute=False, seed=4)
     case.q_positions[:] = torch.tensor([-3, -2, -7, -1, -9])  # no key visible: the scan finds nothing
     got = q_sparse_attention(*case.args())
     assert torch.all(got == 0)
@@ -107,8 +106,7 @@ def test_triton_block_sees_nothing_and_empty_context():
 
 def _bad(case, **over):
     args = dict(q=case.q, q_positions=case.q_positions, k=case.k, v=case.v,
-                k_positions=case.k_positions, k_valid=case.k_valid, page_k=case.page_k,
-                page_v=case.page_v, page_positions=case.page_positions)
+                k_positions=case.k_positions, k_valid=case.k_valid)
     args.update(over)
     return args
 
@@ -121,9 +119,8 @@ def test_validation_errors(fn):
         (dict(k=case.k.double()), "k \\[Hkv, Nk, D\\] has dtype"),
         (dict(q_positions=case.q_positions.int()), "q_positions \\[Nq\\] has dtype"),
         (dict(q=torch.randn(3, 3, 16)), "multiple of kv heads"),
-        (dict(k_valid=case.k_valid[:-1]), "k_valid has 19 entries"),
-        (dict(page_v=None), "must be given together"),
-        (dict(page_positions=case.page_positions[:1]), "page_positions has 1 entries"),
+        (dict(k_valid=case.k_valid[:-1]), "k_valid has 22 entries"),
+        (dict(k_positions=case.k_positions[:1]), "k_positions has 1 entries"),
         (dict(v=case.v[:, :-1]), "v shape"),
     ]
     for over, msg in bad:
@@ -135,12 +132,12 @@ def test_validation_errors(fn):
 def test_launcher_rejects_head_dim_and_cpu_without_interpreter(monkeypatch):
     case = make_case(3, 20, 4, 2, 24)
     with pytest.raises(ValueError, match="head dim 24 is not supported"):
-        q_sparse_attention(*case.args(), None, *case.page())
+        q_sparse_attention(*case.args())
     if not torch.cuda.is_available():
         monkeypatch.setenv("TRITON_INTERPRET", "0")
         case = make_case(3, 20, 4, 2, 16)
         with pytest.raises(ValueError, match="needs CUDA tensors"):
-            q_sparse_attention(*case.args(), None, *case.page())
+            q_sparse_attention(*case.args())
 
 
 @pytest.mark.gpu
@@ -151,8 +148,8 @@ def test_launcher_rejects_head_dim_and_cpu_without_interpreter(monkeypatch):
                                             (600, 4000, 9, 3, 64), (2048, 8191, 32, 8, 128)])
 def test_gpu_low_precision_parity(dtype, nq, nk, hq, hkv, d):
     case = make_case(nq, nk, hq, hkv, d, dtype=dtype, device="cuda", seed=1)
-    got = q_sparse_attention(*case.args(), None, *case.page())
-    want = q_sparse_attention_ref(*case.args(), None, *case.page())
+    got = q_sparse_attention(*case.args())
+    want = q_sparse_attention_ref(*case.args())
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
 
 
@@ -161,8 +158,8 @@ def test_gpu_low_precision_parity(dtype, nq, nk, hq, hkv, d):
 @needs_triton
 def test_gpu_fp32_parity():
     case = make_case(300, 3000, 8, 2, 128, device="cuda", seed=2)
-    got = q_sparse_attention(*case.args(), None, *case.page())
-    want = q_sparse_attention_ref(*case.args(), None, *case.page())
+    got = q_sparse_attention(*case.args())
+    want = q_sparse_attention_ref(*case.args())
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -170,8 +167,8 @@ def test_gpu_fp32_parity():
 def test_triton_unsorted_context_positions():
     """Context keys in any order (e.g. stitched out of order): visibility is by position only."""
     case = make_case(17, 90, 4, 2, 32, seed=5)
-    perm = torch.randperm(90)
+    perm = torch.randperm(case.k.shape[1])
     args = (case.q, case.q_positions, case.k[:, perm], case.v[:, perm], case.k_positions[perm],
             case.k_valid[perm])
-    got = q_sparse_attention(*args, None, *case.page())
-    torch.testing.assert_close(got, dense_attention(*args, None, *case.page()), rtol=1e-4, atol=1e-5)
+    got = q_sparse_attention(*args)
+    torch.testing.assert_close(got, dense_attention(*args), rtol=1e-4, atol=1e-5)
