@@ -28,7 +28,7 @@ from .entry_form import EntryForm
 from .errors import StoreConfigError, StoreDamagedError, StoreWriteError
 from .heat import HeatTracker
 from .keys import chunk_key, path_key
-from .loader import LoaderStats, LoadResult, PrefetchLoader
+from .loader import LoadResult, PrefetchLoader
 from .mac_bytes import AuthenticatedBytes
 from .memory_tier import DeviceTier, HostTier, MemoryTier, TierLedger
 from .no_follow import UnsafePathError, read_file_in
@@ -61,7 +61,6 @@ __all__ = [
     "HostTier",
     "KVEntry",
     "LoadResult",
-    "LoaderStats",
     "MemoryTier",
     "PinTable",
     "PrefetchLoader",
