@@ -16,7 +16,7 @@ entries handed out without a copy from being evicted. `open_store` opens the sto
 """
 
 from .byte_tier import ByteTier
-from .codec import CorruptEntryError, EntryCodec, RawCodec, StaleEntryError, decode, decode_keyed, encode
+from .codec import CorruptEntryError, EntryCodec, RawCodec, StaleEntryError
 from .codec_registry import CODECS, CodecRegistry
 from .coded_tier import CodedTier
 from .disk import DiskBytes, DiskTier
@@ -81,9 +81,6 @@ __all__ = [
     "VerifyReport",
     "chunk_key",
     "clear_damaged",
-    "decode",
-    "decode_keyed",
-    "encode",
     "entry_files",
     "kv_tensors",
     "open_store",
