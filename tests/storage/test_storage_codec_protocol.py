@@ -10,9 +10,9 @@ from storage_testutil import key_for, make_entry
 from fusionrag_llm.storage import (
     CODECS,
     CodecRegistry,
-    QuantCodec,
     EntryCodec,
     KVEntry,
+    QuantCodec,
     RawCodec,
     StaleEntryError,
     StoreBudgets,
