@@ -16,19 +16,18 @@ entries handed out without a copy from being evicted. `open_store` opens the sto
 """
 
 from .byte_tier import ByteTier
-from .codec import CorruptEntryError, EntryCodec, RawCodec, StaleEntryError, decode, decode_keyed, encode
+from .codec import CorruptEntryError, EntryCodec, RawCodec, StaleEntryError
 from .codec_registry import CODECS, CodecRegistry
 from .coded_tier import CodedTier
 from .disk import DiskBytes, DiskTier
 from .disk_files import entry_files
 from .disk_repair import RebuildReport, clear_damaged, quarantine_index, rebuild_index
-from .redis_bytes import RedisBytes  # imports the redis client only when one is opened
 from .entry import KVEntry
 from .entry_form import EntryForm
 from .errors import StoreConfigError, StoreDamagedError, StoreWriteError
 from .heat import HeatTracker
 from .keys import chunk_key, path_key
-from .loader import LoaderStats, LoadResult, PrefetchLoader
+from .loader import LoadResult, PrefetchLoader
 from .mac_bytes import AuthenticatedBytes
 from .memory_tier import DeviceTier, HostTier, MemoryTier, TierLedger
 from .no_follow import UnsafePathError, read_file_in
@@ -36,60 +35,20 @@ from .pins import PinTable
 from .quant_codec import QuantCodec
 from .quantize import kv_tensors
 from .record_log import AppendSession, FileRecordLog, MemoryRecordLog, RecordLog
+from .redis_bytes import RedisBytes  # imports the redis client only when one is opened
 from .settings import StoreBudgets, StoreOptions
 from .stats import StoreStats, TierStats, VerifyReport
 from .store import open_store
-from .tiered import TieredStore
 from .tier_list import remote_key_prefix
+from .tiered import TieredStore
 
 __all__ = [
-    "AppendSession", "FileRecordLog", "MemoryRecordLog", "RecordLog",
-    "CODECS",
-    "AuthenticatedBytes",
-    "ByteTier",
-    "CodecRegistry",
-    "CodedTier",
-    "CorruptEntryError",
-    "DiskBytes",
-    "RedisBytes",
+    "AppendSession", "AuthenticatedBytes", "ByteTier", "CODECS", "CodecRegistry", "CodedTier",
+    "CorruptEntryError", "DeviceTier", "DiskBytes", "DiskTier", "EntryCodec", "EntryForm", "FileRecordLog",
+    "HeatTracker", "HostTier", "KVEntry", "LoadResult", "MemoryRecordLog", "MemoryTier", "PinTable",
+    "PrefetchLoader", "QuantCodec", "RawCodec", "RebuildReport", "RecordLog", "RedisBytes", "StaleEntryError",
+    "StoreBudgets", "StoreConfigError", "StoreDamagedError", "StoreOptions", "StoreStats", "StoreWriteError",
+    "TierLedger", "TierStats", "TieredStore", "UnsafePathError", "VerifyReport", "chunk_key", "clear_damaged",
+    "entry_files", "kv_tensors", "open_store", "path_key", "quarantine_index", "read_file_in", "rebuild_index",
     "remote_key_prefix",
-    "EntryCodec",
-    "EntryForm",
-    "DeviceTier",
-    "DiskTier",
-    "HeatTracker",
-    "HostTier",
-    "KVEntry",
-    "LoadResult",
-    "LoaderStats",
-    "MemoryTier",
-    "PinTable",
-    "PrefetchLoader",
-    "QuantCodec",
-    "RawCodec",
-    "RebuildReport",
-    "StaleEntryError",
-    "StoreBudgets",
-    "StoreConfigError",
-    "StoreDamagedError",
-    "StoreOptions",
-    "StoreStats",
-    "StoreWriteError",
-    "TierLedger",
-    "TierStats",
-    "TieredStore",
-    "UnsafePathError",
-    "VerifyReport",
-    "chunk_key",
-    "clear_damaged",
-    "decode",
-    "decode_keyed",
-    "encode",
-    "entry_files",
-    "kv_tensors",
-    "open_store",
-    "path_key",
-    "quarantine_index",
-    "read_file_in",
-    "rebuild_index",
-]
+]  # fmt: skip

@@ -6,19 +6,17 @@ version, lengths, the checksum and the key binding are checked the same way for 
 `frame.py`). Tiers hold one codec object each; `codec_registry.CODECS` maps ids to codecs for
 settings given as data (`StoreOptions.codec`) and for recovery.
 
-`raw` stores keys and values as raw bytes in their storage dtype (bf16 and fp16 bits are kept
-exactly; bytes are taken through a uint8 view since numpy has no bfloat16). Its header holds dtype,
-shape, byte order, token ids and meta; its bytes are those of format version 2, unchanged. It
-stores no extras: an entry with extras needs the codec that made them. `encode`/`decode`/
-`decode_keyed` below are the raw codec as functions.
+`raw` stores keys and values as raw bytes in the entry's dtype (the store has cast it to its
+storage dtype already, `TieredStore.stored_form`; bf16 and fp16 bits are kept exactly; bytes are
+taken through a uint8 view since numpy has no bfloat16). Its header holds dtype, shape, byte order,
+token ids and meta; its bytes are those of format version 2, unchanged. It stores no extras: an
+entry with extras needs the codec that made them.
 
 Example:
     >>> import torch
     >>> from fusionrag_llm.storage.entry import KVEntry
     >>> e = KVEntry((1, 2), torch.ones(1, 1, 2, 4, dtype=torch.bfloat16), torch.zeros(1, 1, 2, 4, dtype=torch.bfloat16))
-    >>> decode(encode(e)).bitwise_equal(e)
-    True
-    >>> key, entry = decode_keyed(encode(e, key="ab" * 32))
+    >>> key, entry = RawCodec().decode_keyed(RawCodec().encode(e, key="ab" * 32))
     >>> key == "ab" * 32, entry.bitwise_equal(e)
     (True, True)
 """
@@ -40,7 +38,7 @@ _DTYPE_NAMES = (
 DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, name) for name in _DTYPE_NAMES if isinstance(getattr(torch, name, None), torch.dtype)
 }
-__all__ = ["CorruptEntryError", "EntryCodec", "RawCodec", "StaleEntryError", "decode", "decode_keyed", "encode"]
+__all__ = ["CorruptEntryError", "EntryCodec", "RawCodec", "StaleEntryError"]
 
 
 @runtime_checkable
@@ -87,17 +85,12 @@ def entry_from_header(header: dict, keys: torch.Tensor, values: torch.Tensor, ex
 
 
 class RawCodec:
-    """Keys and values as raw bytes, cast to `storage_dtype` when given (e.g. fp16 on disk, fp32 compute)."""
+    """Keys and values as raw bytes in the entry's own dtype."""
 
     codec_id = RAW_CODEC_ID
 
-    def __init__(self, storage_dtype: torch.dtype | None = None):
-        if storage_dtype is not None:
-            dtype_name(storage_dtype)
-        self.storage_dtype = storage_dtype
-
     def __repr__(self) -> str:
-        return f"RawCodec(storage_dtype={self.storage_dtype})"
+        return "RawCodec()"
 
     def encode(self, entry: KVEntry, *, key: str | None = None) -> bytes:
         if entry.extras:
@@ -105,19 +98,22 @@ class RawCodec:
                 f"the raw codec stores keys and values only; this entry has extras ({', '.join(entry.extras)}): "
                 "store it with the codec that made them"
             )
-        dtype = entry.dtype if self.storage_dtype is None else self.storage_dtype
         header = {
-            "dtype": dtype_name(dtype),
+            "dtype": dtype_name(entry.dtype),
             "shape": list(entry.keys.shape),
             "byteorder": sys.byteorder,
             "token_ids": list(entry.token_ids),
             "meta": entry.meta,
         }
-        payload = [tensor_bytes(entry.keys.to(dtype)), tensor_bytes(entry.values.to(dtype))]
+        payload = [tensor_bytes(entry.keys), tensor_bytes(entry.values)]
         return pack_frame(self.codec_id, header, payload, key=key)
 
-    def decode_keyed(self, data: bytes | bytearray | memoryview, dtype: torch.dtype | None = None) -> tuple[str | None, KVEntry]:
-        """`(key written in the header or None, entry)`, tensors cast to `dtype` when given."""
+    def decode_keyed(self, data: bytes | bytearray | memoryview) -> tuple[str | None, KVEntry]:
+        """`(key written in the header or None, entry)` with CPU tensors.
+
+        Raises `CorruptEntryError` on bad magic, truncation or checksum mismatch, and its subclass
+        `StaleEntryError` for bytes of another format version or codec.
+        """
         frame = unpack_frame(data)
         expect_codec(frame, self.codec_id)
         try:
@@ -125,8 +121,6 @@ class RawCodec:
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptEntryError(f"unreadable header: {exc!r}") from None
         keys, values = payload_tensors(frame, [spec, spec])
-        if dtype is not None and dtype != spec[0]:
-            keys, values = keys.to(dtype), values.to(dtype)
         return frame.key, entry_from_header(frame.header, keys, values)
 
 
@@ -148,21 +142,3 @@ def payload_tensors(frame: Frame, specs: list[tuple[torch.dtype, tuple[int, ...]
         offset += size
     return tensors
 
-
-def encode(entry: KVEntry, storage_dtype: torch.dtype | None = None, *, key: str | None = None) -> bytes:
-    """Raw-codec bytes of `entry`, tensors cast to `storage_dtype` when given; `key` goes in the checked header."""
-    return RawCodec(storage_dtype).encode(entry, key=key)
-
-
-def decode(data: bytes | bytearray | memoryview, dtype: torch.dtype | None = None) -> KVEntry:
-    """The entry in raw-codec `data` (CPU tensors), cast to `dtype` when given; see `decode_keyed`."""
-    return decode_keyed(data, dtype)[1]
-
-
-def decode_keyed(data: bytes | bytearray | memoryview, dtype: torch.dtype | None = None) -> tuple[str | None, KVEntry]:
-    """`(key written in the header or None, entry)` of raw-codec `data`, tensors cast to `dtype` when given.
-
-    Raises `CorruptEntryError` on bad magic, truncation or checksum mismatch, and its subclass
-    `StaleEntryError` for bytes of another format version or codec.
-    """
-    return RawCodec().decode_keyed(data, dtype)

@@ -32,8 +32,6 @@ import sqlite3
 import time
 from pathlib import Path
 
-import torch
-
 from .byte_tier import ByteTierBase, Classify
 from .codec import EntryCodec, RawCodec
 from .coded_tier import CodedTier
@@ -267,8 +265,8 @@ class DiskBytes(ByteTierBase):
 class DiskTier(CodedTier):
     """Entries as checksummed `codec` bytes in a store folder, within `budget_bytes`.
 
-    `codec` defaults to the raw codec, casting tensors to `storage_dtype` when given (give one or
-    the other). `directory`, `read_only`, `evictions`, `write_failures` are the folder's.
+    `codec` defaults to the raw codec. `directory`, `read_only`, `evictions`, `write_failures` are
+    the folder's.
 
     Example:
         >>> import tempfile, torch
@@ -281,15 +279,12 @@ class DiskTier(CodedTier):
     """
 
     def __init__(self, directory: str | Path, budget_bytes: int, *, codec: EntryCodec | None = None,
-                 storage_dtype: torch.dtype | None = None, min_file_bytes: int = 32 * 1024, timeout_s: float = 60.0,
-                 read_only: bool = False, heat_half_life_s: float = 3600.0):  # fmt: skip
-        if codec is not None and storage_dtype is not None:
-            raise ValueError("give DiskTier a codec or a storage_dtype (for the raw codec), not both")
+                 min_file_bytes: int = 32 * 1024, timeout_s: float = 60.0, read_only: bool = False,
+                 heat_half_life_s: float = 3600.0):  # fmt: skip
         folder = DiskBytes(directory, budget_bytes, min_file_bytes=min_file_bytes, timeout_s=timeout_s,
                            read_only=read_only, heat_half_life_s=heat_half_life_s)  # fmt: skip
         try:
-            super().__init__(folder, codec if codec is not None else RawCodec(storage_dtype))
+            super().__init__(folder, codec if codec is not None else RawCodec())
         except BaseException:
             folder.close()
             raise
-        self.storage_dtype = storage_dtype

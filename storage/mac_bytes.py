@@ -43,10 +43,11 @@ import hashlib
 import hmac
 import logging
 import threading
+from operator import attrgetter
 
 from .byte_tier import ByteTier, Classify
 from .keys import is_store_key
-from .stats import TierStats, VerifyReport
+from .stats import VerifyReport
 
 logger = logging.getLogger(__name__)
 MAGIC = b"FRKA"
@@ -101,10 +102,8 @@ class AuthenticatedBytes:
         return self._secret is not None
 
     # ----------------------------------------------------------------------------- the tier's own
-    @property
-    def name(self) -> str:
-        return self.tier.name
-
+    # name, read_only, budget_bytes, used_bytes, evictions, write_failures, len, keys, stats, delete,
+    # clear and close are the tier's, passed through unchanged (set below the class)
     @property
     def where(self) -> str:
         return str(getattr(self.tier, "where", self.tier.name))
@@ -112,26 +111,6 @@ class AuthenticatedBytes:
     @property
     def shared(self) -> bool:
         return bool(getattr(self.tier, "shared", False))
-
-    @property
-    def read_only(self) -> bool:
-        return self.tier.read_only
-
-    @property
-    def budget_bytes(self) -> int:
-        return self.tier.budget_bytes
-
-    @property
-    def used_bytes(self) -> int:
-        return self.tier.used_bytes
-
-    @property
-    def evictions(self) -> int:
-        return self.tier.evictions
-
-    @property
-    def write_failures(self) -> int:
-        return self.tier.write_failures
 
     @property
     def corrupt_count(self) -> int:
@@ -144,24 +123,6 @@ class AuthenticatedBytes:
         if self._secret is None or head is None or not is_store_key(key):
             return key in self.tier
         return head(key, len(self._head)) == self._head  # one round trip: None when absent
-
-    def __len__(self) -> int:
-        return len(self.tier)
-
-    def keys(self) -> list[str]:
-        return self.tier.keys()
-
-    def stats(self) -> TierStats:
-        return self.tier.stats()
-
-    def delete(self, key: str) -> bool:
-        return self.tier.delete(key)
-
-    def clear(self) -> None:
-        self.tier.clear()
-
-    def close(self) -> None:
-        self.tier.close()
 
     # ----------------------------------------------------------------------------- values
     def seal(self, key: str, data: bytes) -> bytes:
@@ -221,3 +182,23 @@ class AuthenticatedBytes:
             return ("corrupt", f"not authenticated: {why}") if data is None else classify(key, data)
 
         return self.tier.verify(check, repair)
+
+
+def _passed_to_tier(name: str):
+    """`AuthenticatedBytes.<name>(...)`: the wrapped tier's method, called as it is."""
+
+    def method(self: AuthenticatedBytes, *args, **kwargs):
+        return getattr(self.tier, name)(*args, **kwargs)
+
+    method.__name__, method.__qualname__ = name, f"AuthenticatedBytes.{name}"
+    method.__doc__ = f"The wrapped tier's `{name}`."
+    return method
+
+
+# What the wrapper adds nothing to, passed through to the tier as members of the class (not
+# `__getattr__`: `isinstance(x, ByteTier)` looks members up on the class, with getattr_static).
+for _name in ("name", "read_only", "budget_bytes", "used_bytes", "evictions", "write_failures"):
+    setattr(AuthenticatedBytes, _name, property(attrgetter(f"tier.{_name}"), doc=f"The wrapped tier's `{_name}`."))
+for _name in ("__len__", "keys", "stats", "delete", "clear", "close"):
+    setattr(AuthenticatedBytes, _name, _passed_to_tier(_name))
+del _name

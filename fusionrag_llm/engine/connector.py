@@ -58,7 +58,7 @@ class KVConnector:
                 continue
             wanted = seq.context_plan.prefetch_keys()
             if self._loader is None:
-                self._loader = PrefetchLoader(self.store, pin=True)
+                self._loader = PrefetchLoader(self.store)
             self._loader.submit(seq.request_id, [key for key, _ in wanted], dict(wanted))
             self._submitted.add(seq.request_id)
 

@@ -10,7 +10,7 @@ import torch
 
 from fusionrag_llm import FusionRAG, FusionRAGError, RAGRequest
 from fusionrag_llm.fusion.catalog import chunk_id_of
-from fusionrag_llm.storage import KVEntry, encode, remote_key_prefix
+from fusionrag_llm.storage import KVEntry, RawCodec, remote_key_prefix
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from concurrent_ingest_worker import text_of  # noqa: E402
@@ -43,7 +43,7 @@ def forge_every_entry(clean: FusionRAG, server) -> list[str]:
         entry = clean.store.get(key)[0]
         fake = KVEntry(entry.token_ids, entry.keys * -2.0, entry.values + 1.0, dict(entry.meta))
         for prefix in (PREFIX, BARE):
-            server.set(prefix + "e:" + key, encode(fake, key=key))
+            server.set(prefix + "e:" + key, RawCodec().encode(fake, key=key))
             server.hset(prefix + "size", key, 1)
     return keys
 

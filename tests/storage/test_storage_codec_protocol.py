@@ -10,16 +10,14 @@ from storage_testutil import key_for, make_entry
 from fusionrag_llm.storage import (
     CODECS,
     CodecRegistry,
-    QuantCodec,
-    DiskTier,
     EntryCodec,
     KVEntry,
+    QuantCodec,
     RawCodec,
     StaleEntryError,
     StoreBudgets,
     StoreOptions,
     TieredStore,
-    encode,
 )
 from fusionrag_llm.storage.codec import entry_from_header, expect_codec, tensor_bytes
 from fusionrag_llm.storage.frame import CorruptEntryError, pack_frame, peek_codec_id, unpack_frame
@@ -80,12 +78,13 @@ def test_raw_bytes_are_those_of_format_version_2():
     keys = torch.arange(16, dtype=torch.float32).view(1, 2, 2, 4)
     entry = KVEntry((5, 6), keys, -keys, {"variant": "plain"})
     # Digests of the bytes written before codecs were pluggable: existing stores and older builds still read them.
-    assert hashlib.sha256(encode(entry, key="ab" * 32)).hexdigest() == \
+    raw = RawCodec()
+    assert CODECS.get("raw").encode(entry, key="ab" * 32) == raw.encode(entry, key="ab" * 32)
+    assert hashlib.sha256(raw.encode(entry, key="ab" * 32)).hexdigest() == \
         "ef0c16caa39607d7b2c8f5f9933b903971827b0b0ab30a3cb566d185875e74fb"  # fmt: skip
-    assert hashlib.sha256(encode(entry.copy_to(dtype=torch.bfloat16))).hexdigest() == \
+    assert hashlib.sha256(raw.encode(entry.copy_to(dtype=torch.bfloat16))).hexdigest() == \
         "4bc0499594629979be1a0ff989fdf7fb107e7933d1945926f08f4957a9a34405"  # fmt: skip
-    assert RawCodec().encode(entry, key="ab" * 32) == encode(entry, key="ab" * 32)
-    assert encode(entry)[4:6] == (2).to_bytes(2, "little")
+    assert raw.encode(entry)[4:6] == (2).to_bytes(2, "little")
 
 
 def test_registry_is_keyed_by_id_and_refuses_what_is_not_a_codec(int8_codec):
@@ -130,7 +129,7 @@ def test_entries_of_another_codec_are_stale_misses_never_served(tmp_path, int8_c
         report = raw_store.verify()
         assert report.ok and report.checked == 1 and key_for(3) in raw_store
     with pytest.raises(StaleEntryError, match="codec 'raw'"):
-        int8_codec.decode_keyed(encode(make_entry(4)))
+        int8_codec.decode_keyed(RawCodec().encode(make_entry(4)))
     CODECS.unregister(int8_codec.codec_id)  # a codec this reader does not know: its entries are stale
     with TieredStore(tmp_path / "s", StoreBudgets(host_bytes=0)) as raw_store:
         assert raw_store.verify().stale == [key_for(3)] and key_for(3) in raw_store  # listed, kept
@@ -150,8 +149,6 @@ def test_unknown_codec_id_opens_nothing(tmp_path):
     with pytest.raises(ValueError, match="unknown codec"):
         TieredStore(tmp_path / "s", options=StoreOptions(codec="missing"))
     assert not (tmp_path / "s").exists()
-    with pytest.raises(ValueError, match="not both"):
-        DiskTier(tmp_path / "d", 2**20, codec=RawCodec(), storage_dtype=torch.float16)
 
 
 def test_entry_extras_travel_with_copies_and_count_in_nbytes():
@@ -163,7 +160,7 @@ def test_entry_extras_travel_with_copies_and_count_in_nbytes():
     with pytest.raises(ValueError, match="casting it to torch.float16 is not allowed"):
         entry.copy_to(dtype=torch.float16)
     with pytest.raises(ValueError, match="raw codec stores keys and values only"):
-        encode(entry)
+        RawCodec().encode(entry)
     with pytest.raises(ValueError, match="extra name"):
         KVEntry((1,), torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2), {}, {"Bad Name": torch.zeros(1)})
     with pytest.raises(ValueError, match="must be a torch.Tensor"):
@@ -171,7 +168,7 @@ def test_entry_extras_travel_with_copies_and_count_in_nbytes():
 
 
 def test_the_codec_a_frame_names_is_read_from_its_header_alone():
-    data = encode(make_entry(5), key=key_for(5))
+    data = RawCodec().encode(make_entry(5), key=key_for(5))
     assert peek_codec_id(data) == "raw" and peek_codec_id(QuantCodec("int8").encode(make_entry(5))) == "int8"
     damaged = bytearray(data)
     damaged[-1] ^= 0xFF  # the checksum is not read: the decode that follows checks it

@@ -55,9 +55,11 @@ def test_device_budget_and_demotion_to_host(tmp_path):
 def test_loader_prefetches_onto_the_device(tmp_path):
     with TieredStore(tmp_path / "s") as store:
         store.put(key_for(7), make_entry(7))
-    with TieredStore(tmp_path / "s", device="cuda") as store, PrefetchLoader(store) as loader:
+    with TieredStore(tmp_path / "s", device="cuda") as store:
+        loader = PrefetchLoader(store)
         loader.submit("r", [key_for(7)])
-        result = loader.wait("r", timeout=30)
+        result = loader.wait("r")
+        loader.close()
         assert result.entries[key_for(7)].device.type == "cuda"
         assert store.tier_of(key_for(7)) == "device"
 

@@ -32,8 +32,6 @@ def outlier_entry(tokens: int = 70, head_dim: int = 16) -> KVEntry:
 def test_lossless_codecs_round_trip_bit_exact(dtype):
     entry = make_entry(1, num_tokens=9, dtype=dtype)
     assert RawCodec().decode_keyed(RawCodec().encode(entry, key=KEY))[1].bitwise_equal(entry)
-    stored_as = RawCodec(dtype).decode_keyed(RawCodec(dtype).encode(make_entry(1, num_tokens=9), key=KEY))[1]
-    assert stored_as.bitwise_equal(make_entry(1, num_tokens=9).copy_to(dtype=dtype))
 
 
 @pytest.mark.parametrize("scheme", list(SCHEMES))

@@ -11,13 +11,12 @@ from fusionrag_llm.storage import (
     AuthenticatedBytes,
     CodedTier,
     KVEntry,
+    RawCodec,
     RedisBytes,
     StoreBudgets,
     StoreConfigError,
     StoreOptions,
     TieredStore,
-    decode_keyed,
-    encode,
     open_store,
     remote_key_prefix,
 )
@@ -27,6 +26,7 @@ BARE = "fusionrag:kv:"  # the default prefix: a trusted network's keys
 SECRET = "the secret of engines A and B"
 OTHER_SECRET = "the secret of another team"
 PREFIX, OTHER_PREFIX = remote_key_prefix(BARE, SECRET), remote_key_prefix(BARE, OTHER_SECRET)
+RAW = RawCodec()
 
 
 def remote_store(folder, url, **auth) -> TieredStore:
@@ -46,9 +46,9 @@ def test_a_value_forged_in_redis_with_a_valid_checksum_is_a_miss_not_served(tmp_
     with remote_store(tmp_path / "writer", redis_server.url, remote_secret=SECRET) as writer:
         assert writer.put(key_for(1), make_entry(1))
     real = server.get(PREFIX + "e:" + key_for(1))
-    before_frame = real[: len(real) - len(encode(make_entry(1), key=key_for(1)))]  # what the tier adds
-    frame = encode(forged(1), key=key_for(1))  # a valid frame, bound to the real key
-    assert decode_keyed(frame)[0] == key_for(1)
+    before_frame = real[: len(real) - len(RAW.encode(make_entry(1), key=key_for(1)))]  # what the tier adds
+    frame = RAW.encode(forged(1), key=key_for(1))  # a valid frame, bound to the real key
+    assert RAW.decode_keyed(frame)[0] == key_for(1)
     added = {"none": b"", "made up": b"FRKA" + bytes(len(before_frame) - 4), "copied from the real value": before_frame}
     server.set(PREFIX + "e:" + key_for(1), added[mac] + frame)
     with remote_store(tmp_path / "reader", redis_server.url, remote_secret=SECRET) as reader:
@@ -108,9 +108,9 @@ def test_on_a_trusted_network_values_carry_no_mac_and_are_shared(tmp_path, redis
     with first, remote_store(tmp_path / "b", redis_server.url, remote_trusted=True) as second:
         assert first.put(key_for(1), make_entry(1))
         stored = server.get(BARE + "e:" + key_for(1))
-        assert decode_keyed(stored)[1].bitwise_equal(make_entry(1))  # the bare frame
+        assert RAW.decode_keyed(stored)[1].bitwise_equal(make_entry(1))  # the bare frame
         assert second.get(key_for(1))[0].bitwise_equal(make_entry(1))
-        server.set(BARE + "e:" + key_for(2), encode(forged(2), key=key_for(2)))
+        server.set(BARE + "e:" + key_for(2), RAW.encode(forged(2), key=key_for(2)))
         server.hset(BARE + "size", key_for(2), 1)
         assert second.get(key_for(2))[0].bitwise_equal(forged(2))
 
@@ -119,7 +119,7 @@ def test_verify_reports_and_removes_a_value_without_a_valid_mac(tmp_path, redis_
     server = redis_server.client()
     with remote_store(tmp_path / "a", redis_server.url, remote_secret=SECRET) as store:
         assert store.put(key_for(1), make_entry(1)) and store.put(key_for(2), make_entry(2))
-        server.set(PREFIX + "e:" + key_for(2), encode(forged(2), key=key_for(2)))
+        server.set(PREFIX + "e:" + key_for(2), RAW.encode(forged(2), key=key_for(2)))
         report = store.verify()
         assert report.corrupt == [key_for(2)] and report.checked == 4  # two on disk, two on the server
         assert not server.exists(PREFIX + "e:" + key_for(2)) and server.exists(PREFIX + "e:" + key_for(1))

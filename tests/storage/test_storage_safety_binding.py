@@ -13,19 +13,18 @@ from test_storage_safety_helpers import sql, stored_file
 from fusionrag_llm.storage import (
     CorruptEntryError,
     KVEntry,
+    RawCodec,
     StaleEntryError,
     StoreBudgets,
     StoreOptions,
     TieredStore,
     chunk_key,
-    decode,
-    decode_keyed,
-    encode,
 )
 
 TOKENS = [1000 + i for i in range(300)]
 PLAIN, FUSED = (chunk_key(FINGERPRINT, PREFIX, TOKENS, variant) for variant in ("plain", "fused"))
 OPTIONS = StoreOptions(disk_min_file_bytes=16 * 1024)
+RAW = RawCodec()
 
 
 def _variant(variant: str, num_tokens: int) -> KVEntry:
@@ -99,7 +98,7 @@ def _as_version_1(data: bytes) -> bytes:
 @pytest.mark.parametrize("num_tokens", [4, 300])
 def test_entry_of_the_older_codec_is_a_logged_miss_listed_as_stale(tmp_path, caplog, num_tokens):
     plain_key, fused_key = _write_both(tmp_path / "s", num_tokens)
-    old = _as_version_1(encode(_variant("plain", num_tokens)))
+    old = _as_version_1(RAW.encode(_variant("plain", num_tokens)))
     if num_tokens == 4:
         sql(tmp_path / "s", "UPDATE entries SET value = ? WHERE key = ?", (old, plain_key))
     else:
@@ -117,17 +116,17 @@ def test_entry_of_the_older_codec_is_a_logged_miss_listed_as_stale(tmp_path, cap
 
 def test_codec_binds_keys_and_keeps_working_without_one():
     entry = _variant("fused", 4)
-    assert decode(encode(entry)).bitwise_equal(entry)  # callers without a key
-    assert decode_keyed(encode(entry)) [0] is None
-    key, decoded = decode_keyed(encode(entry, torch.float16, key=PLAIN))
+    assert RAW.decode_keyed(RAW.encode(entry))[1].bitwise_equal(entry)  # callers without a key
+    assert RAW.decode_keyed(RAW.encode(entry))[0] is None
+    key, decoded = RAW.decode_keyed(RAW.encode(entry.copy_to(dtype=torch.float16), key=PLAIN))
     assert key == PLAIN and decoded.meta == {"variant": "fused", "model": FINGERPRINT}
     with pytest.raises(ValueError, match="64 lowercase hex"):
-        encode(entry, key="not-a-key")
-    forged = encode(entry, key=PLAIN).replace(PLAIN.encode(), FUSED.encode())  # key edited in place
+        RAW.encode(entry, key="not-a-key")
+    forged = RAW.encode(entry, key=PLAIN).replace(PLAIN.encode(), FUSED.encode())  # key edited in place
     with pytest.raises(CorruptEntryError, match="checksum"):
-        decode_keyed(forged)
+        RAW.decode_keyed(forged)
     with pytest.raises(StaleEntryError, match="older codec"):
-        decode(_as_version_1(encode(entry)))
+        RAW.decode_keyed(_as_version_1(RAW.encode(entry)))
 
 
 def test_meta_round_trips_through_disk_and_storage_dtype_is_exposed(tmp_path):

@@ -10,13 +10,13 @@ import pytest
 from storage_testutil import key_for, make_entry
 
 from fusionrag_llm.storage import (
+    RawCodec,
     StoreBudgets,
     StoreDamagedError,
     StoreOptions,
     StoreWriteError,
     TieredStore,
     clear_damaged,
-    encode,
     entry_files,
     rebuild_index,
 )
@@ -136,7 +136,7 @@ def test_a_store_of_the_older_format_is_refused_then_rebuilt_from_its_files(tmp_
     old_files = {seed: folder / "0a" / f"{seed:02x}" / f"{seed:028x}.val" for seed in (2, 4, 7)}
     for seed, path in old_files.items():  # 7: an older second copy of entry 4
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(encode(make_entry(4 if seed == 7 else seed, 300), key=key_for(4 if seed == 7 else seed, 300)))
+        path.write_bytes(RawCodec().encode(make_entry(4 if seed == 7 else seed, 300), key=key_for(4 if seed == 7 else seed, 300)))
     os.utime(old_files[7], (1, 1))
     with pytest.raises(StoreDamagedError, match="not an index of this store's format"):
         _use(folder)

@@ -9,11 +9,12 @@ import pytest
 from storage_testutil import key_for, make_entry
 from test_storage_safety_helpers import insert_row, pickle_payload, row_ids, sql
 
-from fusionrag_llm.storage import DiskTier, StoreBudgets, StoreDamagedError, StoreOptions, TieredStore, encode
+from fusionrag_llm.storage import DiskTier, RawCodec, StoreBudgets, StoreDamagedError, StoreOptions, TieredStore
 
 LARGE = 300  # tokens: a file-backed entry with min_file_bytes below
 OPTIONS = StoreOptions(disk_min_file_bytes=16 * 1024)
 REAL = [key_for(1), key_for(2, LARGE)]  # the entries every fixture store holds
+RAW = RawCodec()  # the bytes a planted entry carries: a valid frame
 
 
 @pytest.fixture
@@ -64,7 +65,7 @@ def test_pickled_value_is_never_unpickled(folder, tmp_path, where):
 def test_rows_with_foreign_keys_are_ignored_and_never_unpickled(folder, tmp_path):
     marker = tmp_path / "pwned"
     forms = [pickle_payload(marker), b"\x00" * 64, "Z" * 64, key_for(4).upper(), key_for(4) + "\n", 7, None]
-    foreign = {insert_row(folder, key=key, value=encode(make_entry(3))) for key in forms}
+    foreign = {insert_row(folder, key=key, value=RAW.encode(make_entry(3))) for key in forms}
     tier = DiskTier(folder, 2**24)
     assert sorted(tier.keys()) == sorted(REAL) and len(tier) == 2
     with TieredStore.from_tiers([], tier) as store:
@@ -108,7 +109,7 @@ def outside(tmp_path):
     """A valid entry bound to `_victim_key()`, alone in a folder outside the store."""
     path = tmp_path / "elsewhere" / f"{_victim_key()}.val"
     path.parent.mkdir()
-    path.write_bytes(encode(make_entry(50, LARGE), key=_victim_key()))
+    path.write_bytes(RAW.encode(make_entry(50, LARGE), key=_victim_key()))
     return path
 
 
@@ -128,7 +129,7 @@ HOWS = ["file link", "folder link"]
 
 def _assert_intact(outside):
     assert outside.is_file() and not outside.is_symlink()
-    assert outside.read_bytes() == encode(make_entry(50, LARGE), key=_victim_key())
+    assert outside.read_bytes() == RAW.encode(make_entry(50, LARGE), key=_victim_key())
     assert [p.name for p in outside.parent.iterdir()] == [outside.name]  # nothing written beside it
 
 

@@ -8,7 +8,7 @@ import torch
 from storage_testutil import key_for, make_entry
 from test_storage_safety_helpers import stored_file
 
-from fusionrag_llm.storage import DeviceTier, DiskTier, HostTier
+from fusionrag_llm.storage import DeviceTier, DiskTier, HostTier, RawCodec
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SMALL = 4  # tokens: a few hundred bytes, stored inside the SQLite index
@@ -117,7 +117,7 @@ def test_missing_file_is_a_miss(disk):
 
 
 def test_disk_budget_is_never_exceeded(tmp_path):
-    entry_bytes = len(__import__("fusionrag_llm.storage.codec", fromlist=["encode"]).encode(make_entry(0, LARGE)))
+    entry_bytes = len(RawCodec().encode(make_entry(0, LARGE)))
     budget = 200 * 1024
     tier = DiskTier(tmp_path / "d", budget_bytes=budget, min_file_bytes=1024)
     for seed in range(20):
