@@ -14,7 +14,6 @@ from fusionrag_llm.engine.streaming import GenerationStream
 from fusionrag_llm.engine.context_index import ContextIndex, order_hint
 from fusionrag_llm.engine.sampling import SamplingParams
 from fusionrag_llm.engine.tenants import PerTenant
-from fusionrag_llm.engine.turn_cache import TurnCache
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.fusion.catalog import ChunkCatalog, catalog_file, chunk_id_of
 from fusionrag_llm.fusion.chunk_view import RegisteredChunks, StoredEntry, read_stored
@@ -25,6 +24,7 @@ from fusionrag_llm.methods import Method, make_plan
 from fusionrag_llm.models.default_model import DEFAULT_MODEL
 from fusionrag_llm.models.fingerprint import fingerprint_of
 from fusionrag_llm.models.loader import LoadedModel, load_model
+from fusionrag_llm.models.prefix_cache import PrefixCache
 from fusionrag_llm.models.tokenizer import ChatPart
 from fusionrag_llm.options import EngineOptions
 from fusionrag_llm.request import (ChatRequest, RAGRequest, Segment, TextPrompt, build_segments, check_tenant,
@@ -398,11 +398,11 @@ def _remote_auth(options: EngineOptions) -> tuple[str | None, bool]:
     return options.remote_secret, bool(options.remote_trusted)
 
 
-def turn_cache(gib: float) -> TurnCache | None:
+def turn_cache(gib: float) -> PrefixCache | None:
     """The multi-turn KV cache for a budget in GiB (0: none)."""
     if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not 0 <= gib < 1024:
         raise FusionRAGError(f"turn_cache_gib must be a number of GiB in [0, 1024), got {gib!r}")
-    return TurnCache(int(gib * 2**30)) if gib > 0 else None
+    return PrefixCache(int(gib * 2**30)) if gib > 0 else None
 
 
 def _auxiliary(value, loaded: LoadedModel):

@@ -27,22 +27,23 @@ Saving:
 from __future__ import annotations
 
 import time
+from dataclasses import astuple
 from typing import Iterable
 
 from fusionrag_llm.engine.resolve import ContextResolver, Preloaded, ResolvedContext
 from fusionrag_llm.engine.sequence import Sequence
 from fusionrag_llm.engine.tenants import TenantScope
-from fusionrag_llm.engine.turn_cache import EXACT, TurnCache, namespace_of, tenant_namespace
 from fusionrag_llm.fusion.layer_feed import LayerFeed
 from fusionrag_llm.methods.base import RunPlan
 from fusionrag_llm.models.forward import ForwardOutput
 from fusionrag_llm.models.kv_cache import KVCache
+from fusionrag_llm.models.prefix_cache import EXACT, PrefixCache, tenant_namespace
 from fusionrag_llm.request import Segment, split_segments
 from fusionrag_llm.storage import KVEntry, PrefetchLoader
 
 
 class KVConnector:
-    def __init__(self, store, runner, turns: TurnCache | None, exact_blocks: bool, layerwise: bool = False):
+    def __init__(self, store, runner, turns: PrefixCache | None, exact_blocks: bool, layerwise: bool = False):
         self.store, self.runner = store, runner
         self.turns = turns  # multi-turn reuse: finished requests' KV by token blocks (None: off)
         self.exact_blocks = exact_blocks  # the store keeps exact path blocks (not a quantizing codec's)
@@ -146,6 +147,11 @@ class KVConnector:
         exact path blocks (a quantizing codec's)."""
         method = plan.method
         return not method.parallel_positions and method.attention_scaling is None and self.exact_blocks
+
+
+def namespace_of(plan: RunPlan) -> str:
+    """The namespace a run under ``plan`` reads besides ``EXACT`` (and writes when not exact)."""
+    return "plan:" + repr((plan.name, astuple(plan.method), plan.recompute_ratio))
 
 
 def chunk_aligned(segments: list[Segment], length: int) -> int:

@@ -34,8 +34,8 @@ from fusionrag_llm.engine.stats import GenerationStats
 from fusionrag_llm.engine.streaming import GenerationStream, IncrementalText
 from fusionrag_llm.engine.structured import json_constraint
 from fusionrag_llm.engine.tenants import TenantScopes
-from fusionrag_llm.engine.turn_cache import TurnCache
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError
+from fusionrag_llm.fusion.entry_compute import PREFIX_MEMO_BYTES
 from fusionrag_llm.fusion.entry_store import EntryStore
 from fusionrag_llm.fusion.request_variants import check_craft_variants
 from fusionrag_llm.fusion.layout import ScoringInput
@@ -43,6 +43,7 @@ from fusionrag_llm.fusion.scorers.auxiliary_attention import check_layers
 from fusionrag_llm.methods.base import MethodRun, Prefill, RunPlan, select_many
 from fusionrag_llm.models.llama import ForwardOutput, ForwardPass
 from fusionrag_llm.models.loader import LoadedModel, check_auxiliary_model
+from fusionrag_llm.models.prefix_cache import PrefixCache
 from fusionrag_llm.request import Segment, prompt_ids
 
 __all__ = ["Generation", "LLMEngine", "SchedulerConfig"]
@@ -80,7 +81,7 @@ class PrefillWork:
 class LLMEngine:
     def __init__(self, loaded: LoadedModel, entry_store: EntryStore, prefix_cache: bool = True,
                  config: SchedulerConfig = SchedulerConfig(), auxiliary: int | LoadedModel | None = None,
-                 turns: TurnCache | None = None, craft_variants: int = 0,
+                 turns: PrefixCache | None = None, craft_variants: int = 0,
                  layerwise_load: bool | None = None, reproducible: bool = False):  # fmt: skip
         self.loaded = loaded
         # a request whose plan leaves it open (None) runs reproducibly when this is True (``RunPlan``)
@@ -92,7 +93,10 @@ class LLMEngine:
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         # this model's entries in the store, each read checked, per tenant (``engine/tenants.py``)
-        self.tenants = TenantScopes(loaded.model, entry_store, check_craft_variants(craft_variants))
+        # a lossy store's exact prompt prefixes: in the turn cache's blocks if there is one (such a store
+        # keeps no turn KV, ``KVConnector``), else in blocks of their own (memory taken when first used)
+        prefixes = turns if turns is not None else PrefixCache(PREFIX_MEMO_BYTES)
+        self.tenants = TenantScopes(loaded.model, entry_store, check_craft_variants(craft_variants), prefixes)
         self.entry_store = entry_store  # the default tenant's
         self.keys = entry_store.keys
         self.computer = self.tenants.default.computer  # makes the entries a request misses

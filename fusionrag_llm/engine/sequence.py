@@ -59,7 +59,7 @@ class Sequence:
     prompt_end: int | None = None  # the position after the prompt's last one (set once assembled)
     prompt_slots: int = 0  # cache slots the prompt holds after its prefill (fewer after decode KV eviction)
     method_run: Any = None  # its method's state (``MethodRun``), from its prefill on
-    # whose KV its context holds (engine/turn_cache.py): before its prefill None, or the namespace of an
+    # whose KV its context holds (models/prefix_cache.py): before its prefill None, or the namespace of an
     # approximated earlier turn it starts from; after it "exact" or its own plan's namespace
     kv_namespace: str | None = None
     tenant: str = ""  # whose entries and turn KV it reads and writes ("": the default tenant)

@@ -22,6 +22,7 @@ from fusionrag_llm.fusion.entry_keys import EntryKeys
 from fusionrag_llm.fusion.entry_store import EntryStore
 from fusionrag_llm.fusion.request_variants import VARIANT_LOG, RequestVariants
 from fusionrag_llm.models.llama import DecoderLM
+from fusionrag_llm.models.prefix_cache import EXACT, PrefixCache, tenant_namespace
 from fusionrag_llm.request import check_tenant
 
 MAX_TENANTS = 256  # tenants whose scope is kept besides the default one
@@ -73,8 +74,11 @@ class TenantScope:
 class TenantScopes(PerTenant[TenantScope]):
     """Each tenant's scope over one model's entries in one store."""
 
-    def __init__(self, model: DecoderLM, entry_store: EntryStore, craft_variants: int = 0):
+    def __init__(self, model: DecoderLM, entry_store: EntryStore, craft_variants: int = 0,
+                 prefixes: PrefixCache | None = None):  # fmt: skip
         self.model, self.entry_store, self.craft_variants = model, entry_store, craft_variants
+        # where a lossy store's exact prefixes are kept, each tenant under its own namespace
+        self.prefixes = prefixes
         super().__init__(self._scope)
 
     def _scope(self, tenant: str) -> TenantScope:
@@ -83,4 +87,5 @@ class TenantScopes(PerTenant[TenantScope]):
         variants = None
         if self.craft_variants:
             variants = RequestVariants(self.entry_store.store.record_log(VARIANT_LOG), keys.fingerprint, self.craft_variants)
-        return TenantScope(tenant, keys, entry_store, EntryComputer(self.model, keys, entry_store), variants)
+        computer = EntryComputer(self.model, keys, entry_store, self.prefixes, tenant_namespace(tenant, EXACT))
+        return TenantScope(tenant, keys, entry_store, computer, variants)

@@ -4,13 +4,13 @@ A plain entry is a chunk's KV computed after the canonical prefix S0; a fused en
 computed after S0 and its neighbours' plain entries (FusionRAG eq. 10). Keys are kept before
 rotary embedding, so an entry can be placed at any position of a later prompt.
 
-A lossy store cannot hold exact KV, so exact prompt prefixes are then kept in this process's
-memory instead (a few, most recently used).
+A lossy store cannot hold exact KV, so exact prompt prefixes are then kept in a ``PrefixCache``
+instead (``models/prefix_cache.py``: blocks on the model's device, least recently used dropped first):
+the engine's turn cache when it has one, else one of ``PREFIX_MEMO_BYTES`` of this computer's own.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Sequence
 
 import torch
@@ -20,25 +20,30 @@ from fusionrag_llm.fusion.entry_keys import EntryKeys, TokenIds
 from fusionrag_llm.fusion.entry_store import EntryStore
 from fusionrag_llm.fusion.placement import place_entry
 from fusionrag_llm.models.llama import DecoderLM, ForwardPass
+from fusionrag_llm.models.prefix_cache import EXACT, PrefixCache
 from fusionrag_llm.storage import KVEntry
 
-PREFIX_MEMO_SIZE = 8  # exact prompt prefixes kept in memory when the store is lossy
+PREFIX_MEMO_BYTES = 256 << 20  # exact prompt prefixes kept on the device when the store is lossy
 
 
 class EntryComputer:
-    """Runs the model to make entries; the S0 entry they all start from comes from ``prefix_entry``."""
+    """Runs the model to make entries; the S0 entry they all start from comes from ``prefix_entry``.
 
-    def __init__(self, model: DecoderLM, keys: EntryKeys, entry_store: EntryStore):
+    ``prefixes``: where a lossy store's exact prefixes are kept, under ``namespace`` (the tenant's
+    exact one); None: a cache of this computer's own, made when first needed."""
+
+    def __init__(self, model: DecoderLM, keys: EntryKeys, entry_store: EntryStore,
+                 prefixes: PrefixCache | None = None, namespace: str = EXACT):  # fmt: skip
         self.model = model
         self.keys = keys
         self.entry_store = entry_store
-        self._prefix_memo: OrderedDict[TokenIds, KVEntry] = OrderedDict()
+        self.prefixes, self.namespace = prefixes, namespace
 
     def prefix_entry(self, token_ids: TokenIds) -> tuple[KVEntry, bool]:
         """Exact KV of a prompt prefix run from position 0 and whether it was already known.
 
         A store keeps it as the first block of a path, in the compute dtype; one of a quantizing
-        codec holds no exact KV, so it is kept in memory.
+        codec holds no exact KV, so it is kept in the prefix cache.
         """
         if not self.keys.exact_blocks:
             return self._memo_prefix(tuple(token_ids))
@@ -51,13 +56,13 @@ class EntryComputer:
         return entry, False
 
     def _memo_prefix(self, token_ids: TokenIds) -> tuple[KVEntry, bool]:
-        if token_ids in self._prefix_memo:
-            self._prefix_memo.move_to_end(token_ids)
-            return self._prefix_memo[token_ids], True
+        if self.prefixes is None:
+            self.prefixes = PrefixCache(PREFIX_MEMO_BYTES)
+        hit = self.prefixes.whole(token_ids, self.namespace)
+        if hit is not None:
+            return KVEntry(token_ids, hit.keys, hit.values, self.keys.meta("path")), True
         entry = self.compute_exact(token_ids)
-        self._prefix_memo[token_ids] = entry
-        if len(self._prefix_memo) > PREFIX_MEMO_SIZE:
-            self._prefix_memo.popitem(last=False)
+        self.prefixes.remember(token_ids, entry.keys, entry.values, self.namespace)
         return entry, False
 
     def compute_exact(self, token_ids: TokenIds) -> KVEntry:

@@ -1,23 +1,20 @@
-"""Multi-turn reuse: the KV of finished requests, kept by token blocks, so a chat's next turn (whose
-prompt starts with the last turn's prompt and answer) computes only its new tokens.
+"""KV of token prefixes, kept by token blocks: what a chat's next turn and a lossy store's
+exact prompt prefixes are read from instead of computed.
 
-When a request finishes, the KV of every token it fed (prompt and answer) is kept in blocks of
-``TURN_BLOCK`` tokens plus its last partial block. The KV sits in a ``BlockPool`` (fixed-size blocks
-with reference counts, on the model's device, within ``budget_bytes``); the index is integers only:
-a hash chain ``h_i = sha256(h_{i-1}, tokens of block i)`` from a root per namespace, each key naming
-its pool block (nano-vllm's prefix index). A new request looks up the longest chain matching the
-start of its prompt and reads that prefix instead of computing it. Least recently used blocks that
-no reader holds are dropped when the pool is full, deepest first (with whatever hangs under them);
-a reader holds its blocks' references while it copies, so it copies without the index's lock.
+KV is kept in blocks of ``BLOCK`` tokens plus a last partial block, in a ``BlockPool`` (fixed-size
+blocks with reference counts, on the model's device, within ``budget_bytes``); the index is integers
+only: a hash chain ``h_i = sha256(h_{i-1}, tokens of block i)`` from a root per namespace, each key
+naming its pool block (nano-vllm's prefix index). A lookup finds the longest chain matching the start
+of the given tokens. Least recently used blocks that no reader holds are dropped when the pool is
+full, deepest first (with whatever hangs under them); a reader holds its blocks' references while it
+copies, so it copies without the index's lock.
 
-KV is kept by what computed it (the namespace): a run whose context was exact (Full Attention, or
-every reused token recomputed) under ``"exact"``, which any request may read; any other run under
-its own method settings, which only requests with the same settings read. An exact request never
-reads approximated KV, and a FusionRAG turn reads back the context its previous turn saw.
-
-A tenant other than the default one salts every namespace it reads and writes (``tenant_namespace``,
-as vLLM salts its prefix block hashes with ``cache_salt``), so its chains start from roots of their
-own: no request of another tenant matches, reads or learns of its blocks.
+KV is kept by what computed it (the namespace): ``EXACT`` for KV computed from position 0 with
+nothing approximated, which any request may read; the engine keeps a run's approximated KV under that
+run's own namespace (``engine/connector.py``). A tenant other than the default one salts every
+namespace it reads and writes (``tenant_namespace``, as vLLM salts its prefix block hashes with
+``cache_salt``), so its chains start from roots of their own: no request of another tenant matches,
+reads or learns of its blocks.
 """
 
 from __future__ import annotations
@@ -25,20 +22,15 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from fusionrag_llm.models.block_pool import BlockPool
 
-TURN_BLOCK = 64
+BLOCK = 64
 EXACT = "exact"
-
-
-def namespace_of(plan) -> str:
-    """The namespace a run under ``plan`` reads besides ``"exact"`` (and writes when not exact)."""
-    return "plan:" + repr((plan.name, astuple(plan.method), plan.recompute_ratio))
 
 
 def tenant_namespace(tenant: str, namespace: str) -> str:
@@ -74,7 +66,7 @@ class _Block:
 
 
 @dataclass(frozen=True)
-class TurnHit:
+class PrefixHit:
     length: int  # prompt tokens covered, from position 0
     keys: torch.Tensor  # [layers, kv_heads, length, head_dim] raw
     values: torch.Tensor
@@ -90,13 +82,13 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
     return count
 
 
-class TurnCache:
-    """Blocks of earlier requests' KV as a tree: each block hangs under the block before it, so a
-    prompt follows whole blocks while they match and takes the matching start of the next one."""
+class PrefixCache:
+    """Blocks of kept KV as a tree: each block hangs under the block before it, so a prompt follows
+    whole blocks while they match and takes the matching start of the next one."""
 
-    def __init__(self, budget_bytes: int, block: int = TURN_BLOCK):
+    def __init__(self, budget_bytes: int, block: int = BLOCK):
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
-            raise ValueError(f"the turn cache budget must be an int >= 0 bytes, got {budget_bytes!r}")
+            raise ValueError(f"the prefix cache budget must be an int >= 0 bytes, got {budget_bytes!r}")
         self.budget_bytes, self.block = budget_bytes, block
         self.pool: BlockPool | None = None  # made for the first KV kept: its shape, dtype and device
         self._index: OrderedDict[int, _Block] = OrderedDict()  # chain key -> block, least recently used first
@@ -119,7 +111,7 @@ class TurnCache:
         """Memory of the blocks kept or being read."""
         return 0 if self.pool is None else self.pool.used * self.pool.block_bytes
 
-    def lookup(self, token_ids: Sequence[int], namespaces: Sequence[str], limit: int) -> TurnHit | None:
+    def lookup(self, token_ids: Sequence[int], namespaces: Sequence[str], limit: int) -> PrefixHit | None:
         """The longest kept prefix of ``token_ids`` (at most ``limit`` tokens) in any of ``namespaces``."""
         token_ids = list(token_ids[:limit])
         with self._lock:
@@ -136,7 +128,12 @@ class TurnCache:
             values = torch.cat([kv[1][:, :, :used] for kv, used in parts], dim=2)
         finally:
             self.pool.unref(held)
-        return TurnHit(length, keys, values, namespace)
+        return PrefixHit(length, keys, values, namespace)
+
+    def whole(self, token_ids: Sequence[int], namespace: str) -> PrefixHit | None:
+        """The kept KV of all of ``token_ids`` in ``namespace``, else None."""
+        hit = self.lookup(token_ids, [namespace], len(token_ids)) if token_ids else None
+        return hit if hit is not None and hit.length == len(token_ids) else None
 
     def _walk(self, token_ids: list[int], namespace: str) -> tuple[int, list[tuple[int, int]]]:
         """Whole blocks while one matches the next tokens, then the longest matching start of one:
@@ -189,7 +186,7 @@ class TurnCache:
                 layers, heads, _, head_dim = keys.shape
                 self.pool = BlockPool(layers, heads, self.block, head_dim, keys.dtype, keys.device, self.budget_bytes)
             if not self.pool.fits(keys):
-                raise ValueError(f"turn KV {tuple(keys.shape)} {keys.dtype} on {keys.device} does not fit this "
+                raise ValueError(f"KV {tuple(keys.shape)} {keys.dtype} on {keys.device} does not fit this "
                                  f"cache's blocks {self.pool.shape} {self.pool.dtype} on {self.pool.device}")
             for first in range(0, len(token_ids), self.block):
                 tokens = tuple(token_ids[first : first + self.block])
