@@ -184,6 +184,8 @@ class _FusionRAGSettings(BaseModel):
         """(delta, None) per text delta, then ("", info) once decoding ends."""
         options = self._options(kwargs)
         stream = self.engine.stream(_shared.for_tenant(request, self.tenant), **options)
+        # stop strings are cut here rather than by the engine's stream (stop=): the engine lets through one
+        # completed by the answer's last allowed token (max_new_tokens), where it finishes with "length"
         watch = StopWatch(stop or self.stop)
         try:
             for delta in stream:
