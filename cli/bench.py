@@ -7,6 +7,7 @@ live in the repository's ``bench/`` folder, outside the package.
 
 from __future__ import annotations
 
+import importlib
 import time
 from pathlib import Path
 
@@ -19,10 +20,12 @@ from fusionrag_llm.cli.options import (baselines_option, device_option, dtype_op
 DEFAULT_METHODS = "full_attention,full_reuse,cacheblend,fusionrag_paper,fusionrag"
 
 
-def _parsed(parser):
-    """A click callback that turns a parser's ValueError into click.BadParameter."""
+def _parsed(module: str, name: str):
+    """A click callback parsing with ``fusionrag_llm.eval.<module>.<name>`` (imported when used), its
+    ValueError as click.BadParameter."""
 
     def callback(ctx, param, value):
+        parser = getattr(importlib.import_module(f"fusionrag_llm.eval.{module}"), name)
         try:
             return parser(value)
         except ValueError as exc:
@@ -31,34 +34,18 @@ def _parsed(parser):
     return callback
 
 
-def _dataset(ctx, param, value):
-    from fusionrag_llm.eval.bench_data import dataset_label
+_methods = _parsed("bench_data", "parse_methods")
+_ratios = _parsed("bench_data", "parse_ratios")
+_lengths = _parsed("bench_data", "parse_lengths")
+_formats = _parsed("bench_decode", "parse_formats")
+_dataset_label = _parsed("bench_data", "dataset_label")
 
-    try:
-        label = dataset_label(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+
+def _dataset(ctx, param, value):
+    label = _dataset_label(ctx, param, value)
     if label != "synthetic" and not Path(label).is_file():
         raise click.BadParameter(f"{value!r} is neither 'synthetic' nor an existing MuSiQue-format JSON file")
     return label
-
-
-def _methods(ctx, param, value):
-    from fusionrag_llm.eval.bench_data import parse_methods
-
-    return _parsed(parse_methods)(ctx, param, value)
-
-
-def _ratios(ctx, param, value):
-    from fusionrag_llm.eval.bench_data import parse_ratios
-
-    return _parsed(parse_ratios)(ctx, param, value)
-
-
-def _lengths(ctx, param, value):
-    from fusionrag_llm.eval.bench_data import parse_lengths
-
-    return _parsed(parse_lengths)(ctx, param, value)
 
 
 def _one_length(ctx, param, value):
@@ -122,15 +109,6 @@ def out_option(command):
                         help="Folder for the JSON, table and plots.")(command)  # fmt: skip
 
 
-def _load(model: str, device: str | None, dtype: str | None, store: str | None, kv_codec: str | None = None):
-    from fusionrag_llm.eval.bench_data import open_bench_rag
-
-    try:
-        return open_bench_rag(model, device, dtype, store, kv_codec)
-    except ValueError as exc:  # FusionRAGError is a ValueError
-        raise click.ClickException(str(exc)) from None
-
-
 def _echo_outputs(paths) -> None:
     markdown = next((p for p in paths if p.suffix == ".md"), None)
     if markdown is not None:
@@ -138,7 +116,22 @@ def _echo_outputs(paths) -> None:
     click.echo("wrote " + ", ".join(str(p) for p in paths))
 
 
-@click.group()
+class _BenchCommand(click.Command):
+    """A bench command: a ValueError (FusionRAGError and DatasetError are ValueErrors) ends it as a
+    clean CLI error, not a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+class _BenchGroup(click.Group):
+    command_class = _BenchCommand
+
+
+@click.group(cls=_BenchGroup)
 def bench() -> None:
     """Benchmarks: answer quality and fidelity, time to first token, decode speed, serving, GPU."""
 
@@ -162,7 +155,7 @@ def bench() -> None:
 def quality(dataset, methods, ratios, passages, question_range, model, device, dtype, neighbors, max_new_tokens, out,
             store, engine_options) -> None:  # fmt: skip
     """F1/EM vs gold answers and fidelity to Full Attention (KL, first token, greedy EM) per method and ratio."""
-    from fusionrag_llm.eval.bench_data import load_examples
+    from fusionrag_llm.eval.bench_data import load_examples, open_bench_rag
     from fusionrag_llm.eval.bench_quality import QualityConfig, records_of_run, run_quality
     from fusionrag_llm.eval.partial_log import PartialLog
     from fusionrag_llm.eval.quality_report import aggregate, write_quality
@@ -172,13 +165,10 @@ def quality(dataset, methods, ratios, passages, question_range, model, device, d
     kv_codec = engine_options["kv_codec"] or "model"
     config = QualityConfig(dataset, model, methods, ratios, passages, limit, neighbors, max_new_tokens,
                            device=device, dtype=dtype, skip=skip, kv_codec=kv_codec)  # fmt: skip
-    try:
-        examples = load_examples(dataset, limit, passages, config.seed, config.words_per_passage, skip)
-        log = PartialLog(Path(out) / "quality.partial.jsonl", config.identity())
-        rag = _load(model, device, dtype, store, kv_codec)
-        run = run_quality(rag, examples, config, log, progress=progress_on())
-    except ValueError as exc:  # FusionRAGError and DatasetError are ValueErrors
-        raise click.ClickException(str(exc)) from None
+    examples = load_examples(dataset, limit, passages, config.seed, config.words_per_passage, skip)
+    log = PartialLog(Path(out) / "quality.partial.jsonl", config.identity())
+    rag = open_bench_rag(model, device, dtype, store, kv_codec)
+    run = run_quality(rag, examples, config, log, progress=progress_on())
     click.echo(f"records: {run.computed} computed, {run.skipped} resumed from {log.path}")
     records = records_of_run(log, examples, config)
     rows = aggregate(records, methods, ratios, [ex.id for ex in examples])
@@ -205,31 +195,23 @@ def quality(dataset, methods, ratios, passages, question_range, model, device, d
 def ttft(lengths, methods, ratios, dataset, model, device, dtype, neighbors, repeats, baselines, max_new_tokens, out,
          store) -> None:  # fmt: skip
     """Time to first token (median, with load/select/prefill) per method, ratio and prompt length."""
+    from fusionrag_llm.eval.bench_data import open_bench_rag
     from fusionrag_llm.eval.bench_ttft import TTFTConfig, build_prompts, ingest_prompts, run_ttft, source_passages, write_ttft
     from fusionrag_llm.eval.baselines import find_llama_cpp, load_hf_twin
     from fusionrag_llm.eval.results import machine_info
 
     config = TTFTConfig(dataset, model, lengths, methods, ratios, repeats, neighbors, device=device, dtype=dtype,
                         baselines=baselines, new_tokens=max_new_tokens)  # fmt: skip
-    rag = _load(model, device, dtype, store)
+    rag = open_bench_rag(model, device, dtype, store)
     gguf, note = find_llama_cpp(rag.model_name) if "llama_cpp" in baselines else (None, "")
     if "llama_cpp" in baselines:
         click.echo(note)
-    try:
-        question, passages = source_passages(dataset, max(lengths), config.seed)
-        prompts = build_prompts(rag, question, passages, lengths)
-        offline = ingest_prompts(rag, prompts, neighbors, progress=progress_on(), methods=config.methods)
-        hf_model = load_hf_twin(rag.engine.loaded) if "transformers" in baselines else None
-        rows = run_ttft(rag, prompts, config, hf_model, gguf, progress=progress_on())
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+    question, passages = source_passages(dataset, max(lengths), config.seed)
+    prompts = build_prompts(rag, question, passages, lengths)
+    offline = ingest_prompts(rag, prompts, neighbors, progress=progress_on(), methods=config.methods)
+    hf_model = load_hf_twin(rag.engine.loaded) if "transformers" in baselines else None
+    rows = run_ttft(rag, prompts, config, hf_model, gguf, progress=progress_on())
     _echo_outputs(write_ttft(Path(out), config.to_dict(), machine_info(rag), offline, rows, note))
-
-
-def _formats(ctx, param, value):
-    from fusionrag_llm.eval.bench_decode import parse_formats
-
-    return _parsed(parse_formats)(ctx, param, value)
 
 
 @bench.command()
@@ -250,15 +232,13 @@ def _formats(ctx, param, value):
 def decode(dataset, formats, lengths, speed_tokens, questions, passages, max_new_tokens, baselines, model, out) -> None:
     """Decode tokens/s and fidelity of float, 8-bit and 4-bit decode weights (same process, same prompts),
     against llama.cpp on the same prompt ids."""
+    from fusionrag_llm.eval.bench_data import open_bench_rag
     from fusionrag_llm.eval.bench_decode import DecodeConfig, run_decode, write_decode
     from fusionrag_llm.eval.results import machine_info
 
-    rag = _load(model, "cpu", None, None)
-    try:
-        config = DecodeConfig(dataset, model, formats, lengths, speed_tokens, questions, passages, max_new_tokens)
-        result = run_decode(rag, config, llama_cpp="llama_cpp" in baselines)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+    rag = open_bench_rag(model, "cpu", None, None)
+    config = DecodeConfig(dataset, model, formats, lengths, speed_tokens, questions, passages, max_new_tokens)
+    result = run_decode(rag, config, llama_cpp="llama_cpp" in baselines)
     _echo_outputs(write_decode(Path(out), config.to_dict(), machine_info(rag), result))
 
 
@@ -279,23 +259,20 @@ def decode(dataset, formats, lengths, speed_tokens, questions, passages, max_new
 def serve(dataset, questions, tokens, max_new_tokens, concurrency, method, ratio, model, device, dtype, neighbors, out,
           store) -> None:  # fmt: skip
     """The OpenAI-compatible server under concurrent streaming clients: throughput, TTFT p50/p95."""
-    from fusionrag_llm.eval.bench_data import add_chunks, workload_requests
+    from fusionrag_llm.eval.bench_data import add_chunks, open_bench_rag, workload_requests
     from fusionrag_llm import get_method
     from fusionrag_llm.eval.bench_serve import ServeConfig, run_serve, write_serve
     from fusionrag_llm.eval.results import machine_info
 
-    rag = _load(model, device, dtype, store)
-    try:
-        ratio = get_method(method).check_ratio(ratio)  # None: the method's own
-        config = ServeConfig(dataset, model, questions, tokens, max_new_tokens, concurrency, method, ratio, neighbors)
-        prompts = workload_requests(rag, dataset, questions, tokens)
-        start = time.perf_counter()
-        pool = list(dict.fromkeys(chunk for prompt in prompts for chunk in prompt.chunks))
-        add_chunks(rag, pool, neighbors, progress=progress_on())
-        offline = {"chunks": len(pool), "seconds": time.perf_counter() - start}
-        result = run_serve(rag, prompts, config)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+    rag = open_bench_rag(model, device, dtype, store)
+    ratio = get_method(method).check_ratio(ratio)  # None: the method's own
+    config = ServeConfig(dataset, model, questions, tokens, max_new_tokens, concurrency, method, ratio, neighbors)
+    prompts = workload_requests(rag, dataset, questions, tokens)
+    start = time.perf_counter()
+    pool = list(dict.fromkeys(chunk for prompt in prompts for chunk in prompt.chunks))
+    add_chunks(rag, pool, neighbors, progress=progress_on())
+    offline = {"chunks": len(pool), "seconds": time.perf_counter() - start}
+    result = run_serve(rag, prompts, config)
     _echo_outputs(write_serve(Path(out), config.to_dict(), machine_info(rag), offline, result))
 
 
@@ -323,12 +300,9 @@ def gpu(shape, device, dtype, lengths, sections, repeats, max_new_tokens, concur
     the recompute attention against FlexAttention and causal SDPA, add_chunks; then the GPU-marked tests."""
     from fusionrag_llm.eval.bench_gpu import GPUBenchConfig, run_gpu_bench
 
-    try:
-        kernels = engine_options.get("kernels")  # None: $FUSIONRAG_KERNELS, else auto
-        kernels = None if kernels is None else str(kernels)
-        config = GPUBenchConfig(shape, device or "cuda", dtype or "bfloat16", tuple(lengths), repeats, sections,
-                                max_new_tokens, concurrency, kernels=kernels)  # fmt: skip
-        run_gpu_bench(config, Path(out))
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+    kernels = engine_options.get("kernels")  # None: $FUSIONRAG_KERNELS, else auto
+    kernels = None if kernels is None else str(kernels)
+    config = GPUBenchConfig(shape, device or "cuda", dtype or "bfloat16", tuple(lengths), repeats, sections,
+                            max_new_tokens, concurrency, kernels=kernels)  # fmt: skip
+    run_gpu_bench(config, Path(out))
     _echo_outputs([Path(out) / "gpu.json", Path(out) / "gpu.md"])

@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import click
 
-from fusionrag_llm.cli.options import (device_option, dtype_option, engine_option, load_rag, model_option, neighbors_option,
-                                       remote_option, store_option, tenant_option, user_errors, with_flags,
+from fusionrag_llm.cli.options import (engine_choice_options, engine_option, neighbors_option, tenant_option, user_errors,
                                        workers_option)  # fmt: skip
 
 
 @click.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
-@model_option
-@store_option
-@remote_option
-@device_option
-@dtype_option
+@engine_choice_options
 @neighbors_option(10, 64, "Neighbours each chunk is fused with.")
 @click.option("--max-words", default=200, show_default=True, type=click.IntRange(8, 4000), help="Words per chunk at most.")
 @click.option("--no-fuse", is_flag=True, help="Store plain entries only.")
@@ -24,8 +19,7 @@ from fusionrag_llm.cli.options import (device_option, dtype_option, engine_optio
 @workers_option
 @tenant_option
 @engine_option()
-def ingest(paths, model, store, remote, device, dtype, neighbors, max_words, no_fuse, variant_notes, workers,
-           tenant, engine_options) -> None:  # fmt: skip
+def ingest(paths, engine, neighbors, max_words, no_fuse, variant_notes, workers, tenant, engine_options) -> None:
     """Ingest text and markdown files (folders are searched for *.txt, *.md, *.rst). Resumable."""
     from fusionrag_llm.ingest.documents import load_chunks
     from fusionrag_llm.ingest.pipeline import ingest_paths
@@ -34,7 +28,7 @@ def ingest(paths, model, store, remote, device, dtype, neighbors, max_words, no_
         load_chunks(paths, max_words)
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
-    rag = load_rag(model, device, dtype, store, **with_flags(engine_options, remote=remote))
+    rag = engine.load(engine_options)
     try:
         summary = ingest_paths(rag, paths, max_words=max_words, neighbors=neighbors, fuse=not no_fuse,
                                variant_notes=variant_notes, workers=workers, tenant=tenant)  # fmt: skip

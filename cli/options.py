@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
+from dataclasses import dataclass
 
 import click
 
@@ -126,6 +128,34 @@ def load_rag(model: str, device: str | None, dtype: str | None, store=None, **op
         return FusionRAG.from_pretrained(model, device=device, dtype=dtype, store=store, options=options)
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The engine a command loads, as its --model, --store, --remote, --device and --dtype name it."""
+
+    model: str
+    store: str | None
+    remote: str | None
+    device: str | None
+    dtype: str | None
+
+    def load(self, engine_options: dict):
+        """The engine, with the command's ``--engine-option`` fields (``--remote`` over their remote)."""
+        return load_rag(self.model, self.device, self.dtype, self.store, **with_flags(engine_options, remote=self.remote))
+
+
+def engine_choice_options(command):
+    """--model, --store, --remote, --device and --dtype, handed to ``command`` as one ``engine`` (an ``EngineChoice``)."""
+
+    @functools.wraps(command)
+    def gathered(**params):
+        names = ("model", "store", "remote", "device", "dtype")
+        return command(engine=EngineChoice(*(params.pop(name) for name in names)), **params)
+
+    for option in (dtype_option, device_option, remote_option, store_option, model_option):  # the last shows first
+        gathered = option(gathered)
+    return gathered
 
 
 def progress_on() -> bool:

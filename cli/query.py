@@ -5,31 +5,25 @@ from __future__ import annotations
 import click
 
 from fusionrag_llm.cli.options import (
-    device_option, dtype_option, engine_option, load_rag, max_new_tokens_option, method_options, model_option,
-    remote_option, store_option, tenant_option, user_errors, with_flags,
+    engine_choice_options, engine_option, max_new_tokens_option, method_options, tenant_option, user_errors,
 )
 
 
 @click.command()
 @click.argument("question")
-@model_option
-@store_option
-@remote_option
-@device_option
-@dtype_option
+@engine_choice_options
 @method_options
 @click.option("--top-k", default=5, show_default=True, type=click.IntRange(1, 64), help="Chunks to retrieve.")
 @max_new_tokens_option(64, 2048)
 @click.option("--show-chunks", is_flag=True, help="Print the retrieved chunks.")
 @tenant_option
 @engine_option()
-def query(question, model, store, remote, device, dtype, method, ratio, top_k, max_new_tokens, show_chunks,
-          tenant, engine_options) -> None:  # fmt: skip
+def query(question, engine, method, ratio, top_k, max_new_tokens, show_chunks, tenant, engine_options) -> None:
     """Answer QUESTION over the chunks ingested into the store."""
     from fusionrag_llm.ingest.pipeline import answer
 
-    _require_store(store, tenant)
-    rag = load_rag(model, device, dtype, store, **with_flags(engine_options, remote=remote))
+    _require_store(engine.store, tenant)
+    rag = engine.load(engine_options)
     try:
         # Full Attention, the yardstick, is timed computing every token, never served exact KV left by
         # earlier queries (any method: --engine-option reproducible=true)

@@ -6,10 +6,7 @@ import os
 
 import click
 
-from fusionrag_llm.cli.options import (
-    ENGINE_OPTION_HELP, device_option, dtype_option, engine_option, load_rag, model_option, remote_option, store_option,
-    with_flags,
-)  # fmt: skip
+from fusionrag_llm.cli.options import ENGINE_OPTION_HELP, engine_choice_options, engine_option
 
 LIMITS = {  # --limit NAME: (what it bounds, parse, smallest, largest, default)
     "waiting": ("requests waiting for admission; more are refused with HTTP 429", int, 1, 100_000, 256),
@@ -65,11 +62,7 @@ def _keys(ctx, param, values) -> tuple[dict[str, str | None], bool | str]:
 
 
 @click.command()
-@model_option
-@store_option
-@remote_option
-@device_option
-@dtype_option
+@engine_choice_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; 0.0.0.0 exposes the server to the network.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
 @click.option("--served-model-name", default=None, help="The model id clients send (default: the --model value).")
@@ -85,8 +78,7 @@ def _keys(ctx, param, values) -> tuple[dict[str, str | None], bool | str]:
 @engine_option(defaults={"turn_cache_gib": 2.0},
                help=ENGINE_OPTION_HELP + " Here turn_cache_gib (memory on the model's device for multi-turn reuse: a chat's next turn "
                     "reads the last turn's KV) is 2 unless given (0: off).")  # fmt: skip
-def serve(model, store, remote, device, dtype, host, port, served_model_name, max_num_seqs, access, limits,
-          engine_options) -> None:  # fmt: skip
+def serve(engine, host, port, served_model_name, max_num_seqs, access, limits, engine_options) -> None:
     """Serve /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models and /v1/chunks (OpenAI-compatible).
 
     Extra body fields choose the reuse method per request: method, recompute_ratio, method_options.
@@ -96,7 +88,7 @@ def serve(model, store, remote, device, dtype, host, port, served_model_name, ma
     from fusionrag_llm.server import serve as run_server
 
     api_keys, chunk_writes = access
-    rag = load_rag(model, device, dtype, store, **with_flags(engine_options, remote=remote))
+    rag = engine.load(engine_options)
     click.echo(f"serving {served_model_name or rag.model_name!r} on http://{host}:{port}/v1", err=True)
     _log_requests()
     run_server(rag, host=host, port=port, served_model_name=served_model_name, max_waiting=limits["waiting"],

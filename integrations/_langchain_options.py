@@ -29,7 +29,8 @@ _PLACED = "the engine was placed when it was loaded; pass a loaded FusionRAG eng
 _CONTEXT = "the context window is fixed by the model; max_tokens sets the answer's length"
 _BAG = ("options are named arguments here (method, recompute_ratio, max_tokens, stop, seed, temperature, top_p, "
         "top_k, min_p, the penalties, method_options)")  # fmt: skip
-_SCHEMA = "no constrained decoding: ask for JSON in the prompt and parse it with JsonOutputParser"
+_SCHEMA = ("JSON output is asked for here with with_structured_output(schema), or with json_schema= per call or in "
+           "bind: a JSON schema, or True for any JSON object")  # fmt: skip
 # Settings with a meaning elsewhere but not here: (neutral values, accepted as no-ops; why the rest is refused).
 _UNSUPPORTED: dict[str, tuple[tuple, str]] = {
     **dict.fromkeys(("typical_p", "tfs_z"), ((None, 1.0), _FILTERS)),

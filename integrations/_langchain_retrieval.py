@@ -41,12 +41,7 @@ class FusionRAGEmbeddings(BaseModel, Embeddings):
     model_name: str = Field(default=DEFAULT_EMBEDDING_NAME, alias="model",
                             description="The packaged model's name or a model folder.")  # fmt: skip
 
-    @field_validator("model_name")
-    @classmethod
-    def _check_model(cls, value: str) -> str:
-        # a clear error now; the weights load on first use
-        EmbeddingModel.resolve(value)
-        return value
+    _check_model = field_validator("model_name")(_shared.embedding_model_name)
 
     @property
     def embedder(self) -> EmbeddingModel:

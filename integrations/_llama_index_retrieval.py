@@ -45,12 +45,7 @@ class FusionRAGEmbedding(BaseEmbedding):
         default=32, gt=0, le=2048, description="Texts per call of the model."
     )
 
-    @field_validator("model_name")
-    @classmethod
-    def _check_model(cls, value: str) -> str:
-        # a clear error now; the weights load on first use
-        EmbeddingModel.resolve(value)
-        return value
+    _check_model = field_validator("model_name")(_shared.embedding_model_name)
 
     @classmethod
     def class_name(cls) -> str:

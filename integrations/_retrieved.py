@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from fusionrag_llm import FusionRAG
-from fusionrag_llm.integrations._shared import engine_lock, for_tenant
+from fusionrag_llm.integrations._shared import for_tenant
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def count_chunks(rag: FusionRAG, request: Any, tenant: str | None = None) -> int
 
 def chunk_texts(rag: FusionRAG, request: Any, tenant: str | None = None) -> list[str]:
     """The registered texts of the chunks the engine finds in ``request``, in order."""
-    with engine_lock(rag):  # the chunk catalog it reads may be growing on another thread
+    with rag.engine.lock:  # the chunk catalog it reads may be growing on another thread
         return [segment.text for segment in rag.segments(for_tenant(request, tenant)) if segment.kind == "chunk"]
 
 

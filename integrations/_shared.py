@@ -15,7 +15,8 @@ import uuid
 import weakref
 from typing import Any, AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence, TypeVar
 
-from fusionrag_llm import ChatRequest, FusionRAG, IngestReport, SamplingParams, check_tenant, get_method
+from fusionrag_llm import (ChatRequest, EmbeddingModel, FusionRAG, IngestReport, SamplingParams, check_tenant, get_method,
+                           tool_calls)  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -128,11 +129,6 @@ def respell(options: Mapping[str, Any]) -> dict[str, Any]:
     return respelled
 
 
-def engine_lock(rag: FusionRAG) -> threading.RLock:
-    """The engine's own lock: every step holds it, and so does ingestion."""
-    return rag.engine.lock
-
-
 def engine_session(rag: FusionRAG) -> str:
     """A random id per engine instance (its chunk catalog lives in memory, so caches must tell engines apart)."""
     with _registry_lock:
@@ -153,18 +149,23 @@ def for_tenant(request: Any, tenant: str | None, tools: Any = None) -> Any:
     return ChatRequest(request, tenant=tenant, tools=tools) if tenant or tools is not None else request
 
 
-def generate(rag: FusionRAG, request, options: Mapping[str, Any]):
-    """Calls from a framework's thread pool (batch, async) join the engine's batches; it locks each step."""
-    return rag.generate(request, **options)
+def tool_plan(kwargs: dict, engine: Callable[[], FusionRAG]) -> tool_calls.ToolPlan | None:
+    """Takes ``tools`` and ``tool_choice`` out of a call's options: the request's tools in the chat template's
+    own format where it has one (else the generic prompt), the answer constrained to them (``kwargs`` gains
+    their JSON schema); None without tools. ``engine``: the adapter's engine, asked for only with tools."""
+    tools, choice = kwargs.pop("tools", None), kwargs.pop("tool_choice", None)
+    if tools is None:
+        return None
+    plan = tool_calls.ToolPlan.of(tools, choice, engine().tokenizer.tool_format)
+    if plan.schema is not None:
+        kwargs["json_schema"] = plan.schema
+    return plan
 
 
-def generate_many(rag: FusionRAG, requests: Sequence, options: Mapping[str, Any]):
-    """One batch: prefills admitted together, every decode step runs all unfinished answers."""
-    return rag.generate_many(requests, **options)
-
-
-def stream(rag: FusionRAG, request, options: Mapping[str, Any]):
-    return rag.stream(request, **options)
+def embedding_model_name(value: str) -> str:
+    """An embedding adapter's ``model_name``, checked now (a clear error); the weights load on first use."""
+    EmbeddingModel.resolve(value)
+    return value
 
 
 async def iterate_in_thread(open_iterator: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
@@ -222,7 +223,7 @@ def count_chat_tokens(rag: FusionRAG, messages: list[dict[str, str]]) -> int:
     if not messages:
         return 0
     if messages[-1]["role"] == "user" and messages[-1]["content"].strip():
-        with engine_lock(rag):  # the chunk catalog it reads may be growing on another thread
+        with rag.engine.lock:  # the chunk catalog it reads may be growing on another thread
             return sum(len(segment.token_ids) for segment in rag.segments(messages))
     body, generation_prompt = rag.tokenizer.split_generation_prompt(messages)
     return sum(len(_part_ids(rag, part)) for part in [*body, *generation_prompt])
@@ -232,7 +233,7 @@ def count_prompt_tokens(rag: FusionRAG, prompt: str) -> int:
     """Tokens the model reads for a flat prompt (sent as the chat template's user message)."""
     if not prompt.strip():
         return 0
-    with engine_lock(rag):
+    with rag.engine.lock:
         return sum(len(segment.token_ids) for segment in rag.segments(prompt))
 
 

@@ -175,15 +175,17 @@ class _FusionRAGSettings(BaseModel):
         run = {**options, "stop": [s for s in stop or self.stop or () if s]}  # decoding ends at a stop string
         requests = [_shared.for_tenant(request, self.tenant) for request in requests]
         if len(requests) == 1:
-            outs = [_shared.generate(self.engine, requests[0], run)]
+            outs = [self.engine.generate(requests[0], **run)]
         else:
-            outs = _shared.generate_many(self.engine, requests, run)
+            outs = self.engine.generate_many(requests, **run)
         return [(out.text, self._info(out.stats, out.token_ids, options, out.finish_reason == "stop")) for out in outs]
 
     def _deltas(self, request, stop: Optional[list[str]], kwargs: dict) -> Iterator[tuple[str, Optional[dict]]]:
         """(delta, None) per text delta, then ("", info) once decoding ends."""
         options = self._options(kwargs)
-        stream = _shared.stream(self.engine, _shared.for_tenant(request, self.tenant), options)
+        stream = self.engine.stream(_shared.for_tenant(request, self.tenant), **options)
+        # stop strings are cut here rather than by the engine's stream (stop=): the engine lets through one
+        # completed by the answer's last allowed token (max_new_tokens), where it finishes with "length"
         watch = StopWatch(stop or self.stop)
         try:
             for delta in stream:
@@ -288,7 +290,7 @@ class ChatFusionRAG(_FusionRAGSettings, BaseChatModel):
 
     def _generate(self, messages: list[BaseMessage], stop: Optional[list[str]] = None,
                   run_manager: Optional[CallbackManagerForLLMRun] = None, **kwargs: Any) -> ChatResult:  # fmt: skip
-        tools = _tool_plan(kwargs, self.engine.tokenizer)
+        tools = _shared.tool_plan(kwargs, lambda: self.engine)
         chat = chat_dicts(messages)
         request = tool_calls.in_words(chat) if tools is None else ChatRequest(chat, tenant=self.tenant, tools=tools)
         text, info = self._answer(request, stop, kwargs)
@@ -358,18 +360,6 @@ class FusionRAGDocumentTransformer(BaseDocumentTransformer):
         engine = _shared.resolve_rag(self.rag, self.model_name)
         return _shared.register_texts(engine, texts, vectors, fuse=self.fuse, neighbors=self.neighbors,
                                       progress=self.progress, tenant=self.tenant)  # fmt: skip
-
-
-def _tool_plan(kwargs: dict, tokenizer) -> tool_calls.ToolPlan | None:
-    """Takes ``tools`` and ``tool_choice`` out of a call's options: the request's tools in the chat template's
-    own format where it has one (else the generic prompt), the answer constrained to them."""
-    tools, choice = kwargs.pop("tools", None), kwargs.pop("tool_choice", None)
-    if tools is None:
-        return None
-    plan = tool_calls.ToolPlan.of(tools, choice, tokenizer.tool_format)
-    if plan.schema is not None:
-        kwargs["json_schema"] = plan.schema
-    return plan
 
 
 def _whole_as_chunk(result: ChatResult) -> ChatGenerationChunk:

@@ -236,16 +236,16 @@ class FusionRAGLLM(FunctionCallingLLM):
             return prompt
         return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": prompt}]
 
-    def _job(self, run, request, kwargs: dict, tools: Any = None) -> Callable[[], tuple[Any, int]]:
+    def _job(self, request, kwargs: dict, tools: Any = None, stream: bool = False) -> Callable[[], tuple[Any, int]]:
         """The blocking part of a call (loading, prefill, decoding) as a function returning the engine's
-        result and the retrieved chunks the prompt did not hold; options are checked now. ``tools``: the
-        request's ``tool_calls.ToolPlan``."""
+        result (its stream with ``stream``) and the retrieved chunks the prompt did not hold; options are
+        checked now. ``tools``: the request's ``tool_calls.ToolPlan``."""
         options = self._options(kwargs)
         checked = _CHECKED.get()
         unmatched = checked[1] if checked is not None and checked[0] == request else 0
         _CHECKED.set(None)
         request = _shared.for_tenant(request, self.tenant, tools)
-        return lambda: (run(self.engine, request, options), unmatched)
+        return lambda: ((self.engine.stream if stream else self.engine.generate)(request, **options), unmatched)
 
     # LlamaIndex formats every template here (predict, stream and their async forms): where the prompt
     # arguments carry retrieved context, the formatted prompt is checked to hold its registered chunks.
@@ -299,20 +299,20 @@ class FusionRAGLLM(FunctionCallingLLM):
     # requests the engine batches.
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return completion(*self._job(_shared.generate, self._prompt(prompt, formatted), kwargs)())
+        return completion(*self._job(self._prompt(prompt, formatted), kwargs)())
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        job = self._job(_shared.generate, self._prompt(prompt, formatted), kwargs)
+        job = self._job(self._prompt(prompt, formatted), kwargs)
         return completion(*await asyncio.to_thread(job))
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        return deltas(*self._job(_shared.stream, self._prompt(prompt, formatted), kwargs)(), completion_delta)
+        return deltas(*self._job(self._prompt(prompt, formatted), kwargs, stream=True)(), completion_delta)
 
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
-        job = self._job(_shared.stream, self._prompt(prompt, formatted), kwargs)
+        job = self._job(self._prompt(prompt, formatted), kwargs, stream=True)
         return _shared.iterate_in_thread(lambda: deltas(*job(), completion_delta))
 
     @llm_chat_callback()
@@ -321,42 +321,37 @@ class FusionRAGLLM(FunctionCallingLLM):
         reused. ``tools`` / ``tool_choice`` (from ``chat_with_tools``): the answer is a tool call
         (``get_tool_calls_from_response``) or, under "auto", a plain answer."""
         chat, tools = self._chat(messages, kwargs)
-        return chat_response(*self._job(_shared.generate, chat, kwargs, tools)(), tools=tools)
+        return chat_response(*self._job(chat, kwargs, tools)(), tools=tools)
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         chat, tools = self._chat(messages, kwargs)
-        job = self._job(_shared.generate, chat, kwargs, tools)
+        job = self._job(chat, kwargs, tools)
         return chat_response(*await asyncio.to_thread(job), tools=tools)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         chat, tools = self._chat(messages, kwargs)
         if tools is not None:  # a call is known once the answer is whole: one response
-            return iter([chat_response(*self._job(_shared.generate, chat, kwargs, tools)(), tools=tools)])
-        return deltas(*self._job(_shared.stream, chat, kwargs)(), chat_delta)
+            return iter([chat_response(*self._job(chat, kwargs, tools)(), tools=tools)])
+        return deltas(*self._job(chat, kwargs, stream=True)(), chat_delta)
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         chat, tools = self._chat(messages, kwargs)
         if tools is not None:
-            job = self._job(_shared.generate, chat, kwargs, tools)
+            job = self._job(chat, kwargs, tools)
             response = chat_response(*await asyncio.to_thread(job), tools=tools)
             return _shared.iterate_in_thread(lambda: iter([response]))
-        job = self._job(_shared.stream, chat, kwargs)
+        job = self._job(chat, kwargs, stream=True)
         return _shared.iterate_in_thread(lambda: deltas(*job(), chat_delta))
 
     def _chat(self, messages: Sequence[ChatMessage], kwargs: dict) -> tuple[list[dict], Any]:
         """The engine's chat, and the request's tools (a ``tool_calls.ToolPlan``, or None): ``tools`` and
         ``tool_choice`` leave ``kwargs``, which gains the JSON schema the answer is constrained to."""
-        tools, choice = kwargs.pop("tools", None), kwargs.pop("tool_choice", None)
         chat = chat_dicts(messages)
-        if tools is None:
-            return tool_calls.in_words(chat), None
-        plan = tool_calls.ToolPlan.of(tools, choice, self.engine.tokenizer.tool_format)
-        if plan.schema is not None:
-            kwargs["json_schema"] = plan.schema
-        return chat, plan
+        tools = _shared.tool_plan(kwargs, lambda: self.engine)
+        return (tool_calls.in_words(chat), None) if tools is None else (chat, tools)
 
     def _prepare_chat_with_tools(self, tools: Sequence[Any], user_msg: Any = None,
                                  chat_history: Optional[list[ChatMessage]] = None, verbose: bool = False,

@@ -19,8 +19,8 @@ import json
 import logging
 import threading
 import time
-from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
 
 from fusionrag_llm.errors import FusionRAGError, PromptTooLongError, require
 from fusionrag_llm.fusion.embeddings import DEFAULT_EMBEDDING_NAME
@@ -113,11 +113,9 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
     async def embeddings(request: Request) -> dict[str, Any]:
         body = parse_body(await read_body(request, max_body_bytes), EmbeddingsRequest)
         if embedding is None or not embedding.available:
-            raise ApiError(404, "this server serves no embedding model (it needs the embed extra)",
-                           "invalid_request_error", "model_not_found")  # fmt: skip
+            raise _model_not_found("this server serves no embedding model (it needs the embed extra)")
         if body.model not in embedding.ids:
-            raise ApiError(404, f"the embedding model {body.model!r} does not exist; this server serves {embedding.id!r}",
-                           "invalid_request_error", "model_not_found")  # fmt: skip
+            raise _model_not_found(f"the embedding model {body.model!r} does not exist; this server serves {embedding.id!r}")
         try:
             return await run_in_threadpool(embedding.answer, body, body.texts())  # off the event loop and the engine
         except FusionRAGError as exc:
@@ -127,12 +125,9 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
     async def add_chunks(request: Request) -> dict[str, Any]:
         body = parse_body(await read_body(request, max_body_bytes), ChunksRequest)
         try:
-            tenant = request_tenant(request, body.tenant, body.cache_salt)
-            report = await run_in_threadpool(registrations.run, body, tenant)
-        except TenantRefused as exc:
-            raise ApiError(403, str(exc), "permission_error", "tenant_mismatch") from exc
-        except FusionRAGError as exc:
-            raise ApiError(400, str(exc)) from exc
+            with _request_errors():
+                tenant = request_tenant(request, body.tenant, body.cache_salt)
+                report = await run_in_threadpool(registrations.run, body, tenant)
         except ShuttingDown as exc:  # stopped between two entries: a later call resumes
             raise ApiError(503, f"chunk registration stopped: {exc}; send it again to resume", "server_error") from exc
         return {"object": "list", "data": [{"object": "chunk", "id": chunk_id} for chunk_id in report.chunk_ids],
@@ -140,12 +135,8 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
 
     @app.get("/v1/chunks")
     async def chunk_count(request: Request) -> dict[str, Any]:
-        try:
+        with _request_errors():
             tenant = request_tenant(request, request.query_params.get("tenant"))
-        except TenantRefused as exc:
-            raise ApiError(403, str(exc), "permission_error", "tenant_mismatch") from exc
-        except FusionRAGError as exc:
-            raise ApiError(400, str(exc)) from exc
         # the tenant's chunks (none but its own); waits for the engine's step, off the event loop
         count = await run_in_threadpool(lambda: len(rag.chunks_of(tenant)))
         return {"object": "chunk_count", "count": count}
@@ -153,14 +144,9 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
     async def _complete(request: Request, body, kind: str):
         started = time.monotonic()
         if body.model != name:
-            raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {name!r}",
-                           "invalid_request_error", "model_not_found")  # fmt: skip
-        try:
+            raise _model_not_found(f"the model {body.model!r} does not exist; this server serves {name!r}")
+        with _request_errors():
             prepared = body.prepared(request_tenant(request, body.tenant, body.cache_salt), rag.tokenizer.tool_format)
-        except TenantRefused as exc:
-            raise ApiError(403, str(exc), "permission_error", "tenant_mismatch") from exc
-        except FusionRAGError as exc:
-            raise ApiError(400, str(exc)) from exc
         try:
             updates, abort = state["loop"].submit(prepared)
         except Overloaded as exc:
@@ -181,6 +167,21 @@ def create_app(rag, served_model_name: str | None = None, max_waiting: int = 256
         return StreamingResponse(reply.events(first, request, updates, deadline, abort), media_type="text/event-stream")
 
     return app
+
+
+@contextmanager
+def _request_errors() -> Iterator[None]:
+    """The request's own errors as API errors: a tenant it may not use 403, a bad value 400."""
+    try:
+        yield
+    except TenantRefused as exc:
+        raise ApiError(403, str(exc), "permission_error", "tenant_mismatch") from exc
+    except FusionRAGError as exc:
+        raise ApiError(400, str(exc)) from exc
+
+
+def _model_not_found(message: str) -> ApiError:
+    return ApiError(404, message, "invalid_request_error", "model_not_found")
 
 
 class _Registrations:

@@ -64,7 +64,6 @@ class Update:
     delta: str
     finish_reason: str | None = None  # set on the answer's last update
     stats: Any = None  # its GenerationStats, on the last update
-    token_count: int = 0
 
 
 @dataclass
@@ -240,8 +239,7 @@ class EngineLoop:
                 delta = answer.pull()
                 if finished:
                     served.done.add(index)
-                    served.deliver(Update(index, delta, answer.seq.finish_reason, answer.seq.stats,
-                                          len(answer.token_ids)))  # fmt: skip
+                    served.deliver(Update(index, delta, answer.seq.finish_reason, answer.seq.stats))
                 elif delta:
                     served.deliver(Update(index, delta))
             if len(served.done) == len(served.answers):

@@ -111,8 +111,8 @@ def test_a_field_given_under_two_spellings_raises(rag, model_class):
     ("keep_alive", "5m", "runs in this process"),
     ("device", "cuda", "placed when it was loaded"),
     ("num_gpu", 1, "placed when it was loaded"),
-    ("format", "json", "JsonOutputParser"),
-    ("response_format", {"type": "json_object"}, "JsonOutputParser"),
+    ("format", "json", "with_structured_output"),
+    ("response_format", {"type": "json_object"}, "with_structured_output"),
 ])  # fmt: skip
 def test_an_unsupported_setting_raises_with_the_reason(rag, model_class, name, value, reason):
     with pytest.raises(ValueError, match=rf"does not support {name}=.*{reason}.*\(accepted: None"):
