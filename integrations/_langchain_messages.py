@@ -77,28 +77,3 @@ def _text(content, index: int) -> str:
     return "".join(parts)
 
 
-def _first_stop(text: str, stop: Optional[Sequence[str]]) -> Optional[int]:
-    found = [index for index in (text.find(s) for s in stop or () if s) if index >= 0]
-    return min(found) if found else None
-
-
-class StopWatch:
-    """Passes streamed text on, holding back just enough to never emit part of a stop sequence."""
-
-    def __init__(self, stop: Optional[Sequence[str]]):
-        self.stop = [s for s in stop or () if s]
-        self.hold = max((len(s) - 1 for s in self.stop), default=0)
-        self.text, self.sent, self.done = "", 0, False
-
-    def push(self, delta: str) -> str:
-        self.text += delta
-        cut = _first_stop(self.text, self.stop)
-        self.done = cut is not None
-        end = cut if self.done else max(self.sent, len(self.text) - self.hold)
-        piece, self.sent = self.text[self.sent : end], end
-        return piece
-
-    def flush(self) -> str:
-        piece = "" if self.done else self.text[self.sent :]
-        self.sent = len(self.text)
-        return piece

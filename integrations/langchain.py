@@ -55,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from fusionrag_llm import ChatRequest, FusionRAG, IngestReport, tool_calls
 from fusionrag_llm.integrations import _langchain_options as _options
 from fusionrag_llm.integrations import _shared
-from fusionrag_llm.integrations._langchain_messages import StopWatch, chat_chunk, chat_dicts, usage, warn_tools
+from fusionrag_llm.integrations._langchain_messages import chat_chunk, chat_dicts, usage, warn_tools
 from fusionrag_llm.integrations._langchain_retrieval import FusionRAGEmbeddings, FusionRAGRetriever
 
 __all__ = ["AddedDocuments", "ChatFusionRAG", "FusionRAGDocumentTransformer", "FusionRAGEmbeddings",
@@ -172,7 +172,7 @@ class _FusionRAGSettings(BaseModel):
         """(text, info) per request; several run as one engine batch (each answer as if alone: greedy, or each
         request drawing from its own stream of the seed)."""
         options = self._options(kwargs)
-        run = {**options, "stop": [s for s in stop or self.stop or () if s]}  # decoding ends at a stop string
+        run = {**options, "stop": [s for s in stop or self.stop or () if s]}  # decoding ends before a stop string
         requests = [_shared.for_tenant(request, self.tenant) for request in requests]
         if len(requests) == 1:
             outs = [self.engine.generate(requests[0], **run)]
@@ -181,26 +181,18 @@ class _FusionRAGSettings(BaseModel):
         return [(out.text, self._info(out.stats, out.token_ids, options, out.finish_reason == "stop")) for out in outs]
 
     def _deltas(self, request, stop: Optional[list[str]], kwargs: dict) -> Iterator[tuple[str, Optional[dict]]]:
-        """(delta, None) per text delta, then ("", info) once decoding ends."""
+        """(delta, None) per text delta, then ("", info) once decoding ends (the engine's stream holds back
+        what may start a stop string and ends the answer before one)."""
         options = self._options(kwargs)
-        stream = self.engine.stream(_shared.for_tenant(request, self.tenant), **options)
-        # stop strings are cut here rather than by the engine's stream (stop=): the engine lets through one
-        # completed by the answer's last allowed token (max_new_tokens), where it finishes with "length"
-        watch = StopWatch(stop or self.stop)
+        stops = [s for s in stop or self.stop or () if s]
+        stream = self.engine.stream(_shared.for_tenant(request, self.tenant), **options, stop=stops)
         try:
             for delta in stream:
-                if piece := watch.push(delta):
-                    yield piece, None
-                if watch.done:
-                    break
-        finally:  # a stop string or a consumer that stops early takes the request out of the engine's batch
+                if delta:
+                    yield delta, None
+        finally:  # a consumer that stops early takes the request out of the engine's batch
             stream.close()
-        if not watch.done and stream.text.startswith(watch.text):  # text the stream held back (incomplete UTF-8)
-            if piece := watch.push(stream.text[len(watch.text) :]):
-                yield piece, None
-        if tail := watch.flush():
-            yield tail, None
-        yield "", self._info(stream.stats, stream.token_ids, options, watch.done)
+        yield "", self._info(stream.stats, stream.token_ids, options, stream.finish_reason == "stop")
 
     def _adeltas(self, request, stop: Optional[list[str]], kwargs: dict) -> AsyncIterator[tuple[str, Optional[dict]]]:
         """``_deltas`` run on a worker thread, handed to the event loop as they come."""

@@ -90,12 +90,13 @@ class Sequence:
             self.finish("length")
 
     def find_stop_string(self, text: str) -> None:
-        """Finish at the first stop string in ``text`` (the answer so far); only new text is searched."""
+        """Finish at the first stop string in ``text`` (the answer so far); only new text is searched. The
+        last allowed token may complete one: the answer then ends before it too, as stopped, not cut."""
         longest = max(map(len, self.stop_strings))
         start = max(0, self.searched - longest + 1)
         found = [i for i in (text.find(stop, start) for stop in self.stop_strings) if i >= 0]
         self.searched = len(text)
-        if found and not self.finished:
+        if found and (not self.finished or self.finish_reason == "length"):
             self.text_end = min(found)
             self.finish("stop")
 

@@ -194,6 +194,20 @@ def test_stop_strings_end_the_answer_before_them(rag):
     assert batch[0].text == cut
 
 
+def test_a_stop_string_completed_by_the_last_allowed_token_still_stops(rag):
+    full = rag.generate(REQUESTS[0], max_new_tokens=24, sampling={"ignore_eos": True})
+    decode = rag.engine.tokenizer.decode
+    # the first token whose text is new: stopping on it with exactly that many tokens allowed
+    count, stop = next((n, decode(full.token_ids[n - 1 : n])) for n in range(2, 25)
+                       if decode(full.token_ids[n - 1 : n]).isprintable()
+                       and decode(full.token_ids[n - 1 : n]) not in decode(full.token_ids[: n - 1]))  # fmt: skip
+    cut = decode(full.token_ids[: count - 1])
+    out = rag.generate(REQUESTS[0], max_new_tokens=count, stop=[stop], sampling={"ignore_eos": True})
+    assert out.text == cut and out.finish_reason == "stop"
+    stream = rag.stream(REQUESTS[0], max_new_tokens=count, stop=[stop], sampling={"ignore_eos": True})
+    assert "".join(stream) == cut and stream.finish_reason == "stop"
+
+
 def test_stop_strings_decode_only_new_tokens(rag, monkeypatch):
     """Looking for a stop string decodes a short window of new tokens per step, never the whole
     answer again (the stop string here never appears, so all 40 tokens are generated)."""
