@@ -75,5 +75,3 @@ def _text(content, index: int) -> str:
         else:
             raise ValueError(f"messages[{index}] holds non-text content; FusionRAG models take text only")
     return "".join(parts)
-
-
