@@ -1,6 +1,8 @@
 """Multi-turn reuse: a chat's next turn reads the last turn's KV and computes only its new tokens;
 exact requests never read approximated KV."""
 
+import os
+
 import pytest
 import torch
 
@@ -24,12 +26,7 @@ def _first_turn() -> list[dict]:
 
 
 def _common(a, b) -> int:
-    count = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        count += 1
-    return count
+    return len(os.path.commonprefix([list(a), list(b)]))
 
 
 @pytest.mark.parametrize("method", ["full_attention", "fusionrag", "cacheblend"])
