@@ -46,7 +46,7 @@ class KVConnector:
     def __init__(self, store, runner, turns: PrefixCache | None, exact_blocks: bool, layerwise: bool = False):
         self.store, self.runner = store, runner
         self.turns = turns  # multi-turn reuse: finished requests' KV by token blocks (None: off)
-        self.exact_blocks = exact_blocks  # the store keeps exact path blocks (not a quantizing codec's)
+        self.exact_blocks = exact_blocks  # the store keeps exact path blocks (not a lossy codec's)
         self.layerwise = layerwise  # stored KV reaches request caches layer by layer (``feed``)
         self._loader: PrefetchLoader | None = None
         self._submitted: set[int] = set()
@@ -100,7 +100,9 @@ class KVConnector:
 
     def match_turn(self, seq: Sequence, scope: TenantScope) -> None:
         """Start ``seq`` from the longest prefix of its prompt that an earlier request of its tenant
-        kept (a chat's last turn): that prefix becomes segment 0, read as an exact path block."""
+        kept (a chat's last turn): that prefix becomes segment 0, handed to the assembly as its path
+        block. In a store that keeps no path blocks (a lossy codec's), only a prefix that reaches past
+        the prompt's first segment: the prefix cache keeps and serves that segment whole."""
         plan, keys = seq.plan, scope.keys
         if self.turns is None or plan.reproducible or not self._turns_apply(plan):
             return
@@ -108,8 +110,8 @@ class KVConnector:
         namespaces = [exact] if plan.exact else [exact, tenant_namespace(scope.tenant, namespace_of(plan))]
         hit = self.turns.lookup(seq.prompt_ids, namespaces, limit=seq.num_prompt_tokens - 1)
         length = 0 if hit is None else chunk_aligned(seq.segments, hit.length)
-        if not length:
-            return
+        if not length or (not self.exact_blocks and length <= len(seq.segments[0].token_ids)):
+            return  # a store without path blocks: the prefix cache serves the first segment whole
         seq.segments = split_segments(seq.segments, length)
         ids = tuple(seq.prompt_ids[:length])
         device = self.runner.model.device
@@ -143,10 +145,9 @@ class KVConnector:
 
     def _turns_apply(self, plan: RunPlan) -> bool:
         """Whether runs under ``plan`` read and keep turn KV: not when chunks share positions or see
-        rescaled attention (no prefix of such a context is a plain path), nor in a store that keeps no
-        exact path blocks (a quantizing codec's)."""
+        rescaled attention (no prefix of such a context is a plain path)."""
         method = plan.method
-        return not method.parallel_positions and method.attention_scaling is None and self.exact_blocks
+        return not method.parallel_positions and method.attention_scaling is None
 
 
 def namespace_of(plan: RunPlan) -> str:

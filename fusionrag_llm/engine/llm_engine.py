@@ -93,8 +93,8 @@ class LLMEngine:
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         # this model's entries in the store, each read checked, per tenant (``engine/tenants.py``)
-        # a lossy store's exact prompt prefixes: in the turn cache's blocks if there is one (such a store
-        # keeps no turn KV, ``KVConnector``), else in blocks of their own (memory taken when first used)
+        # a lossy store's exact prompt prefixes: in the turn cache's blocks if there is one, beside turn KV,
+        # else in blocks of their own (memory taken when first used)
         prefixes = turns if turns is not None else PrefixCache(PREFIX_MEMO_BYTES)
         self.tenants = TenantScopes(loaded.model, entry_store, check_craft_variants(craft_variants), prefixes)
         self.entry_store = entry_store  # the default tenant's

@@ -134,9 +134,16 @@ class ContextResolver:
         found = self._fetch(plain.key, segment.entry_ids, plain.variant) if plain.variant == "plain" else None
         return None if found is None else found[0]
 
-    def _fetch(self, key: str, token_ids: Sequence[int], variant: str) -> tuple[KVEntry, str] | None:
+    def _handed(self, key: str, token_ids: Sequence[int], variant: str = "path") -> tuple[KVEntry, str] | None:
+        """What the caller handed over under ``key``, if it holds ``token_ids`` and is what ``key`` names."""
         found = self.preloaded.get(key)
         if found is not None and found[0].token_ids == tuple(token_ids) and self.keys.accepts(found[0], key, variant):
+            return found
+        return None
+
+    def _fetch(self, key: str, token_ids: Sequence[int], variant: str) -> tuple[KVEntry, str] | None:
+        found = self._handed(key, token_ids, variant)
+        if found is not None:
             return found
         found = self.entry_store.fetch(key, token_ids, variant, pin=True)
         if found is not None:
@@ -164,11 +171,16 @@ class ContextResolver:
         return matched
 
     def _place_prefix(self, context_plan: ContextPlan, cache: KVCache, counts: ResolveCounts) -> None:
-        """Exact KV of segment 0 when no path block served it: computed, or from the lossy store's memo."""
+        """KV of segment 0 when no path block served it: computed; in a store that keeps no path blocks (a
+        lossy codec's), an earlier turn's KV handed over for it (``KVConnector.match_turn``), else the exact
+        prefix from the prefix cache or computed."""
         prefix = context_plan.segments[0]
         if context_plan.boundaries:  # exact blocks kept: its block was just found missing, so compute and store it
             entry, hit = self.computer.compute_exact(prefix.token_ids), False
             self.entry_store.put_block(context_plan.boundaries[0].key, entry)
+        elif (turn := self._handed(self.keys.path_block_key(None, prefix.token_ids), prefix.token_ids)) is not None:
+            (entry, tier), hit = turn, True
+            _count_tier(counts, tier)
         else:
             entry, hit = self.computer.prefix_entry(prefix.token_ids)
         counts.computed_tokens += 0 if hit else len(prefix.token_ids)

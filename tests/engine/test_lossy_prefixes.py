@@ -36,10 +36,10 @@ def test_the_prefixes_sit_in_the_turn_cache_s_blocks_and_each_tenant_computes_it
     kept = len(turns)
     assert kept > 0  # the canonical prefix S0 that add_chunks started every entry from
     request = RAGRequest(chunks=CHUNKS, question=QUESTION, system=SYSTEM)
-    first = rag.generate(request, method="full_reuse", max_new_tokens=5)
-    assert len(turns) > kept  # the prompt's prefix; a lossy store keeps no turn KV of its own
-    assert rag.generate(request, method="full_reuse", max_new_tokens=5).stats.computed_tokens < first.stats.computed_tokens
+    stream = rag.stream(request, method="full_reuse", max_new_tokens=5)  # prefilled, not finished: no turn KV yet
+    assert len(turns) > kept  # the prompt's prefix
+    list(stream)
     rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.6, 0.8]], neighbors=1, tenant="bob")
     bob = rag.generate(RAGRequest(chunks=CHUNKS, question=QUESTION, system=SYSTEM, tenant="bob"), method="full_reuse", max_new_tokens=5)
-    assert bob.stats.computed_tokens == first.stats.computed_tokens  # not another tenant's prefix
-    assert bob.token_ids == first.token_ids
+    assert bob.stats.computed_tokens == stream.stats.computed_tokens  # not another tenant's prefix
+    assert bob.token_ids == stream.token_ids

@@ -15,8 +15,9 @@ CHUNKS = [
 ]
 
 
-def _rag(turn_cache_gib: float = 0.25) -> FusionRAG:
-    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"turn_cache_gib": turn_cache_gib})
+def _rag(turn_cache_gib: float = 0.25, codec: str | None = None) -> FusionRAG:
+    options = {"turn_cache_gib": turn_cache_gib, **({"kv_codec": codec} if codec else {})}
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options=options)
     rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.6, 0.8]], neighbors=1)
     return rag
 
@@ -29,9 +30,10 @@ def _common(a, b) -> int:
     return len(os.path.commonprefix([list(a), list(b)]))
 
 
+@pytest.mark.parametrize("codec", [None, "int8"])  # int8: a store that keeps no exact path blocks
 @pytest.mark.parametrize("method", ["full_attention", "fusionrag", "cacheblend"])
-def test_the_next_turn_computes_only_what_the_last_turn_did_not_feed(method):
-    rag = _rag()
+def test_the_next_turn_computes_only_what_the_last_turn_did_not_feed(method, codec):
+    rag = _rag(codec=codec)
     chat = _first_turn()
     first = rag.generate(chat, method=method, max_new_tokens=8, sampling={"ignore_eos": True})
     fed = (first.prompt_ids + first.token_ids)[:-1]  # the last answer token was never fed back
@@ -45,8 +47,9 @@ def test_the_next_turn_computes_only_what_the_last_turn_did_not_feed(method):
     assert second.stats.recomputed_tokens == 0 and second.stats.exact_tokens == shared
 
 
-def test_a_turn_read_from_exact_kv_answers_as_computing_it_all():
-    with_cache, without = _rag(), _rag(turn_cache_gib=0)
+@pytest.mark.parametrize("codec", [None, "int8"])
+def test_a_turn_read_from_exact_kv_answers_as_computing_it_all(codec):
+    with_cache, without = _rag(codec=codec), _rag(turn_cache_gib=0, codec=codec)
     chat = _first_turn()
     for turn in range(3):
         a = with_cache.generate(chat, method="full_attention", max_new_tokens=6)
