@@ -176,14 +176,14 @@ class ContextResolver:
         prefix from the prefix cache or computed."""
         prefix = context_plan.segments[0]
         if context_plan.boundaries:  # exact blocks kept: its block was just found missing, so compute and store it
-            entry, hit = self.computer.compute_exact(prefix.token_ids), False
+            entry, computed = self.computer.compute_exact(prefix.token_ids), len(prefix.token_ids)
             self.entry_store.put_block(context_plan.boundaries[0].key, entry)
         elif (turn := self._handed(self.keys.path_block_key(None, prefix.token_ids), prefix.token_ids)) is not None:
-            (entry, tier), hit = turn, True
+            (entry, tier), computed = turn, 0
             _count_tier(counts, tier)
         else:
-            entry, hit = self.computer.prefix_entry(prefix.token_ids)
-        counts.computed_tokens += 0 if hit else len(prefix.token_ids)
+            entry, computed = self.computer.prefix_entry(prefix.token_ids)
+        counts.computed_tokens += computed
         self._place(cache, entry, 0)
 
     def _place(self, cache: KVCache, entry: KVEntry, start_position: int, first_row: int = 0) -> torch.Tensor:

@@ -39,40 +39,50 @@ class EntryComputer:
         self.entry_store = entry_store
         self.prefixes, self.namespace = prefixes, namespace
 
-    def prefix_entry(self, token_ids: TokenIds) -> tuple[KVEntry, bool]:
-        """Exact KV of a prompt prefix run from position 0 and whether it was already known.
+    def prefix_entry(self, token_ids: TokenIds) -> tuple[KVEntry, int]:
+        """Exact KV of a prompt prefix run from position 0 and how many of its tokens were computed.
 
         A store keeps it as the first block of a path, in the compute dtype; one of a quantizing
-        codec holds no exact KV, so it is kept in the prefix cache.
+        codec holds no exact KV, so it is kept in the prefix cache, where the longest kept start of it
+        (an earlier prefix, a chat's earlier turn) is read and only the rest computed.
         """
         if not self.keys.exact_blocks:
             return self._memo_prefix(tuple(token_ids))
         key = self.keys.path_block_key(None, token_ids)
         found = self.entry_store.fetch(key, token_ids, "path")
         if found is not None:
-            return found[0], True
+            return found[0], 0
         entry = self.compute_exact(token_ids)
         self.entry_store.put_block(key, entry)
-        return entry, False
+        return entry, len(token_ids)
 
-    def _memo_prefix(self, token_ids: TokenIds) -> tuple[KVEntry, bool]:
+    def _memo_prefix(self, token_ids: TokenIds) -> tuple[KVEntry, int]:
         if self.prefixes is None:
             self.prefixes = PrefixCache(PREFIX_MEMO_BYTES)
-        hit = self.prefixes.whole(token_ids, self.namespace)
-        if hit is not None:
-            return KVEntry(token_ids, hit.keys, hit.values, self.keys.meta("path")), True
-        entry = self.compute_exact(token_ids)
-        self.prefixes.remember(token_ids, entry.keys, entry.values, self.namespace)
-        return entry, False
+        hit = self.prefixes.lookup(token_ids, [self.namespace], len(token_ids))
+        kept = None if hit is None else KVEntry(token_ids[: hit.length], hit.keys, hit.values, self.keys.meta("path"))
+        if kept is not None and hit.length == len(token_ids):
+            return kept, 0
+        entry = self.compute_exact(token_ids, kept)
+        whole = self.prefixes.kept(token_ids, self.namespace)  # whole blocks kept already
+        self.prefixes.remember(token_ids, entry.keys[:, :, whole:], entry.values[:, :, whole:], self.namespace, whole)
+        return entry, len(token_ids) - (0 if kept is None else hit.length)
 
-    def compute_exact(self, token_ids: TokenIds) -> KVEntry:
-        """KV of ``token_ids`` run from position 0 with nothing before them."""
+    def compute_exact(self, token_ids: TokenIds, kept: KVEntry | None = None) -> KVEntry:
+        """KV of ``token_ids`` run from position 0 with nothing before them; ``kept``: the exact KV of a
+        start of them, read instead of computed."""
+        start = 0 if kept is None else len(kept.token_ids)
         cache = self.model.new_cache(len(token_ids))
-        ids = torch.tensor(token_ids, device=self.model.device)
-        positions = torch.arange(len(token_ids), device=self.model.device)
+        if kept is not None:
+            place_entry(self.model, cache, kept, 0)
+        ids = torch.tensor(token_ids[start:], device=self.model.device)
+        positions = torch.arange(start, len(token_ids), device=self.model.device)
         step = ForwardPass(ids, positions, cache.reserve(len(ids)), logit_rows=ids[:0], capture_raw_kv=True)
         out = self.model(step, cache)
-        return KVEntry(tuple(token_ids), out.raw_keys, out.raw_values, self.keys.meta("path"))
+        keys, values = out.raw_keys, out.raw_values
+        if kept is not None:
+            keys, values = torch.cat([kept.keys.to(keys), keys], dim=2), torch.cat([kept.values.to(values), values], dim=2)
+        return KVEntry(tuple(token_ids), keys, values, self.keys.meta("path"))
 
     def compute_plain(self, chunks: Sequence[TokenIds], max_batch_tokens: int = 2048) -> list[KVEntry]:
         """Plain entries of ``chunks``; several chunks share one forward pass (each sees S0 and itself)."""

@@ -130,11 +130,6 @@ class PrefixCache:
             self.pool.unref(held)
         return PrefixHit(length, keys, values, namespace)
 
-    def whole(self, token_ids: Sequence[int], namespace: str) -> PrefixHit | None:
-        """The kept KV of all of ``token_ids`` in ``namespace``, else None."""
-        hit = self.lookup(token_ids, [namespace], len(token_ids)) if token_ids else None
-        return hit if hit is not None and hit.length == len(token_ids) else None
-
     def _walk(self, token_ids: list[int], namespace: str) -> tuple[int, list[tuple[int, int]]]:
         """Whole blocks while one matches the next tokens, then the longest matching start of one:
         the length covered and the path's (key, tokens used)."""

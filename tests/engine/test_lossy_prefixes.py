@@ -43,3 +43,18 @@ def test_the_prefixes_sit_in_the_turn_cache_s_blocks_and_each_tenant_computes_it
     bob = rag.generate(RAGRequest(chunks=CHUNKS, question=QUESTION, system=SYSTEM, tenant="bob"), method="full_reuse", max_new_tokens=5)
     assert bob.stats.computed_tokens == stream.stats.computed_tokens  # not another tenant's prefix
     assert bob.token_ids == stream.token_ids
+
+
+def test_a_plain_chat_s_next_turn_reads_the_last_turn_s_kv_and_computes_only_the_rest():
+    with_turns = FusionRAG.from_pretrained("tiny", store=":memory:", options={"kv_codec": "int8", "turn_cache_gib": 0.05})
+    alone = FusionRAG.from_pretrained("tiny", store=":memory:", options={"kv_codec": "int8"})
+    chat = [{"role": "user", "content": "Tell me about the lighthouse at Carrow Point and the keeper of its log."}]
+    first = with_turns.generate(chat, method="full_attention", max_new_tokens=6, sampling={"ignore_eos": True})
+    chat += [{"role": "assistant", "content": with_turns.tokenizer.decode(first.token_ids)},
+             {"role": "user", "content": "When was it lit?"}]  # fmt: skip
+    second = with_turns.generate(chat, method="full_attention", max_new_tokens=6)
+    baseline = alone.generate(chat, method="full_attention", max_new_tokens=6)
+    assert second.token_ids == baseline.token_ids
+    assert second.stats.computed_tokens < baseline.stats.computed_tokens - len(first.prompt_ids) // 2
+    torch.testing.assert_close(with_turns.logits(chat, second.token_ids[:3], method="full_attention"),
+                               alone.logits(chat, second.token_ids[:3], method="full_attention"), rtol=1e-4, atol=1e-4)  # fmt: skip
