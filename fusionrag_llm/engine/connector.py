@@ -108,10 +108,12 @@ class KVConnector:
             return
         exact = tenant_namespace(scope.tenant, EXACT)
         namespaces = [exact] if plan.exact else [exact, tenant_namespace(scope.tenant, namespace_of(plan))]
-        hit = self.turns.lookup(seq.prompt_ids, namespaces, limit=seq.num_prompt_tokens - 1)
+        # a store without path blocks: the prefix cache serves the first segment whole, so only more counts
+        first = 0 if self.exact_blocks else len(seq.segments[0].token_ids)
+        hit = self.turns.lookup(seq.prompt_ids, namespaces, limit=seq.num_prompt_tokens - 1, beyond=first)
         length = 0 if hit is None else chunk_aligned(seq.segments, hit.length)
-        if not length or (not self.exact_blocks and length <= len(seq.segments[0].token_ids)):
-            return  # a store without path blocks: the prefix cache serves the first segment whole
+        if length <= first:
+            return
         seq.segments = split_segments(seq.segments, length)
         ids = tuple(seq.prompt_ids[:length])
         device = self.runner.model.device

@@ -6,7 +6,8 @@ rotary embedding, so an entry can be placed at any position of a later prompt.
 
 A lossy store cannot hold exact KV, so exact prompt prefixes are then kept in a ``PrefixCache``
 instead (``models/prefix_cache.py``: blocks on the model's device, least recently used dropped first):
-the engine's turn cache when it has one, else one of ``PREFIX_MEMO_BYTES`` of this computer's own.
+the one the engine hands every tenant's computer (its turn cache, else one of ``PREFIX_MEMO_BYTES``),
+or, for a computer given none (an ingestion worker's), one of its own.
 """
 
 from __future__ import annotations
@@ -64,8 +65,7 @@ class EntryComputer:
         if kept is not None and hit.length == len(token_ids):
             return kept, 0
         entry = self.compute_exact(token_ids, kept)
-        whole = self.prefixes.kept(token_ids, self.namespace)  # whole blocks kept already
-        self.prefixes.remember(token_ids, entry.keys[:, :, whole:], entry.values[:, :, whole:], self.namespace, whole)
+        self.prefixes.remember(token_ids, entry.keys, entry.values, self.namespace)  # skips the blocks it holds
         return entry, len(token_ids) - (0 if kept is None else hit.length)
 
     def compute_exact(self, token_ids: TokenIds, kept: KVEntry | None = None) -> KVEntry:

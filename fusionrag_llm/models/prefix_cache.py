@@ -111,13 +111,15 @@ class PrefixCache:
         """Memory of the blocks kept or being read."""
         return 0 if self.pool is None else self.pool.used * self.pool.block_bytes
 
-    def lookup(self, token_ids: Sequence[int], namespaces: Sequence[str], limit: int) -> PrefixHit | None:
-        """The longest kept prefix of ``token_ids`` (at most ``limit`` tokens) in any of ``namespaces``."""
+    def lookup(self, token_ids: Sequence[int], namespaces: Sequence[str], limit: int,
+               beyond: int = 0) -> PrefixHit | None:  # fmt: skip
+        """The longest kept prefix of ``token_ids`` (at most ``limit`` tokens) in any of ``namespaces``;
+        None unless it covers more than ``beyond`` tokens (then nothing is copied)."""
         token_ids = list(token_ids[:limit])
         with self._lock:
             walks = [(self._walk(token_ids, namespace), namespace) for namespace in namespaces]
             (length, path), namespace = max(walks, key=lambda walk: walk[0][0])
-            if not length:
+            if length <= beyond:
                 return None
             self._touch([key for key, _ in path])
             held = [self._index[key].block for key, _ in path]

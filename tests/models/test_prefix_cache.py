@@ -20,6 +20,7 @@ def test_lookup_follows_whole_blocks_then_the_matching_start_of_the_next():
     assert hit.length == 6 and hit.keys.shape == (2, 1, 6, 4)
     assert hit.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 5]
     assert cache.lookup(ids, [EXACT], limit=3).length == 3  # never past the limit
+    assert cache.lookup(ids, [EXACT], limit=9, beyond=9) is None and cache.lookup(ids, [EXACT], 9, beyond=8).length == 9
     assert cache.lookup(ids, ["plan:other"], limit=9) is None  # another namespace is another tree
     assert cache.lookup([7, 7], [EXACT], limit=2) is None
     assert cache.remember(ids, *_kv(10), EXACT) == 0  # kept once
