@@ -17,6 +17,7 @@ import torch
 
 from fusionrag_llm.kernels import dispatch
 from fusionrag_llm.models.attention import attend, attend_causal_block, attend_scaled, causal_tail_start, dense_sorted
+from fusionrag_llm.models.forward import spans_of
 from fusionrag_llm.models.kv_cache import KVCache
 
 BACKEND_NAMES = ("torch", "triton")
@@ -38,18 +39,21 @@ class AttentionMeta:
 
 @dataclass
 class PooledStep:
-    """A step whose sequences' caches all live in one ``KVPool`` and whose queries all follow the kernel's
-    rule (decode tokens, sparse recomputes): each layer writes every sequence's new K/V with one indexed
-    write and attends with one call (``TritonAttention.attend_pooled``)."""
+    """The sequences of a step whose caches live in one ``KVPool`` and whose queries follow the kernel's
+    rule (decode tokens, sparse recomputes): each layer writes their new K/V with one indexed write and
+    attends them with one call (``TritonAttention.attend_pooled``); the step's other sequences (a causal
+    block, a masked step, a cache of its own) attend one by one beside them."""
 
     pool: object  # models/kv_pool.KVPool
-    query_offsets: torch.Tensor  # [n + 1]: where each sequence's queries start in the step's rows
+    query_offsets: torch.Tensor  # [n + 1]: where each pooled sequence's queries start in its rows
     key_starts: torch.Tensor  # [n] each cache's first pool slot
     key_ends: torch.Tensor  # [n] one past its last used slot
     slots: torch.Tensor  # [rows] the pool slots the tokens' K/V go to
     positions: torch.Tensor  # [rows] the tokens' positions
     max_queries: int = 1  # the most queries of one sequence (sizes the kernel's grid)
     per_sequence: bool = False  # some sequence has layer hooks or KV still arriving: run those per sequence
+    members: tuple[int, ...] | None = None  # the pooled sequences' indices in the step; None: all of them
+    rows: slice | torch.Tensor | None = None  # their rows in the step's stacked tokens; None: all
 
 
 def shared_pool(caches) -> object | None:
@@ -136,41 +140,50 @@ class TritonAttention(_Backend):
 
     def prepare_all(self, steps, caches, positions: torch.Tensor,
                     offsets: torch.Tensor | None = None) -> tuple[list, PooledStep | None]:  # fmt: skip
-        """``prepare`` per sequence, then one call for all where it can be. When every cache lives in one
-        pool and every sequence's queries follow the kernel's rule (one query over the used slots, a
-        decode step, or a sparse recompute; no causal block, no mask), the step is a ``PooledStep``: one
-        K/V write and one attention call per layer for every sequence, with device offsets
-        (``span_offsets``) in one copy, or ``offsets``, which the caller keeps up to date (the captured
-        decode step, ``models/decode_graphs.py``). Otherwise, the sequences whose one query sees the
-        cache's used slots read them through the span kernel with those offsets, each alone."""
+        """``prepare`` per sequence, then one call for as many as can share it: the sequences whose queries
+        follow the kernel's rule (one query over the used slots, a decode step, or a sparse recompute; no
+        causal block, no mask) and whose caches live in one pool (the pool most of them share) make the
+        step's ``PooledStep``: one K/V write and one attention call per layer for all of them, with device
+        offsets (``span_offsets``) in one copy, or ``offsets``, which the caller keeps up to date (the
+        captured decode step, ``models/decode_graphs.py``: every sequence, one query each). The others
+        attend one by one; those whose one query sees the cache's used slots read them through the span
+        kernel, each alone."""
         metas = [self.prepare(step, cache) for step, cache in zip(steps, caches)]
-        pool = shared_pool(caches) if all(meta is None for meta in metas) else None
-        if pool is not None and any(len(step.slots) != 1 for step in steps):
-            return metas, self._pooled_rows(steps, caches, positions, pool)
-        single = [i for i, (step, meta) in enumerate(zip(steps, metas)) if meta is None and len(step.slots) == 1]
-        if not single:
-            return metas, None
-        m = len(single)
         if offsets is None:
-            offsets = device_ints(span_offsets([caches[i] for i in single], pool is not None), caches[single[0]].keys.device)
-        queries, starts, ends = offsets[: m + 1], offsets[m + 1 : 2 * m + 1], offsets[2 * m + 1 :]
-        if pool is not None:
-            slots = (steps[0].slots if m == 1 else torch.cat([step.slots for step in steps])) + starts
-            return metas, PooledStep(pool, queries, starts, ends, slots, positions,
-                                     per_sequence=_per_sequence(steps, caches))  # fmt: skip
-        for row, i in enumerate(single):
-            metas[i] = AttentionMeta(query_offsets=offsets[:2], key_start=starts[row : row + 1], key_end=ends[row : row + 1])
-        return metas, None
+            members, pool = _pool_members(metas, caches)
+        else:  # a captured step: all in one pool, or each alone
+            pool = shared_pool(caches) if all(meta is None for meta in metas) else None
+            members = list(range(len(steps))) if pool is not None else []
+        pooled = self._pooled(steps, caches, positions, pool, members, offsets) if pool is not None else None
+        single = [i for i, (step, meta) in enumerate(zip(steps, metas))
+                  if meta is None and len(step.slots) == 1 and i not in members]  # fmt: skip
+        if single:
+            if offsets is None:
+                offsets = device_ints(span_offsets([caches[i] for i in single], False), caches[single[0]].keys.device)
+            m = len(single)
+            starts, ends = offsets[m + 1 : 2 * m + 1], offsets[2 * m + 1 :]
+            for row, i in enumerate(single):
+                metas[i] = AttentionMeta(query_offsets=offsets[:2], key_start=starts[row : row + 1], key_end=ends[row : row + 1])
+        return metas, pooled
 
     @staticmethod
-    def _pooled_rows(steps, caches, positions: torch.Tensor, pool) -> PooledStep:
-        """A ``PooledStep`` of sequences with several queries each (their counts known on the host)."""
-        counts = [len(step.slots) for step in steps]
-        n = len(steps)
-        offsets = device_ints(span_offsets(caches, True, counts), caches[0].keys.device)
-        slots = torch.cat([step.slots + cache.pool_start for step, cache in zip(steps, caches)])
-        return PooledStep(pool, offsets[: n + 1], offsets[n + 1 : 2 * n + 1], offsets[2 * n + 1 :], slots, positions,
-                          max(counts), _per_sequence(steps, caches))  # fmt: skip
+    def _pooled(steps, caches, positions: torch.Tensor, pool, members: list[int],
+                offsets: torch.Tensor | None) -> PooledStep:  # fmt: skip
+        """The ``PooledStep`` of the sequences ``members`` (their caches all in ``pool``)."""
+        chosen, counts = [caches[i] for i in members], [len(steps[i].slots) for i in members]
+        n = len(members)
+        if offsets is None:
+            offsets = device_ints(span_offsets(chosen, True, counts), chosen[0].keys.device)
+        queries, starts, ends = offsets[: n + 1], offsets[n + 1 : 2 * n + 1], offsets[2 * n + 1 :]
+        if max(counts) == 1:  # one token each: its slot read from the offsets (a captured step's come from there)
+            slots = (steps[members[0]].slots if n == 1 else torch.cat([steps[i].slots for i in members])) + starts
+        else:
+            slots = torch.cat([steps[i].slots + caches[i].pool_start for i in members])
+        every = n == len(steps)
+        rows = None if every else _member_rows(steps, members, positions.device)
+        hooked = any(steps[i].hooks for i in members) or any(cache.feed is not None for cache in chosen)
+        return PooledStep(pool, queries, starts, ends, slots, positions if every else positions[rows], max(counts),
+                          hooked, None if every else tuple(members), rows)  # fmt: skip
 
     def attend_pooled(self, q: torch.Tensor, step: PooledStep, layer: int) -> torch.Tensor:
         """Every sequence's queries over its span of the pool (the new K/V already written there)."""
@@ -211,8 +224,22 @@ class TritonAttention(_Backend):
                                            backend="triton")  # fmt: skip
 
 
-def _per_sequence(steps, caches) -> bool:
-    return any(step.hooks for step in steps) or any(cache.feed is not None for cache in caches)
+def _pool_members(metas, caches) -> tuple[list[int], object | None]:
+    """The sequences that can attend in one call: those the kernel takes as they are (``meta`` None)
+    whose caches live in the pool most of them share; and that pool (None: no such sequence)."""
+    pools = [cache.pool for cache, meta in zip(caches, metas) if meta is None and cache.pool is not None]
+    if not pools:
+        return [], None
+    pool = max(pools, key=lambda one: sum(other is one for other in pools))
+    return [i for i, (cache, meta) in enumerate(zip(caches, metas)) if meta is None and cache.pool is pool], pool
+
+
+def _member_rows(steps, members: list[int], device: torch.device) -> slice | torch.Tensor:
+    """The rows of ``members`` in the step's stacked tokens: a slice where they are consecutive."""
+    spans = spans_of(steps)
+    if members == list(range(members[0], members[-1] + 1)):
+        return slice(spans[members[0]][0], spans[members[-1]][1])
+    return device_ints([row for i in members for row in range(*spans[i])], device)
 
 
 def flex_block_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, k_valid: torch.Tensor):

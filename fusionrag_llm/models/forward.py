@@ -102,8 +102,8 @@ class BatchContext:
     outputs: list[ForwardOutput]
     # the rotary cos/sin [n_total, d] that ``rotate`` applies (torch backend), or None (Triton computes its own)
     cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
-    # one query per sequence, every cache in one pool: one write and one attention call per layer
-    # (``models/attention_backend.PooledStep``), or None: per sequence
+    # the sequences that attend in one call, their caches in one pool: one write and one attention call
+    # per layer (``models/attention_backend.PooledStep``), or None: every sequence on its own
     pooled: Any = None
 
     def capture_raw_kv(self, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -119,32 +119,54 @@ class BatchContext:
                 out.queries[layer] = q[:, start:end]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Write each sequence's rotated K/V into its cache, then attend per sequence.
+        """Write each sequence's rotated K/V into its cache, then attend: the pooled sequences (``pooled``)
+        in one call, the others one by one.
 
         q [heads, n_total, d], k/v [kv_heads, n_total, d] -> [heads, n_total, d]."""
-        if self.pooled is not None:  # every sequence's write and attention at once
-            pool, slots, per_sequence = self.pooled.pool, self.pooled.slots, self.pooled.per_sequence
-            for step, cache, (start, end) in zip(self.steps, self.caches, self.spans) if per_sequence else ():
-                cache.ready(layer)
-                for hook in step.hooks:
-                    hook.before_write(layer, cache, k[:, start:end], v[:, start:end])
-            pool.keys[layer][:, slots] = k
-            pool.values[layer][:, slots] = v
-            for step, cache, (start, end) in zip(self.steps, self.caches, self.spans) if per_sequence else ():
-                for hook in step.hooks:
-                    hook.after_write(layer, q[:, start:end], cache, step)
-            return self.attention.attend_pooled(q, self.pooled, layer)
-        outputs = []
-        for step, cache, meta, (start, end) in zip(self.steps, self.caches, self.metas, self.spans):
-            cache.ready(layer)  # stored KV loading layer by layer: this layer's is in before it is read
-            for hook in step.hooks:
+        pooled = self.pooled
+        if pooled is None:
+            outputs = [self._attend_alone(i, layer, q, k, v) for i in range(len(self.steps))]
+            return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+        out = self._attend_pooled(layer, q, k, v)
+        if pooled.members is None:
+            return out
+        mixed = torch.empty_like(q)
+        mixed[:, pooled.rows] = out
+        for i, (start, end) in enumerate(self.spans):
+            if i not in pooled.members:
+                mixed[:, start:end] = self._attend_alone(i, layer, q, k, v)
+        return mixed
+
+    def _attend_pooled(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The pooled sequences' K/V written with one indexed write, their queries attended with one call."""
+        pooled = self.pooled
+        members = range(len(self.steps)) if pooled.members is None else pooled.members
+        hooked = members if pooled.per_sequence else ()
+        for i in hooked:
+            (start, end), cache = self.spans[i], self.caches[i]
+            cache.ready(layer)
+            for hook in self.steps[i].hooks:
                 hook.before_write(layer, cache, k[:, start:end], v[:, start:end])
-            cache.keys[layer][:, step.slots] = k[:, start:end]
-            cache.values[layer][:, step.slots] = v[:, start:end]
-            for hook in step.hooks:
-                hook.after_write(layer, q[:, start:end], cache, step)
-            outputs.append(self.attention(q[:, start:end], cache, layer, step, meta))
-        return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+        rows = slice(None) if pooled.rows is None else pooled.rows
+        pooled.pool.keys[layer][:, pooled.slots] = k[:, rows]
+        pooled.pool.values[layer][:, pooled.slots] = v[:, rows]
+        for i in hooked:
+            start, end = self.spans[i]
+            for hook in self.steps[i].hooks:
+                hook.after_write(layer, q[:, start:end], self.caches[i], self.steps[i])
+        return self.attention.attend_pooled(q[:, rows], pooled, layer)
+
+    def _attend_alone(self, i: int, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Sequence ``i``'s write and attention over its own cache."""
+        step, cache, meta, (start, end) = self.steps[i], self.caches[i], self.metas[i], self.spans[i]
+        cache.ready(layer)  # stored KV loading layer by layer: this layer's is in before it is read
+        for hook in step.hooks:
+            hook.before_write(layer, cache, k[:, start:end], v[:, start:end])
+        cache.keys[layer][:, step.slots] = k[:, start:end]
+        cache.values[layer][:, step.slots] = v[:, start:end]
+        for hook in step.hooks:
+            hook.after_write(layer, q[:, start:end], cache, step)
+        return self.attention(q[:, start:end], cache, layer, step, meta)
 
 
 def spans_of(steps: list[ForwardPass]) -> list[tuple[int, int]]:

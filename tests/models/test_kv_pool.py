@@ -9,6 +9,7 @@ import torch
 
 from fusionrag_llm import FusionRAG, RAGRequest
 from fusionrag_llm.kernels._common import HAS_TRITON
+from fusionrag_llm.methods import make_plan
 from fusionrag_llm.models.attention_backend import TritonAttention
 from fusionrag_llm.models.kv_pool import KVPool, KVPools
 
@@ -86,3 +87,41 @@ def test_pooled_prefills_wait_for_each_layer_of_stored_kv_arriving_layer_by_laye
     rag.engine.runner.pools = KVPools.of(rag.engine.model, pool_bytes=4 << 20)
     assert [o.token_ids for o in rag.generate_many(requests, "fusionrag", 0.3, 2)] == want
     assert any(count > 2 for count in rows)  # both prefills in one call per layer, entries fed layer by layer
+
+
+@pytest.mark.slow  # the engine through the Triton interpreter
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_a_step_with_a_causal_prefill_still_pools_the_others(monkeypatch):
+    """Full attention's prefill is a causal block the span kernel does not take: it attends on its own, and
+    the step's decode tokens and sparse prefills still share one write and one call per layer."""
+    fused, full, greedy = make_plan("fusionrag", 0.3), make_plan("full_attention", 1.0), {"ignore_eos": True}
+    questions = ["When?", "Who built it?", "Where?", "Why?", "How?"]
+    requests = [RAGRequest(chunks=CHUNKS[i % 3 :] + CHUNKS[: i % 3], question=q) for i, q in enumerate(questions)]
+
+    def run(rag, mixed):
+        engine = rag.engine
+        add = lambda i, plan: engine.add_request(rag.segments(requests[i]), plan, 6, sampling=greedy)  # noqa: E731
+        seqs = [add(0, fused), add(1, fused)]
+        engine.step()
+        engine.step()  # both prefilled, then one decode step of the two
+        seqs.append(add(2, full))
+        mixed.append([])
+        engine.step()  # the causal prefill and the two decode tokens
+        seqs += [add(3, fused), add(4, full)]
+        mixed.append([])
+        engine.step()  # a sparse prefill, a causal one and three decode tokens
+        engine.run_until_finished(seqs)
+        return [seq.token_ids for seq in seqs]
+
+    want = run(build("torch"), [])
+    mixed = [[]]  # the pooled calls before the first mixed step, then those of each mixed step
+    attend = TritonAttention.attend_pooled
+    monkeypatch.setattr(TritonAttention, "attend_pooled", lambda self, q, step, layer: mixed[-1].append(
+        step.members) or attend(self, q, step, layer))  # fmt: skip
+    rag = build("triton")
+    rag.engine.runner.pools = KVPools.of(rag.engine.model, pool_bytes=4 << 20)
+    assert run(rag, mixed) == want
+    layers = rag.engine.model.cfg.num_layers
+    assert [members for members in mixed[1] if members is not None] == [(1, 2)] * layers  # the two decodes
+    # the sparse prefill (first), then the three decodes; the causal prefill between them on its own
+    assert [members for members in mixed[2] if members is not None] == [(0, 2, 3, 4)] * layers
