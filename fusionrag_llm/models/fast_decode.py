@@ -31,7 +31,8 @@ import torch
 from fusionrag_llm.kernels import cpu_quant
 
 if TYPE_CHECKING:
-    from fusionrag_llm.models.forward import BatchContext
+    from fusionrag_llm.models.forward import BatchContext, ForwardPass
+    from fusionrag_llm.models.kv_cache import KVCache
     from fusionrag_llm.models.linear import Linear
 
 
@@ -144,18 +145,22 @@ class DecodeProgram:
 
     def takes(self, batch: BatchContext) -> bool:
         """The step is one the compiled call computes exactly like the layer-by-layer forward."""
-        for step, cache, meta in zip(batch.steps, batch.caches, batch.metas):
-            if not (step.decode and len(step.token_ids) == 1 and step.groups is None and not step.hooks
-                    and not step.capture_raw_kv
-                    and not step.capture_query_layers):  # fmt: skip
-                return False
-            if getattr(meta, "tail_start", None) is None or step.scaling is not None or cache.feed is not None:
-                return False
-            if cache.keys.dtype != torch.float32 or not cache.keys.is_contiguous():
-                return False
-            if not cache.values.is_contiguous() or int(step.slots[0]) != cache.length - 1:
-                return False
-        return batch.attention.name == "torch" and batch.cos_sin is not None
+        if batch.attention.name != "torch" or batch.cos_sin is None:
+            return False
+        return all(self.takes_step(step, cache, meta) for step, cache, meta in zip(batch.steps, batch.caches, batch.metas))
+
+    @staticmethod
+    def takes_step(step: ForwardPass, cache: KVCache, meta) -> bool:
+        """One sequence's part of a step is one the compiled call takes (``meta``: what the torch
+        attention backend prepared for it)."""
+        if not (step.decode and len(step.token_ids) == 1 and step.groups is None and not step.hooks
+                and not step.capture_raw_kv and not step.capture_query_layers):  # fmt: skip
+            return False
+        if getattr(meta, "tail_start", None) is None or step.scaling is not None or cache.feed is not None:
+            return False
+        if cache.keys.dtype != torch.float32 or not cache.keys.is_contiguous():
+            return False
+        return cache.values.is_contiguous() and int(step.slots[0]) == cache.length - 1
 
     def run(self, x: torch.Tensor, batch: BatchContext) -> torch.Tensor:
         """The last decoder layer's output [rows, hidden] for the embeddings ``x`` [rows, hidden]."""

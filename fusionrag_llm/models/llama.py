@@ -309,9 +309,30 @@ class DecoderLM(nn.Module):
 
     @torch.inference_mode()
     def forward_batch(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> list[ForwardOutput]:
-        """Several sequences in one pass, each over its own cache; one output per sequence."""
+        """Several sequences in one pass, each over its own cache; one output per sequence.
+
+        Where the compiled decode call takes some of the steps and not the others (decode tokens beside a
+        prefill: a request arriving while others decode), those run as a forward of their own, so a
+        sequence's decode step computes the same numbers whoever else is in it."""
+        taken = self._compiled_part(steps, caches)
+        if taken:
+            outputs: list[ForwardOutput | None] = [None] * len(steps)
+            rest = [i for i in range(len(steps)) if i not in taken]
+            for group in (taken, rest):
+                for i, out in zip(group, self.forward_batch([steps[i] for i in group], [caches[i] for i in group])):
+                    outputs[i] = out
+            return outputs
         with quantized_linears(all(step.decode for step in steps)):
             return self._forward_batch(steps, caches)
+
+    def _compiled_part(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> list[int]:
+        """The steps the compiled decode call would take, when it would not take them all (else none)."""
+        program = self.decode_program
+        if len(steps) < 2 or not self.compiled_decode or program is None or self.attention.name != "torch":
+            return []
+        taken = [i for i, (step, cache) in enumerate(zip(steps, caches))
+                 if program.takes_step(step, cache, self.attention.prepare(step, cache))]  # fmt: skip
+        return taken if len(taken) < len(steps) else []
 
     def _forward_batch(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache],
                        offsets: torch.Tensor | None = None) -> list[ForwardOutput]:  # fmt: skip

@@ -205,3 +205,24 @@ def test_projections_in_different_formats_and_float_weights_in_one_model(monkeyp
     runs = _spy(monkeypatch)
     _assert_compiled_like_layers(model, (7, 280), steps=3)
     assert runs == [1] * 6
+
+
+@pytest.mark.parametrize("weights", ["q4", "float"])
+def test_a_decode_token_beside_a_prefill_gets_the_logits_it_gets_without_one(weights, monkeypatch):
+    """A step that also prefills (a request arriving while others decode) runs its decode tokens through
+    the compiled call on their own: a sequence's numbers do not depend on who else is in its step."""
+    model = _model("d64-g3", weights)
+    cache, token = _prefill(model, 30, 40)
+    twin = cache.fork()
+    runs = _spy(monkeypatch)
+    alone = model.forward_batch([_decode_step(cache, token)], [cache])[0].logits
+    prompt = torch.arange(12) + 5
+    single, other = model.new_cache(20), model.new_cache(20)
+    want = model.forward(ForwardPass(prompt, torch.arange(12), single.reserve(12)), single).logits  # the prefill alone
+    prefill = ForwardPass(prompt, torch.arange(12), other.reserve(12))
+    outs = model.forward_batch([prefill, _decode_step(twin, token)], [other, twin])
+    assert runs == [1, 1]  # the decode token, in both steps, through the compiled call
+    assert torch.equal(outs[1].logits, alone)
+    torch.testing.assert_close(outs[0].logits, want, rtol=0, atol=0)
+    n = cache.length
+    assert torch.equal(twin.keys[:, :, :n], cache.keys[:, :, :n]) and torch.equal(twin.values[:, :, :n], cache.values[:, :, :n])
