@@ -41,8 +41,8 @@ def test_pools_make_another_pool_when_none_has_room_and_none_for_a_cache_larger_
     assert pools.new_cache(9) is None  # larger than a pool: the caller makes a dense cache
 
 
-def build(kernels: str, **options) -> FusionRAG:
-    rag = FusionRAG.from_pretrained("tiny", device="cpu", dtype="float32", store=":memory:",
+def build(kernels: str, device: str = "cpu", **options) -> FusionRAG:
+    rag = FusionRAG.from_pretrained("tiny", device=device, dtype="float32", store=":memory:",
                                     options={"prefix_cache": False, "kernels": kernels, **options})  # fmt: skip
     rag.add_chunks(CHUNKS, embeddings=[[1, 0], [0.7, 0.7], [0, 1]], neighbors=1)
     return rag
@@ -94,6 +94,19 @@ def test_pooled_prefills_wait_for_each_layer_of_stored_kv_arriving_layer_by_laye
 def test_a_step_with_a_causal_prefill_still_pools_the_others(monkeypatch):
     """Full attention's prefill is a causal block the span kernel does not take: it attends on its own, and
     the step's decode tokens and sparse prefills still share one write and one call per layer."""
+    pooled = build("triton")
+    pooled.engine.runner.pools = KVPools.of(pooled.engine.model, pool_bytes=4 << 20)  # as on CUDA
+    check_mixed_steps(monkeypatch, pooled, build("torch"))
+
+
+@pytest.mark.gpu
+def test_a_step_with_a_causal_prefill_still_pools_the_others_on_cuda(monkeypatch):
+    reference = build("triton", "cuda")
+    reference.engine.runner.pools = None  # every cache dense, every sequence alone
+    check_mixed_steps(monkeypatch, build("triton", "cuda"), reference)
+
+
+def check_mixed_steps(monkeypatch, rag: FusionRAG, reference: FusionRAG) -> None:
     fused, full, greedy = make_plan("fusionrag", 0.3), make_plan("full_attention", 1.0), {"ignore_eos": True}
     questions = ["When?", "Who built it?", "Where?", "Why?", "How?"]
     requests = [RAGRequest(chunks=CHUNKS[i % 3 :] + CHUNKS[: i % 3], question=q) for i, q in enumerate(questions)]
@@ -113,13 +126,11 @@ def test_a_step_with_a_causal_prefill_still_pools_the_others(monkeypatch):
         engine.run_until_finished(seqs)
         return [seq.token_ids for seq in seqs]
 
-    want = run(build("torch"), [])
+    want = run(reference, [])
     mixed = [[]]  # the pooled calls before the first mixed step, then those of each mixed step
     attend = TritonAttention.attend_pooled
     monkeypatch.setattr(TritonAttention, "attend_pooled", lambda self, q, step, layer: mixed[-1].append(
         step.members) or attend(self, q, step, layer))  # fmt: skip
-    rag = build("triton")
-    rag.engine.runner.pools = KVPools.of(rag.engine.model, pool_bytes=4 << 20)
     assert run(rag, mixed) == want
     layers = rag.engine.model.cfg.num_layers
     assert [members for members in mixed[1] if members is not None] == [(1, 2)] * layers  # the two decodes
