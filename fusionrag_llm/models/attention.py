@@ -20,7 +20,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
@@ -81,6 +80,8 @@ def attend_causal_block(q: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
         keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
     if tail_start == 0:
         return F.scaled_dot_product_attention(q[None], keys[None], values[None], is_causal=True)[0]
+    from torch.nn.attention.bias import causal_lower_right  # imports torch's compiler stack (~1.4 s): not at start-up
+
     bias = causal_lower_right(q.shape[1], keys.shape[1])
     return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=bias)[0]
 
