@@ -364,7 +364,7 @@ class LLMEngine:
         twin = Sequence(next(self._request_ids), seq.segments, seq.plan, seq.max_new_tokens, seq.prompt_ids,
                         seq.stop_ids, sampling=seq.sampling, stop_strings=seq.stop_strings, status=Status.RUNNING,
                         stats=copy.deepcopy(seq.stats), arrival=seq.arrival, first_token_at=seq.first_token_at,
-                        cache=seq.cache.fork(), prompt_logits=seq.prompt_logits, prompt_end=seq.prompt_end,
+                        cache=self.runner.fork_cache(seq.cache), prompt_logits=seq.prompt_logits, prompt_end=seq.prompt_end,
                         prompt_slots=seq.prompt_slots, kv_namespace=seq.kv_namespace,
                         method_run=seq.method_run, tenant=seq.tenant)  # fmt: skip
         twin.generator = seq.sampling.generator(self.model.device, offset=index)

@@ -36,6 +36,21 @@ class ModelRunner:
         cache = self.pools.new_cache(capacity) if self.pools is not None else None
         return cache if cache is not None else model.new_cache(capacity)
 
+    def fork_cache(self, cache: KVCache) -> KVCache:
+        """An independent copy of ``cache`` (answers 2..n of a request): in a pool where there are pools, so
+        the answers' decode steps share the pooled write and attention call, else a dense one."""
+        twin = self.pools.new_cache(cache.capacity) if self.pools is not None else None
+        if twin is None:
+            return cache.fork()
+        cache.settle()
+        used = cache.length
+        for mine, theirs in ((twin.keys, cache.keys), (twin.values, cache.values)):
+            mine[:, :, :used] = theirs[:, :, :used]
+        for mine, theirs in ((twin.positions, cache.positions), (twin.valid, cache.valid), (twin.groups, cache.groups)):
+            mine[:used] = theirs[:used]
+        twin.length = used
+        return twin
+
     def recompute_pass(self, layout: RequestLayout, recompute: torch.Tensor, capture_raw_kv: bool,
                        hooks: tuple = (), scaling: AttentionScaling | None = None) -> ForwardPass:  # fmt: skip
         """The sparse prefill: the recompute set (sorted slots), logits of the last prompt token only."""

@@ -136,3 +136,23 @@ def check_mixed_steps(monkeypatch, rag: FusionRAG, reference: FusionRAG) -> None
     assert [members for members in mixed[1] if members is not None] == [(1, 2)] * layers  # the two decodes
     # the sparse prefill (first), then the three decodes; the causal prefill between them on its own
     assert [members for members in mixed[2] if members is not None] == [(0, 2, 3, 4)] * layers
+
+
+@pytest.mark.slow  # the engine through the Triton interpreter
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_the_answers_of_one_request_decode_in_one_pooled_call(monkeypatch):
+    """``n`` answers fork the prompt's KV into caches of the pool: their decode steps share one call."""
+    request, sampling = RAGRequest(chunks=CHUNKS, question="When?"), {"temperature": 0.8, "seed": 3, "ignore_eos": True}
+    def answers(rag):
+        first = rag.generate(request, "fusionrag", 0.3, 4, sampling=sampling, n=3)
+        return [first.token_ids, *(other.token_ids for other in first.others)]
+
+    want = answers(build("torch"))
+    rows = []
+    attend = TritonAttention.attend_pooled
+    monkeypatch.setattr(TritonAttention, "attend_pooled", lambda self, q, step, layer: rows.append(len(step.slots))
+                        or attend(self, q, step, layer))  # fmt: skip
+    rag = build("triton")
+    rag.engine.runner.pools = KVPools.of(rag.engine.model, pool_bytes=4 << 20)
+    assert answers(rag) == want and len({tuple(t) for t in want}) > 1  # three answers, drawn apart
+    assert rows.count(3) == 3 * rag.engine.model.cfg.num_layers  # three decode steps of the three answers
