@@ -142,17 +142,31 @@ def check_mixed_steps(monkeypatch, rag: FusionRAG, reference: FusionRAG) -> None
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_the_answers_of_one_request_decode_in_one_pooled_call(monkeypatch):
     """``n`` answers fork the prompt's KV into caches of the pool: their decode steps share one call."""
+    rag = build("triton")
+    rag.engine.runner.pools = KVPools.of(rag.engine.model, pool_bytes=4 << 20)  # as on CUDA
+    check_forks_pooled(monkeypatch, rag, build("torch"))
+
+
+@pytest.mark.gpu
+def test_the_answers_of_one_request_decode_in_one_pooled_call_on_cuda(monkeypatch):
+    reference = build("triton", "cuda")
+    reference.engine.runner.pools = None
+    rag = build("triton", "cuda")
+    rag.engine.model.cuda_graphs = False  # a replayed graph makes no Python call to count
+    check_forks_pooled(monkeypatch, rag, reference)
+
+
+def check_forks_pooled(monkeypatch, rag: FusionRAG, reference: FusionRAG) -> None:
     request, sampling = RAGRequest(chunks=CHUNKS, question="When?"), {"temperature": 0.8, "seed": 3, "ignore_eos": True}
+
     def answers(rag):
         first = rag.generate(request, "fusionrag", 0.3, 4, sampling=sampling, n=3)
         return [first.token_ids, *(other.token_ids for other in first.others)]
 
-    want = answers(build("torch"))
+    want = answers(reference)
     rows = []
     attend = TritonAttention.attend_pooled
     monkeypatch.setattr(TritonAttention, "attend_pooled", lambda self, q, step, layer: rows.append(len(step.slots))
                         or attend(self, q, step, layer))  # fmt: skip
-    rag = build("triton")
-    rag.engine.runner.pools = KVPools.of(rag.engine.model, pool_bytes=4 << 20)
     assert answers(rag) == want and len({tuple(t) for t in want}) > 1  # three answers, drawn apart
     assert rows.count(3) == 3 * rag.engine.model.cfg.num_layers  # three decode steps of the three answers
