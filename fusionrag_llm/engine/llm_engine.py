@@ -349,7 +349,7 @@ class LLMEngine:
         seq.stats.prefill_s, seq.stats.ttft_s = done - work.chosen, done - work.started
         seq.prompt_logits, seq.first_token_at = out.logits[-1], done
         kept = work.run.after_prefill(work.prefill)  # e.g. write-back, decode KV eviction
-        seq.cache = seq.cache if kept is None else kept
+        seq.cache = seq.cache if kept is None else self.runner.pooled(kept)
         seq.prompt_slots = seq.cache.length
         seq.forks = [self._fork(seq, index) for index in range(1, seq.n)]
 

@@ -9,7 +9,7 @@ import torch
 
 from fusionrag_llm import FusionRAG, RAGRequest
 from fusionrag_llm.kernels._common import HAS_TRITON
-from fusionrag_llm.methods import make_plan
+from fusionrag_llm.methods import get_method, make_plan
 from fusionrag_llm.models.attention_backend import TritonAttention
 from fusionrag_llm.models.kv_pool import KVPool, KVPools
 
@@ -170,3 +170,22 @@ def check_forks_pooled(monkeypatch, rag: FusionRAG, reference: FusionRAG) -> Non
                         or attend(self, q, step, layer))  # fmt: skip
     assert answers(rag) == want and len({tuple(t) for t in want}) > 1  # three answers, drawn apart
     assert rows.count(3) == 3 * rag.engine.model.cfg.num_layers  # three decode steps of the three answers
+
+
+@pytest.mark.slow  # the engine through the Triton interpreter
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_a_cache_a_method_makes_after_the_prefill_decodes_in_the_pool(monkeypatch):
+    """A3's decode KV eviction makes each request a smaller cache after its prefill: it moves into the
+    pool, so the two requests' decode steps are one call per layer."""
+    requests = [RAGRequest(chunks=CHUNKS, question="When?"), RAGRequest(chunks=CHUNKS[::-1], question="Who built it?")]
+    evicting = get_method("a3", decode_kv_budget=4)
+    want = [o.token_ids for o in build("torch").generate_many(requests, evicting, None, 3, sampling={"ignore_eos": True})]
+    rows = []
+    attend = TritonAttention.attend_pooled
+    monkeypatch.setattr(TritonAttention, "attend_pooled", lambda self, q, step, layer: rows.append(len(step.slots))
+                        or attend(self, q, step, layer))  # fmt: skip
+    rag = build("triton")
+    rag.engine.runner.pools = KVPools.of(rag.engine.model, pool_bytes=4 << 20)  # as on CUDA
+    got = [o.token_ids for o in rag.generate_many(requests, evicting, None, 3, sampling={"ignore_eos": True})]
+    assert got == want
+    assert rows.count(2) == 2 * rag.engine.model.cfg.num_layers  # both decode steps of both requests
