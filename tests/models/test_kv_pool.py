@@ -48,6 +48,23 @@ def build(kernels: str, device: str = "cpu", **options) -> FusionRAG:
     return rag
 
 
+def pooled(**options) -> FusionRAG:
+    """A Triton-backend engine whose request caches come from pools, as on CUDA (here through the
+    interpreter)."""
+    rag = build("triton", **options)
+    rag.engine.runner.pools = KVPools.of(rag.engine.model, pool_bytes=4 << 20)
+    return rag
+
+
+def pooled_calls(monkeypatch, seen=lambda step: len(step.slots)) -> list:
+    """What ``seen`` says of each pooled attention call from now on (default: its rows)."""
+    calls = []
+    attend = TritonAttention.attend_pooled
+    monkeypatch.setattr(TritonAttention, "attend_pooled", lambda self, q, step, layer: calls.append(seen(step))
+                        or attend(self, q, step, layer))  # fmt: skip
+    return calls
+
+
 @pytest.mark.slow  # the engine through the Triton interpreter
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_a_decode_step_over_pooled_caches_gives_the_tokens_of_separate_caches(monkeypatch):
@@ -55,13 +72,9 @@ def test_a_decode_step_over_pooled_caches_gives_the_tokens_of_separate_caches(mo
     sampling = {"ignore_eos": True}
     reference = build("torch")  # the recompute reads pooled caches through views too: fusionrag first
     want = [o.token_ids for o in reference.generate_many(requests, "fusionrag", 0.3, 3, sampling=sampling)]
-    pooled_steps = []
-    attend = TritonAttention.attend_pooled
-    monkeypatch.setattr(TritonAttention, "attend_pooled", lambda self, q, step, layer: pooled_steps.append(len(step.slots))
-                        or attend(self, q, step, layer))  # fmt: skip
-    rag = build("triton")
+    pooled_steps = pooled_calls(monkeypatch)
+    rag = pooled()
     model = rag.engine.model
-    rag.engine.runner.pools = KVPools.of(model, pool_bytes=4 << 20)  # as on CUDA; here through the interpreter
     got = [o.token_ids for o in rag.generate_many(requests, "fusionrag", 0.3, 3, sampling=sampling)]
     assert got == want
     assert 2 in pooled_steps  # decode steps of both sequences in one call per layer
@@ -79,12 +92,8 @@ def test_a_decode_step_over_pooled_caches_gives_the_tokens_of_separate_caches(mo
 def test_pooled_prefills_wait_for_each_layer_of_stored_kv_arriving_layer_by_layer(monkeypatch):
     requests = [RAGRequest(chunks=CHUNKS, question="When?"), RAGRequest(chunks=CHUNKS[1:], question="Who?")]
     want = [o.token_ids for o in build("torch").generate_many(requests, "fusionrag", 0.3, 2)]
-    rows = []
-    attend = TritonAttention.attend_pooled
-    monkeypatch.setattr(TritonAttention, "attend_pooled", lambda self, q, step, layer: rows.append(len(step.slots))
-                        or attend(self, q, step, layer))  # fmt: skip
-    rag = build("triton", layerwise_load=True)
-    rag.engine.runner.pools = KVPools.of(rag.engine.model, pool_bytes=4 << 20)
+    rows = pooled_calls(monkeypatch)
+    rag = pooled(layerwise_load=True)
     assert [o.token_ids for o in rag.generate_many(requests, "fusionrag", 0.3, 2)] == want
     assert any(count > 2 for count in rows)  # both prefills in one call per layer, entries fed layer by layer
 
@@ -94,9 +103,7 @@ def test_pooled_prefills_wait_for_each_layer_of_stored_kv_arriving_layer_by_laye
 def test_a_step_with_a_causal_prefill_still_pools_the_others(monkeypatch):
     """Full attention's prefill is a causal block the span kernel does not take: it attends on its own, and
     the step's decode tokens and sparse prefills still share one write and one call per layer."""
-    pooled = build("triton")
-    pooled.engine.runner.pools = KVPools.of(pooled.engine.model, pool_bytes=4 << 20)  # as on CUDA
-    check_mixed_steps(monkeypatch, pooled, build("torch"))
+    check_mixed_steps(monkeypatch, pooled(), build("torch"))
 
 
 @pytest.mark.gpu
@@ -111,40 +118,40 @@ def check_mixed_steps(monkeypatch, rag: FusionRAG, reference: FusionRAG) -> None
     questions = ["When?", "Who built it?", "Where?", "Why?", "How?"]
     requests = [RAGRequest(chunks=CHUNKS[i % 3 :] + CHUNKS[: i % 3], question=q) for i, q in enumerate(questions)]
 
-    def run(rag, mixed):
+    def run(rag, mixed, calls):
         engine = rag.engine
         add = lambda i, plan: engine.add_request(rag.segments(requests[i]), plan, 6, sampling=greedy)  # noqa: E731
+
+        def step():
+            before = len(calls)
+            engine.step()
+            mixed.append(calls[before:])
+
         seqs = [add(0, fused), add(1, fused)]
         engine.step()
         engine.step()  # both prefilled, then one decode step of the two
         seqs.append(add(2, full))
-        mixed.append([])
-        engine.step()  # the causal prefill and the two decode tokens
+        step()  # the causal prefill and the two decode tokens
         seqs += [add(3, fused), add(4, full)]
-        mixed.append([])
-        engine.step()  # a sparse prefill, a causal one and three decode tokens
+        step()  # a sparse prefill, a causal one and three decode tokens
         engine.run_until_finished(seqs)
         return [seq.token_ids for seq in seqs]
 
-    want = run(reference, [])
-    mixed = [[]]  # the pooled calls before the first mixed step, then those of each mixed step
-    attend = TritonAttention.attend_pooled
-    monkeypatch.setattr(TritonAttention, "attend_pooled", lambda self, q, step, layer: mixed[-1].append(
-        step.members) or attend(self, q, step, layer))  # fmt: skip
-    assert run(rag, mixed) == want
+    want = run(reference, [], [])
+    members = pooled_calls(monkeypatch, lambda step: step.members)
+    mixed = []  # the pooled calls of each mixed step
+    assert run(rag, mixed, members) == want
     layers = rag.engine.model.cfg.num_layers
-    assert [members for members in mixed[1] if members is not None] == [(1, 2)] * layers  # the two decodes
+    assert [one for one in mixed[0] if one is not None] == [(1, 2)] * layers  # the two decodes
     # the sparse prefill (first), then the three decodes; the causal prefill between them on its own
-    assert [members for members in mixed[2] if members is not None] == [(0, 2, 3, 4)] * layers
+    assert [one for one in mixed[1] if one is not None] == [(0, 2, 3, 4)] * layers
 
 
 @pytest.mark.slow  # the engine through the Triton interpreter
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_the_answers_of_one_request_decode_in_one_pooled_call(monkeypatch):
     """``n`` answers fork the prompt's KV into caches of the pool: their decode steps share one call."""
-    rag = build("triton")
-    rag.engine.runner.pools = KVPools.of(rag.engine.model, pool_bytes=4 << 20)  # as on CUDA
-    check_forks_pooled(monkeypatch, rag, build("torch"))
+    check_forks_pooled(monkeypatch, pooled(), build("torch"))
 
 
 @pytest.mark.gpu
@@ -164,10 +171,7 @@ def check_forks_pooled(monkeypatch, rag: FusionRAG, reference: FusionRAG) -> Non
         return [first.token_ids, *(other.token_ids for other in first.others)]
 
     want = answers(reference)
-    rows = []
-    attend = TritonAttention.attend_pooled
-    monkeypatch.setattr(TritonAttention, "attend_pooled", lambda self, q, step, layer: rows.append(len(step.slots))
-                        or attend(self, q, step, layer))  # fmt: skip
+    rows = pooled_calls(monkeypatch)
     assert answers(rag) == want and len({tuple(t) for t in want}) > 1  # three answers, drawn apart
     assert rows.count(3) == 3 * rag.engine.model.cfg.num_layers  # three decode steps of the three answers
 
@@ -180,12 +184,8 @@ def test_a_cache_a_method_makes_after_the_prefill_decodes_in_the_pool(monkeypatc
     requests = [RAGRequest(chunks=CHUNKS, question="When?"), RAGRequest(chunks=CHUNKS[::-1], question="Who built it?")]
     evicting = get_method("a3", decode_kv_budget=4)
     want = [o.token_ids for o in build("torch").generate_many(requests, evicting, None, 3, sampling={"ignore_eos": True})]
-    rows = []
-    attend = TritonAttention.attend_pooled
-    monkeypatch.setattr(TritonAttention, "attend_pooled", lambda self, q, step, layer: rows.append(len(step.slots))
-                        or attend(self, q, step, layer))  # fmt: skip
-    rag = build("triton")
-    rag.engine.runner.pools = KVPools.of(rag.engine.model, pool_bytes=4 << 20)  # as on CUDA
+    rows = pooled_calls(monkeypatch)
+    rag = pooled()
     got = [o.token_ids for o in rag.generate_many(requests, evicting, None, 3, sampling={"ignore_eos": True})]
     assert got == want
     assert rows.count(2) == 2 * rag.engine.model.cfg.num_layers  # both decode steps of both requests
