@@ -330,8 +330,8 @@ class DecoderLM(nn.Module):
         program = self.decode_program
         if len(steps) < 2 or not self.compiled_decode or program is None or self.attention.name != "torch":
             return []
-        taken = [i for i, (step, cache) in enumerate(zip(steps, caches))
-                 if program.takes_step(step, cache, self.attention.prepare(step, cache))]  # fmt: skip
+        taken = [i for i, (step, cache) in enumerate(zip(steps, caches)) if step.decode and len(step.token_ids) == 1
+                 and program.takes_step(step, cache, self.attention.prepare(step, cache))]  # fmt: skip
         return taken if len(taken) < len(steps) else []
 
     def _forward_batch(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache],
