@@ -143,24 +143,12 @@ class DecodeProgram:
                    and weight.data_ptr() == ptr for linear, quant, weight, ptr, version in self._linears) and all(
             tensor.data_ptr() == ptr for tensor, ptr in self._norms)  # fmt: skip
 
-    def takes(self, batch: BatchContext) -> bool:
-        """The step is one the compiled call computes exactly like the layer-by-layer forward."""
+    def taken(self, batch: BatchContext) -> list[int]:
+        """The sequences of the step the compiled call computes exactly like the layer-by-layer forward."""
         if batch.attention.name != "torch" or batch.cos_sin is None:
-            return False
-        return all(self.takes_step(step, cache, meta) for step, cache, meta in zip(batch.steps, batch.caches, batch.metas))
-
-    @staticmethod
-    def takes_step(step: ForwardPass, cache: KVCache, meta) -> bool:
-        """One sequence's part of a step is one the compiled call takes (``meta``: what the torch
-        attention backend prepared for it)."""
-        if not (step.decode and len(step.token_ids) == 1 and step.groups is None and not step.hooks
-                and not step.capture_raw_kv and not step.capture_query_layers):  # fmt: skip
-            return False
-        if getattr(meta, "tail_start", None) is None or step.scaling is not None or cache.feed is not None:
-            return False
-        if cache.keys.dtype != torch.float32 or not cache.keys.is_contiguous():
-            return False
-        return cache.values.is_contiguous() and int(step.slots[0]) == cache.length - 1
+            return []
+        parts = zip(batch.steps, batch.caches, batch.metas)
+        return [i for i, (step, cache, meta) in enumerate(parts) if _takes(step, cache, meta)]
 
     def run(self, x: torch.Tensor, batch: BatchContext) -> torch.Tensor:
         """The last decoder layer's output [rows, hidden] for the embeddings ``x`` [rows, hidden]."""
@@ -180,6 +168,19 @@ class DecodeProgram:
         if status:
             raise RuntimeError("decode step: the compiled layers refused this model (tiled weights without AVX-512?)")
         return x
+
+
+def _takes(step: ForwardPass, cache: KVCache, meta) -> bool:
+    """One sequence's part of a step is one the compiled call takes (``meta``: what the torch attention
+    backend prepared for it)."""
+    if not (step.decode and len(step.token_ids) == 1 and step.groups is None and not step.hooks
+            and not step.capture_raw_kv and not step.capture_query_layers):  # fmt: skip
+        return False
+    if getattr(meta, "tail_start", None) is None or step.scaling is not None or cache.feed is not None:
+        return False
+    if cache.keys.dtype != torch.float32 or not cache.keys.is_contiguous():
+        return False
+    return cache.values.is_contiguous() and int(step.slots[0]) == cache.length - 1
 
 
 def _qkv_bias(attn) -> torch.Tensor | None:

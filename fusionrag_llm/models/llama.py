@@ -314,25 +314,17 @@ class DecoderLM(nn.Module):
         Where the compiled decode call takes some of the steps and not the others (decode tokens beside a
         prefill: a request arriving while others decode), those run as a forward of their own, so a
         sequence's decode step computes the same numbers whoever else is in it."""
-        taken = self._compiled_part(steps, caches)
-        if taken:
-            outputs: list[ForwardOutput | None] = [None] * len(steps)
-            rest = [i for i in range(len(steps)) if i not in taken]
-            for group in (taken, rest):
-                for i, out in zip(group, self.forward_batch([steps[i] for i in group], [caches[i] for i in group])):
-                    outputs[i] = out
-            return outputs
         with quantized_linears(all(step.decode for step in steps)):
             return self._forward_batch(steps, caches)
 
-    def _compiled_part(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> list[int]:
-        """The steps the compiled decode call would take, when it would not take them all (else none)."""
-        program = self.decode_program
-        if len(steps) < 2 or not self.compiled_decode or program is None or self.attention.name != "torch":
-            return []
-        taken = [i for i, (step, cache) in enumerate(zip(steps, caches)) if step.decode and len(step.token_ids) == 1
-                 and program.takes_step(step, cache, self.attention.prepare(step, cache))]  # fmt: skip
-        return taken if len(taken) < len(steps) else []
+    def _split(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache], taken: list[int]) -> list[ForwardOutput]:
+        """The steps ``taken`` as one forward and the others as another, outputs in the steps' order."""
+        outputs: list[ForwardOutput | None] = [None] * len(steps)
+        chosen = set(taken)
+        for group in (taken, [i for i in range(len(steps)) if i not in chosen]):
+            for i, out in zip(group, self.forward_batch([steps[i] for i in group], [caches[i] for i in group])):
+                outputs[i] = out
+        return outputs
 
     def _forward_batch(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache],
                        offsets: torch.Tensor | None = None) -> list[ForwardOutput]:  # fmt: skip
@@ -342,7 +334,12 @@ class DecoderLM(nn.Module):
                 return outputs
         batch, x = self._batch(steps, caches, offsets)  # x: [n_total, hidden]
         program = self.decode_program
-        if self.compiled_decode and program is not None and program.takes(batch) and program.current():
+        taken = program.taken(batch) if self.compiled_decode and program is not None else []
+        if taken and not program.current():  # weights changed since it was built: layer by layer
+            taken = []
+        if 0 < len(taken) < len(steps):
+            return self._split(steps, caches, taken)
+        if taken:
             x = program.run(x, batch)
         else:
             narrowing = any(step.hooks for step in steps)
