@@ -39,27 +39,14 @@ class ModelRunner:
     def fork_cache(self, cache: KVCache) -> KVCache:
         """An independent copy of ``cache`` (answers 2..n of a request): in a pool where there are pools, so
         the answers' decode steps share the pooled write and attention call, else a dense one."""
-        twin = self._pooled_copy(cache)
-        return twin if twin is not None else cache.fork()
+        twin = self.pools.new_cache(cache.capacity) if self.pools is not None else None
+        return cache.fork(into=twin)
 
     def pooled(self, cache: KVCache) -> KVCache:
         """``cache`` moved into a pool where there are pools and it is in none (a cache a method made after
         the prefill, e.g. A3's smaller one), so its decode steps join the pooled call; else ``cache``."""
-        twin = self._pooled_copy(cache) if cache.pool is None else None
-        return twin if twin is not None else cache
-
-    def _pooled_copy(self, cache: KVCache) -> KVCache | None:
-        twin = self.pools.new_cache(cache.capacity) if self.pools is not None else None
-        if twin is None:
-            return None
-        cache.settle()
-        used = cache.length
-        for mine, theirs in ((twin.keys, cache.keys), (twin.values, cache.values)):
-            mine[:, :, :used] = theirs[:, :, :used]
-        for mine, theirs in ((twin.positions, cache.positions), (twin.valid, cache.valid), (twin.groups, cache.groups)):
-            mine[:used] = theirs[:used]
-        twin.length = used
-        return twin
+        twin = self.pools.new_cache(cache.capacity) if self.pools is not None and cache.pool is None else None
+        return cache if twin is None else cache.fork(into=twin)
 
     def recompute_pass(self, layout: RequestLayout, recompute: torch.Tensor, capture_raw_kv: bool,
                        hooks: tuple = (), scaling: AttentionScaling | None = None) -> ForwardPass:  # fmt: skip

@@ -58,12 +58,20 @@ class KVCache:
             groups=torch.zeros(capacity, dtype=torch.int32, device=device),
         )
 
-    def fork(self) -> "KVCache":
-        """An independent copy (its own buffers), e.g. for a second
-        answer to the same prompt."""
+    def fork(self, into: "KVCache | None" = None) -> "KVCache":
+        """An independent copy (its own buffers), e.g. for a second answer to the same prompt; ``into``:
+        an empty cache of at least this one's length (e.g. from a pool) the used slots are copied into."""
         self.settle()
-        return KVCache(self.keys.clone(), self.values.clone(), self.positions.clone(), self.valid.clone(),
-                       self.groups.clone(), self.length)  # fmt: skip
+        if into is None:
+            return KVCache(self.keys.clone(), self.values.clone(), self.positions.clone(), self.valid.clone(),
+                           self.groups.clone(), self.length)  # fmt: skip
+        used = self.length
+        for mine, theirs in ((self.keys, into.keys), (self.values, into.values)):
+            theirs[:, :, :used] = mine[:, :, :used]
+        for mine, theirs in ((self.positions, into.positions), (self.valid, into.valid), (self.groups, into.groups)):
+            theirs[:used] = mine[:used]
+        into.length = used
+        return into
 
     def compact(self, index: torch.Tensor) -> "KVCache":
         """A new, smaller cache holding only the slots ``index`` [layers, kv_heads, m] names for each
