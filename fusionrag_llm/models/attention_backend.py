@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -155,8 +156,9 @@ class TritonAttention(_Backend):
             pool = shared_pool(caches) if all(meta is None for meta in metas) else None
             members = list(range(len(steps))) if pool is not None else []
         pooled = self._pooled(steps, caches, positions, pool, members, offsets) if pool is not None else None
+        pooled_ones = set(members)
         single = [i for i, (step, meta) in enumerate(zip(steps, metas))
-                  if meta is None and len(step.slots) == 1 and i not in members]  # fmt: skip
+                  if meta is None and len(step.slots) == 1 and i not in pooled_ones]  # fmt: skip
         if single:
             if offsets is None:
                 offsets = device_ints(span_offsets([caches[i] for i in single], False), caches[single[0]].keys.device)
@@ -227,11 +229,12 @@ class TritonAttention(_Backend):
 def _pool_members(metas, caches) -> tuple[list[int], object | None]:
     """The sequences that can attend in one call: those the kernel takes as they are (``meta`` None)
     whose caches live in the pool most of them share; and that pool (None: no such sequence)."""
-    pools = [cache.pool for cache, meta in zip(caches, metas) if meta is None and cache.pool is not None]
-    if not pools:
+    shares = Counter(id(cache.pool) for cache, meta in zip(caches, metas) if meta is None and cache.pool is not None)
+    if not shares:
         return [], None
-    pool = max(pools, key=lambda one: sum(other is one for other in pools))
-    return [i for i, (cache, meta) in enumerate(zip(caches, metas)) if meta is None and cache.pool is pool], pool
+    most = shares.most_common(1)[0][0]
+    members = [i for i, (cache, meta) in enumerate(zip(caches, metas)) if meta is None and id(cache.pool) == most]
+    return members, caches[members[0]].pool
 
 
 def _member_rows(steps, members: list[int], device: torch.device) -> slice | torch.Tensor:

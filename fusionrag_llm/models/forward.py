@@ -132,8 +132,9 @@ class BatchContext:
             return out
         mixed = torch.empty_like(q)
         mixed[:, pooled.rows] = out
+        members = set(pooled.members)
         for i, (start, end) in enumerate(self.spans):
-            if i not in pooled.members:
+            if i not in members:
                 mixed[:, start:end] = self._attend_alone(i, layer, q, k, v)
         return mixed
 
