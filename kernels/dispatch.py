@@ -54,11 +54,12 @@ def q_sparse_attention(q, q_positions, k, v, k_positions, k_valid, scale=None, *
 
 
 def q_sparse_attention_spans(q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, k_ends,
-                             max_seqlen_q, scale=None, *, backend: str | None = None):
+                             max_seqlen_q, scale=None, splits=None, *, backend: str | None = None):
     """Dispatching :func:`fusionrag_llm.kernels.q_sparse_attention_varlen.q_sparse_attention_spans`."""
     use_triton = resolve_backend(q, backend, _tiled_head_dim(q)) == "triton"
     fn = _varlen.q_sparse_attention_spans if use_triton else _varlen.q_sparse_attention_spans_ref
-    return fn(q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, k_ends, max_seqlen_q, scale)
+    return fn(q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, k_ends, max_seqlen_q, scale,
+              splits)
 
 
 def apply_rotary(x, positions, inv_freq, *, backend: str | None = None):

@@ -14,7 +14,8 @@ sharing a KV head into one row block (each K/V tile is loaded once per group) an
 softmax over key tiles up to the last key that any query of the block sees (found by a backward
 scan of the key positions); it compares positions element-wise only in tiles holding a key after
 the block's earliest query. No ``[Nq, Nk]`` mask is ever built. Decode (one query per request) goes
-through the same kernel.
+through the same kernel; with few rows the keys can be cut into ranges, one program each, merged by a
+second kernel (``splits``, ``split_count``).
 
 This module holds the kernel, its launcher (``launch_forward``, shared by the span form in
 ``q_sparse_attention_varlen.py`` and by ``critical_scores.py``, which import it from here; this
@@ -23,6 +24,8 @@ module imports neither) and the torch reference.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ._common import (FLOAT_DTYPES, KEY_NEVER, QUERY_NONE, check, check_devices, check_head_dim,
@@ -30,6 +33,8 @@ from ._common import (FLOAT_DTYPES, KEY_NEVER, QUERY_NONE, check, check_devices,
                       tl, triton)
 
 _OP = "q_sparse_attention"
+MAX_SPLITS = 32  # key ranges per request at most (split_count)
+MIN_SPLIT_KEYS = 256  # keys per range at least
 # Bound on the score elements the reference materialises per query chunk (fp32 elements).
 _REF_CHUNK_ELEMENTS = 1 << 24
 _LOG2E = 1.4426950408889634
@@ -105,12 +110,24 @@ if triton is not None:
     def _q_sparse_fwd_kernel(
             Q, Q_POS, CU_Q, K, V, K_POS, K_VALID, K_START, K_END, OUT, LSE,
             stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_oh, stride_on, stride_lh,
-            qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+            stride_os, stride_ls, qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, HAS_VALID: tl.constexpr, WITH_V: tl.constexpr,
-            STORE_LSE: tl.constexpr, F32: tl.constexpr):
-        """Grid (row blocks, Hkv, requests); rows are (query token, head in the GQA group) pairs."""
+            STORE_LSE: tl.constexpr, F32: tl.constexpr, SPLITS: tl.constexpr, MIN_SPLIT: tl.constexpr):
+        """Grid (row blocks, Hkv, requests x SPLITS); rows are (query token, head in the GQA group) pairs.
+
+        With SPLITS > 1 a request's keys are cut into SPLITS ranges of at least MIN_SPLIT keys (whole
+        tiles), each range's program writes its normalised output and log-sum-exp at plane ``split`` of
+        OUT / LSE, and ``_combine_splits_kernel`` merges the planes (split-K, "flash decoding")."""
         kv_head = tl.program_id(1).to(tl.int64)
-        req = tl.program_id(2)
+        req = tl.program_id(2) // SPLITS
+        split = tl.program_id(2) % SPLITS
+        k_start, k_end = tl.load(K_START + req), tl.load(K_END + req)
+        if SPLITS > 1:  # this program's range; past the keys it is empty (l = 0: out 0, lse -inf)
+            chunk = tl.cdiv(tl.maximum(tl.cdiv(k_end - k_start, SPLITS), MIN_SPLIT), BLOCK_N) * BLOCK_N
+            k_start += split * chunk
+            k_end = tl.minimum(k_end, k_start + chunk)
+            OUT += split * stride_os
+            LSE += split * stride_ls
         q_start = tl.load(CU_Q + req)
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < (tl.load(CU_Q + req + 1) - q_start) * GROUP
@@ -129,7 +146,7 @@ if triton is not None:
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         acc, m_i, l_i = _attend_keys(
             acc, m_i, l_i, q, q_pos, q_min, q_max, K + kv_head * stride_kh, V + kv_head * stride_vh,
-            K_POS, K_VALID, tl.load(K_START + req), tl.load(K_END + req), stride_kn, stride_vn,
+            K_POS, K_VALID, k_start, k_end, stride_kn, stride_vn,
             offs_d, qk_scale, HAS_VALID, WITH_V, F32, BLOCK_N)
         if WITH_V:
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # no visible key: acc is 0, so out is 0
@@ -138,6 +155,24 @@ if triton is not None:
         if STORE_LSE:  # log2-domain log-sum-exp of the scaled scores; -inf when nothing is visible
             lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
             tl.store(LSE + head * stride_lh + tok, lse, mask=row_ok)
+
+    @triton.jit
+    def _combine_splits_kernel(PART, PART_LSE, OUT, stride_ps, stride_ph, stride_pn, stride_ls, stride_lh,
+                               stride_oh, stride_on, SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr):
+        """Grid (query tokens, Hq): out = sum_s 2^(lse_s - L) out_s with L = log2 sum_s 2^lse_s; 0 where no
+        split saw a key."""
+        tok = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1).to(tl.int64)
+        planes = tl.arange(0, SPLITS)
+        lse = tl.load(PART_LSE + planes * stride_ls + head * stride_lh + tok)
+        top = tl.max(lse, axis=0)
+        weight = tl.exp2(lse - tl.where(top == float("-inf"), 0.0, top))  # 0 for an empty range
+        total = tl.sum(weight, axis=0)
+        offs_d = tl.arange(0, HEAD_DIM)
+        part = tl.load(PART + planes[:, None] * stride_ps + head * stride_ph + tok * stride_pn + offs_d[None, :],
+                       mask=(weight > 0)[:, None], other=0.0)
+        out = tl.sum(part * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+        tl.store(OUT + head * stride_oh + tok * stride_on + offs_d, out.to(OUT.dtype.element_ty))
 
 
 def check_attention_inputs(op, q, q_positions, k, v, k_positions, k_valid) -> None:
@@ -180,7 +215,7 @@ def q_sparse_attention(q, q_positions, k, v, k_positions, k_valid, scale=None):
 
 
 def launch_forward(q, q_positions, cu_q, k, v, k_positions, k_valid, cu_k, scale, max_seqlen_q, with_v, store_lse,
-                   op, k_ends=None):
+                   op, k_ends=None, splits=1):
     """Launch the forward kernel on validated inputs; returns (out or None, lse2 or None).
 
     Request b's keys are ``[cu_k[b], cu_k[b + 1])``; with ``k_ends`` [B], ``[cu_k[b], k_ends[b])`` (``cu_k``
@@ -188,6 +223,9 @@ def launch_forward(q, q_positions, cu_q, k, v, k_positions, k_valid, cu_k, scale
 
     lse2 [Hq, Tq] float32 is the log2-domain log-sum-exp of ``scale * log2(e) * q.k`` over the
     visible keys (-inf for rows that see nothing); critical_scores uses it.
+
+    ``splits`` (a power of two; output only, not with ``store_lse``): each request's keys in that many
+    ranges, one program each, merged by a second kernel (``split_count`` picks it for few, long rows).
     """
     check_devices(op, q=q, q_positions=q_positions, cu_seqlens_q=cu_q, k=k, v=v,
                   k_positions=k_positions, k_valid=k_valid, cu_seqlens_k=cu_k, k_ends=k_ends)
@@ -204,17 +242,46 @@ def launch_forward(q, q_positions, cu_q, k, v, k_positions, k_valid, cu_k, scale
     group = hq // hkv
     cfg = launch_config(max_seqlen_q * group, q.element_size())
     n_req = cu_q.shape[0] - 1
-    grid = (max(1, triton.cdiv(max_seqlen_q * group, cfg["BLOCK_M"])), hkv, n_req)
+    grid = (max(1, triton.cdiv(max_seqlen_q * group, cfg["BLOCK_M"])), hkv, n_req * splits)
     if tq == 0 or n_req == 0:
         return out, lse
+    check(splits == 1 or (with_v and not store_lse), op, "splits > 1 computes the output only")
+    dst, dst_lse = out if with_v else q, lse if store_lse else q_positions
+    if splits > 1:  # each range's output and log-sum-exp in a plane of its own, merged below
+        dst = torch.empty((splits, hq, tq, d), dtype=torch.float32, device=q.device)
+        dst_lse = torch.empty((splits, hq, tq), dtype=torch.float32, device=q.device)
     _q_sparse_fwd_kernel[grid](
         q, q_positions, cu_q, k, v, k_positions, valid if valid is not None else k_positions, k_starts, k_ends,
-        out if with_v else q, lse if store_lse else q_positions,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0) if with_v else 0, out.stride(1) if with_v else 0, tq,
+        dst, dst_lse, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        dst.stride(-3) if with_v else 0, dst.stride(-2) if with_v else 0, dst_lse.stride(-2) if dst_lse.dim() > 1 else tq,
+        dst.stride(0) if splits > 1 else 0, dst_lse.stride(0) if splits > 1 else 0,
         default_scale(scale, d) * _LOG2E, GROUP=group, HEAD_DIM=d, HAS_VALID=valid is not None,
-        WITH_V=with_v, STORE_LSE=store_lse, F32=q.dtype == torch.float32 or interpreting(), **cfg)
+        WITH_V=with_v, STORE_LSE=store_lse or splits > 1, F32=q.dtype == torch.float32 or interpreting(),
+        SPLITS=splits, MIN_SPLIT=MIN_SPLIT_KEYS, **cfg)
+    if splits > 1:
+        _combine_splits_kernel[(tq, hq)](dst, dst_lse, out, dst.stride(0), dst.stride(1), dst.stride(2),
+                                         dst_lse.stride(0), dst_lse.stride(1), out.stride(0), out.stride(1),
+                                         SPLITS=splits, HEAD_DIM=d)  # fmt: skip
     return out, lse
+
+
+def split_count(rows_max: int, num_kv_heads: int, num_requests: int, device: torch.device) -> int:
+    """How many key ranges each request's keys are cut into (``launch_forward``'s ``splits``).
+
+    One program per (row block, KV head, request) leaves most of a GPU idle when there are few rows:
+    one decode token of an 8B model is 8 programs on a card of 132 multiprocessors, each reading all
+    of its head's keys alone. Where every request's rows fit one block (decode, a few recomputed
+    tokens), the keys are cut until there are about two programs per multiprocessor (at most
+    ``MAX_SPLITS``; a range is never under ``MIN_SPLIT_KEYS`` keys, so short contexts use fewer). On
+    the CPU (the interpreter) one range.
+    """
+    if device.type != "cuda" or rows_max > launch_config(rows_max)["BLOCK_M"]:
+        return 1
+    target = 2 * _multiprocessors(device.index)
+    splits = 1
+    while splits < MAX_SPLITS and num_kv_heads * num_requests * splits < target:
+        splits *= 2
+    return splits
 
 
 def launch_config(rows_max: int, itemsize: int = 2) -> dict:
@@ -234,6 +301,11 @@ def launch_config(rows_max: int, itemsize: int = 2) -> dict:
         return {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2}
     block_m = 16 if rows_max <= 16 else 32 if rows_max <= 32 else 64
     return {"BLOCK_M": block_m, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+
+
+@functools.cache
+def _multiprocessors(index: int | None) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def q_sparse_attention_ref(q, q_positions, k, v, k_positions, k_valid, scale=None):
@@ -285,4 +357,4 @@ def _row_max(s):
 
 
 __all__ = ["q_sparse_attention", "q_sparse_attention_ref", "check_attention_inputs", "launch_config",
-           "launch_forward", "masked_key_positions", "masked_softmax"]
+           "launch_forward", "masked_key_positions", "masked_softmax", "split_count"]

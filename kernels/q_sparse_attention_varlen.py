@@ -18,12 +18,14 @@ from __future__ import annotations
 import torch
 
 from ._common import check, require_triton
-from .q_sparse_attention import check_attention_inputs, launch_forward, q_sparse_attention_ref
+from .q_sparse_attention import (MAX_SPLITS, check_attention_inputs, launch_forward, q_sparse_attention_ref,
+                                 split_count)
 
 _OP = "q_sparse_attention_varlen"
 
 
-def _check_spans(op, q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, k_ends, max_seqlen_q):
+def _check_spans(op, q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, k_ends, max_seqlen_q,
+                 splits=None):
     check_attention_inputs(op, q, q_positions, k, v, k_positions, k_valid)
     check(isinstance(cu_seqlens_q, torch.Tensor) and cu_seqlens_q.dim() == 1 and cu_seqlens_q.shape[0] >= 2, op,
           "cu_seqlens_q must be a 1-D tensor of B + 1 >= 2 offsets")
@@ -36,24 +38,33 @@ def _check_spans(op, q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k
         check(t.dtype in (torch.int32, torch.int64), op, f"{name} has dtype {t.dtype}; allowed: int32, int64")
     check(isinstance(max_seqlen_q, int) and max_seqlen_q >= 0, op,
           f"max_seqlen_q must be a non-negative int, got {max_seqlen_q!r}")
+    check(splits is None or (isinstance(splits, int) and 1 <= splits <= MAX_SPLITS and splits & (splits - 1) == 0),
+          op, f"splits must be None or a power of two from 1 to {MAX_SPLITS}, got {splits!r}")
 
 
 def q_sparse_attention_spans(q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, k_ends,
-                             max_seqlen_q, scale=None):
+                             max_seqlen_q, scale=None, splits=None):
     """Triton Q-sparse attention of B requests whose keys are spans of ``k``: request b's queries
     ``q[:, cu_seqlens_q[b]:cu_seqlens_q[b + 1]]`` attend to ``k/v[:, k_starts[b]:k_ends[b]]`` (positions
-    and validity sliced alike). The offsets are trusted (no sync); ``max_seqlen_q`` sizes the grid."""
+    and validity sliced alike). The offsets are trusted (no sync); ``max_seqlen_q`` sizes the grid.
+    ``splits``: key ranges per request, each in a program of its own, then merged (a power of two; None:
+    ``split_count``'s choice for the device, which splits decode-sized calls on a GPU only)."""
     require_triton(_OP)
-    _check_spans(_OP, q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, k_ends, max_seqlen_q)
+    _check_spans(_OP, q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, k_ends, max_seqlen_q,
+                 splits)
+    if splits is None:
+        splits = split_count(max_seqlen_q * (q.shape[0] // k.shape[0]), k.shape[0], len(k_starts), q.device)
     out, _ = launch_forward(q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, scale, max_seqlen_q,
-                            with_v=True, store_lse=False, op=_OP, k_ends=k_ends)  # fmt: skip
+                            with_v=True, store_lse=False, op=_OP, k_ends=k_ends, splits=splits)  # fmt: skip
     return out
 
 
 def q_sparse_attention_spans_ref(q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, k_ends,
-                                 max_seqlen_q, scale=None):
-    """Pure-torch reference of :func:`q_sparse_attention_spans`: one reference call per request."""
-    _check_spans(_OP + "_ref", q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, k_ends, max_seqlen_q)
+                                 max_seqlen_q, scale=None, splits=None):
+    """Pure-torch reference of :func:`q_sparse_attention_spans`: one reference call per request (``splits``
+    changes only the order of the kernel's sums, so the reference has one result for all)."""
+    _check_spans(_OP + "_ref", q, q_positions, cu_seqlens_q, k, v, k_positions, k_valid, k_starts, k_ends, max_seqlen_q,
+                 splits)
     cq, starts, ends = cu_seqlens_q.tolist(), k_starts.tolist(), k_ends.tolist()
     out = torch.empty_like(q)
     for b, (start, end) in enumerate(zip(starts, ends)):

@@ -14,7 +14,7 @@ the hardware moved.
 
 One entry per kernel module (``KERNEL_BENCHES``): ``q_sparse_attention`` (above),
 ``q_sparse_attention_varlen`` (``q_sparse_attention_spans``, batched decode: one query per request
-over its span of the keys), ``apply_rotary`` and ``critical_scores``, each timed against its torch
+over its span of the keys, its keys cut into ranges and whole), ``apply_rotary`` and ``critical_scores``, each timed against its torch
 reference on the same inputs with their max difference, and ``cpu_quant`` (a decode row through the
 8-bit and 4-bit CPU linear, on the CPU, against the float64 product of the dequantized weight).
 A new kernel adds its entry there. Writes ``kernels.json`` into ``--out``.
@@ -196,22 +196,28 @@ def bench_critical_scores(shape: dict, device: str, reps: int) -> list[dict]:
                           device, reps)  # fmt: skip
 
 
-def bench_spans_decode(shape: dict, device: str, reps: int, requests: int = 4) -> list[dict]:
-    """Batched decode: ``requests`` requests, one query each, over their own span of the keys."""
+def bench_spans_decode(shape: dict, device: str, reps: int) -> list[dict]:
+    """Batched decode: 1 and 4 requests, one query each, over their own span of the keys; the keys of a
+    request cut into ranges as ``split_count`` chooses (``_split``) and read by one program (``_whole``)."""
     from fusionrag_llm.kernels.q_sparse_attention_varlen import q_sparse_attention_spans, q_sparse_attention_spans_ref
 
     g = torch.Generator().manual_seed(3)
     n, hq, hkv, d = shape["context"], shape["heads_q"], shape["heads_kv"], shape["head_dim"]
-    per = max(1, n // requests)
-    q, k, v = _rand(g, shape, device, hq, requests, d), *(_rand(g, shape, device, hkv, per * requests, d) for _ in "kv")
-    k_positions = torch.arange(per, device=device).repeat(requests)
-    k_starts = torch.arange(0, per * requests, per, device=device)
-    args = (q, torch.full((requests,), per, device=device), torch.arange(requests + 1, device=device), k, v,
-            k_positions, None, k_starts, k_starts + per, 1)  # fmt: skip
-    kernel = lambda: q_sparse_attention_spans(*args)  # noqa: E731
-    reference = lambda: q_sparse_attention_spans_ref(*args)  # noqa: E731
-    return _kernel_vs_ref("q_sparse_attention_spans", kernel, reference, 1 / per, requests,
-                          4 * d * hq * requests * per, q.element_size() * 2 * k.numel(), device, reps)  # fmt: skip
+    rows = []
+    for requests in (1, 4):
+        per = max(1, n // requests)
+        q, k, v = _rand(g, shape, device, hq, requests, d), *(_rand(g, shape, device, hkv, per * requests, d) for _ in "kv")
+        k_positions = torch.arange(per, device=device).repeat(requests)
+        k_starts = torch.arange(0, per * requests, per, device=device)
+        args = (q, torch.full((requests,), per, device=device), torch.arange(requests + 1, device=device), k, v,
+                k_positions, None, k_starts, k_starts + per, 1)  # fmt: skip
+        reference = lambda args=args: q_sparse_attention_spans_ref(*args)  # noqa: E731
+        for label, splits in (("split", None), ("whole", 1)):
+            kernel = lambda args=args, splits=splits: q_sparse_attention_spans(*args, splits=splits)  # noqa: E731
+            rows += _kernel_vs_ref(f"q_sparse_attention_spans_{requests}req_{label}", kernel, reference, 1 / per,
+                                   requests, 4 * d * hq * requests * per, q.element_size() * 2 * k.numel(), device,
+                                   reps)  # fmt: skip
+    return rows
 
 
 def quant_linear_ref(x: torch.Tensor, weight) -> torch.Tensor:

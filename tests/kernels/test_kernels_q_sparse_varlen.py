@@ -2,16 +2,17 @@
 
 import pytest
 import torch
-from kernel_cases import make_case, needs_triton
+from kernel_cases import make_case, needs_cuda, needs_triton
 
-from fusionrag_llm.kernels.q_sparse_attention import q_sparse_attention, q_sparse_attention_ref
+from fusionrag_llm.kernels import q_sparse_attention as q_sparse_attention_module
+from fusionrag_llm.kernels.q_sparse_attention import q_sparse_attention, q_sparse_attention_ref, split_count
 from fusionrag_llm.kernels.q_sparse_attention_varlen import q_sparse_attention_spans, q_sparse_attention_spans_ref
 
 
-def _pack(cases):
+def _pack(cases, cu_type=torch.int32):
     """Single-request cases end to end along the token dimension; returns span kwargs."""
     def offsets(lengths):
-        return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=cu_type, device=cases[0].q.device)
 
     cu_k = offsets([c.k.shape[1] for c in cases])
     return dict(
@@ -80,6 +81,8 @@ def test_spans_validation_errors(fn):
         (dict(k_starts=torch.tensor([0])), "k_starts must be a 1-D tensor of B = 2 offsets"),
         (dict(k_ends=torch.tensor([30.0, 50])), "k_ends has dtype"),
         (dict(max_seqlen_q=-1), "max_seqlen_q must be a non-negative int"),
+        (dict(splits=3), "splits must be None or a power of two from 1 to 32, got 3"),
+        (dict(splits=64), "splits must be None or a power of two from 1 to 32, got 64"),
     ]
     for over, msg in bad:
         kw = _pack(cases)
@@ -113,3 +116,55 @@ def test_spans_read_each_request_s_keys_where_they_sit_in_one_pool():
     want = torch.cat([q_sparse_attention_ref(*c.args()) for c in cases], 1)
     torch.testing.assert_close(q_sparse_attention_spans_ref(**kw), want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(q_sparse_attention_spans(**kw), want, rtol=1e-4, atol=1e-5)
+
+
+def _decode_and_short_recomputes(device="cpu", dtype=torch.float32):
+    """Rows that fit one block (the calls split_count splits): decode tokens over short and long
+    contexts with holes, two recomputed tokens, and a request with no visible key."""
+    cases = [make_case(1, m, 8, 2, 64, seed=m, n_fresh=1, dtype=dtype, device=device) for m in (37, 600, 1300)]
+    cases.append(make_case(2, 900, 8, 2, 64, seed=5, dtype=dtype, device=device))
+    cases.append(make_case(1, 300, 8, 2, 64, recompute=False, seed=7, dtype=dtype, device=device))
+    cases[-1].q_positions.fill_(-1)  # sees no key: zeros
+    return cases
+
+
+@needs_triton
+@pytest.mark.parametrize("splits", [2, 8, 32])
+def test_keys_cut_into_ranges_give_the_same_attention(splits):
+    """Split-K: each request's keys in ``splits`` ranges (of at least 256 keys, so short contexts leave
+    ranges empty), one program each, merged by their log-sum-exps: the reference's result."""
+    cases = _decode_and_short_recomputes()
+    kw = _pack(cases)
+    got = q_sparse_attention_spans(**kw, splits=splits)
+    torch.testing.assert_close(got, _per_request(cases), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got, q_sparse_attention_spans(**kw, splits=1), rtol=1e-5, atol=1e-6)
+    assert got[:, -1].abs().max() == 0
+
+
+def test_split_count_cuts_keys_only_for_few_rows_on_a_gpu(monkeypatch):
+    """About two programs per multiprocessor for decode-sized calls; one range for many rows or on the CPU."""
+    monkeypatch.setattr(q_sparse_attention_module, "_multiprocessors", lambda index: 132)  # an H100 / H200
+    cuda = torch.device("cuda")
+    assert split_count(4, 8, 1, cuda) == 32  # one decode token of an 8-KV-head model: 8 programs alone
+    assert split_count(4, 8, 8, cuda) == 8
+    assert split_count(4, 8, 32, cuda) == 2
+    assert split_count(4, 8, 64, cuda) == 1
+    assert split_count(4 * 40, 8, 1, cuda) == 1  # a recompute set: rows enough for many blocks
+    assert split_count(4, 8, 1, torch.device("cpu")) == 1
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_decode_on_a_gpu_splits_long_keys_and_matches_the_reference(dtype):
+    """On CUDA the default choice cuts a decode batch's keys into ranges: the compiled kernel and merge
+    against the reference (which computes in float32 from the same inputs), up to 8k keys."""
+    cases = [*_decode_and_short_recomputes("cuda", dtype), make_case(1, 8192, 8, 2, 64, seed=3, n_fresh=1, dtype=dtype,
+                                                                     device="cuda")]  # fmt: skip
+    kw = _pack(cases)
+    assert split_count(2 * 4, 2, len(cases), torch.device("cuda")) > 1
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype != torch.float32 else dict(rtol=1e-4, atol=1e-5)
+    want = _per_request(cases)
+    torch.testing.assert_close(q_sparse_attention_spans(**kw), want, **tol)
+    torch.testing.assert_close(q_sparse_attention_spans(**kw, splits=1), want, **tol)
