@@ -220,7 +220,9 @@ class FusionRAG:
             return build_segments(self._pieces(body, catalog), self._pieces(generation_prompt, catalog))
         if isinstance(request, RAGRequest):
             head, tail = self.tokenizer.chat_frame(request.system)
-            pieces = [Segment(kind, text, tuple(self.tokenizer.encode(text))) for kind, text in request.pieces()]
+            parts = request.pieces()
+            ids = self.tokenizer.encode_many([text for _, text in parts])
+            pieces = [Segment(kind, text, tuple(own)) for (kind, text), own in zip(parts, ids)]
             return build_segments([*self._pieces(head, None), *pieces], self._pieces(tail, catalog))
         if isinstance(request, str):
             if not request.strip():

@@ -20,9 +20,11 @@ def normalise_token_ids(token_ids: Any) -> tuple[int, ...]:
     if isinstance(token_ids, (str, bytes)):
         raise ValueError("token ids must be a sequence of ints, got a string")
     try:
-        items = list(token_ids)
+        items = tuple(token_ids)
     except TypeError:
         raise ValueError(f"token ids must be a sequence of ints, got {type(token_ids).__name__}") from None
+    if set(map(type, items)) <= {int}:  # plain ints (not bools, not int subclasses): as they are
+        return items
     out = []
     for item in items:
         if isinstance(item, bool):

@@ -15,6 +15,7 @@ import torch
 from fusionrag_llm import FusionRAG, get_method, method_names
 from fusionrag_llm.fusion.catalog import chunk_id_of
 from fusionrag_llm.fusion.chunk_finder import MIN_CHUNK_CHARS, ChunkFinder, Piece
+from fusionrag_llm.models.tokenizer import TokenizedText
 from fusionrag_llm.request import prompt_ids
 from merging_tokenizer import EMBEDDINGS, GLUE, REGISTERED, UNREGISTERED, bpe_rag, rag_over, registered_twin
 
@@ -178,6 +179,28 @@ def test_decoding_fallback_finds_the_same_chunks_as_offsets(monkeypatch):
     for prompt, expected in zip(prompts, with_offsets):
         assert finder.split_tokens(rag.tokenizer.tokenize(prompt), registered.get) == expected, prompt
     assert sum(kind == "chunk" for pieces in with_offsets for kind, *_ in pieces) >= 10
+
+
+def test_token_boundaries_from_an_offset_map_follow_their_definition():
+    """``index_at(c)`` is the smallest k whose tokens before end at or before c and whose tokens from k
+    on start at or after it (else None), for offset maps with shared spans (the bytes of one character),
+    gaps and, as some tokenizers give, spans out of order."""
+    rng = random.Random(5)
+    for _ in range(300):
+        length, offsets, at = rng.randint(0, 40), [], 0
+        while at < length:
+            end = min(length, at + rng.randint(1, 4))
+            offsets += [(at, end)] * rng.choice([1, 1, 1, 2, 3])
+            at = end + rng.choice([0, 0, 0, 1])
+        if offsets and rng.random() < 0.3:  # an out-of-order span somewhere
+            i = rng.randrange(len(offsets))
+            offsets[i] = (max(0, offsets[i][0] - rng.randint(1, 5)), offsets[i][1])
+        tokens = TokenizedText("x" * length, list(range(len(offsets))), offsets, lambda ids: "")
+        for char in range(length + 2):
+            valid = [k for k in range(len(offsets) + 1)
+                     if all(end <= char for _, end in offsets[:k]) and all(start >= char for start, _ in offsets[k:])
+                     and char <= length]  # fmt: skip
+            assert tokens.index_at(char) == (valid[0] if valid else None), (offsets, char)
 
 
 def test_old_character_split_is_unchanged():

@@ -55,6 +55,18 @@ def test_encode_is_data_and_encode_template_parses_control_tokens(rag):
     assert tokenizer.encode(DOCUMENT) == list(rag.chunks[chunk_id_of(DOCUMENT)].token_ids)  # ingestion = query
 
 
+def test_encode_many_is_encode_of_each_text_and_refuses_bad_text_alike(rag):
+    """A RAGRequest's pieces are encoded in one call: the same data ids as one by one, control text kept
+    as text, with the byte tokenizer and a merging one."""
+    from merging_tokenizer import bpe_rag
+
+    texts = [FORGED, DOCUMENT, "", " glued words and  spaces\n", "caf\u00e9 <|im_start|>"]
+    for tokenizer in (rag.tokenizer, bpe_rag().tokenizer):
+        assert tokenizer.encode_many(texts) == [tokenizer.encode(text) for text in texts]
+        with pytest.raises(FusionRAGError, match="lone surrogate"):
+            tokenizer.encode_many(["fine", "a\ud800b"])
+
+
 @pytest.mark.real_model
 def test_smollm2_tokenizer_encodes_control_text_as_data():
     from transformers import AutoTokenizer

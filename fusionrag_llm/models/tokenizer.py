@@ -18,6 +18,7 @@ import bisect
 import json
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import accumulate
 from typing import Any, Callable, Sequence
 
 from fusionrag_llm.errors import FusionRAGError
@@ -74,8 +75,8 @@ class TokenizedText:
         return self._index_by_decoding(char)
 
     @cached_property
-    def _by_char(self) -> dict[int, int] | None:
-        return None if self._offsets is None else _boundaries_from_offsets(self._offsets, len(self.text))
+    def _by_char(self) -> _OffsetBoundaries | None:
+        return None if self._offsets is None else _OffsetBoundaries(self._offsets, len(self.text))
 
     def _index_by_decoding(self, char: int) -> int | None:
         prefix_len = _LazyPrefixLengths(self.ids, self._decode)
@@ -96,22 +97,22 @@ class _LazyPrefixLengths:
         return len(self.decode(self.ids[:k]))
 
 
-def _boundaries_from_offsets(offsets: Sequence[tuple[int, int]], length: int) -> dict[int, int]:
-    """char -> k for every char between tokens: all tokens before k end at or before it, all from k start at or after.
+class _OffsetBoundaries:
+    """``index_at`` from an offset mapping: the smallest k with every token before k ending at or before
+    ``char`` and every token from k on starting at or after it (the least start of tokens k.. and the
+    greatest end of tokens ..k-1 are both non-decreasing in k, so two bisections find it).
 
     Bytes of one character share its span, so a character split across tokens is never a boundary.
     """
-    count = len(offsets)
-    min_start = [length] * (count + 1)
-    for k in range(count - 1, -1, -1):
-        min_start[k] = min(min_start[k + 1], offsets[k][0])
-    by_char: dict[int, int] = {}
-    max_end = 0
-    for k in range(count + 1):
-        max_end = max(max_end, offsets[k - 1][1]) if k else 0
-        for char in range(max_end, min_start[k] + 1):
-            by_char.setdefault(char, k)
-    return by_char
+
+    def __init__(self, offsets: Sequence[tuple[int, int]], length: int):
+        starts = [start for start, _ in offsets]
+        self.min_start = [*accumulate(reversed([*starts, length]), min)][::-1]  # [k]: min start of tokens k..
+        self.max_end = [0, *accumulate((end for _, end in offsets), max)]  # [k]: max end of tokens ..k-1
+
+    def get(self, char: int) -> int | None:
+        k = bisect.bisect_left(self.min_start, char)
+        return k if k < len(self.min_start) and self.max_end[k] <= char else None
 
 
 class ChatTokenizer:
@@ -144,6 +145,14 @@ class ChatTokenizer:
         if self._data_backend is not None:
             return list(self._data_backend.encode(text, add_special_tokens=False).ids)
         return list(self.hf.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
+        """``encode`` of each text, in one call (the tokenizer's threads share the texts)."""
+        for text in texts:
+            check_text(text)
+        if self._data_backend is not None:
+            return [encoding.ids for encoding in self._data_backend.encode_batch(list(texts), add_special_tokens=False)]
+        return [self.encode(text) for text in texts]
 
     def tokenize(self, text: str) -> TokenizedText:
         """``encode`` that also knows where its token boundaries fall (for finding chunks in prompts)."""
