@@ -54,6 +54,8 @@ def test_every_section_writes_its_figures_and_the_tests_their_counts(tmp_path):
     assert profile["steps"] == 32 and profile["per_step"]["launches"] == 0  # no kernels to launch on the CPU
     assert profile["per_step"]["host_reads"] >= 1  # at least the sampled token is read back each step
     assert profile["decode_ops"] and profile["add_chunks_ops"][0]["self_ms"] > 0
+    assert set(profile["ttft"]) == {"fusionrag", "full_reuse"}  # each method's time to the first token, profiled
+    assert all(p["wall_ms"] > 0 and p["device_ms"] == 0 and p["ops"] for p in profile["ttft"].values())
     tests = written["tests"]
     assert (tests["passed"], tests["failed"], tests["error"]) == (1, 1, 0)  # the unmarked test deselected
     assert tests["failing"] == ["tests/test_on_gpu.py::test_fails"] and not tests["timed_out"]
@@ -64,6 +66,7 @@ def test_every_section_writes_its_figures_and_the_tests_their_counts(tmp_path):
     summary = (tmp_path / "out" / "gpu.md").read_text()
     assert "| figure | measured | target | met |" in summary and "| GPU-marked tests | 1 passed, 1 failed" in summary
     assert "| TTFT fusionrag r=0.15 from host memory, whole vs layer by layer, 1024 |" in summary
+    assert "| TTFT full_reuse profile (1024) | " in summary and ", 0 kernel launches, " in summary
 
 
 def test_the_command_prints_the_summary_of_the_chosen_sections(tmp_path):
