@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate
+from operator import itemgetter
 from typing import Any, Callable, Sequence
 
 from fusionrag_llm.errors import FusionRAGError
@@ -106,9 +107,11 @@ class _OffsetBoundaries:
     """
 
     def __init__(self, offsets: Sequence[tuple[int, int]], length: int):
-        starts = [start for start, _ in offsets]
-        self.min_start = [*accumulate(reversed([*starts, length]), min)][::-1]  # [k]: min start of tokens k..
-        self.max_end = [0, *accumulate((end for _, end in offsets), max)]  # [k]: max end of tokens ..k-1
+        starts, ends = [*map(itemgetter(0), offsets), length], [0, *map(itemgetter(1), offsets)]
+        # [k]: the least start of tokens k.. (and the text's end), the greatest end of tokens ..k-1; for
+        # the usual map, whose starts and ends never go back, the lists themselves
+        self.min_start = starts if starts == sorted(starts) else [*accumulate(reversed(starts), min)][::-1]
+        self.max_end = ends if ends == sorted(ends) else [*accumulate(ends, max)]
 
     def get(self, char: int) -> int | None:
         k = bisect.bisect_left(self.min_start, char)
