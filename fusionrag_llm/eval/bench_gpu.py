@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from fusionrag_llm.api import FusionRAG
-from fusionrag_llm.eval.gpu_checks import attention_rows, header, run_gpu_tests, tests_folder
+from fusionrag_llm.eval.gpu_checks import attention_rows, decode_attention_rows, header, run_gpu_tests, tests_folder
 from fusionrag_llm.eval.results import markdown_table, ms, write_json
 from fusionrag_llm.kernels.dispatch import resolve_backend
 from fusionrag_llm.models.attention_backend import TritonAttention
@@ -308,7 +308,12 @@ class _Run:
             flex = f"{r['flex_ms']:.2f} ms (max diff {r['max_abs_diff']:.1e})" if "flex_ms" in r else r["flex"]
             self.figure(f"recompute attention, {r['fraction']:.0%} of {r['keys']} keys", f"own {r['own_ms']:.2f} ms, "
                         f"FlexAttention {flex}, causal SDPA of all keys {r['causal_sdpa_ms']:.2f} ms")  # fmt: skip
-        return {"rows": rows, "ttft": self.recompute_ttft()}
+        decode = decode_attention_rows(self.loaded.model, max(self.config.contexts), self.config.repeats)
+        for r in decode:
+            self.figure(f"decode attention, {r['requests']} x {r['keys']} keys, one call",
+                        f"keys in {r['splits']} ranges {r['split_ms']:.3f} ms, whole {r['whole_ms']:.3f} ms "
+                        f"(max diff {r['max_abs_diff']:.1e})")  # fmt: skip
+        return {"rows": rows, "decode": decode, "ttft": self.recompute_ttft()}
 
     def recompute_ttft(self) -> dict:
         """``fusionrag``'s time to the first token at the longest length with the recompute through each of

@@ -1,6 +1,7 @@
 """What ``fusionrag bench gpu`` checks besides the engine's own figures: the machine it ran on, the
 recompute set's attention (the own query-sparse kernel against FlexAttention and causal SDPA on the
-same inputs) and the GPU-marked tests, run in a subprocess."""
+same inputs), decode attention with the keys cut into ranges and whole, and the GPU-marked tests, run
+in a subprocess."""
 
 from __future__ import annotations
 
@@ -60,6 +61,30 @@ def attention_rows(model, keys: int, repeats: int) -> list[dict]:
         own_s = time_call(own, device, repeats)
         rows.append({"fraction": fraction, "keys": keys, "queries": len(q_positions), "own_ms": own_s * 1e3,
                      "causal_sdpa_ms": flash_s * 1e3, **flex_timing(q, q_positions, k, v, own, repeats)})  # fmt: skip
+    return rows
+
+
+def decode_attention_rows(model, longest: int, repeats: int) -> list[dict]:
+    """One decode token's attention per request over its own span of keys (one pool), in one call: the
+    keys cut into ranges as ``split_count`` chooses against one program per KV head reading them all, for
+    one request at 8k and at ``longest`` keys and 32 requests at 1k, on the model's head shape."""
+    from fusionrag_llm.kernels.dispatch import q_sparse_attention_spans
+    from fusionrag_llm.kernels.q_sparse_attention import split_count
+
+    cfg, device, dtype = model.cfg, model.device, model.dtype
+    g, rows = torch.Generator().manual_seed(4), []
+    for requests, keys in sorted({(1, min(8192, longest)), (1, longest), (32, min(1024, longest))}):
+        k, v = (torch.randn(cfg.num_kv_heads, requests * keys, cfg.head_dim, generator=g).to(device, dtype) for _ in "kv")
+        q = torch.randn(cfg.num_heads, requests, cfg.head_dim, generator=g).to(device, dtype)
+        starts = torch.arange(0, requests * keys, keys, device=device)
+        args = (q, torch.full((requests,), keys, device=device), torch.arange(requests + 1, device=device), k, v,
+                torch.arange(keys, device=device).repeat(requests), None, starts, starts + keys, 1)  # fmt: skip
+        run = {splits: partial(q_sparse_attention_spans, *args, splits=splits, backend=model.kernels) for splits in (None, 1)}
+        rows.append({"requests": requests, "keys": keys, "max_abs_diff": (run[None]() - run[1]()).abs().max().item(),
+                     "splits": split_count(cfg.num_heads // cfg.num_kv_heads, cfg.num_kv_heads, requests, device)
+                     if model.kernels == "triton" else 1,
+                     "split_ms": time_call(run[None], device, repeats) * 1e3,
+                     "whole_ms": time_call(run[1], device, repeats) * 1e3})  # fmt: skip
     return rows
 
 

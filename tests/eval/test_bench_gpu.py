@@ -50,6 +50,9 @@ def test_every_section_writes_its_figures_and_the_tests_their_counts(tmp_path):
     assert [r["fraction"] for r in attention] == [0.05, 0.15, 0.3]
     assert all(r["max_abs_diff"] < 1e-4 and r["flex_ms"] > 0 for r in attention)  # eager FlexAttention agrees
     assert "one recompute path" in written["attention"]["ttft"]["skipped"]  # the torch backend
+    decode = written["attention"]["decode"]
+    assert [(r["requests"], r["keys"]) for r in decode] == [(1, 1024), (32, 1024)]
+    assert all(r["splits"] == 1 and r["max_abs_diff"] == 0 and r["split_ms"] > 0 for r in decode)  # one range on the CPU
     profile = written["profile"]
     assert profile["steps"] == 32 and profile["per_step"]["launches"] == 0  # no kernels to launch on the CPU
     assert profile["per_step"]["host_reads"] >= 1  # at least the sampled token is read back each step
