@@ -15,7 +15,8 @@ import torch
 from fusionrag_llm import FusionRAG, get_method, method_names
 from fusionrag_llm.fusion.catalog import chunk_id_of
 from fusionrag_llm.fusion.chunk_finder import MIN_CHUNK_CHARS, ChunkFinder, Piece
-from fusionrag_llm.models.tokenizer import TokenizedText
+from fusionrag_llm.models import tokenizer as tokenizer_module
+from fusionrag_llm.models.tokenizer import ChatTokenizer, TokenizedText
 from fusionrag_llm.request import prompt_ids
 from merging_tokenizer import EMBEDDINGS, GLUE, REGISTERED, UNREGISTERED, bpe_rag, rag_over, registered_twin
 
@@ -203,6 +204,77 @@ def test_token_boundaries_from_an_offset_map_follow_their_definition():
             assert tokens.index_at(char) == (valid[0] if valid else None), (offsets, char)
 
 
+LONG_TEXT_PARTS = [*REGISTERED, *UNREGISTERED, *GLUE, "\n", "\n", ".\n\n", "it's\n", "1887\n", "Varrow\n",
+                   "caf\u00e9\n", " \n", "\t\n", "?\n  ", "\u00a0\n", "''\n", "(x)\n", "\u4e2d\u6587\n"]  # fmt: skip
+
+
+class _BatchSpy:
+    """A tokenizer backend that counts the texts of its batch calls and passes everything on."""
+
+    def __init__(self, backend):
+        self.backend, self.batched = backend, []
+
+    def encode_batch(self, texts, **kwargs):
+        self.batched.append(len(texts))
+        return self.backend.encode_batch(texts, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+
+def check_long_texts_in_pieces(tokenizer, monkeypatch, seed: int, count: int) -> None:
+    """Long random texts (line breaks after letters, digits, signs, spaces, non-ASCII letters and
+    quotes): tokenized in pieces in one batch call, the same ids as one call, and the same token
+    boundaries as decoding prefixes finds. Pieces of ~60 characters, not ~8k, so that nearly every
+    line break the rule may cut at is cut at."""
+    monkeypatch.setattr(tokenizer_module, "CUT_CHARS", 60)
+    spy = _BatchSpy(tokenizer._data_backend)
+    monkeypatch.setattr(tokenizer, "_data_backend", spy)
+    rng = random.Random(seed)
+    for _ in range(count):
+        text = "".join(rng.choice(LONG_TEXT_PARTS) for _ in range(rng.randint(50, 400)))
+        tokens = tokenizer.tokenize(text)
+        assert spy.batched and spy.batched[-1] > 1, "a long text should be cut"
+        assert tokens.ids == tokenizer.encode(text)
+        for char in rng.sample(range(len(text) + 1), 40):
+            k = tokens.index_at(char)
+            if k is not None:
+                assert tokenizer.decode(tokens.ids[:k], skip_special_tokens=False) == text[:char]
+        spy.batched.clear()
+
+
+def test_a_long_text_is_tokenized_in_pieces_with_the_ids_of_one_call(monkeypatch):
+    """A GPT-2-style tokenizer trained on such texts, so it merges whitespace runs, line breaks and the
+    letters, signs and spaces around them: a cut in the wrong place would change its ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from fusionrag_llm.models.tiny import SPECIAL_TOKENS
+
+    rng = random.Random(3)
+    corpus = ["".join(rng.choice(LONG_TEXT_PARTS) for _ in range(60)) for _ in range(300)]
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer, core.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    core.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=2000, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
+                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))  # fmt: skip
+    hf = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", additional_special_tokens=list(SPECIAL_TOKENS))
+    check_long_texts_in_pieces(ChatTokenizer(hf), monkeypatch, seed=4, count=60)
+
+
+def test_a_tokenizer_that_splits_otherwise_gets_the_long_text_in_one_call(monkeypatch):
+    """No cut unless the split rule is GPT-2's and nothing comes before it: the byte tokenizer (no
+    split rule) and a tokenizer with a plain added word (taken out of data before the split)."""
+    from fusionrag_llm.models.tiny import byte_tokenizer
+
+    text = "Word.\n" * 5000
+    merging = bpe_rag().tokenizer.hf
+    merging.add_tokens(["Word"])  # not special: it would be cut out of data first
+    for tokenizer in (ChatTokenizer(byte_tokenizer()), ChatTokenizer(merging)):
+        spy = _BatchSpy(tokenizer._data_backend)
+        monkeypatch.setattr(tokenizer, "_data_backend", spy)
+        assert tokenizer.tokenize(text).ids == tokenizer.encode(text) and spy.batched == []
+
+
 def test_old_character_split_is_unchanged():
     finder = ChunkFinder()
     finder.register(["a registered chunk of text", "tiny"])
@@ -220,6 +292,16 @@ def test_smollm2_tokenizer_random_prompts_keep_ids_and_logits():
     plain = rag_over(AutoTokenizer.from_pretrained(resolve_default_model()), "tiny-smollm2-tokenizer")
     found, refused, glued = check_random_prompts(plain, registered_twin(plain), count=60, seed=3)
     assert found >= 5 and refused >= 5 and glued >= 5
+
+
+@pytest.mark.real_model
+def test_smollm2_tokenizer_cuts_long_texts_into_pieces_with_the_ids_of_one_call(monkeypatch):
+    from transformers import AutoTokenizer
+
+    from fusionrag_llm.models.default_model import resolve_default_model
+
+    tokenizer = ChatTokenizer(AutoTokenizer.from_pretrained(resolve_default_model()))
+    check_long_texts_in_pieces(tokenizer, monkeypatch, seed=5, count=60)
 
 
 @pytest.mark.real_model

@@ -132,6 +132,7 @@ class ChatTokenizer:
                 stop.add(int(token_id))
         self.stop_ids = frozenset(stop)
         self._data_backend = _data_backend(hf)
+        self._cuttable = self._data_backend is not None and _splits_as_gpt2(self._data_backend)
         self._tool_formats: dict[str, Any] = {}  # chat template -> its tool format (or None)
 
     def __len__(self) -> int:
@@ -158,12 +159,23 @@ class ChatTokenizer:
         return [self.encode(text) for text in texts]
 
     def tokenize(self, text: str) -> TokenizedText:
-        """``encode`` that also knows where its token boundaries fall (for finding chunks in prompts)."""
-        if self._data_backend is not None:
-            check_text(text)  # the other path's ``encode`` checks it
+        """``encode`` that also knows where its token boundaries fall (for finding chunks in prompts).
+
+        A long text is tokenized in pieces, in one batch call, where the tokenizer splits text as GPT-2's
+        byte-level rule does and nothing runs before that split (``_cut_points``): the same ids."""
+        if self._data_backend is None:
+            return TokenizedText(text, self.encode(text), None, self._decode_exact)
+        check_text(text)  # the other path's ``encode`` checks it
+        cuts = _cut_points(text) if self._cuttable else []
+        if not cuts:
             encoding = self._data_backend.encode(text, add_special_tokens=False)
             return TokenizedText(text, encoding.ids, encoding.offsets, self._decode_exact)
-        return TokenizedText(text, self.encode(text), None, self._decode_exact)
+        starts = [0, *cuts]
+        pieces = [text[a:b] for a, b in zip(starts, [*cuts, len(text)])]
+        encodings = self._data_backend.encode_batch(pieces, add_special_tokens=False)
+        ids = [token for encoding in encodings for token in encoding.ids]
+        offsets = [(a + at, b + at) for encoding, at in zip(encodings, starts) for a, b in encoding.offsets]
+        return TokenizedText(text, ids, offsets, self._decode_exact)
 
     def encode_template(self, text: str) -> list[int]:
         """Ids of the chat template's own text, special tokens parsed; never pass user or retrieved text."""
@@ -283,6 +295,40 @@ def check_text(text: str) -> None:
         bad = ord(text[exc.start])
         raise FusionRAGError(f"text is not valid Unicode: a lone surrogate U+{bad:04X} at character {exc.start}; "
                              "send UTF-8 text") from None  # fmt: skip
+
+
+CUT_CHARS = 8192  # a long data text is tokenized in pieces of about this many characters (``tokenize``)
+
+
+def _splits_as_gpt2(backend: Any) -> bool:
+    """Whether ``backend`` (a data backend: special tokens stay text) splits text before its BPE exactly
+    by GPT-2's byte-level rule, with nothing before that (no normalizer, no added token taken out of data)
+    and nothing random after (``_cut_points`` relies on it)."""
+    from tokenizers import models, pre_tokenizers
+
+    pre, model = backend.pre_tokenizer, backend.model
+    return (backend.normalizer is None and isinstance(pre, pre_tokenizers.ByteLevel) and pre.use_regex
+            and not pre.add_prefix_space and isinstance(model, models.BPE) and model.dropout is None
+            and all(token.special for token in backend.get_added_tokens_decoder().values()))  # fmt: skip
+
+
+def _cut_points(text: str) -> list[int]:
+    """Places about every CUT_CHARS characters where ``text`` tokenizes piece by piece as it does whole,
+    under GPT-2's byte-level split: a line break right after a printable ASCII character that is not a
+    space. The rule's every alternative that takes that character stops before a line break (a run of
+    letters, of digits, of other signs, a contraction), so a split unit ends there; the next one starts
+    at the line break whatever came before (the rule looks behind nothing), and BPE runs within units.
+    """
+    cuts, at = [], CUT_CHARS
+    while at < len(text) - CUT_CHARS // 2:
+        cut = text.find("\n", at)
+        while cut > 0 and not "!" <= text[cut - 1] <= "~":
+            cut = text.find("\n", cut + 1)
+        if cut <= 0 or cut >= len(text) - 1:
+            break
+        cuts.append(cut)
+        at = cut + CUT_CHARS
+    return cuts
 
 
 def _data_backend(hf: Any) -> Any | None:
