@@ -233,6 +233,8 @@ class TierStack:
     def settle(self) -> None:
         """Evict unpinned entries from tiers over their budget (after an unpin) until each fits."""
         for level, tier in enumerate(self.memory):
+            if tier.overshoot_bytes == 0:  # the usual case: no ordering of the tier's keys to make
+                continue
             for victim in tier.evictable(self.heat.heat, self.pins.is_pinned):
                 if tier.overshoot_bytes == 0:
                     break
