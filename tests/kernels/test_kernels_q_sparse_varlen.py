@@ -164,7 +164,7 @@ def test_decode_on_a_gpu_splits_long_keys_and_matches_the_reference(dtype):
                                                                      device="cuda")]  # fmt: skip
     kw = _pack(cases)
     assert split_count(2 * 4, 2, len(cases), torch.device("cuda")) > 1
-    tol = dict(rtol=2e-2, atol=2e-2) if dtype != torch.float32 else dict(rtol=1e-4, atol=1e-5)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype != torch.float32 else dict(rtol=1e-4, atol=1e-4)
     want = _per_request(cases)
     torch.testing.assert_close(q_sparse_attention_spans(**kw), want, **tol)
     torch.testing.assert_close(q_sparse_attention_spans(**kw, splits=1), want, **tol)
