@@ -451,17 +451,25 @@ static inline __attribute__((always_inline)) void key_scores_avx512(
     }
 }
 
-/* acc (d = 16 nv floats) = sum_j p[j] v_j over keys [start, start + count) */
+/* For heads [h0, h0 + nh) (nh <= most): out[h * stride ..] (d = 16 nv floats) = sum_j p[h][j] v_j over keys
+   [start, start + count). Each value vector is loaded once for all nh heads; each head's sums run over j
+   in order, as one head at a time would. */
 static inline __attribute__((always_inline)) void weighted_values_avx512(
-        const float *p, const float *values, int64_t start, int64_t count, int64_t nv, float *acc) {
-    __m512 sum[8];
-    for (int64_t c = 0; c < nv; c++) sum[c] = _mm512_setzero_ps();
+        float p[][FR_KEYS], int64_t h0, int64_t nh, int64_t most, const float *values, int64_t start,
+        int64_t count, int64_t nv, float *out, int64_t stride) {
+    __m512 sum[6][8];
+    for (int64_t h = 0; h < most; h++)
+        for (int64_t c = 0; c < nv; c++) sum[h][c] = _mm512_setzero_ps();
     for (int64_t j = 0; j < count; j++) {
-        __m512 w = _mm512_set1_ps(p[j]);
         int64_t v = (start + j) * nv * 16;
-        for (int64_t c = 0; c < nv; c++) sum[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(values + v + c * 16), sum[c]);
+        for (int64_t c = 0; c < nv; c++) {
+            __m512 vc = _mm512_loadu_ps(values + v + c * 16);
+            for (int64_t h = 0; h < most; h++)
+                if (h < nh) sum[h][c] = _mm512_fmadd_ps(_mm512_set1_ps(p[h0 + h][j]), vc, sum[h][c]);
+        }
     }
-    for (int64_t c = 0; c < nv; c++) _mm512_storeu_ps(acc + c * 16, sum[c]);
+    for (int64_t h = 0; h < nh; h++)
+        for (int64_t c = 0; c < nv; c++) _mm512_storeu_ps(out + (h0 + h) * stride + c * 16, sum[h][c]);
 }
 #endif
 
@@ -484,15 +492,27 @@ static void key_scores(const float *q, int64_t group, const float *keys, int64_t
     }
 }
 
-static void weighted_values(const float *p, const float *values, int64_t start, int64_t count, int64_t d,
-                            float *acc) {
+/* out[h * stride ..] (d floats) = sum_j p[h][j] v_j over keys [start, start + count), for every head h < group */
+static void weighted_values(float p[][FR_KEYS], int64_t group, const float *values, int64_t start, int64_t count,
+                            int64_t d, float *out, int64_t stride) {
 #if defined(__AVX512F__)
-    if (d == 64) { weighted_values_avx512(p, values, start, count, 4, acc); return; }
-    if (d == 128) { weighted_values_avx512(p, values, start, count, 8, acc); return; }
+    if (d == 64) {  /* six heads' sums and a value vector in registers */
+        for (int64_t h0 = 0; h0 < group; h0 += 6)
+            weighted_values_avx512(p, h0, group - h0 < 6 ? group - h0 : 6, 6, values, start, count, 4, out, stride);
+        return;
+    }
+    if (d == 128) {
+        for (int64_t h0 = 0; h0 < group; h0 += 3)
+            weighted_values_avx512(p, h0, group - h0 < 3 ? group - h0 : 3, 3, values, start, count, 8, out, stride);
+        return;
+    }
 #endif
-    memset(acc, 0, sizeof(float) * (size_t)d);
-    for (int64_t j = 0; j < count; j++)
-        for (int64_t t = 0; t < d; t++) acc[t] += p[j] * values[(start + j) * d + t];
+    for (int64_t h = 0; h < group; h++) {
+        float *acc = out + h * stride;
+        memset(acc, 0, sizeof(float) * (size_t)d);
+        for (int64_t j = 0; j < count; j++)
+            for (int64_t t = 0; t < d; t++) acc[t] += p[h][j] * values[(start + j) * d + t];
+    }
 }
 
 /* One task of a decode step's attention: the query heads of one kv head of one sequence over keys
@@ -513,8 +533,8 @@ static void attend_part(const float *q, int64_t group, const float *keys, const 
         float *out = part + h * (d + 2);
         out[0] = top;
         out[1] = total;
-        weighted_values(score[h], values, start, count, d, out + 2);
     }
+    weighted_values(score, group, values, start, count, d, part + 2, d + 2);
 }
 
 /* att [heads * d] of one (sequence, kv head) from its `n` tasks' parts: each part's weights rescaled by
