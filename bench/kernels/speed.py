@@ -199,6 +199,7 @@ def bench_critical_scores(shape: dict, device: str, reps: int) -> list[dict]:
 def bench_spans_decode(shape: dict, device: str, reps: int) -> list[dict]:
     """Batched decode: 1 and 4 requests, one query each, over their own span of the keys; the keys of a
     request cut into ranges as ``split_count`` chooses (``_split``) and read by one program (``_whole``)."""
+    from fusionrag_llm.eval.gpu_checks import decode_span_args
     from fusionrag_llm.kernels.q_sparse_attention_varlen import q_sparse_attention_spans, q_sparse_attention_spans_ref
 
     g = torch.Generator().manual_seed(3)
@@ -206,11 +207,8 @@ def bench_spans_decode(shape: dict, device: str, reps: int) -> list[dict]:
     rows = []
     for requests in (1, 4):
         per = max(1, n // requests)
-        q, k, v = _rand(g, shape, device, hq, requests, d), *(_rand(g, shape, device, hkv, per * requests, d) for _ in "kv")
-        k_positions = torch.arange(per, device=device).repeat(requests)
-        k_starts = torch.arange(0, per * requests, per, device=device)
-        args = (q, torch.full((requests,), per, device=device), torch.arange(requests + 1, device=device), k, v,
-                k_positions, None, k_starts, k_starts + per, 1)  # fmt: skip
+        args = decode_span_args(requests, per, hq, hkv, d, device, getattr(torch, shape["dtype"]), g)
+        q, k = args[0], args[3]
         reference = lambda args=args: q_sparse_attention_spans_ref(*args)  # noqa: E731
         for label, splits in (("split", None), ("whole", 1)):
             kernel = lambda args=args, splits=splits: q_sparse_attention_spans(*args, splits=splits)  # noqa: E731

@@ -74,11 +74,7 @@ def decode_attention_rows(model, longest: int, repeats: int) -> list[dict]:
     cfg, device, dtype = model.cfg, model.device, model.dtype
     g, rows = torch.Generator().manual_seed(4), []
     for requests, keys in sorted({(1, min(8192, longest)), (1, longest), (32, min(1024, longest))}):
-        k, v = (torch.randn(cfg.num_kv_heads, requests * keys, cfg.head_dim, generator=g).to(device, dtype) for _ in "kv")
-        q = torch.randn(cfg.num_heads, requests, cfg.head_dim, generator=g).to(device, dtype)
-        starts = torch.arange(0, requests * keys, keys, device=device)
-        args = (q, torch.full((requests,), keys, device=device), torch.arange(requests + 1, device=device), k, v,
-                torch.arange(keys, device=device).repeat(requests), None, starts, starts + keys, 1)  # fmt: skip
+        args = decode_span_args(requests, keys, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, device, dtype, g)
         run = {splits: partial(q_sparse_attention_spans, *args, splits=splits, backend=model.kernels) for splits in (None, 1)}
         rows.append({"requests": requests, "keys": keys, "max_abs_diff": (run[None]() - run[1]()).abs().max().item(),
                      "splits": split_count(cfg.num_heads // cfg.num_kv_heads, cfg.num_kv_heads, requests, device)
@@ -86,6 +82,19 @@ def decode_attention_rows(model, longest: int, repeats: int) -> list[dict]:
                      "split_ms": time_call(run[None], device, repeats) * 1e3,
                      "whole_ms": time_call(run[1], device, repeats) * 1e3})  # fmt: skip
     return rows
+
+
+def decode_span_args(requests: int, keys: int, heads: int, kv_heads: int, head_dim: int, device, dtype,
+                     generator: torch.Generator) -> tuple:
+    """Random arguments of ``q_sparse_attention_spans`` for one decode token per request: request b's query
+    at position ``keys`` over its own span of ``keys`` keys (positions 0..keys-1) in one buffer."""
+    def rnd(*size):
+        return torch.randn(*size, generator=generator).to(device, dtype)
+
+    q, k, v = rnd(heads, requests, head_dim), rnd(kv_heads, requests * keys, head_dim), rnd(kv_heads, requests * keys, head_dim)
+    starts = torch.arange(0, requests * keys, keys, device=device)
+    return (q, torch.full((requests,), keys, device=device), torch.arange(requests + 1, device=device), k, v,
+            torch.arange(keys, device=device).repeat(requests), None, starts, starts + keys, 1)  # fmt: skip
 
 
 def flex_timing(q, q_positions, k, v, own, repeats: int) -> dict:
