@@ -353,9 +353,8 @@ class _Run:
         ingest = profiled(lambda: add_timed(rag, chunk_texts(4, seed=5), seed=5), rag.engine.model.device)
         self.figure("add_chunks profile (4 chunks): most time in", _top(ingest))
         longest = max(self.config.contexts)  # where each method's time to the first token goes
-        firsts = {}
+        request, firsts = self.request(longest), {}
         for method, ratio in (("fusionrag", 0.15), ("full_reuse", None)):
-            request = self.request(longest)
             timed(rag, [request], method, ratio)  # warm at this length
             first = firsts[method] = profiled(lambda: timed(rag, [request], method, ratio), rag.engine.model.device)
             self.figure(f"TTFT {method} profile ({longest})", f"{first['wall_ms']:.0f} ms, device busy "
