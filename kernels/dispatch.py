@@ -17,6 +17,7 @@ import os
 import torch
 
 from . import critical_scores as _scores
+from . import elementwise as _elementwise
 from . import q_sparse_attention as _attn
 from . import q_sparse_attention_varlen as _varlen
 from . import rotary as _rotary
@@ -73,3 +74,16 @@ def critical_scores(q, q_positions, k, k_positions, k_valid, scale=None, *, back
     use_triton = resolve_backend(q, backend, _tiled_head_dim(q)) == "triton"
     fn = _scores.critical_scores if use_triton else _scores.critical_scores_ref
     return fn(q, q_positions, k, k_positions, k_valid, scale)
+
+
+def rms_norm(x, weight, eps, *, backend: str | None = None):
+    """Dispatching :func:`fusionrag_llm.kernels.elementwise.rms_norm`."""
+    kernel_ok = x.shape[-1] <= _elementwise.MAX_ROW
+    fn = _elementwise.rms_norm if resolve_backend(x, backend, kernel_ok) == "triton" else _elementwise.rms_norm_ref
+    return fn(x, weight, eps)
+
+
+def silu_mul(gate, up, *, backend: str | None = None):
+    """Dispatching :func:`fusionrag_llm.kernels.elementwise.silu_mul`."""
+    fn = _elementwise.silu_mul if resolve_backend(gate, backend) == "triton" else _elementwise.silu_mul_ref
+    return fn(gate, up)

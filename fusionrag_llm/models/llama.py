@@ -16,7 +16,6 @@ import logging
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fusionrag_llm.kernels import cpu_quant, dispatch
@@ -47,12 +46,10 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.kernels = "torch"  # the model's backend (``DecoderLM.kernels``): "triton" runs one kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return dispatch.rms_norm(x, self.weight, self.eps, backend=self.kernels)
 
 
 class Attention(nn.Module):
@@ -97,10 +94,11 @@ class MLP(nn.Module):
         self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.gate_up = FusedLinears(self.gate_proj, self.up_proj)
+        self.kernels = "torch"  # the model's backend (``DecoderLM.kernels``): "triton" runs one kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(dispatch.silu_mul(gate, up, backend=self.kernels))
 
 
 class DecoderLayer(nn.Module):
@@ -148,12 +146,15 @@ class DecoderLM(nn.Module):
 
     @property
     def kernels(self) -> str:
-        """``"torch"`` or ``"triton"``: the attention and rotary backend, set once at load."""
+        """``"torch"`` or ``"triton"``: the backend of attention, rotary, the norms and SwiGLU, set once at load."""
         return self.attention.name
 
     @kernels.setter
     def kernels(self, name: str) -> None:
         self.attention = attention_backend(name)
+        for module in self.modules():  # the norms and SwiGLU too (kernels/elementwise.py)
+            if isinstance(module, (RMSNorm, MLP)):
+                module.kernels = name
 
     def pack_linears(self) -> int:
         """Lay every linear weight out for oneDNN's CPU matrix multiply (``models/linear.py``): faster
