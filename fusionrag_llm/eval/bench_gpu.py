@@ -349,7 +349,8 @@ class _Run:
             engine.step()
         per_step = {name: count / PROFILED_STEPS for name, count in steps["counts"].items()}
         self.figure(f"decode step profile (torch profiler, {context} context, {PROFILED_STEPS} steps)",
-                    f"{per_step['launches']:.0f} kernel launches and {per_step['host_reads']:.0f} host reads per step")  # fmt: skip
+                    f"{per_step['launches']:.0f} kernel launches, {per_step['graph_launches']:.0f} graph replays, "
+                    f"{per_step['device_ops']:.0f} device operations and {per_step['host_reads']:.0f} host reads per step")  # fmt: skip
         ingest = profiled(lambda: add_timed(rag, chunk_texts(4, seed=5), seed=5), rag.engine.model.device)
         self.figure("add_chunks profile (4 chunks): most time in", _top(ingest))
         longest = max(self.config.contexts)  # where each method's time to the first token goes
@@ -382,10 +383,12 @@ def _top(profile: dict, count: int = 4) -> str:
 
 
 def profiled(run, device: torch.device) -> dict:
-    """``run()`` under the torch profiler: counts of kernel launches and host reads (``item()``, ``int()``,
-    copies to the host: each a device sync on CUDA), the TOP_OPS operations by their own time, the wall
+    """``run()`` under the torch profiler: counts of kernel launches from the host, CUDA graph replays, the
+    operations that ran on the device (kernels and copies, a replayed graph's included) and host reads
+    (``item()``, ``int()``, copies to the host: each a device sync on CUDA), the TOP_OPS operations by their own time, the wall
     time and the device's busy time (each operation's own device time, summed: where it is well under the
     wall time, the host is what the run waits for)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -399,11 +402,15 @@ def profiled(run, device: torch.device) -> dict:
     launches = sum(n for name, n in count.items() if "LaunchKernel" in name)
     host_reads = count.get("aten::_local_scalar_dense", 0) + count.get("cudaStreamSynchronize", 0) + \
         count.get("cudaDeviceSynchronize", 0)  # fmt: skip
+    # a replayed CUDA graph is one host call (cudaGraphLaunch) for all its kernels: count what ran on the device
+    graphs = count.get("cudaGraphLaunch", 0)
+    device_ops = sum(e.count for e in events if e.device_type == DeviceType.CUDA)
     device_time = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
     rows = [{"name": e.key, "calls": e.count, "self_ms": e.self_cpu_time_total / 1000,
              "self_device_ms": getattr(e, device_time, 0) / 1000} for e in events]  # fmt: skip
     rows.sort(key=lambda row: max(row["self_ms"], row["self_device_ms"]), reverse=True)
-    return {"counts": {"launches": launches, "host_reads": host_reads}, "ops": rows[:TOP_OPS], "wall_ms": wall * 1e3,
+    counts = {"launches": launches, "graph_launches": graphs, "device_ops": device_ops, "host_reads": host_reads}
+    return {"counts": counts, "ops": rows[:TOP_OPS], "wall_ms": wall * 1e3,
             "device_ms": sum(row["self_device_ms"] for row in rows)}  # the kernels' time, all streams together
 
 
