@@ -237,7 +237,9 @@ def launch_forward(q, q_positions, cu_q, k, v, k_positions, k_valid, cu_k, scale
     cu_q, cu_k = cu_q.to(torch.int64).contiguous(), cu_k.to(torch.int64).contiguous()
     k_starts, k_ends = (cu_k[:-1], cu_k[1:]) if k_ends is None else (cu_k, k_ends.to(torch.int64).contiguous())
     valid = None if k_valid is None else k_valid.contiguous().view(torch.uint8)
-    out = torch.empty_like(q, memory_format=torch.contiguous_format) if with_v else None
+    # token-major ([Hq, Tq, D] strides over a [Tq, Hq, D] buffer): the output projection reads it as
+    # [Tq, Hq * D] rows without a copy
+    out = torch.empty((tq, hq, d), dtype=q.dtype, device=q.device).transpose(0, 1) if with_v else None
     lse = torch.empty((hq, tq), dtype=torch.float32, device=q.device) if store_lse else None
     group = hq // hkv
     cfg = launch_config(max_seqlen_q * group, q.element_size())

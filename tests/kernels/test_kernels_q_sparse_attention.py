@@ -68,6 +68,20 @@ def test_triton_zero_rows_and_all_valid_default():
 
 
 @needs_triton
+@pytest.mark.parametrize("splits", [1, 4])
+def test_the_output_is_token_major_so_the_output_projection_reads_it_without_a_copy(splits):
+    from fusionrag_llm.kernels.q_sparse_attention_varlen import q_sparse_attention_spans
+
+    case = make_case(3, 600, 4, 2, 16, recompute=False)
+    offsets = torch.tensor([0, 3])
+    out = q_sparse_attention_spans(*case.args()[:2], offsets, *case.args()[2:], torch.tensor([0]),
+                                   torch.tensor([600]), 3, splits=splits)  # fmt: skip
+    rows = out.transpose(0, 1).reshape(3, -1)  # [Nq, Hq * D], what o_proj multiplies
+    assert rows.data_ptr() == out.data_ptr()  # a view of the kernel's buffer, not a copy
+    torch.testing.assert_close(out, q_sparse_attention_ref(*case.args()), rtol=1e-4, atol=1e-5)
+
+
+@needs_triton
 def test_triton_non_contiguous_heads():
     case = make_case(5, 40, 4, 2, 16)
     k_big = torch.randn(2, case.k.shape[1], 2 * 16)
