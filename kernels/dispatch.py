@@ -87,3 +87,11 @@ def silu_mul(gate, up, *, backend: str | None = None):
     """Dispatching :func:`fusionrag_llm.kernels.elementwise.silu_mul`."""
     fn = _elementwise.silu_mul if resolve_backend(gate, backend) == "triton" else _elementwise.silu_mul_ref
     return fn(gate, up)
+
+
+def add_rms_norm(x, delta, weight, eps, *, backend: str | None = None):
+    """Dispatching :func:`fusionrag_llm.kernels.elementwise.add_rms_norm`."""
+    kernel_ok = x.shape[-1] <= _elementwise.MAX_ROW
+    use_triton = resolve_backend(x, backend, kernel_ok) == "triton"
+    fn = _elementwise.add_rms_norm if use_triton else _elementwise.add_rms_norm_ref
+    return fn(x, delta, weight, eps)

@@ -1,4 +1,5 @@
-"""The decoder layer's elementwise steps as one kernel each: RMSNorm and SwiGLU's ``silu(gate) * up``.
+"""The decoder layer's elementwise steps as one kernel each: RMSNorm (after a residual add, or alone) and
+SwiGLU's ``silu(gate) * up``.
 
 In torch, a bf16 RMSNorm is eight kernels (a cast, the square, the mean, the epsilon, the reciprocal
 root, the product, a cast back, the weight) and SwiGLU two: half of the ~1,000 launches of one decode
@@ -24,12 +25,19 @@ MAX_ROW = 32768  # the widest row one program holds (hidden sizes of today's mod
 if triton is not None:
 
     @triton.jit
-    def _rms_norm_kernel(X, W, OUT, n_cols, stride_x, stride_o, eps, BLOCK: tl.constexpr):
-        """One program per row: the row's mean square, then each element scaled and weighted."""
+    def _rms_norm_kernel(X, D, S, W, OUT, n_cols, stride_x, stride_d, stride_s, stride_o, eps,
+                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+        """One program per row: the row's mean square, then each element scaled and weighted. With
+        ``HAS_DELTA`` the row is first ``x + delta`` (rounded as torch's add), written to S and normed."""
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
-        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
+        if HAS_DELTA:
+            delta = tl.load(D + row * stride_d + cols, mask=mask, other=0.0)
+            x = (x.to(tl.float32) + delta.to(tl.float32)).to(X.dtype.element_ty)
+            tl.store(S + row * stride_s + cols, x, mask=mask)
+        x = x.to(tl.float32)
         inverse = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
         y = (x * inverse).to(X.dtype.element_ty).to(tl.float32)  # torch casts back before the weight
         w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
@@ -71,20 +79,38 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
     >>> out = rms_norm(hidden_states, layer.input_layernorm.weight, 1e-5)  # doctest: +SKIP
     """
-    op = "rms_norm"
+    return _launch_norm("rms_norm", x, None, weight, eps)[1]
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x + delta, rms_norm(x + delta))`` in one pass: a decoder layer's residual add and the norm after
+    it (``x`` and ``delta`` of one shape and dtype; the sum in their dtype, as torch's add gives it).
+
+    >>> h, normed = add_rms_norm(x, attention_out, layer.post_attention_layernorm.weight, 1e-5)  # doctest: +SKIP
+    """
+    op = "add_rms_norm"
+    _check_pair(op, x, delta, ("x", "delta"))
+    return _launch_norm(op, x, delta, weight, eps)
+
+
+def _launch_norm(op: str, x, delta, weight, eps: float) -> tuple[torch.Tensor | None, torch.Tensor]:
     require_triton(op)
     _check_norm(op, x, weight)
     size = weight.shape[0]
     check(0 < size <= MAX_ROW, op, f"rows of {size} elements are not supported; allowed: 1 to {MAX_ROW}")
-    check_devices(op, x=x, weight=weight)
+    check_devices(op, x=x, delta=delta, weight=weight)
     flat = _rows(op, "x", x, size)
+    rows = flat if delta is None else _rows(op, "delta", delta, size)
     out = torch.empty(flat.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    total = None if delta is None else torch.empty(flat.shape, dtype=x.dtype, device=x.device)
     if flat.shape[0]:
         block = triton.next_power_of_2(size)
         warps = 1 if interpreting() else min(16, max(1, block // 512))
-        _rms_norm_kernel[(flat.shape[0],)](flat, weight.contiguous(), out, size, flat.stride(0), out.stride(0),
-                                           float(eps), BLOCK=block, num_warps=warps)  # fmt: skip
-    return out.view(x.shape)
+        sums = out if total is None else total  # not written without a delta
+        _rms_norm_kernel[(flat.shape[0],)](flat, rows, sums, weight.contiguous(), out, size, flat.stride(0),
+                                           rows.stride(0), sums.stride(0), out.stride(0), float(eps),
+                                           HAS_DELTA=delta is not None, BLOCK=block, num_warps=warps)  # fmt: skip
+    return None if total is None else total.view(x.shape), out.view(x.shape)
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -95,11 +121,18 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     return weight * x.to(dtype)
 
 
-def _check_pair(op: str, gate, up) -> None:
-    for name, t in (("gate", gate), ("up", up)):
+def add_rms_norm_ref(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch residual add and RMSNorm (no checks: the model's own path)."""
+    total = x + delta
+    return total, rms_norm_ref(total, weight, eps)
+
+
+def _check_pair(op: str, a, b, names: tuple[str, str] = ("gate", "up")) -> None:
+    for name, t in zip(names, (a, b)):
         check(isinstance(t, torch.Tensor), op, f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    check(gate.shape == up.shape, op, f"gate and up must have one shape, got {tuple(gate.shape)} and {tuple(up.shape)}")
-    check(gate.dtype == up.dtype, op, f"gate and up must have one dtype, got {gate.dtype} and {up.dtype}")
+    pair = " and ".join(names)
+    check(a.shape == b.shape, op, f"{pair} must have one shape, got {tuple(a.shape)} and {tuple(b.shape)}")
+    check(a.dtype == b.dtype, op, f"{pair} must have one dtype, got {a.dtype} and {b.dtype}")
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ the hardware moved.
 One entry per kernel module (``KERNEL_BENCHES``): ``q_sparse_attention`` (above),
 ``q_sparse_attention_varlen`` (``q_sparse_attention_spans``, batched decode: one query per request
 over its span of the keys, its keys cut into ranges and whole), ``apply_rotary``, ``critical_scores`` and
-``elementwise`` (RMSNorm and SwiGLU of one decode row and of a context's rows), each timed against its torch
+``elementwise`` (RMSNorm, alone and after a residual add, and SwiGLU of one decode row and of a context's rows), each timed against its torch
 reference on the same inputs with their max difference, and ``cpu_quant`` (a decode row through the
 8-bit and 4-bit CPU linear, on the CPU, against the float64 product of the dequantized weight).
 A new kernel adds its entry there. Writes ``kernels.json`` into ``--out``.
@@ -183,9 +183,10 @@ def bench_rotary(shape: dict, device: str, reps: int) -> list[dict]:
 
 
 def bench_elementwise(shape: dict, device: str, reps: int) -> list[dict]:
-    """RMSNorm and SwiGLU (``silu(gate) * up``) of one decode row and of a whole context's rows, at the
+    """RMSNorm (alone and after a residual add) and SwiGLU (``silu(gate) * up``) of one decode row and of a whole context's rows, at the
     shape's hidden size (heads x head dim; SwiGLU at 3.5 times it, Llama-3-8B's ratio)."""
-    from fusionrag_llm.kernels.elementwise import rms_norm, rms_norm_ref, silu_mul, silu_mul_ref
+    from fusionrag_llm.kernels.elementwise import (add_rms_norm, add_rms_norm_ref, rms_norm, rms_norm_ref, silu_mul,
+                                                   silu_mul_ref)  # fmt: skip
 
     g = torch.Generator().manual_seed(3)
     hidden = shape["heads_q"] * shape["head_dim"]
@@ -198,6 +199,9 @@ def bench_elementwise(shape: dict, device: str, reps: int) -> list[dict]:
         rows += _kernel_vs_ref(f"rms_norm_{n}rows", lambda x=x: rms_norm(x, weight, 1e-5),
                                lambda x=x: rms_norm_ref(x, weight, 1e-5), 1.0, n, 4 * n * hidden,
                                2 * x.element_size() * x.numel(), device, reps)  # fmt: skip
+        rows += _kernel_vs_ref(f"add_rms_norm_{n}rows", lambda x=x: add_rms_norm(x, x, weight, 1e-5)[1],
+                               lambda x=x: add_rms_norm_ref(x, x, weight, 1e-5)[1], 1.0, n, 5 * n * hidden,
+                               4 * x.element_size() * x.numel(), device, reps)  # fmt: skip
         rows += _kernel_vs_ref(f"silu_mul_{n}rows", lambda gate=gate, up=up: silu_mul(gate, up),
                                lambda gate=gate, up=up: silu_mul_ref(gate, up), 1.0, n, 5 * n * inner,
                                3 * gate.element_size() * gate.numel(), device, reps)  # fmt: skip

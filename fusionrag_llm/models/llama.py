@@ -51,6 +51,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dispatch.rms_norm(x, self.weight, self.eps, backend=self.kernels)
 
+    def add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x + delta, self(x + delta))``: a residual add and this norm (one kernel on the Triton backend)."""
+        return dispatch.add_rms_norm(x, delta, self.weight, self.eps, backend=self.kernels)
+
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
@@ -110,8 +114,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, batch: BatchContext) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), batch)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h, normed = self.post_attention_layernorm.add(x, self.self_attn(self.input_layernorm(x), batch))
+        return h + self.mlp(normed)
 
 
 class DecoderBody(nn.Module):

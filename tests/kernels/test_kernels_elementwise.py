@@ -1,4 +1,4 @@
-"""RMSNorm and SwiGLU as one kernel each: references vs transformers, Triton vs reference, the engine's use."""
+"""RMSNorm (after a residual add, or alone) and SwiGLU as one kernel each: references vs transformers, Triton vs reference, the engine's use."""
 
 import pytest
 import torch
@@ -6,7 +6,8 @@ from kernel_cases import needs_cuda, needs_triton
 
 from fusionrag_llm import FusionRAG, RAGRequest
 from fusionrag_llm.kernels import elementwise
-from fusionrag_llm.kernels.elementwise import rms_norm, rms_norm_ref, silu_mul, silu_mul_ref
+from fusionrag_llm.kernels.elementwise import (add_rms_norm, add_rms_norm_ref, rms_norm, rms_norm_ref, silu_mul,
+                                               silu_mul_ref)  # fmt: skip
 
 
 def _rows(*shape, dtype=torch.float32, device="cpu", seed=0, scale=1.0):
@@ -64,6 +65,23 @@ def test_triton_fp16_rounds_where_torch_rounds():
 
 
 @needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_triton_add_rms_norm_gives_the_sum_and_its_norm(dtype):
+    """The residual add rounded as torch's add (fp16: every sum to the bit), then its norm."""
+    fused = _rows(6, 2 * 96, dtype=dtype, seed=12, scale=3.0)
+    x, delta = fused[:, :96], fused[:, 96:]  # rows 192 apart
+    weight = _rows(96, dtype=dtype, seed=13) + 1
+    (total, normed), (want_total, want_normed) = add_rms_norm(x, delta, weight, 1e-5), add_rms_norm_ref(x, delta, weight, 1e-5)
+    assert torch.equal(total, want_total) and normed.shape == x.shape and normed.dtype == dtype
+    tolerance = 2e-6 if dtype == torch.float32 else 1e-3
+    torch.testing.assert_close(normed, want_normed, rtol=tolerance, atol=tolerance)
+    if dtype == torch.float16:  # fp32 keeps the sum order's last bits; fp16's rounding hides them
+        assert (normed == want_normed).float().mean().item() > 0.98
+    empty = add_rms_norm(x[:0], delta[:0], weight, 1e-5)
+    assert [t.shape for t in empty] == [(0, 96), (0, 96)]
+
+
+@needs_triton
 @pytest.mark.parametrize("rows,size", [(1, 24), (7, 2500), (0, 8)])
 def test_triton_silu_mul_of_a_fused_projection_s_halves(rows, size):
     fused = _rows(rows, 2 * size, seed=size, scale=4.0)
@@ -84,6 +102,8 @@ def test_bad_inputs_are_clear_errors():
         rms_norm(torch.ones(2, 8, dtype=torch.int64), weight, 1e-5)
     with pytest.raises(ValueError, match=f"rows of {elementwise.MAX_ROW + 1} elements are not supported"):
         rms_norm(_rows(1, elementwise.MAX_ROW + 1), _rows(elementwise.MAX_ROW + 1), 1e-5)
+    with pytest.raises(ValueError, match="add_rms_norm: x and delta must have one shape, got"):
+        add_rms_norm(x, _rows(3, 8), weight, 1e-5)
     with pytest.raises(ValueError, match="silu_mul: gate and up must have one shape, got"):
         silu_mul(_rows(2, 8), _rows(2, 9))
     with pytest.raises(ValueError, match="silu_mul: gate and up must have one dtype"):
@@ -93,7 +113,7 @@ def test_bad_inputs_are_clear_errors():
 @needs_triton
 @pytest.mark.slow  # the engine through the Triton interpreter
 def test_a_triton_forward_runs_one_kernel_per_norm_and_per_swiglu(monkeypatch):
-    calls = {"rms_norm": 0, "silu_mul": 0}
+    calls = {"rms_norm": 0, "add_rms_norm": 0, "silu_mul": 0}
     for name in calls:
         real = getattr(elementwise, name)
 
@@ -106,13 +126,15 @@ def test_a_triton_forward_runs_one_kernel_per_norm_and_per_swiglu(monkeypatch):
                              for kernels in ("torch", "triton"))  # fmt: skip
     request = RAGRequest(chunks=["Sheep graze the cliffs."], question="Where?")
     want = torch_rag.generate(request, "full_attention", 1.0, 3, sampling={"ignore_eos": True}).token_ids
-    assert calls == {"rms_norm": 0, "silu_mul": 0}  # the torch backend keeps torch's ops
+    assert not any(calls.values())  # the torch backend keeps torch's ops
     got = triton_rag.generate(request, "full_attention", 1.0, 3, sampling={"ignore_eos": True}).token_ids
     layers = triton_rag.engine.model.cfg.num_layers
     assert got == want
-    # every forward (the prefill's, two decode steps): two norms per layer and the final one, one SwiGLU per layer
+    # every forward (the prefill's, two decode steps): per layer a norm, the residual add with the norm after
+    # it and SwiGLU; and the final norm
     forwards = calls["silu_mul"] // layers
-    assert forwards >= 3 and calls == {"rms_norm": forwards * (2 * layers + 1), "silu_mul": forwards * layers}
+    assert forwards >= 3 and calls == {"rms_norm": forwards * (layers + 1), "add_rms_norm": forwards * layers,
+                                       "silu_mul": forwards * layers}  # fmt: skip
 
 
 @needs_cuda
@@ -125,6 +147,11 @@ def test_on_a_gpu_the_kernels_match_the_references(dtype):
     for rows in (1, 33):
         x, weight = _rows(rows, 4096, dtype=dtype, device="cuda", scale=3.0), _rows(4096, dtype=dtype, device="cuda") + 1
         got, want = rms_norm(x, weight, 1e-5), rms_norm_ref(x, weight, 1e-5)
+        torch.testing.assert_close(got, want, rtol=ulp, atol=ulp)
+        assert (got == want).float().mean().item() > 0.99
+        delta = _rows(rows, 4096, dtype=dtype, device="cuda", seed=rows + 1)
+        (total, got), (want_total, want) = add_rms_norm(x, delta, weight, 1e-5), add_rms_norm_ref(x, delta, weight, 1e-5)
+        assert torch.equal(total, want_total)
         torch.testing.assert_close(got, want, rtol=ulp, atol=ulp)
         assert (got == want).float().mean().item() > 0.99
         fused = _rows(rows, 2 * 14336, dtype=dtype, device="cuda", seed=rows, scale=4.0)
