@@ -85,10 +85,23 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, batch: BatchContext) -> torch.Tensor:
         q, k, v = self.project(x)
         batch.capture_raw_kv(k, v)
-        q, k = batch.rotate(q), batch.rotate(k)
+        q, k = _rotate_qk(batch, q, k)
         batch.capture_queries(self.layer, q)
         out = batch.attend(self.layer, q, k, v)  # [heads, n, d]
         return self.o_proj(out.transpose(0, 1).reshape(x.shape[0], -1))
+
+
+def _rotate_qk(batch: BatchContext, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [heads, n, d] and k [kv_heads, n, d] rotated to their positions: in one call where k's heads follow
+    q's in one buffer (the output of fused q|k|v projections, as on CUDA), else one call each."""
+    size = q.element_size()
+    adjacent = (q.dtype == k.dtype and q.stride() == k.stride() and q.shape[1:] == k.shape[1:]
+                and q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()
+                and k.data_ptr() == q.data_ptr() + q.shape[0] * q.stride(0) * size)  # fmt: skip
+    if not adjacent:
+        return batch.rotate(q), batch.rotate(k)
+    both = batch.rotate(q.as_strided((q.shape[0] + k.shape[0], *q.shape[1:]), q.stride()))
+    return both[: q.shape[0]], both[q.shape[0] :]
 
 
 class MLP(nn.Module):

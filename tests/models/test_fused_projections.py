@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from fusionrag_llm import FusionRAG, RAGRequest
+from fusionrag_llm.kernels import rotary
+from fusionrag_llm.kernels._common import HAS_TRITON
 from fusionrag_llm.models.llama import ForwardPass
 
 REQUEST = RAGRequest(chunks=["Ferries leave Keldmouth twice a day.", "The lighthouse was built in 1872."],
@@ -66,3 +68,24 @@ def test_a_cuda_model_is_loaded_with_fused_projections_and_the_logits_of_a_cpu_o
     attn = gpu.engine.model.model.layers[0].self_attn  # q, k and v view one matrix
     assert len({p.untyped_storage().data_ptr() for p in (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)}) == 1
     torch.testing.assert_close(logits(gpu).cpu(), logits(cpu), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow  # the engine through the Triton interpreter
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_fused_projections_rotate_queries_and_keys_in_one_kernel_call(monkeypatch):
+    """On the Triton backend (interpreted here) k's heads follow q's in the fused output, so one rotary
+    launch serves both: one per layer instead of two, the same logits."""
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:", options={"prefix_cache": False, "kernels": "triton"})
+    model, calls = rag.engine.model, []
+    logits(rag)  # the chunks' entries stored: both counted runs below do the same forwards
+    real = rotary.apply_rotary
+    monkeypatch.setattr(rotary, "apply_rotary", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
+    before, separate = logits(rag), list(calls)
+    model.fuse_projections()
+    calls.clear()
+    after = logits(rag)
+    cfg = model.cfg
+    layer_calls = separate.count(cfg.num_heads)  # q rotated alone, then k: one pair a layer and forward
+    assert layer_calls >= cfg.num_layers and cfg.num_heads not in calls
+    assert len(separate) - len(calls) == layer_calls  # each pair became one call (stored KV's placement as before)
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
