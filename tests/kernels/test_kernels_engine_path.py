@@ -64,3 +64,18 @@ def test_the_recompute_through_flex_attention_gives_the_torch_path_s_answers(mon
     assert (rag.logits(request, want.token_ids, method="fusionrag", recompute_ratio=0.3) - lw).abs().max().item() <= 1e-4
     with pytest.raises(ValueError, match="recompute must be one of kernel, flex"):
         type(rag.engine.model.attention)("sdpa")
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3"])
+def test_every_family_s_flags_give_the_torch_path_s_answers_with_fused_projections(family):
+    """Projection biases (Qwen2) and q/k norms over rows of the fused projection (Qwen3) through the Triton
+    kernels, with q/k/v fused as on CUDA."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    request = RAGRequest(chunks=CHUNKS[:2], question="Where?")
+    rags = [FusionRAG.from_pretrained(f"tiny-{family}", device=device, dtype="float32", store=":memory:",
+                                      options={"prefix_cache": False, "kernels": kernels}) for kernels in ("torch", "triton")]  # fmt: skip
+    rags[1].engine.model.fuse_projections()
+    want, got = (rag.generate(request, "full_attention", 1.0, 4, sampling={"ignore_eos": True}) for rag in rags)
+    assert got.token_ids == want.token_ids
+    lw, lg = (rag.logits(request, want.token_ids, method="full_attention") for rag in rags)
+    assert (lw - lg).abs().max().item() <= 1e-4
