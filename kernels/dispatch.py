@@ -76,10 +76,14 @@ def critical_scores(q, q_positions, k, k_positions, k_valid, scale=None, *, back
     return fn(q, q_positions, k, k_positions, k_valid, scale)
 
 
+def _norm_on_triton(x, backend: str | None) -> bool:
+    """The norm kernels hold a row in one program: wider rows take the reference under ``auto``."""
+    return resolve_backend(x, backend, x.shape[-1] <= _elementwise.MAX_ROW) == "triton"
+
+
 def rms_norm(x, weight, eps, *, backend: str | None = None):
     """Dispatching :func:`fusionrag_llm.kernels.elementwise.rms_norm`."""
-    kernel_ok = x.shape[-1] <= _elementwise.MAX_ROW
-    fn = _elementwise.rms_norm if resolve_backend(x, backend, kernel_ok) == "triton" else _elementwise.rms_norm_ref
+    fn = _elementwise.rms_norm if _norm_on_triton(x, backend) else _elementwise.rms_norm_ref
     return fn(x, weight, eps)
 
 
@@ -91,7 +95,5 @@ def silu_mul(gate, up, *, backend: str | None = None):
 
 def add_rms_norm(x, delta, weight, eps, *, backend: str | None = None):
     """Dispatching :func:`fusionrag_llm.kernels.elementwise.add_rms_norm`."""
-    kernel_ok = x.shape[-1] <= _elementwise.MAX_ROW
-    use_triton = resolve_backend(x, backend, kernel_ok) == "triton"
-    fn = _elementwise.add_rms_norm if use_triton else _elementwise.add_rms_norm_ref
+    fn = _elementwise.add_rms_norm if _norm_on_triton(x, backend) else _elementwise.add_rms_norm_ref
     return fn(x, delta, weight, eps)
