@@ -304,5 +304,7 @@ def gpu(shape, device, dtype, lengths, sections, repeats, max_new_tokens, concur
     kernels = None if kernels is None else str(kernels)
     config = GPUBenchConfig(shape, device or "cuda", dtype or "bfloat16", tuple(lengths), repeats, sections,
                             max_new_tokens, concurrency, kernels=kernels)  # fmt: skip
-    run_gpu_bench(config, Path(out))
+    result = run_gpu_bench(config, Path(out))
     _echo_outputs([Path(out) / "gpu.json", Path(out) / "gpu.md"])
+    if failed := [name for name in config.sections if "failed" in result.get(name, {})]:
+        raise click.ClickException(f"section(s) {', '.join(failed)} failed; the errors are in {Path(out) / 'gpu.json'}")

@@ -8,15 +8,19 @@ a real model's shape (weights' values do not change speed, and nothing is downlo
 The sections (SECTIONS, run in that order; what each measures: docs/BENCHMARKS.md#gpu) write into
 ``gpu.json`` as each ends, so a run cut short keeps what it measured; ``gpu.md`` and the printout hold
 one table of every figure. ``all`` is every section but ``layerwise``, with ``tests`` only on CUDA. A
-time budget thins the repeats above 16k tokens and skips a section that would start past it.
+time budget thins the repeats above 16k tokens and skips a section that would start past it. A section
+that raises fails alone: its error and traceback go into ``gpu.json``, a "failed" row into the table,
+its engines are dropped, and the next section runs.
 """
 
 from __future__ import annotations
 
 import gc
+import logging
 import random
 import statistics
 import time
+import traceback
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -57,6 +61,7 @@ DECODE_CONTEXTS = (1024, 8192)
 QUESTION = "Which passage names the river?"
 TESTS_RESERVE_S = 120.0  # of the time budget, for the tests
 ADD_CHUNKS_BEFORE_S = 12.7  # 32 chunks on an H200, 2026-11-27
+log = logging.getLogger(__name__)
 TARGETS = {  # figure key -> (least value, as the table says it)
     "decode_1": (150, ">= 150 tok/s"), "decode_32": (3000, ">= 3000 tok/s"),
     "ttft_fusionrag_16384": (4, ">= 4x"), "ttft_fusionrag_32768": (5, ">= 5x"), "ttft_full_reuse_32768": (30, ">= 30x"),
@@ -219,11 +224,14 @@ class _Run:
         self.result = {"header": header(c.device), "config": config, "kernels": self.loaded.model.kernels,
                        "figures": [], "section_s": {}}  # fmt: skip
 
-    def release(self) -> None:
-        """Close the engines and drop the model (the tests' own models need the device memory)."""
+    def release(self, keep_model: bool = False) -> None:
+        """Close the engines and drop the model (the tests' own models need the device memory); with
+        ``keep_model``, the engines only (after a failed section: the next one starts from new engines)."""
         for rag in self.engines.values():
             rag.store.close()
-        self.engines, self.loaded = {}, None
+        self.engines = {}
+        if not keep_model:
+            self.loaded = None
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -246,6 +254,17 @@ class _Run:
         met = "-" if least is None or value is None else ("yes" if value >= least else "no")
         self.result["figures"].append({"figure": label, "measured": measured, "target": target, "met": met, "key": key,
                                        "value": value})  # fmt: skip
+
+    def section(self, name: str) -> dict:
+        """Section ``name``'s results; if it raises, the error instead (it fails alone: the run goes on)."""
+        try:
+            return getattr(self, name)()
+        except Exception as error:  # noqa: BLE001 - any failure of one section is reported, not raised
+            log.exception("bench gpu: section %s failed", name)
+            self.release(keep_model=True)
+            message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+            self.figure(name, f"failed: {message}")
+            return {"failed": message, "traceback": traceback.format_exc()}
 
     def add_chunks(self) -> dict:
         count = self.config.add_chunks  # new ones, after the engine stored the benchmark's own (its warm-up)
@@ -424,12 +443,12 @@ def run_gpu_bench(config: GPUBenchConfig, out: Path) -> dict:
         started = time.perf_counter()
         if section == "tests":
             run.release()
-            run.result[section] = run.tests()
+            run.result[section] = run.section("tests")
         elif started > run.deadline - reserve:
             run.result[section] = {"skipped": f"past the time budget ({config.budget_s:g} s, tests included)"}
             run.figure(section, "skipped: past the time budget")
         else:
-            run.result[section] = getattr(run, section)()
+            run.result[section] = run.section(section)
         run.result["section_s"][section] = time.perf_counter() - started
         write_json(out / "gpu.json", run.result)
     run.release()

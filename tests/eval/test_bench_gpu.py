@@ -98,6 +98,27 @@ def test_a_section_past_the_time_budget_is_skipped(tmp_path):
     )
 
 
+def test_a_failing_section_fails_alone_and_the_command_says_so(tmp_path, monkeypatch):
+    import fusionrag_llm.eval.bench_gpu as bench_gpu
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the time-to-first-token run broke\nsecond line")
+
+    monkeypatch.setattr(bench_gpu, "measure", broken)  # what the ttft section times through
+    args = ["bench", "gpu", "--model", "small", "--device", "cpu", "--dtype", "float32", "--lengths", "512",
+            "--sections", "ttft,decode", "--repeats", "1", "--max-new-tokens", "2", "--concurrency", "2",
+            "--out", str(tmp_path)]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+
+    assert result.exit_code == 1 and f"section(s) ttft failed; the errors are in {tmp_path / 'gpu.json'}" in result.output
+    written = json.loads((tmp_path / "gpu.json").read_text())
+    assert written["ttft"]["failed"] == "RuntimeError: the time-to-first-token run broke"
+    assert "in broken" in written["ttft"]["traceback"]
+    assert [r["requests"] for r in written["decode"]["runs"]] == [1, 2]  # the next section still measured
+    assert "| ttft | failed: RuntimeError: the time-to-first-token run broke | - | - |" in result.output
+    assert "| decode, 1 sequence, 512 context |" in result.output
+
+
 def test_gpu_bench_refuses_what_it_cannot_measure(tmp_path):
     run = CliRunner().invoke
     cpu = ["bench", "gpu", "--model", "small", "--device", "cpu", "--out", str(tmp_path)]
