@@ -124,19 +124,19 @@ class BatchContext:
 
         q [heads, n_total, d], k/v [kv_heads, n_total, d] -> [heads, n_total, d]."""
         pooled = self.pooled
-        if pooled is None:
-            outputs = [self._attend_alone(i, layer, q, k, v) for i in range(len(self.steps))]
-            return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
-        out = self._attend_pooled(layer, q, k, v)
-        if pooled.members is None:
-            return out
-        mixed = torch.empty_like(q)
-        mixed[:, pooled.rows] = out
-        members = set(pooled.members)
+        if pooled is None and len(self.steps) == 1:
+            return self._attend_alone(0, layer, q, k, v)
+        if pooled is not None and pooled.members is None:
+            return self._attend_pooled(layer, q, k, v)
+        # token-major, so the output projection reads its [n_total, heads * d] rows as a view
+        out = torch.empty((q.shape[1], q.shape[0], q.shape[2]), dtype=q.dtype, device=q.device).transpose(0, 1)
+        members = set() if pooled is None else set(pooled.members)
+        if members:
+            out[:, pooled.rows] = self._attend_pooled(layer, q, k, v)
         for i, (start, end) in enumerate(self.spans):
             if i not in members:
-                mixed[:, start:end] = self._attend_alone(i, layer, q, k, v)
-        return mixed
+                out[:, start:end] = self._attend_alone(i, layer, q, k, v)
+        return out
 
     def _attend_pooled(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The pooled sequences' K/V written with one indexed write, their queries attended with one call."""

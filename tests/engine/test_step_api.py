@@ -9,6 +9,7 @@ from fusionrag_llm import FusionRAG, RAGRequest
 from fusionrag_llm.engine.streaming import IncrementalText
 from fusionrag_llm.errors import FusionRAGError
 from fusionrag_llm.methods import make_plan
+from fusionrag_llm.models.forward import BatchContext
 from fusionrag_llm.models.llama import ForwardPass
 from method_spy import spy
 
@@ -61,7 +62,7 @@ def test_generate_many_batches_decode_and_equals_one_by_one(rag, method, ratio):
     assert all(g.finish_reason in ("stop", "length") for g in together)
 
 
-def test_forward_batch_equals_separate_forwards(rag):
+def test_forward_batch_equals_separate_forwards(rag, monkeypatch):
     """A prefill and a decode step of two different requests in one forward give each its own result."""
     model = rag.engine.model
     ids = [torch.arange(5, 25), torch.arange(40, 47)]
@@ -79,7 +80,17 @@ def test_forward_batch_equals_separate_forwards(rag):
     separate_caches = [prefilled(ids[0]), model.new_cache(len(ids[1]))]
     separate = [model(step, cache) for step, cache in zip(passes(separate_caches), separate_caches)]
     batched_caches = [prefilled(ids[0]), model.new_cache(len(ids[1]))]
+    layouts, attend = [], BatchContext.attend
+
+    def spy(self, layer, q, k, v):  # every layer's attention output of both sequences
+        out = attend(self, layer, q, k, v)
+        layouts.append((out.shape[1], out.transpose(0, 1).is_contiguous()))
+        return out
+
+    monkeypatch.setattr(BatchContext, "attend", spy)
     batched = model.forward_batch(passes(batched_caches), batched_caches)
+    # written token-major: the output projection reads [tokens, heads x dim] rows without a copy
+    assert layouts == [(1 + len(ids[1]), True)] * model.cfg.num_layers
     for one, many in zip(separate, batched):
         torch.testing.assert_close(many.logits, one.logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(batched[1].raw_keys, separate[1].raw_keys, atol=1e-6, rtol=1e-6)
