@@ -229,10 +229,21 @@ def _instantiate(cfg, state: dict[str, torch.Tensor], device: torch.device, dtyp
     return model.to(device).eval()
 
 
+# tokenizer classes AutoTokenizer builds as they are named: loaded directly, without its ~2 s of resolving
+# the model's config (the GGUF conversions and Llama 3's folders name one of these)
+GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
+
+
 def _load_hf_tokenizer(folder: Path, name: str) -> Any:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     try:
+        declared = json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        declared = None
+    try:
+        if declared in GENERIC_TOKENIZERS:
+            return PreTrainedTokenizerFast.from_pretrained(str(folder))
         return AutoTokenizer.from_pretrained(str(folder))
     except (OSError, ValueError) as exc:
         raise ModelNotFoundError(f"model {name!r}: could not load its tokenizer from {str(folder)!r}: {exc}") from None

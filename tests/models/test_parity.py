@@ -1,5 +1,7 @@
 """The engine's own forward pass equals `transformers` for every supported family (fp32)."""
 
+import json
+
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -71,6 +73,27 @@ def test_model_folder_round_trip(tmp_path):
         theirs = hf(ids[None]).logits[0]
     assert (full_logits(again.model, ids) - theirs).abs().max().item() <= 1e-4
     assert again.model.cfg.qk_norm and again.model.cfg.tie_word_embeddings
+
+
+@pytest.mark.parametrize("declared", [None, "GPT2TokenizerFast"])
+def test_a_folders_tokenizer_is_the_one_auto_tokenizer_builds(tmp_path, declared):
+    """The generic class a folder names is loaded directly (no config resolution); any other through
+    AutoTokenizer: either way the class, the ids and the chat prompt AutoTokenizer gives."""
+    from transformers import AutoTokenizer
+
+    loaded = load_model("tiny-qwen3")
+    hf_twin(loaded).save_pretrained(tmp_path)
+    loaded.tokenizer.hf.save_pretrained(tmp_path)
+    config_path = tmp_path / "tokenizer_config.json"
+    if declared is not None:
+        config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "tokenizer_class": declared}))
+    again, auto = load_model(str(tmp_path)).tokenizer, AutoTokenizer.from_pretrained(str(tmp_path))
+    assert type(again.hf) is type(auto)
+    assert (declared is None) == (type(auto).__name__ in ("PreTrainedTokenizerFast", "TokenizersBackend"))
+    for text in ["Lanterns of Varn", " two  spaces\n\nand lines", "é <|im_end|>"]:
+        assert again.hf.encode(text) == auto.encode(text)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Which lantern?"}]
+    assert again.render_chat(messages) == auto.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 @pytest.mark.real_model
