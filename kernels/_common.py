@@ -26,6 +26,13 @@ else:
 
 HAS_TRITON = triton is not None
 
+try:  # what a launch raises when a tiling needs more shared memory than the device has
+    from triton.runtime.errors import OutOfResources
+except Exception:  # noqa: BLE001 - no triton (or another layout of it): nothing raises it
+
+    class OutOfResources(Exception):  # type: ignore[no-redef]
+        pass
+
 # Sentinels for positions: invalid keys get KEY_NEVER, padded query rows QUERY_NONE, so one integer
 # comparison implements validity and causality. Real positions must lie strictly between them.
 KEY_NEVER = 2**62

@@ -20,7 +20,7 @@ import torch
 from ._common import (KEY_NEVER, QUERY_NONE, check_devices, check_head_dim,
                       check_last_dim_contiguous, default_scale, interpreting, require_triton, tl,
                       triton)
-from .q_sparse_attention import (check_attention_inputs, launch_config, launch_forward, masked_key_positions,
+from .q_sparse_attention import (check_attention_inputs, launch_fitting, launch_forward, masked_key_positions,
                                  masked_softmax)
 
 _OP = "critical_scores"
@@ -95,14 +95,17 @@ def critical_scores(q, q_positions, k, k_positions, k_valid, scale=None):
     _, lse = launch_forward(q, q_positions, cu_q, k, k, k_positions, k_valid, cu_k, scale, nq, with_v=False,
                             store_lse=True, op=_OP)
     partial = torch.empty((hkv, nk), dtype=torch.float32, device=k.device)
-    cfg = launch_config(nq * (hq // hkv))
     q_positions, k_positions = q_positions.contiguous(), k_positions.contiguous()
     valid = None if k_valid is None else k_valid.contiguous().view(torch.uint8)
-    _column_sums_kernel[(triton.cdiv(nk, cfg["BLOCK_N"]), hkv)](
-        q, q_positions, lse, k, k_positions, valid if valid is not None else k_positions, partial,
-        nq, nk, q.stride(0), q.stride(1), k.stride(0), k.stride(1), lse.stride(0), partial.stride(0),
-        default_scale(scale, d) * _LOG2E, GROUP=hq // hkv, HEAD_DIM=d, HAS_VALID=valid is not None,
-        F32=q.dtype == torch.float32 or interpreting(), **cfg)
+
+    def run(cfg: dict) -> None:
+        _column_sums_kernel[(triton.cdiv(nk, cfg["BLOCK_N"]), hkv)](
+            q, q_positions, lse, k, k_positions, valid if valid is not None else k_positions, partial,
+            nq, nk, q.stride(0), q.stride(1), k.stride(0), k.stride(1), lse.stride(0), partial.stride(0),
+            default_scale(scale, d) * _LOG2E, GROUP=hq // hkv, HEAD_DIM=d, HAS_VALID=valid is not None,
+            F32=q.dtype == torch.float32 or interpreting(), **cfg)
+
+    launch_fitting(run, nq * (hq // hkv), q.element_size(), d, q.device)
     return partial.sum(0)
 
 

@@ -28,7 +28,7 @@ import functools
 
 import torch
 
-from ._common import (FLOAT_DTYPES, KEY_NEVER, QUERY_NONE, check, check_devices, check_head_dim,
+from ._common import (FLOAT_DTYPES, KEY_NEVER, QUERY_NONE, OutOfResources, check, check_devices, check_head_dim,
                       check_last_dim_contiguous, check_tensor, default_scale, interpreting, require_triton,
                       tl, triton)
 
@@ -242,9 +242,7 @@ def launch_forward(q, q_positions, cu_q, k, v, k_positions, k_valid, cu_k, scale
     out = torch.empty((tq, hq, d), dtype=q.dtype, device=q.device).transpose(0, 1) if with_v else None
     lse = torch.empty((hq, tq), dtype=torch.float32, device=q.device) if store_lse else None
     group = hq // hkv
-    cfg = launch_config(max_seqlen_q * group, q.element_size())
     n_req = cu_q.shape[0] - 1
-    grid = (max(1, triton.cdiv(max_seqlen_q * group, cfg["BLOCK_M"])), hkv, n_req * splits)
     if tq == 0 or n_req == 0:
         return out, lse
     check(splits == 1 or (with_v and not store_lse), op, "splits > 1 computes the output only")
@@ -252,14 +250,19 @@ def launch_forward(q, q_positions, cu_q, k, v, k_positions, k_valid, cu_k, scale
     if splits > 1:  # each range's output and log-sum-exp in a plane of its own, merged below
         dst = torch.empty((splits, hq, tq, d), dtype=torch.float32, device=q.device)
         dst_lse = torch.empty((splits, hq, tq), dtype=torch.float32, device=q.device)
-    _q_sparse_fwd_kernel[grid](
-        q, q_positions, cu_q, k, v, k_positions, valid if valid is not None else k_positions, k_starts, k_ends,
-        dst, dst_lse, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        dst.stride(-3) if with_v else 0, dst.stride(-2) if with_v else 0, dst_lse.stride(-2) if dst_lse.dim() > 1 else tq,
-        dst.stride(0) if splits > 1 else 0, dst_lse.stride(0) if splits > 1 else 0,
-        default_scale(scale, d) * _LOG2E, GROUP=group, HEAD_DIM=d, HAS_VALID=valid is not None,
-        WITH_V=with_v, STORE_LSE=store_lse or splits > 1, F32=q.dtype == torch.float32 or interpreting(),
-        SPLITS=splits, MIN_SPLIT=MIN_SPLIT_KEYS, **cfg)
+
+    def run(cfg: dict) -> None:
+        grid = (max(1, triton.cdiv(max_seqlen_q * group, cfg["BLOCK_M"])), hkv, n_req * splits)
+        _q_sparse_fwd_kernel[grid](
+            q, q_positions, cu_q, k, v, k_positions, valid if valid is not None else k_positions, k_starts, k_ends,
+            dst, dst_lse, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            dst.stride(-3) if with_v else 0, dst.stride(-2) if with_v else 0,
+            dst_lse.stride(-2) if dst_lse.dim() > 1 else tq, dst.stride(0) if splits > 1 else 0,
+            dst_lse.stride(0) if splits > 1 else 0, default_scale(scale, d) * _LOG2E, GROUP=group, HEAD_DIM=d,
+            HAS_VALID=valid is not None, WITH_V=with_v, STORE_LSE=store_lse or splits > 1,
+            F32=q.dtype == torch.float32 or interpreting(), SPLITS=splits, MIN_SPLIT=MIN_SPLIT_KEYS, **cfg)
+
+    launch_fitting(run, max_seqlen_q * group, q.element_size(), d, q.device)
     if splits > 1:
         _combine_splits_kernel[(tq, hq)](dst, dst_lse, out, dst.stride(0), dst.stride(1), dst.stride(2),
                                          dst_lse.stride(0), dst_lse.stride(1), out.stride(0), out.stride(1),
@@ -277,7 +280,7 @@ def split_count(rows_max: int, num_kv_heads: int, num_requests: int, device: tor
     ``MAX_SPLITS``; a range is never under ``MIN_SPLIT_KEYS`` keys, so short contexts use fewer). On
     the CPU (the interpreter) one range.
     """
-    if device.type != "cuda" or rows_max > launch_config(rows_max)["BLOCK_M"]:
+    if device.type != "cuda" or rows_max > launch_config(rows_max, device=device)["BLOCK_M"]:
         return 1
     target = 2 * _multiprocessors(device.index)
     splits = 1
@@ -286,8 +289,9 @@ def split_count(rows_max: int, num_kv_heads: int, num_requests: int, device: tor
     return splits
 
 
-def launch_config(rows_max: int, itemsize: int = 2) -> dict:
-    """Tile sizes: tiny tiles under the interpreter (speed), on GPU the fastest of a sweep.
+def launch_config(rows_max: int, itemsize: int = 2, head_dim: int = 128, device: torch.device | None = None) -> dict:
+    """Tile sizes: tiny tiles under the interpreter (speed), on GPU the fastest of a sweep, cut to the
+    shared memory of ``device`` (``fit_shared_memory``; an H100's or H200's keeps the swept tiles).
 
     ``python bench/kernels/tune.py`` on an H100 (bf16, 32k context, head dim 128, GQA 4):
     up to 64 rows (query tokens x GQA group: decode, a few recomputed tokens) take 16-row blocks
@@ -298,11 +302,78 @@ def launch_config(rows_max: int, itemsize: int = 2) -> dict:
     if interpreting():
         return {"BLOCK_M": 16, "BLOCK_N": 32}
     if itemsize <= 2 and rows_max <= 64:
-        return {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}
-    if itemsize <= 2 and rows_max > 128:
-        return {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2}
-    block_m = 16 if rows_max <= 16 else 32 if rows_max <= 32 else 64
-    return {"BLOCK_M": block_m, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+        cfg = {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}
+    elif itemsize <= 2 and rows_max > 128:
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2}
+    else:
+        block_m = 16 if rows_max <= 16 else 32 if rows_max <= 32 else 64
+        cfg = {"BLOCK_M": block_m, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+    if device is None or device.type != "cuda":
+        return cfg
+    return fit_shared_memory(cfg, head_dim, itemsize, _shared_memory_limit(device))
+
+
+def shared_memory_bytes(cfg: dict, head_dim: int, itemsize: int) -> int:
+    """About the shared memory the forward kernel's tiles take: a K and a V tile per pipeline stage, the
+    query tile and the score tile (the swept tilings that ran on an H100 count up to 204 KiB here)."""
+    stages = cfg.get("num_stages", 1)
+    return ((2 * stages * cfg["BLOCK_N"] + cfg["BLOCK_M"]) * head_dim * itemsize
+            + cfg["BLOCK_M"] * cfg["BLOCK_N"] * 4)  # fmt: skip
+
+
+def fit_shared_memory(cfg: dict, head_dim: int, itemsize: int, limit: int) -> dict:
+    """``cfg``, or the first smaller tiling that fits ``limit`` bytes of shared memory: fewer pipeline
+    stages (down to one), then key tiles halved, then row tiles (neither below 16, what ``tl.dot`` takes).
+
+    >>> fit_shared_memory({"BLOCK_M": 16, "BLOCK_N": 128, "num_stages": 3}, 128, 2, 101376)  # a 99 KiB card
+    {'BLOCK_M': 16, 'BLOCK_N': 128, 'num_stages': 1}
+    """
+    cfg = dict(cfg)
+    while shared_memory_bytes(cfg, head_dim, itemsize) > limit:
+        if cfg.get("num_stages", 1) > 1:
+            cfg["num_stages"] -= 1
+        elif cfg["BLOCK_N"] > 16:
+            cfg["BLOCK_N"] //= 2
+        elif cfg["BLOCK_M"] > 16:
+            cfg["BLOCK_M"] //= 2
+        else:
+            break
+    return cfg
+
+
+_REFUSED: dict[int, int] = {}  # device index -> shared memory bytes below the smallest tiling it refused
+
+
+def launch_fitting(run, rows_max: int, itemsize: int, head_dim: int, device: torch.device) -> None:
+    """``run(cfg)`` with ``launch_config``'s tiles; where the device refuses them for want of shared memory
+    (the estimate is short of what the compiler allocates), again with smaller ones, remembered for the
+    device. Raises the device's error when even the smallest tiling does not fit."""
+    while True:
+        cfg = launch_config(rows_max, itemsize, head_dim, device)
+        try:
+            return run(cfg)
+        except OutOfResources:
+            index = _device_index(device)
+            _REFUSED[index] = shared_memory_bytes(cfg, head_dim, itemsize) - 1
+            if launch_config(rows_max, itemsize, head_dim, device) == cfg:  # nothing smaller to try
+                raise
+
+
+def _shared_memory_limit(device: torch.device) -> int:
+    index = _device_index(device)
+    return min(_device_shared_memory(index), _REFUSED.get(index, 1 << 62))
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@functools.cache
+def _device_shared_memory(index: int) -> int:
+    """Shared memory one block may use on CUDA device ``index`` (opted in: 227 KiB on an H100)."""
+    props = torch.cuda.get_device_properties(index)
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or getattr(props, "shared_memory_per_block", 0)
+               or 1 << 62)  # fmt: skip
 
 
 @functools.cache
@@ -359,4 +430,5 @@ def _row_max(s):
 
 
 __all__ = ["q_sparse_attention", "q_sparse_attention_ref", "check_attention_inputs", "launch_config",
-           "launch_forward", "masked_key_positions", "masked_softmax", "split_count"]
+           "fit_shared_memory", "launch_fitting", "shared_memory_bytes", "launch_forward", "masked_key_positions",
+           "masked_softmax", "split_count"]

@@ -93,7 +93,7 @@ def run_config(module, cfg: Config | None, inp: dict, ref: torch.Tensor, device:
     args = [inp[k] for k in ("q", "q_positions", "k", "v", "k_positions", "k_valid")]
     row = {"config": list(used), "default": cfg is None}
     if cfg is not None:
-        module.launch_config = lambda rows_max, itemsize=2: _as_dict(cfg)
+        module.launch_config = lambda rows_max, itemsize=2, head_dim=128, device=None: _as_dict(cfg)
     try:
         torch.full_like(inp["q"], float("nan"))  # freed at once: the output buffer reuses this NaN block
         out = module.q_sparse_attention(*args).float()

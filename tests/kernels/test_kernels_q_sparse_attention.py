@@ -186,3 +186,63 @@ def test_triton_unsorted_context_positions():
             case.k_valid[perm])
     got = q_sparse_attention(*args)
     torch.testing.assert_close(got, dense_attention(*args), rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------ tiles that fit the card's shared memory
+
+CARDS = {"H100/H200": 232448, "A100": 166912, "RTX 4090/L4": 101376, "64 KiB": 65536}  # bytes a block may opt in to
+
+
+@pytest.fixture
+def on_a_card(monkeypatch):
+    """The launch configuration as on a CUDA card whose blocks may use ``limit`` bytes of shared memory."""
+    monkeypatch.setattr(qsa_mod, "interpreting", lambda: False)
+    monkeypatch.setattr(qsa_mod, "_REFUSED", {})
+
+    def card(limit: int) -> torch.device:
+        monkeypatch.setattr(qsa_mod, "_device_shared_memory", lambda index: limit)
+        return torch.device("cuda", 0)
+
+    return card
+
+
+@pytest.mark.parametrize("card", CARDS)
+def test_tiles_fit_the_cards_shared_memory_and_an_h100_keeps_the_swept_ones(on_a_card, card):
+    device = on_a_card(CARDS[card])
+    for rows, itemsize, head_dim in [(r, i, d) for r in (1, 64, 100, 512) for i in (2, 4) for d in (64, 128)]:
+        swept, fitted = qsa_mod.launch_config(rows, itemsize), qsa_mod.launch_config(rows, itemsize, head_dim, device)
+        assert qsa_mod.shared_memory_bytes(fitted, head_dim, itemsize) <= CARDS[card]
+        assert fitted["BLOCK_M"] >= 16 and fitted["BLOCK_N"] >= 16 and fitted["num_stages"] >= 1
+        if card == "H100/H200":
+            assert fitted == swept  # the tiles the sweep picked there
+
+
+def test_a_card_with_less_shared_memory_than_an_h100_gets_shallower_pipelines(on_a_card):
+    swept = qsa_mod.launch_config(8, 2)  # decode-sized: 16 x 128 tiles, three stages (~204 KiB)
+    assert qsa_mod.launch_config(8, 2, 128, on_a_card(CARDS["A100"])) == {**swept, "num_stages": 2}
+    assert qsa_mod.launch_config(8, 2, 128, on_a_card(CARDS["RTX 4090/L4"])) == {**swept, "num_stages": 1}
+
+
+def test_tiles_a_card_refuses_are_retried_smaller_and_remembered(on_a_card):
+    from fusionrag_llm.kernels._common import OutOfResources
+
+    device, tried = on_a_card(CARDS["H100/H200"]), []
+    needs = lambda cfg: qsa_mod.shared_memory_bytes(cfg, 128, 2)  # noqa: E731
+
+    def launch(cfg):  # a card whose compiler allocates more than the estimate: 120 KiB at most fit
+        tried.append(cfg)
+        if needs(cfg) > 120 * 1024:
+            raise OutOfResources(needs(cfg), 120 * 1024, "shared memory")
+        return "ran"
+
+    assert qsa_mod.launch_fitting(launch, 8, 2, 128, device) == "ran"
+    assert tried[0] == qsa_mod.launch_config(8, 2) and len(tried) > 1 and needs(tried[-1]) <= 120 * 1024
+    assert [needs(cfg) for cfg in tried] == sorted((needs(cfg) for cfg in tried), reverse=True)
+    tried.clear()
+    assert qsa_mod.launch_fitting(launch, 8, 2, 128, device) == "ran" and len(tried) == 1  # the refusal is remembered
+
+    def never(cfg):
+        raise OutOfResources(needs(cfg), 0, "shared memory")
+
+    with pytest.raises(OutOfResources):  # not even the smallest tiles: the card's own error
+        qsa_mod.launch_fitting(never, 8, 2, 128, device)
