@@ -23,7 +23,7 @@ remote_option = click.option(
          "with $FUSIONRAG_REMOTE_SECRET; $FUSIONRAG_REMOTE_TRUSTED=1 opens it without one (docs/SECURITY.md).",
 )  # fmt: skip
 device_option = click.option("--device", default=None, help="'cpu' or 'cuda' (default: cuda when available).")
-dtype_option = click.option("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU).")
+dtype_option = click.option("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 on a GPU that has it, else float16).")
 workers_option = click.option(
     "--workers", default=None, type=click.IntRange(1, 1024),
     help="Compute the entries in N Ray worker processes writing into the store folder (needs the "

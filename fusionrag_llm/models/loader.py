@@ -59,16 +59,35 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """``dtype`` by name or torch dtype; None: float32 on the CPU, bfloat16 on a GPU that computes in it
+    (compute capability 8.0 and later), else float16. bfloat16 asked for on an older GPU is refused."""
     if dtype is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type != "cuda":
+            return torch.float32
+        if _native_bfloat16(device):
+            return torch.bfloat16
+        logger.info("%s has no bfloat16 arithmetic: the model computes in float16", _card(device))
+        return torch.float16
+    resolved = None
     if isinstance(dtype, torch.dtype):
-        if dtype in DTYPES.values():
-            return dtype
+        resolved = dtype if dtype in DTYPES.values() else None
     elif isinstance(dtype, str):
-        name = DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
-        if name in DTYPES:
-            return DTYPES[name]
-    raise FusionRAGError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+        resolved = DTYPES.get(DTYPE_ALIASES.get(dtype.lower(), dtype.lower()))
+    if resolved is None:
+        raise FusionRAGError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+    if resolved == torch.bfloat16 and device.type == "cuda" and not _native_bfloat16(device):
+        raise FusionRAGError(f"{_card(device)} has no bfloat16 arithmetic (it needs compute capability 8.0 or "
+                             "later); use dtype float16 or float32")  # fmt: skip
+    return resolved
+
+
+def _native_bfloat16(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def _card(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
 
 
 def load_model(name_or_path: str | Path, device=None, dtype=None, kernels: str | None = None,

@@ -58,6 +58,26 @@ def test_bad_device_and_dtype():
         load_model("tiny", device="tpu")
 
 
+@pytest.mark.parametrize("card, capability, default", [("NVIDIA H100", (9, 0), "bfloat16"), ("NVIDIA A100", (8, 0), "bfloat16"),
+                                                      ("Tesla T4", (7, 5), "float16"), ("Tesla V100", (7, 0), "float16")])  # fmt: skip
+def test_a_gpu_without_bfloat16_defaults_to_float16_and_refuses_bfloat16(monkeypatch, card, capability, default):
+    import torch
+
+    from fusionrag_llm.models.loader import resolve_dtype
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: card)
+    cuda = torch.device("cuda", 0)
+    assert resolve_dtype(None, cuda) == getattr(torch, default)
+    assert resolve_dtype("fp16", cuda) == torch.float16 and resolve_dtype(None, torch.device("cpu")) == torch.float32
+    if default == "bfloat16":
+        assert resolve_dtype("bf16", cuda) == torch.bfloat16
+    else:
+        with pytest.raises(FusionRAGError, match=rf"{card} \(compute capability {capability[0]}.{capability[1]}\) has "
+                                                 "no bfloat16 arithmetic .*use dtype float16 or float32"):  # fmt: skip
+            resolve_dtype(torch.bfloat16, cuda)
+
+
 def test_prompt_longer_than_context_window(tiny_rag):
     long_chunk = "word " * (tiny_rag.context_window // 5 + 10)
     with pytest.raises(PromptTooLongError, match="context window of 4096"):
