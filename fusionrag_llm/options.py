@@ -24,8 +24,8 @@ from fusionrag_llm.errors import FusionRAGError
 class EngineOptions:
     """Engine settings; the defaults suit one process on one machine.
 
-    * ``kernels``: ``"auto"`` (Triton on CUDA), ``"torch"`` or ``"triton"``; default ``$FUSIONRAG_KERNELS``
-      or auto (docs/gpu.md).
+    * ``kernels``: ``"auto"`` (Triton on CUDA, compute capability 8.0+), ``"torch"`` or ``"triton"``;
+      default ``$FUSIONRAG_KERNELS`` or auto (docs/gpu.md).
     * ``decode_weights``: what decode steps read on CPU: ``"float"``, or 8-bit / 4-bit GGUF-style blocks
       ``"q8"`` / ``"q4"``; default ``$FUSIONRAG_DECODE_WEIGHTS`` or ``"auto"`` (blocks only where they hold
       the weights' own numbers, so answers do not change; docs/cpu.md).

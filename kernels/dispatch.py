@@ -2,8 +2,9 @@
 
 The choice, strongest first: the ``backend=`` argument, then the ``FUSIONRAG_KERNELS`` environment
 variable (``torch``, ``triton`` or ``auto``), then ``auto``: Triton when it is importable and the
-first tensor argument is on a CUDA device, else the reference. Forcing ``triton`` on CPU tensors
-only works under ``TRITON_INTERPRET=1`` (the launchers say so otherwise).
+first tensor argument is on a CUDA device of compute capability 8.0 or later (``triton_card``), else
+the reference. Forcing ``triton`` on CPU tensors only works under ``TRITON_INTERPRET=1`` (the
+launchers say so otherwise).
 
 >>> from fusionrag_llm.kernels import dispatch
 >>> dispatch.resolve_backend(torch.zeros(1), backend="torch")  # doctest: +SKIP
@@ -12,6 +13,7 @@ only works under ``TRITON_INTERPRET=1`` (the launchers say so otherwise).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -39,7 +41,19 @@ def resolve_backend(tensor: torch.Tensor, backend: str | None = None, kernel_ok:
         raise ValueError(f"{source} is {choice!r}; allowed: {', '.join(BACKENDS)}")
     if choice != "auto":
         return choice
-    return "triton" if HAS_TRITON and kernel_ok and tensor.device.type == "cuda" else "torch"
+    return "triton" if HAS_TRITON and kernel_ok and tensor.device.type == "cuda" and triton_card(tensor.device) else "torch"
+
+
+def triton_card(device: torch.device) -> bool:
+    """Whether ``auto`` runs the Triton kernels on this CUDA device: compute capability 8.0 and later
+    (what Triton supports; the kernels' bf16 tiles need it) and any ROCm device."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return bool(torch.version.hip) or _capability(index) >= (8, 0)
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(index))
 
 
 def _tiled_head_dim(t: torch.Tensor) -> bool:

@@ -96,8 +96,9 @@ def load_model(name_or_path: str | Path, device=None, dtype=None, kernels: str |
 
     An existing path always wins over a built-in name; built-in names match whole, ignoring case.
 
-    ``kernels``: ``"auto"`` (Triton on CUDA, torch on CPU), ``"torch"`` or ``"triton"`` (on CPU only
-    under ``TRITON_INTERPRET=1``); default ``$FUSIONRAG_KERNELS`` or ``"auto"``. Chosen once here.
+    ``kernels``: ``"auto"`` (Triton on CUDA of compute capability 8.0+, else torch), ``"torch"`` or
+    ``"triton"`` (on CPU only under ``TRITON_INTERPRET=1``); default ``$FUSIONRAG_KERNELS`` or ``"auto"``.
+    Chosen once here.
     A float32 model on CPU also gets its linear weights packed for oneDNN (``DecoderLM.pack_linears``:
     faster decode steps for a second copy of the weights; ``model.unpack_linears()`` frees it).
     ``decode_weights``: what decode steps read on CPU, ``"auto"``, ``"float"``, ``"q8"`` or ``"q4"``

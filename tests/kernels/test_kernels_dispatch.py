@@ -19,6 +19,20 @@ def test_auto_prefers_reference_when_kernel_cannot_run(monkeypatch):
     assert dispatch.resolve_backend(torch.zeros(1), "triton", kernel_ok=False) == "triton"
 
 
+@pytest.mark.parametrize("capability, auto", [((9, 0), "triton"), ((8, 0), "triton"), ((7, 5), "torch")])
+def test_auto_runs_triton_on_cards_triton_supports(monkeypatch, capability, auto):
+    """Compute capability 8.0 and later (H100, A100, RTX 30xx/40xx); a T4 or V100 keeps the reference."""
+    from types import SimpleNamespace
+
+    monkeypatch.delenv(dispatch.BACKEND_ENV, raising=False)
+    monkeypatch.setattr(dispatch, "HAS_TRITON", True)
+    monkeypatch.setattr(dispatch, "_capability", lambda index: capability)
+    monkeypatch.setattr(torch.version, "hip", None)
+    on_card = SimpleNamespace(device=torch.device("cuda", 0))  # what resolve_backend reads of a tensor
+    assert dispatch.resolve_backend(on_card) == auto
+    assert dispatch.resolve_backend(on_card, backend="triton") == "triton"  # asked for: the launchers decide
+
+
 def test_env_and_argument_override(monkeypatch):
     monkeypatch.setenv(dispatch.BACKEND_ENV, "triton")
     assert dispatch.resolve_backend(torch.zeros(1)) == "triton"
