@@ -370,10 +370,9 @@ def _device_index(device: torch.device) -> int:
 
 @functools.cache
 def _device_shared_memory(index: int) -> int:
-    """Shared memory one block may use on CUDA device ``index`` (opted in: 227 KiB on an H100)."""
-    props = torch.cuda.get_device_properties(index)
-    return int(getattr(props, "shared_memory_per_block_optin", 0) or getattr(props, "shared_memory_per_block", 0)
-               or 1 << 62)  # fmt: skip
+    """Shared memory one block may use on CUDA device ``index`` (opted in: 227 KiB on an H100); a torch
+    that does not say leaves the limit to ``launch_fitting``'s retries."""
+    return int(getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", 0) or 1 << 62)
 
 
 @functools.cache
