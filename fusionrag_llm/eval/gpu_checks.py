@@ -155,9 +155,14 @@ def header(device: str) -> dict:
     except importlib.metadata.PackageNotFoundError:
         info["triton"] = "not installed"
     if device.startswith("cuda"):
-        props = torch.cuda.get_device_properties(device)
+        from fusionrag_llm.kernels.q_sparse_attention import launch_config
+
+        props, cuda = torch.cuda.get_device_properties(device), torch.device(device)
         info.update(device=props.name, memory_gib=round(props.total_memory / (1 << 30), 1), driver=_driver(),
-                    capability=f"{props.major}.{props.minor}")  # fmt: skip
+                    capability=f"{props.major}.{props.minor}",
+                    shared_memory_kib=getattr(props, "shared_memory_per_block_optin", 0) / 1024,
+                    # the attention tiles for this card's shared memory: decode-sized and prefill-sized calls
+                    tiles={rows: launch_config(rows, 2, 128, cuda) for rows in (4, 512)})  # fmt: skip
     return info
 
 
