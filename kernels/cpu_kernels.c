@@ -4,7 +4,8 @@
  * - fr_quant_linear: rows times a block-quantized weight (GGUF Q8_0 / Q4_1 blocks, float32 rows);
  * - fr_decode_layers: the decoder layers of a decode step (one new token per sequence) of a
  *   Llama-family model whose linear weights are such blocks, in one call: norms, projections, rotary,
- *   the K/V write and attention over each sequence's cache, the MLP (models/fast_decode.py).
+ *   the K/V write and attention over each sequence's cache, the MLP (models/fast_decode.py);
+ * - fr_quantize: float32 weights into those blocks, as cpu_quant.quantize_ref does, in one pass.
  *
  * Work is spread over OpenMP threads (the runtime torch already loaded: one thread pool).
  */
@@ -653,5 +654,70 @@ int fr_quant_has_avx2(void) {
     return 1;
 #else
     return 0;
+#endif
+}
+
+/* Float32 rows w [n, k] (k a multiple of 32) into the blocks fr_quant_linear reads, the numbers of
+ * cpu_quant.quantize_ref to the bit (round half to even, the scales rounded to half floats first, each
+ * product and sum rounded as torch's separate operations round them); with tol >= 0 it also says
+ * whether every block holds its values to within tol of its step, as quantize_exact asks.
+ * Returns 1 (every block within tol, or tol < 0), 0 (not), -1 (this build has no F16C: use the
+ * reference), -2 (a value is not finite or beyond half the half-float range). */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("fp-contract=off"))) /* each product and sum rounded on its own, as torch's ops */
+#endif
+int fr_quantize(int bits, const float *w, int64_t n, int64_t k, void *q, uint16_t *d, uint16_t *m, float tol) {
+#if defined(__F16C__)
+    const int64_t blocks = k / 32;
+    int bad = 0, inexact = 0;
+#pragma omp parallel for reduction(| : bad, inexact) schedule(static)
+    for (int64_t r = 0; r < n; r++) {
+        for (int64_t b = 0; b < blocks; b++) {
+            const float *x = w + r * k + b * 32;
+            const int64_t at = r * blocks + b;
+            float lo = x[0], hi = x[0], amax = 0.0f, levels[32];
+            int finite = 1;
+            for (int i = 0; i < 32; i++) {
+                const float v = x[i], a = fabsf(v);
+                finite &= (a * 2.0f <= 65504.0f); /* false for NaN and infinities too */
+                lo = v < lo ? v : lo;
+                hi = v > hi ? v : hi;
+                amax = a > amax ? a : amax;
+            }
+            bad |= !finite;
+            float low = 0.0f, step;
+            if (bits == 8) {
+                d[at] = _cvtss_sh(amax / 127.0f, _MM_FROUND_TO_NEAREST_INT);
+                step = half(d[at]);
+            } else {
+                m[at] = _cvtss_sh(lo, _MM_FROUND_TO_NEAREST_INT);
+                low = half(m[at]);
+                d[at] = _cvtss_sh((hi - low) / 15.0f, _MM_FROUND_TO_NEAREST_INT);
+                step = half(d[at]);
+            }
+            const float div = step > 0.0f ? step : 1.0f, limit = tol * step;
+            const float floor_level = bits == 8 ? -127.0f : 0.0f, top_level = bits == 8 ? 127.0f : 15.0f;
+            int off = 0;
+            for (int i = 0; i < 32; i++) {
+                float level = rintf((x[i] - low) / div); /* round half to even; low is 0 for q8 */
+                level = level < floor_level ? floor_level : (level > top_level ? top_level : level);
+                levels[i] = level;
+                const float scaled = level * step, value = scaled + low;
+                off |= !(fabsf(value - x[i]) <= limit);
+            }
+            inexact |= tol >= 0.0f && off;
+            if (bits == 8) {
+                int8_t *out = (int8_t *)q + r * k + b * 32;
+                for (int i = 0; i < 32; i++) out[i] = (int8_t)levels[i];
+            } else {
+                uint8_t *out = (uint8_t *)q + r * (k / 2) + b * 16;
+                for (int i = 0; i < 16; i++) out[i] = (uint8_t)levels[i] | (uint8_t)((uint8_t)levels[i + 16] << 4);
+            }
+        }
+    }
+    return bad ? -2 : !inexact;
+#else
+    (void)bits; (void)w; (void)n; (void)k; (void)q; (void)d; (void)m; (void)tol;
+    return -1;
 #endif
 }

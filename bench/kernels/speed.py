@@ -17,7 +17,8 @@ One entry per kernel module (``KERNEL_BENCHES``): ``q_sparse_attention`` (above)
 over its span of the keys, its keys cut into ranges and whole), ``apply_rotary``, ``critical_scores`` and
 ``elementwise`` (RMSNorm, alone and after a residual add, and SwiGLU of one decode row and of a context's rows), each timed against its torch
 reference on the same inputs with their max difference, and ``cpu_quant`` (a decode row through the
-8-bit and 4-bit CPU linear, on the CPU, against the float64 product of the dequantized weight).
+8-bit and 4-bit CPU linear, on the CPU, against the float64 product of the dequantized weight; and
+the weights' quantization, compiled against the torch reference).
 A new kernel adds its entry there. Writes ``kernels.json`` into ``--out``.
 """
 
@@ -269,6 +270,10 @@ def bench_cpu_quant(shape: dict, device: str, reps: int) -> list[dict]:
         qw = cpu_quant.quantize(weight, fmt)
         rows += _kernel_vs_ref(f"quant_linear_{fmt}", lambda qw=qw: cpu_quant.run_linear(x, qw),
                                lambda qw=qw: quant_linear_ref(x, qw), 1.0, 1, 2 * n * k, qw.nbytes, "cpu", reps)  # fmt: skip
+        # what loading a model does to each linear weight: its blocks, in one pass (the levels compared)
+        rows += _kernel_vs_ref(f"quantize_{fmt}", lambda fmt=fmt: cpu_quant.quantize(weight, fmt).q,
+                               lambda fmt=fmt: cpu_quant.quantize_ref(weight, fmt).q, 1.0, 1, 0,
+                               4 * n * k + qw.nbytes, "cpu", reps)  # fmt: skip
     return rows
 
 

@@ -52,6 +52,37 @@ def test_weights_already_in_the_format_quantize_back_to_themselves(fmt):
     torch.testing.assert_close(twice, once, rtol=0, atol=1e-6)
 
 
+def _same_bits(a, b) -> bool:
+    halves = [(x.view(torch.int16), y.view(torch.int16)) for x, y in ((a.d, b.d), (a.m, b.m)) if x is not None]
+    return a.fmt == b.fmt and torch.equal(a.q, b.q) and all(torch.equal(x, y) for x, y in halves) and (a.m is None) == (b.m is None)
+
+
+@pytest.mark.parametrize("fmt", cpu_quant.FORMATS)
+def test_the_compiled_quantizer_gives_the_references_bits_and_exactness(fmt):
+    """One pass in C, the numbers of ``quantize_ref`` to the bit: scales rounded to half floats first,
+    levels rounded half to even (ties included), and the same exact / not exact decision at the edge of
+    the tolerance (weights 0.9e-3 and 1.1e-3 steps off their levels)."""
+    g = torch.Generator().manual_seed(11)
+    ties = torch.tensor([[0.0, 15.0] + [i + 0.5 for i in range(15)] * 2,  # q4: step 1, levels at x.5
+                         [127.0, -127.0] + [i + 0.5 for i in range(-15, 15)]])  # q8: step 1, levels at x.5
+    weights = [torch.zeros(8, 64), torch.full((8, 64), 0.3), torch.full((8, 64), -2.5), ties]
+    for scale in (1e-6, 1e-3, 1.0, 3e3):  # 1e-6: subnormal half scales
+        exact = cpu_quant.dequantize(cpu_quant.quantize_ref(torch.randn(24, 128, generator=g) * scale, fmt))
+        weights += [exact] + [exact + off * exact.abs().mean() * torch.randn(24, 128, generator=g)
+                              for off in (1e-5, 9e-4, 1.1e-3, 1e-2)]  # fmt: skip
+    held = []
+    for weight in weights:
+        ref = cpu_quant.quantize_ref(weight, fmt)
+        assert _same_bits(cpu_quant.quantize(weight, fmt), ref)
+        # quantize_exact: the 4-bit form where it holds the weight, else the 8-bit one where that does
+        q4_holds = cpu_quant.holds_exactly(weight, cpu_quant.quantize_ref(weight, "q4"), 1e-3)
+        held.append(cpu_quant.holds_exactly(weight, ref, 1e-3) and (fmt == "q4" or not q4_holds))
+        exact = cpu_quant.quantize_exact(weight)
+        assert (exact is not None and exact.fmt == fmt) == held[-1]
+        assert not held[-1] or _same_bits(exact, ref)
+    assert 3 <= sum(held) < len(weights)  # both answers were given
+
+
 def test_bad_inputs_are_refused_with_what_is_allowed():
     with pytest.raises(ValueError, match="multiple of 32"):
         cpu_quant.quantize(torch.randn(4, 40), "q8")
@@ -59,6 +90,9 @@ def test_bad_inputs_are_refused_with_what_is_allowed():
         cpu_quant.quantize(torch.randn(4, 64), "q2")
     with pytest.raises(ValueError, match="half floats"):
         cpu_quant.quantize(torch.full((4, 64), 1e5), "q4")
+    for quantize in (cpu_quant.quantize, cpu_quant.quantize_ref):  # compiled and reference alike
+        with pytest.raises(ValueError, match="finite"):
+            quantize(torch.tensor([[float("nan")] + [0.0] * 31]), "q8")
     from fusionrag_llm.models.linear import Linear
 
     layer = Linear(64, 4)
