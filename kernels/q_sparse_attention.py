@@ -344,8 +344,8 @@ def fit_shared_memory(cfg: dict, head_dim: int, itemsize: int, limit: int) -> di
 _REFUSED: dict[int, int] = {}  # device index -> shared memory bytes below the smallest tiling it refused
 
 
-def launch_fitting(run, rows_max: int, itemsize: int, head_dim: int, device: torch.device) -> None:
-    """``run(cfg)`` with ``launch_config``'s tiles; where the device refuses them for want of shared memory
+def launch_fitting(run, rows_max: int, itemsize: int, head_dim: int, device: torch.device):
+    """What ``run(cfg)`` returns with ``launch_config``'s tiles; where the device refuses them for want of shared memory
     (the estimate is short of what the compiler allocates), again with smaller ones, remembered for the
     device. Raises the device's error when even the smallest tiling does not fit."""
     while True:
