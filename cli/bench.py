@@ -306,5 +306,5 @@ def gpu(shape, device, dtype, lengths, sections, repeats, max_new_tokens, concur
                             max_new_tokens, concurrency, kernels=kernels)  # fmt: skip
     result = run_gpu_bench(config, Path(out))
     _echo_outputs([Path(out) / "gpu.json", Path(out) / "gpu.md"])
-    if failed := [name for name in config.sections if "failed" in result.get(name, {})]:
+    if failed := [name for name in config.sections if "raised" in result.get(name, {})]:
         raise click.ClickException(f"section(s) {', '.join(failed)} failed; the errors are in {Path(out) / 'gpu.json'}")

@@ -264,7 +264,7 @@ class _Run:
             self.release(keep_model=True)
             message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
             self.figure(name, f"failed: {message}")
-            return {"failed": message, "traceback": traceback.format_exc()}
+            return {"raised": message, "traceback": traceback.format_exc()}
 
     def add_chunks(self) -> dict:
         count = self.config.add_chunks  # new ones, after the engine stored the benchmark's own (its warm-up)
@@ -391,9 +391,10 @@ class _Run:
             return {"skipped": "no tests folder next to the package"}
         done = run_gpu_tests(Path(folder), max(60.0, self.deadline - time.perf_counter()))
         state = " (timed out)" if done["timed_out"] else ""
-        passed = done["failed"] + done["error"] == 0 and done["passed"] > 0 and not state
+        missing = f", {len(done['uncollected'])} modules not collected" if done["uncollected"] else ""
+        passed = done["failed"] + done["error"] == 0 and done["passed"] > 0 and not state and not missing
         self.figure("GPU-marked tests", f"{done['passed']} passed, {done['failed']} failed, {done['error']} errors"
-                    f"{state}", "tests", 1.0 if passed else 0.0)  # fmt: skip
+                    f"{missing}{state}", "tests", 1.0 if passed else 0.0)  # fmt: skip
         return done
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -122,28 +123,37 @@ def flex_timing(q, q_positions, k, v, own, repeats: int) -> dict:
 
 
 def tests_folder() -> Path | None:
-    """The checkout's ``tests`` folder next to the package, when the package runs from a checkout."""
+    """The checkout's ``tests`` folder: next to the package when it runs from a checkout, else in the
+    current folder when that is a checkout (the package installed elsewhere, e.g. on a machine without
+    a package index)."""
     import fusionrag_llm
 
-    checkout = Path(fusionrag_llm.__file__).resolve().parents[1]
-    return checkout / "tests" if (checkout / "pyproject.toml").is_file() and (checkout / "tests").is_dir() else None
+    for checkout in (Path(fusionrag_llm.__file__).resolve().parents[1], Path.cwd()):
+        if (checkout / "pyproject.toml").is_file() and (checkout / "tests").is_dir():
+            return checkout / "tests"
+    return None
 
 
 def run_gpu_tests(folder: Path, timeout: float) -> dict:
     """``pytest -m gpu`` on ``folder`` in a subprocess: counts and failing test ids, read from the verbose
-    lines as they come (so a run cut short by ``timeout`` still counts what finished)."""
-    command = [sys.executable, "-m", "pytest", "-v", "-m", "gpu", "-p", "no:cacheprovider", str(folder)]
+    lines as they come (so a run cut short by ``timeout`` still counts what finished). A test module that
+    cannot be imported (an optional package missing) is listed in ``uncollected``, and the others run;
+    the checkout's folder is not put on the import path, so an installed package is the one tested."""
+    command = [sys.executable, "-m", "pytest", "-v", "-m", "gpu", "-p", "no:cacheprovider",
+               "--continue-on-collection-errors", str(folder)]  # fmt: skip
     started = time.perf_counter()
+    env = {**os.environ, "PYTHONSAFEPATH": "1"}
     try:
-        done = subprocess.run(command, cwd=folder.parent, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(command, cwd=folder.parent, capture_output=True, text=True, timeout=timeout, env=env)
         output, code = done.stdout + done.stderr, done.returncode
     except subprocess.TimeoutExpired as exc:
         output, code = "".join(o.decode() if isinstance(o, bytes) else o or "" for o in (exc.stdout, exc.stderr)), None
     outcomes = re.findall(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", output, re.MULTILINE)
     found = Counter(outcome.lower() for _, outcome in outcomes)
     counts = {word: found[word] for word in ("passed", "failed", "error", "skipped")}
+    uncollected = sorted(set(re.findall(r"^ERROR (\S+\.py)\b(?!::)", output, re.MULTILINE)))
     return {"command": " ".join(command[1:]), "returncode": code, "timed_out": code is None, **counts,
-            "seconds": time.perf_counter() - started, "output_tail": output[-3000:],
+            "uncollected": uncollected, "seconds": time.perf_counter() - started, "output_tail": output[-3000:],
             "failing": [test for test, outcome in outcomes if outcome in ("FAILED", "ERROR")]}  # fmt: skip
 
 

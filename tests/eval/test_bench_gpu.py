@@ -31,6 +31,7 @@ def test_every_section_writes_its_figures_and_the_tests_their_counts(tmp_path):
     tests_dir.mkdir(parents=True)
     (tests_dir / "test_on_gpu.py").write_text(GPU_TESTS)
     (tests_dir / "test_elsewhere.py").write_text("def test_not_marked():\n    pass\n")
+    (tests_dir / "test_needs_more.py").write_text("import a_package_not_installed  # noqa\n")  # an optional dependency
     config = GPUBenchConfig(**SMALL, sections=("all", "layerwise", "tests"), new_tokens=3, batches=(2,), add_chunks=1,
                             tests_dir=tests_dir)  # fmt: skip
     result = run_gpu_bench(config, tmp_path / "out")
@@ -64,12 +65,14 @@ def test_every_section_writes_its_figures_and_the_tests_their_counts(tmp_path):
     tests = written["tests"]
     assert (tests["passed"], tests["failed"], tests["error"]) == (1, 1, 0)  # the unmarked test deselected
     assert tests["failing"] == ["tests/test_on_gpu.py::test_fails"] and not tests["timed_out"]
+    assert tests["uncollected"] == ["tests/test_needs_more.py"]  # the other modules still ran
 
     figures = {f["key"]: f for f in result["figures"]}
     assert figures["tests"]["met"] == "no" and figures["add_chunks"]["target"].startswith(">= 5x")
     assert figures["decode_1"]["target"] == ">= 150 tok/s" and figures["ttft_fusionrag_1024"]["met"] == "-"
     summary = (tmp_path / "out" / "gpu.md").read_text()
-    assert "| figure | measured | target | met |" in summary and "| GPU-marked tests | 1 passed, 1 failed" in summary
+    assert "| figure | measured | target | met |" in summary
+    assert "| GPU-marked tests | 1 passed, 1 failed, 0 errors, 1 modules not collected |" in summary
     assert "| TTFT fusionrag r=0.15 from host memory, whole vs layer by layer, 1024 |" in summary
     assert "| TTFT full_reuse profile (1024) | " in summary and ", 0 kernel launches, " in summary
 
@@ -112,11 +115,39 @@ def test_a_failing_section_fails_alone_and_the_command_says_so(tmp_path, monkeyp
 
     assert result.exit_code == 1 and f"section(s) ttft failed; the errors are in {tmp_path / 'gpu.json'}" in result.output
     written = json.loads((tmp_path / "gpu.json").read_text())
-    assert written["ttft"]["failed"] == "RuntimeError: the time-to-first-token run broke"
+    assert written["ttft"]["raised"] == "RuntimeError: the time-to-first-token run broke"
     assert "in broken" in written["ttft"]["traceback"]
     assert [r["requests"] for r in written["decode"]["runs"]] == [1, 2]  # the next section still measured
     assert "| ttft | failed: RuntimeError: the time-to-first-token run broke | - | - |" in result.output
     assert "| decode, 1 sequence, 512 context |" in result.output
+    assert "raised" not in written["decode"]  # a section that ran is not reported as failed
+
+
+def test_a_tests_section_with_failing_tests_is_measured_not_raised(tmp_path, monkeypatch):
+    """Failing GPU tests are a figure ("no"), not a section that broke: the command still exits 0."""
+    import fusionrag_llm.eval.bench_gpu as bench_gpu
+
+    tests_dir = tmp_path / "checkout" / "tests"
+    tests_dir.mkdir(parents=True)
+    (tests_dir / "test_on_gpu.py").write_text(GPU_TESTS)
+    monkeypatch.setattr(bench_gpu, "tests_folder", lambda: tests_dir)
+    args = ["bench", "gpu", "--model", "small", "--device", "cpu", "--dtype", "float32", "--lengths", "512",
+            "--sections", "tests", "--out", str(tmp_path / "out")]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "| GPU-marked tests | 1 passed, 1 failed, 0 errors | all pass | no |" in result.output
+
+
+def test_the_tests_of_a_checkout_are_found_beside_an_installed_package(tmp_path, monkeypatch):
+    import fusionrag_llm
+    from fusionrag_llm.eval.gpu_checks import tests_folder
+
+    monkeypatch.setattr(fusionrag_llm, "__file__", str(tmp_path / "site" / "fusionrag_llm" / "__init__.py"))
+    monkeypatch.chdir(tmp_path)
+    assert tests_folder() is None  # installed elsewhere, run outside a checkout
+    (tmp_path / "pyproject.toml").write_text("[project]\n")
+    (tmp_path / "tests").mkdir()
+    assert tests_folder() == tmp_path / "tests"  # run from the checkout
 
 
 def test_gpu_bench_refuses_what_it_cannot_measure(tmp_path):
