@@ -66,7 +66,8 @@ def _keys(ctx, param, values) -> tuple[dict[str, str | None], bool | str]:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; 0.0.0.0 exposes the server to the network.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
 @click.option("--served-model-name", default=None, help="The model id clients send (default: the --model value).")
-@click.option("--max-num-seqs", default=16, show_default=True, type=click.IntRange(1, 1024), help="Answers decoding together in one batch.")
+@click.option("--max-num-seqs", default=None, type=click.IntRange(1, 1024),
+              help="Answers decoding together in one batch (default: 16 on a CPU, 256 on a GPU).")
 @click.option("--api-key", "access", multiple=True, metavar="KEY", callback=_keys,
               help="A key clients must send (Authorization: Bearer KEY, the OpenAI client's api_key) on every route "
                    "but /health; repeat for several (default: $FUSIONRAG_API_KEY, comma-separated; none: no key "

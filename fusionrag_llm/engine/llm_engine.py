@@ -102,7 +102,7 @@ class LLMEngine:
         self.computer = self.tenants.default.computer  # makes the entries a request misses
         self.prefix_cache = prefix_cache
         self.runner = ModelRunner(loaded.model)
-        self.scheduler = Scheduler(config)
+        self.scheduler = Scheduler(config, self.runner.defaults)
         # Cache-Craft's layer-wise preloading (``fusion/layer_feed.py``): stored KV reaches the request
         # cache layer by layer while the forward runs; default on for a CUDA model, where a copy engine
         # overlaps it with compute (on the CPU nothing would overlap)
@@ -127,13 +127,23 @@ class LLMEngine:
         return ContextResolver(scope.computer, preloaded, self.prefix_cache and not reproducible, pinned,
                                None if reproducible else scope.variants)  # fmt: skip
 
-    def check_fits(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
+    def check_fits(self, num_prompt_tokens: int, max_new_tokens: int, n: int = 1) -> None:
+        """Refuse a request the model's context window or the scheduler's cache slots cannot hold."""
         window = self.loaded.context_window
         if num_prompt_tokens + max_new_tokens > window:
             raise PromptTooLongError(
                 f"the prompt has {num_prompt_tokens} tokens and {max_new_tokens} new tokens were asked for, "
                 f"but model {self.loaded.name!r} has a context window of {window} tokens; "
                 "pass fewer or shorter chunks, or lower max_new_tokens"
+            )
+        slots, need = self.scheduler.limit("max_kv_tokens"), (num_prompt_tokens + max_new_tokens) * n
+        if slots is not None and need > slots:
+            answers = f" for each of {n} answers" if n > 1 else ""
+            raise PromptTooLongError(
+                f"the request needs {need} cache slots ({num_prompt_tokens} prompt tokens plus max_new_tokens="
+                f"{max_new_tokens}{answers}), but the engine's requests may hold {slots} together "
+                "(SchedulerConfig.max_kv_tokens); pass fewer or shorter chunks, lower max_new_tokens or n, "
+                "or raise max_kv_tokens"
             )
 
     # ------------------------------------------------------------------ the step API
@@ -157,7 +167,7 @@ class LLMEngine:
         extra_stops = check_token_ids(sampling.stop_token_ids, self.model.cfg.vocab_size, "stop_token_ids")
         scope = self.tenants[tenant]
         plan = self._settled(plan)
-        seq = self._sequence(segments, plan, max_new_tokens, scope.tenant)
+        seq = self._sequence(segments, plan, max_new_tokens, scope.tenant, n)
         seq.stop_strings, seq.prefetch = check_stop(stop), prefetch
         seq.sampling, seq.n = sampling, n
         seq.generator = sampling.generator(self.model.device)
@@ -271,9 +281,10 @@ class LLMEngine:
             return exc
 
     # ------------------------------------------------------------------ one sequence's prefill
-    def _sequence(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, tenant: str = "") -> Sequence:
+    def _sequence(self, segments: Seq[Segment], plan: RunPlan, max_new_tokens: int, tenant: str = "",
+                  n: int = 1) -> Sequence:  # fmt: skip
         ids = prompt_ids(segments)
-        self.check_fits(len(ids), max_new_tokens)
+        self.check_fits(len(ids), max_new_tokens, n)
         stats = GenerationStats(method=plan.name, recompute_ratio=plan.recompute_ratio, prompt_tokens=len(ids))
         return Sequence(next(self._request_ids), list(segments), plan, max_new_tokens, ids,
                         self.tokenizer.stop_ids, stats=stats, tenant=tenant)  # fmt: skip
@@ -308,7 +319,8 @@ class LLMEngine:
         try:
             preloaded, pinned = self.kv.take(seq)
             resolver = self.resolver(preloaded, pinned, seq.tenant, bool(plan.reproducible))
-            seq.cache = self.runner.new_cache(seq.num_prompt_tokens + seq.max_new_tokens)
+            seq.cache = self.runner.new_cache(seq.num_prompt_tokens + seq.max_new_tokens,
+                                              self.scheduler.limit("max_kv_tokens"))  # fmt: skip
             if seq.context_plan is None:
                 seq.context_plan = resolver.plan(seq.segments, plan)
             resolved, counts = resolver.assemble_plan(seq.context_plan, seq.cache, self.kv.feed(seq.cache))

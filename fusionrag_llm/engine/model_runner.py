@@ -7,33 +7,56 @@ decode inputs are built and where logits become token ids with one device sync p
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence as Seq
 
 import torch
 
 from fusionrag_llm.engine.sampling import SamplingState, next_tokens
+from fusionrag_llm.engine.scheduler import DEVICE_DEFAULTS, SchedulerConfig
 from fusionrag_llm.engine.sequence import Sequence
 from fusionrag_llm.fusion.placement import position_free_kv
 from fusionrag_llm.fusion.layout import RequestLayout
 from fusionrag_llm.models.kv_cache import KVCache
-from fusionrag_llm.models.kv_pool import KVPools
+from fusionrag_llm.models.kv_pool import KVPools, slot_bytes
 from fusionrag_llm.models.forward import AttentionScaling
 from fusionrag_llm.models.llama import DecoderLM, ForwardOutput, ForwardPass
+
+KV_MEMORY_SHARE = 0.5  # of a GPU's free memory when the engine starts: the request caches' slots
+
+
+def kv_budget(free_bytes: int, per_slot: int) -> int:
+    """Cache slots for request caches on a GPU with ``free_bytes`` free, ``per_slot`` bytes each."""
+    return max(1, int(free_bytes * KV_MEMORY_SHARE) // per_slot)
 
 
 class ModelRunner:
     def __init__(self, model: DecoderLM):
         self.model = model
+        self.defaults = self._scheduler_defaults()
         # request caches from shared buffers (``models/kv_pool.py``), so a decode step of many sequences
         # is one attention call per layer: on CUDA with the Triton backend, whose kernel reads them
         self.pools = KVPools.of(model) if model.device.type == "cuda" and model.kernels == "triton" else None
 
-    def new_cache(self, capacity: int) -> KVCache:
-        """A request's cache: from a pool where there are pools and one has room, else a dense one."""
+    def _scheduler_defaults(self) -> SchedulerConfig:
+        """What the scheduler's None limits mean on this model's device: on a GPU, cache slots for
+        ``KV_MEMORY_SHARE`` of the memory free now (after the weights)."""
+        device = self.model.device
+        if device.type != "cuda":
+            return DEVICE_DEFAULTS["cpu"]
+        free = torch.cuda.mem_get_info(device)[0]
+        cfg = self.model.cfg
+        slots = kv_budget(free, slot_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.model.dtype))
+        return dataclasses.replace(DEVICE_DEFAULTS["cuda"], max_kv_tokens=slots)
+
+    def new_cache(self, capacity: int, pool_slots: int | None = None) -> KVCache:
+        """A request's cache: from a pool where there are pools and one has room, else a dense one.
+        ``pool_slots``: the slots of the first pool if it is made now (the scheduler's ``max_kv_tokens``,
+        so every sequence it admits fits in one pool)."""
         model = self.model
         if self.pools is not None and (self.pools.dtype, self.pools.device) != (model.dtype, model.device):
             self.pools = KVPools.of(model)  # the model was moved or cast since
-        cache = self.pools.new_cache(capacity) if self.pools is not None else None
+        cache = self.pools.new_cache(capacity, pool_slots) if self.pools is not None else None
         return cache if cache is not None else model.new_cache(capacity)
 
     def fork_cache(self, cache: KVCache) -> KVCache:

@@ -1,8 +1,11 @@
 """Which sequences run in the next step: admissions (prefills) and the running ones (one decode token).
 
 Plain bookkeeping over ``Sequence`` objects, no tensors. Every step decodes all running sequences
-and admits waiting ones while the batch has room (``max_num_seqs``) and the step's prompt-token
-budget lasts; a sequence over the budget still runs when nothing else would. Sequences whose chunk
+and admits waiting ones while the batch has room (``max_num_seqs``), the step's prompt-token
+budget lasts and the cache slots the admitted sequences hold stay within ``max_kv_tokens`` (a
+sequence holds its prompt plus ``max_new_tokens``, once per answer): past it, requests wait for
+running ones to finish instead of failing for memory; a sequence over the prompt-token budget
+still runs when nothing else would (the engine refuses one that alone exceeds the slots). Sequences whose chunk
 entries were loaded on the background thread (the paper's asynchronous KV scheduler) are admitted
 first, oldest first, so a request still loading does not hold up those behind it; the others are
 admitted too when there is room, since a bigger batch is worth more than the short wait for
@@ -27,14 +30,31 @@ def admission_order(waiting: Seq[Sequence], is_ready: Callable[[Sequence], bool]
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = 16  # sequences decoding together
+    """The scheduler's limits; None: the engine's default for its device (``DEVICE_DEFAULTS``, and on a
+    GPU ``max_kv_tokens`` from its free memory: ``engine/model_runner.py``)."""
+
+    max_num_seqs: int | None = None  # sequences decoding together
     max_prefill_tokens: int = 16384  # prompt tokens admitted in one step
+    max_kv_tokens: int | None = None  # cache slots the running and admitted sequences hold together
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_prefill_tokens"):
+        for name in ("max_num_seqs", "max_prefill_tokens", "max_kv_tokens"):
             value = getattr(self, name)
+            if value is None and name != "max_prefill_tokens":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+                allowed = "an int >= 1" + (" or None (the device's default)" if name != "max_prefill_tokens" else "")
+                raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+# what None means: 16 sequences on a CPU (two cores gain little past 8), 256 on a GPU, as serving engines do
+# there; cache slots unbounded on a CPU (host memory), on a GPU a share of its memory (the model runner's)
+DEVICE_DEFAULTS = {"cpu": SchedulerConfig(max_num_seqs=16), "cuda": SchedulerConfig(max_num_seqs=256)}
+
+
+def kv_tokens(seq: Sequence) -> int:
+    """The cache slots ``seq`` holds while it runs (its cache's capacity), each of its answers as much."""
+    return (seq.num_prompt_tokens + seq.max_new_tokens) * seq.n
 
 
 @dataclass
@@ -48,11 +68,19 @@ class ScheduledStep:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig = SchedulerConfig()):
-        self.config = config
+    """``config``: the limits asked for (``rag.engine.scheduler.config`` may be replaced at any time);
+    ``defaults``: what its None fields mean here (``max_kv_tokens`` None there too: no bound)."""
+
+    def __init__(self, config: SchedulerConfig = SchedulerConfig(), defaults: SchedulerConfig = DEVICE_DEFAULTS["cpu"]):
+        self.config, self.defaults = config, defaults
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.alone: deque[Sequence] = deque()  # sequences to prefill again, each in a step of its own
+
+    def limit(self, name: str) -> int | None:
+        """The limit ``name`` in force: the config's, else the device's default (None: no bound)."""
+        value = getattr(self.config, name)
+        return getattr(self.defaults, name) if value is None else value
 
     def retry_alone(self, seq: Sequence) -> None:
         """``seq`` (admitted in the step that just ran) is prefilled again, in a step of its own: no other
@@ -74,15 +102,19 @@ class Scheduler:
             return ScheduledStep(prefills=[self.alone.popleft()])
         step = ScheduledStep(decodes=list(self.running))
         budget = self.config.max_prefill_tokens
-        room = self.config.max_num_seqs - len(self.running)
+        room = self.limit("max_num_seqs") - len(self.running)
+        slots = self.limit("max_kv_tokens")
+        slots = float("inf") if slots is None else slots - sum(seq.num_prompt_tokens + seq.max_new_tokens
+                                                                  for seq in self.running)  # fmt: skip
         for seq in admission_order(self.waiting, is_ready):
             # a request of n answers takes n places; one too large for the batch or the budget runs alone
             alone = not (step.prefills or step.decodes)
-            if (seq.n > room or seq.num_prompt_tokens > budget) and not alone:
+            if (seq.n > room or seq.num_prompt_tokens > budget or kv_tokens(seq) > slots) and not alone:
                 break
             step.prefills.append(seq)
             budget -= seq.num_prompt_tokens
             room -= seq.n
+            slots -= kv_tokens(seq)
         for seq in step.prefills:
             self.waiting.remove(seq)
         return step

@@ -239,8 +239,9 @@ class _Run:
     def engine(self, tier: str) -> FusionRAG:
         if tier not in self.engines:
             rag = self.engines[tier] = engine_on(self.loaded, tier)
-            config = rag.engine.scheduler.config  # "N requests at once" decodes all N together
-            rag.engine.scheduler.config = replace(config, max_num_seqs=max(config.max_num_seqs, *self.config.batches))
+            scheduler = rag.engine.scheduler  # "N requests at once" decodes all N together
+            most = max(scheduler.limit("max_num_seqs"), *self.config.batches)
+            scheduler.config = replace(scheduler.config, max_num_seqs=most)
             add_timed(rag, self.texts)
         return self.engines[tier]
 

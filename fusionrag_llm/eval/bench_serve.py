@@ -18,7 +18,7 @@ import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from fusionrag_llm.eval.results import check_ints, figure, fmt, machine_line, markdown_table, ms, write_report
@@ -109,10 +109,9 @@ def run_serve(rag, requests: list[RAGRequest], config: ServeConfig) -> dict:
     bodies = [{"model": "bench", "messages": chat_messages(request), "max_tokens": config.max_new_tokens,
                "stream": True, "stream_options": {"include_usage": True}, "method": config.method,
                "recompute_ratio": config.ratio} for request in requests]  # fmt: skip
-    from fusionrag_llm.engine.scheduler import SchedulerConfig
-
     # every client of the busiest level decodes in the same batch
-    rag.engine.scheduler.config = SchedulerConfig(max(16, *config.concurrency), rag.engine.scheduler.config.max_prefill_tokens)
+    scheduler = rag.engine.scheduler
+    scheduler.config = replace(scheduler.config, max_num_seqs=max(scheduler.limit("max_num_seqs"), *config.concurrency))
     levels = []
     with LoopbackServer(rag) as url, httpx.Client(timeout=None) as http:
         stream_one(http, url, bodies[0])  # warm-up

@@ -11,9 +11,12 @@ of the span kernel (``kernels/q_sparse_attention_varlen.q_sparse_attention_spans
 
 A span is taken first-fit and comes back to the pool when its cache is garbage-collected (a finalizer
 on the cache object; every copy the engine keeps of a cache's KV is a copy, not a view). A pool does
-not grow (its addresses are in captured graphs): ``KVPools`` makes another one when none has room, of
-``POOL_BYTES`` (or ``POOL_SHARE`` of the device's free memory, if less); a cache larger than that is a
-dense one of its own, as before.
+not grow (its addresses are in captured graphs). The first one holds the cache slots the engine's
+scheduler lets its sequences hold together (``new_cache``'s ``first_slots``), so the sequences of a step share one
+pool and one attention call; where the device cannot give that much when it is made, it is halved
+until it can. ``KVPools`` makes another one when none has room (spans left apart, a cache kept after
+its request), of ``POOL_BYTES`` (or ``POOL_SHARE`` of the device's free memory, if less); a cache
+larger than that is a dense one of its own.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ from fusionrag_llm.models.kv_cache import KVCache
 
 POOL_BYTES = 4 << 30  # one pool's K and V, on a GPU
 POOL_SHARE = 0.25  # at most this part of the device's free memory per new pool
+
+
+def slot_bytes(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes of one cache slot: K and V of every layer."""
+    return 2 * num_layers * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
 
 
 class KVPool:
@@ -92,7 +100,7 @@ class KVPools:
                  pool_bytes: int = POOL_BYTES) -> None:  # fmt: skip
         self.shape = (num_layers, kv_heads, head_dim)
         self.dtype, self.device, self.pool_bytes = dtype, torch.device(device), pool_bytes
-        self.slot_bytes = 2 * num_layers * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+        self.slot_bytes = slot_bytes(num_layers, kv_heads, head_dim, dtype)
         self.pools: list[KVPool] = []
 
     @classmethod
@@ -100,17 +108,26 @@ class KVPools:
         cfg = model.cfg
         return cls(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device, pool_bytes)
 
-    def new_cache(self, capacity: int) -> KVCache | None:
-        """A pooled cache of ``capacity`` slots, or None when no pool has room and no new one fits."""
+    def new_cache(self, capacity: int, first_slots: int | None = None) -> KVCache | None:
+        """A pooled cache of ``capacity`` slots, or None when no pool has room and no new one fits;
+        ``first_slots``: the slots of the first pool, if it is made now (None: as any other)."""
         for pool in self.pools:
             cache = pool.allocate(capacity)
             if cache is not None:
                 return cache
-        budget = self.pool_bytes
-        if self.device.type == "cuda":
-            budget = min(budget, int(torch.cuda.mem_get_info(self.device)[0] * POOL_SHARE))
-        slots = budget // self.slot_bytes
-        if slots < capacity:  # a cache larger than a pool may be: a dense one of its own
-            return None
-        self.pools.append(KVPool(*self.shape, slots, self.dtype, self.device))
-        return self.pools[-1].allocate(capacity)
+        if not self.pools and first_slots is not None:
+            slots = first_slots
+        else:
+            budget = self.pool_bytes
+            if self.device.type == "cuda":
+                budget = min(budget, int(torch.cuda.mem_get_info(self.device)[0] * POOL_SHARE))
+            slots = budget // self.slot_bytes
+        while slots >= capacity:  # a cache larger than a pool may be: a dense one of its own
+            try:
+                pool = KVPool(*self.shape, slots, self.dtype, self.device)
+            except torch.OutOfMemoryError:
+                slots //= 2  # the device has less free than when the size was chosen
+                continue
+            self.pools.append(pool)
+            return pool.allocate(capacity)
+        return None

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fusionrag_llm.engine.scheduler import Scheduler, SchedulerConfig
+from fusionrag_llm.engine.scheduler import DEVICE_DEFAULTS, Scheduler, SchedulerConfig
 from fusionrag_llm.engine.sequence import Sequence, Status
 from fusionrag_llm.methods import make_plan
 
@@ -76,10 +76,51 @@ def test_prefetch_window_and_abort():
     assert scheduler.to_prefetch() == [seqs[0], seqs[2]]
 
 
-@pytest.mark.parametrize("field", ["max_num_seqs", "max_prefill_tokens"])
-def test_bad_limits_are_refused(field):
+def test_cache_slots_bound_what_is_admitted_until_running_sequences_finish():
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=8, max_kv_tokens=30))
+    seqs = [_seq(i) for i in range(4)]  # each holds 10 prompt tokens + 4 new ones = 14 slots
+    for seq in seqs:
+        scheduler.add(seq)
+    step = scheduler.schedule(lambda s: True)
+    assert step.prefills == seqs[:2]  # 28 of 30 slots: a third would need 42
+    _run(scheduler, step)
+    step = scheduler.schedule(lambda s: True)
+    assert step.prefills == [] and step.decodes == seqs[:2]  # the running ones still hold their slots
+    seqs[0].finish("stop")
+    _run(scheduler, step)
+    step = scheduler.schedule(lambda s: True)
+    assert step.decodes == seqs[1:2] and step.prefills == seqs[2:3]  # 14 freed: one more fits
+    wide = _seq(9)
+    wide.n = 2  # two answers hold two caches: 28 slots
+    bounded = Scheduler(SchedulerConfig(max_kv_tokens=40))
+    for seq in (_seq(8), wide):
+        bounded.add(seq)
+    assert len(bounded.schedule(lambda s: True).prefills) == 1
+
+
+def test_none_limits_are_the_devices_defaults():
+    scheduler = Scheduler(SchedulerConfig(max_prefill_tokens=100), SchedulerConfig(max_num_seqs=2, max_kv_tokens=50))
+    assert scheduler.limit("max_num_seqs") == 2 and scheduler.limit("max_kv_tokens") == 50
+    scheduler.config = SchedulerConfig(max_num_seqs=5)
+    assert scheduler.limit("max_num_seqs") == 5 and scheduler.limit("max_prefill_tokens") == 16384
+    cpu = Scheduler()  # a CPU: 16 sequences, no bound on slots
+    assert cpu.limit("max_num_seqs") == 16 and cpu.limit("max_kv_tokens") is None
+    assert DEVICE_DEFAULTS["cuda"].max_num_seqs == 256
+    for _ in range(20):
+        cpu.add(_seq(len(cpu.waiting), prompt_tokens=1000))
+    assert len(cpu.schedule(lambda s: True).prefills) == 16
+
+
+@pytest.mark.parametrize("field", ["max_num_seqs", "max_prefill_tokens", "max_kv_tokens"])
+@pytest.mark.parametrize("bad", [0, -3, True, 2.5, "8"])
+def test_bad_limits_are_refused(field, bad):
     with pytest.raises(ValueError, match=field):
-        SchedulerConfig(**{field: 0})
+        SchedulerConfig(**{field: bad})
+    if field != "max_prefill_tokens":
+        assert getattr(SchedulerConfig(**{field: None}), field) is None  # the device's default
+    else:
+        with pytest.raises(ValueError, match=field):
+            SchedulerConfig(max_prefill_tokens=None)
 
 
 def test_a_sequence_finishes_on_a_stop_token_or_the_length():
@@ -100,3 +141,10 @@ def test_a_load_that_finishes_during_admission_is_not_skipped():
     answers = iter([False, True, False] + [True] * 10)  # request 1 becomes ready between two looks
     step = scheduler.schedule(lambda s: next(answers))
     assert sorted(s.request_id for s in step.prefills) == [0, 1, 2]
+
+
+def test_a_gpus_slots_are_a_share_of_its_free_memory():
+    from fusionrag_llm.engine.model_runner import KV_MEMORY_SHARE, kv_budget
+
+    assert kv_budget(80 << 30, 128 << 10) == int((80 << 30) * KV_MEMORY_SHARE) // (128 << 10)
+    assert kv_budget(10, 128 << 10) == 1  # never none at all: a request too large is refused by name

@@ -282,3 +282,34 @@ def test_ignore_eos_decodes_every_asked_token_past_an_end_token():
     assert [len(out.token_ids) for out in batch] == [5, 5]
     with pytest.raises(FusionRAGError, match="ignore_eos must be True or False"):
         rag.generate(REQUESTS[0], max_new_tokens=2, sampling={"ignore_eos": "yes"})
+
+
+def test_requests_wait_for_cache_slots_and_get_the_answers_they_get_alone(rag):
+    from fusionrag_llm.engine.scheduler import SchedulerConfig
+    from fusionrag_llm.errors import PromptTooLongError
+
+    alone = [rag.generate(r, max_new_tokens=6) for r in REQUESTS]
+    need = [g.stats.prompt_tokens + 6 for g in alone]
+    scheduler = rag.engine.scheduler
+    held, original = [], scheduler.schedule
+
+    def schedule(is_ready):  # the slots of every sequence in each step
+        step = original(is_ready)
+        held.append(sum(seq.num_prompt_tokens + seq.max_new_tokens for seq in step.prefills + step.decodes))
+        return step
+
+    scheduler.config = SchedulerConfig(max_kv_tokens=max(need))
+    scheduler.schedule = schedule
+    try:
+        together = rag.generate_many(REQUESTS, max_new_tokens=6)
+        largest = REQUESTS[need.index(max(need))]
+        with pytest.raises(PromptTooLongError, match=rf"needs {2 * max(need)} cache slots .* each of 2 answers.* may hold {max(need)} together"):
+            rag.generate(largest, max_new_tokens=6, n=2)
+        with pytest.raises(PromptTooLongError, match="max_kv_tokens"):
+            rag.generate(largest, max_new_tokens=7)
+    finally:
+        scheduler.config = SchedulerConfig()
+        del scheduler.schedule
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+    assert max(held) <= max(need) < sum(need)  # never more than the slots, so some requests waited
+    assert len(held) > 6 + 1  # more steps than one wave of 6 new tokens

@@ -286,8 +286,8 @@ def test_the_evicted_kv_is_freed_and_the_batch_decodes_on(rag):
     engine, made = rag.engine, []
     new_cache = engine.runner.new_cache
 
-    def recording(capacity):
-        cache = new_cache(capacity)
+    def recording(capacity, *rest):
+        cache = new_cache(capacity, *rest)
         made.append(weakref.ref(cache.keys))
         return cache
 

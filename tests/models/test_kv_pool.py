@@ -41,6 +41,55 @@ def test_pools_make_another_pool_when_none_has_room_and_none_for_a_cache_larger_
     assert pools.new_cache(9) is None  # larger than a pool: the caller makes a dense cache
 
 
+def test_the_first_pool_holds_the_schedulers_slots_halved_while_the_device_has_less(monkeypatch):
+    slot_bytes = 2 * 2 * 1 * 4 * 4
+    pools = KVPools(2, 1, 4, torch.float32, torch.device("cpu"), pool_bytes=8 * slot_bytes)
+    cache = pools.new_cache(6, first_slots=100)
+    assert pools.pools[0].slots == 100  # every sequence the scheduler admits fits in it: one call for all
+    assert [pools.new_cache(30, first_slots=5).pool for _ in range(3)] == [cache.pool] * 3  # later ones fill it
+    made = []
+    original = KVPool.__init__
+
+    def short(self, *args):  # a device with room for 30 slots
+        made.append(args[3])
+        if args[3] > 30:
+            raise torch.OutOfMemoryError("out of memory")
+        original(self, *args)
+
+    monkeypatch.setattr(KVPool, "__init__", short)
+    halved = KVPools(2, 1, 4, torch.float32, torch.device("cpu"))
+    assert halved.new_cache(20, first_slots=100).pool.slots == 25 and made == [100, 50, 25]
+    made.clear()
+    assert KVPools(2, 1, 4, torch.float32, torch.device("cpu")).new_cache(40, first_slots=100) is None
+    assert made == [100, 50]  # half of 50 would not hold the cache: a dense one instead
+
+
+@pytest.mark.slow  # the engine through the Triton interpreter
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_an_engine_sizes_its_first_pool_by_the_schedulers_slots():
+    from fusionrag_llm.engine.scheduler import SchedulerConfig
+
+    rag = pooled()
+    rag.engine.runner.pools = KVPools.of(rag.engine.model)
+    rag.engine.scheduler.config = SchedulerConfig(max_kv_tokens=321)
+    rag.generate(RAGRequest(chunks=CHUNKS[:2], question="When was the lighthouse built?"), max_new_tokens=2)
+    assert [pool.slots for pool in rag.engine.runner.pools.pools] == [321]
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_scheduler_holds_half_the_free_memory_in_one_pool():
+    from fusionrag_llm.engine.model_runner import KV_MEMORY_SHARE
+
+    rag = build("triton", "cuda")
+    free = torch.cuda.mem_get_info()[0]
+    slots = rag.engine.scheduler.limit("max_kv_tokens")
+    per_slot = KVPools.of(rag.engine.model).slot_bytes
+    assert rag.engine.scheduler.limit("max_num_seqs") == 256
+    assert abs(slots * per_slot - free * KV_MEMORY_SHARE) <= 0.05 * free  # measured when the engine started
+    rag.generate(RAGRequest(chunks=CHUNKS[:2], question="When was the lighthouse built?"), max_new_tokens=2)
+    assert [pool.slots for pool in rag.engine.runner.pools.pools] == [slots]
+
+
 def build(kernels: str, device: str = "cpu", **options) -> FusionRAG:
     rag = FusionRAG.from_pretrained("tiny", device=device, dtype="float32", store=":memory:",
                                     options={"prefix_cache": False, "kernels": kernels, **options})  # fmt: skip
