@@ -2,9 +2,13 @@
 
 For the few rows of a decode step, oneDNN's multiply with a weight laid out once in its blocked
 layout beats ``torch.nn.functional.linear`` on CPU. ``pack`` stores that copy of the weight
-(``torch.ops.mkldnn._reorder_linear_weight``) and ``forward`` multiplies with it for inputs of at most ``PACKED_MAX_ROWS`` rows: on this project's 2-core AVX2 machine a
-SmolLM2 decode step of one sequence ran about 20% faster and one of eight about 25% faster (medians
-of interleaved runs); prefills keep ``F.linear``, which was as fast or faster there. The copy costs the
+(``torch.ops.mkldnn._reorder_linear_weight``) and ``forward`` multiplies with it for inputs of at most
+``packed_max_rows()`` rows: on this project's 2-core AVX2 machine a SmolLM2 decode step of one
+sequence ran about 20% faster and one of eight about 25% faster (medians of interleaved runs), while
+prefills (over ``PACKED_MAX_ROWS`` rows) were as fast or faster with ``F.linear``, which is MKL's
+multiply. MKL does not take its fastest path on other vendors' processors: on a 2-core AMD EPYC
+(AVX-512) the packed multiply was faster at every size, 1.65x at 64 rows, 1.33x at 512, 1.15x at
+6,239 (SmolLM2's seven layer shapes), so there it serves every row count. The copy costs the
 weights' size again in host memory; ``unpack`` frees it. Results are float32 products like
 ``F.linear``'s, summed in a different order (differences of about 1e-6 relative).
 
@@ -19,7 +23,10 @@ for a forward made of decode steps alone, so prefills, and every KV entry they s
 from __future__ import annotations
 
 import contextvars
+import functools
+import platform
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +39,27 @@ _PACKED_LINEAR = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 PACK_ROWS_HINT = 16  # oneDNN chooses the layout for about this many input rows (decode batches)
 PACKED_MAX_ROWS = 64  # above this (prefills) F.linear was as fast or faster (about 9% at 512 rows)
 _QUANTIZED = contextvars.ContextVar("fusionrag_quantized_linears", default=False)
+
+
+@functools.cache
+def packed_max_rows() -> float:
+    """Input rows up to which a packed weight is used: every count on an x86 processor that is not
+    Intel's (where F.linear's MKL multiply is slower at every size), else ``PACKED_MAX_ROWS``."""
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return PACKED_MAX_ROWS
+    return PACKED_MAX_ROWS if cpu_vendor() in ("GenuineIntel", "") else float("inf")
+
+
+def cpu_vendor() -> str:
+    """The processor's vendor string (``GenuineIntel``, ``AuthenticAMD``, ...) where Linux says it, else ""."""
+    try:
+        with Path("/proc/cpuinfo").open() as info:
+            for line in info:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 @contextmanager
@@ -104,7 +132,7 @@ class Linear(nn.Linear):
         if _QUANTIZED.get() and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu" and self.quantized:
             y = cpu_quant.run_linear(x.contiguous(), self._quant[0])
             return y if self.bias is None else y + self.bias
-        if x.dim() == 2 and x.shape[0] <= PACKED_MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu" and self.packed:
+        if x.dim() == 2 and x.shape[0] <= packed_max_rows() and x.dtype == torch.float32 and x.device.type == "cpu" and self.packed:
             return _PACKED_LINEAR(x, self._packed[0], self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
