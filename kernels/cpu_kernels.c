@@ -5,7 +5,9 @@
  * - fr_decode_layers: the decoder layers of a decode step (one new token per sequence) of a
  *   Llama-family model whose linear weights are such blocks, in one call: norms, projections, rotary,
  *   the K/V write and attention over each sequence's cache, the MLP (models/fast_decode.py);
- * - fr_quantize: float32 weights into those blocks, as cpu_quant.quantize_ref does, in one pass.
+ * - fr_quantize: float32 weights into those blocks, as cpu_quant.quantize_ref does, in one pass;
+ * - fr_rotate_rows: rotary embedding of float32 rows into a cache's slots, as kernels/rotary.py rotate
+ *   computes it, in one pass.
  *
  * Work is spread over OpenMP threads (the runtime torch already loaded: one thread pool).
  */
@@ -720,4 +722,33 @@ int fr_quantize(int bits, const float *w, int64_t n, int64_t k, void *q, uint16_
     (void)bits; (void)w; (void)n; (void)k; (void)q; (void)d; (void)m; (void)tol;
     return -1;
 #endif
+}
+
+/* Rotary embedding of float32 rows, written where the caller says (a cache's slots), in one pass:
+ * for every batch b < batches (a layer and head) and row i < n,
+ *   out[b * out_batch + slot_i * out_row + j] = x[b * x_batch + i * x_row + j] * cos[i * d + j] + r_j * sin[i * d + j]
+ * with r = (-x[d/2:], x[:d/2]) of that row and slot_i = slots[i] (i where slots is NULL): transformers'
+ * Llama rotation, each product and the sum rounded on their own, as torch's separate operations round
+ * them (kernels/rotary.py rotate), so the bits are the same. d is even; rows are d contiguous floats. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("fp-contract=off")))
+#endif
+void fr_rotate_rows(const float *x, int64_t x_batch, int64_t x_row, int64_t batches, int64_t n, int64_t d,
+                    const float *cos, const float *sin, float *out, int64_t out_batch, int64_t out_row,
+                    const int64_t *slots) {
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+    const int64_t half = d / 2;
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batches; b++) {
+        for (int64_t i = 0; i < n; i++) {
+            const float *row = x + b * x_batch + i * x_row, *c = cos + i * d, *s = sin + i * d;
+            float *dst = out + b * out_batch + (slots ? slots[i] : i) * out_row;
+            #pragma omp simd
+            for (int64_t j = 0; j < half; j++) dst[j] = row[j] * c[j] + (-row[j + half]) * s[j];
+            #pragma omp simd
+            for (int64_t j = half; j < d; j++) dst[j] = row[j] * c[j] + row[j - half] * s[j];
+        }
+    }
 }

@@ -291,6 +291,9 @@ def _open(path: Path) -> ctypes.CDLL:
     lib.fr_quantize.restype = ctypes.c_int
     lib.fr_quantize.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float]  # fmt: skip
+    lib.fr_rotate_rows.restype = None
+    lib.fr_rotate_rows.argtypes = [ctypes.c_void_p, *[ctypes.c_int64] * 5, ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]  # fmt: skip
     lib.fr_decode_layers.restype = ctypes.c_int
     lib.fr_decode_layers.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                      ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]  # fmt: skip

@@ -103,6 +103,49 @@ def rotate(x, cos, sin):
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+def rotate_cpu(x, cos, sin, out=None, slots=None):
+    """``rotate(x, cos, sin)`` for float32 ``x`` [..., N, D] on the CPU in one compiled pass
+    (``fr_rotate_rows``, the same bits): into a new tensor, or with ``out`` [..., C, D] (``x``'s leading
+    dims) and ``slots`` [N] written into ``out[..., slots, :]``. None where the compiled kernel does not
+    take it (another device or dtype, rows not contiguous, no compiler): the caller uses ``rotate``.
+    Slots outside ``[0, C)`` raise ``IndexError``, as indexing would."""
+    from . import cpu_quant
+
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() < 2 or x.shape[-1] % 2 or x.stride(-1) != 1:
+        return None
+    n, d = x.shape[-2:]
+    if cos.shape != (n, d) or sin.shape != (n, d) or cos.dtype != torch.float32 or sin.dtype != torch.float32:
+        return None
+    try:
+        lib = cpu_quant.load_library()
+        rows = x.view(-1, n, d) if x.dim() != 3 else x
+        made = out is None
+        out = torch.empty(x.shape, dtype=x.dtype) if made else out
+        if made:
+            target, slots = out.view(-1, n, d), None
+        elif out.dtype != torch.float32 or out.device.type != "cpu" or out.shape[:-2] != x.shape[:-2] or out.shape[-1] != d:
+            return None
+        else:
+            target = out.view(-1, *out.shape[-2:]) if out.dim() != 3 else out
+    except (RuntimeError, AttributeError):  # no compiler, or dims that do not flatten without a copy
+        return None
+    if target.stride(-1) != 1:
+        return None
+    if slots is not None:
+        slots = slots.to(device="cpu", dtype=torch.int64).contiguous()
+        if slots.shape != (n,):
+            raise ValueError(f"rotate_cpu: {slots.shape[0] if slots.dim() else 0} slots for {n} rows")
+        if n and (int(slots.min()) < 0 or int(slots.max()) >= target.shape[1]):
+            raise IndexError(f"rotate_cpu: slots outside [0, {target.shape[1]})")
+    if not rows.numel():
+        return out
+    cos, sin = cos.contiguous(), sin.contiguous()
+    lib.fr_rotate_rows(rows.data_ptr(), rows.stride(0), rows.stride(1), rows.shape[0], n, d, cos.data_ptr(),
+                       sin.data_ptr(), target.data_ptr(), target.stride(0), target.stride(1),
+                       None if slots is None else slots.data_ptr())  # fmt: skip
+    return out
+
+
 def apply_rotary_ref(x, positions, inv_freq):
     """Pure-torch reference of :func:`apply_rotary` (transformers' Llama arithmetic, any device)."""
     _check_inputs(_OP + "_ref", x, positions, inv_freq)

@@ -23,7 +23,7 @@ def place_entry(model: DecoderLM, cache: KVCache, entry: KVEntry, start_position
     positions = torch.arange(start_position, start_position + len(slots), device=slots.device)
     keys, values = kv_tensors(entry, cache.keys.device, cache.keys.dtype)  # a packed entry expands on the device
     keys, values = keys[:, :, first_row:], values[:, :, first_row:]
-    cache.keys[:, :, slots] = model.rotate(keys.contiguous(), positions)
+    model.rotate_into(cache.keys, slots, keys, positions)
     cache.values[:, :, slots] = values
     cache.positions[slots] = positions
     cache.valid[slots] = True

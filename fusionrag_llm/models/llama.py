@@ -20,7 +20,7 @@ from torch import nn
 
 from fusionrag_llm.kernels import cpu_quant, dispatch
 from fusionrag_llm.kernels.cpu_quant import FORMATS
-from fusionrag_llm.kernels.rotary import rotate
+from fusionrag_llm.kernels.rotary import rotate, rotate_cpu
 from fusionrag_llm.models.attention_backend import attention_backend, shared_pool
 from fusionrag_llm.models.config import ModelConfig
 from fusionrag_llm.models.decode_graphs import DecodeGraphs, graphable
@@ -255,7 +255,17 @@ class DecoderLM(nn.Module):
             flat = x.reshape(-1, *x.shape[-2:])
             return dispatch.apply_rotary(flat, positions, self.rotary.inv_freq, backend="triton").view(x.shape)
         cos, sin = cos_sin if cos_sin is not None else self.rotary_cos_sin(positions)
-        return rotate(x, cos, sin)
+        done = rotate_cpu(x, cos, sin)  # float32 on the CPU: one compiled pass, the same bits
+        return done if done is not None else rotate(x, cos, sin)
+
+    def rotate_into(self, out: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, positions: torch.Tensor) -> None:
+        """``out[..., slots, :] = rotate(x, positions)`` (``x`` [..., n, head_dim], ``out`` [..., capacity,
+        head_dim]): a stored entry's keys placed into a cache; on the CPU in float32 in one pass."""
+        if self.kernels != "triton":
+            cos, sin = self.rotary_cos_sin(positions)
+            if rotate_cpu(x, cos, sin, out, slots) is not None:
+                return
+        out[..., slots, :] = self.rotate(x, positions)
 
     def _batch(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache],
                offsets: torch.Tensor | None = None) -> tuple[BatchContext, torch.Tensor]:  # fmt: skip

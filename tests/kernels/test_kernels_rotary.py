@@ -86,3 +86,51 @@ def test_gpu_parity(dtype):
     # cos/sin of large arguments may differ by an ulp between libraries: allow one low-precision ulp
     tol = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}[dtype]
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+def _compiled():
+    from fusionrag_llm.kernels import cpu_quant
+
+    try:
+        cpu_quant.load_library()
+    except RuntimeError:
+        pytest.skip("no C compiler: the compiled CPU kernels are not built here")
+
+
+@pytest.mark.parametrize("h,n,d", [(3, 37, 16), (2, 50, 64), (9, 19, 128), (1, 23, 80), (4, 1, 2)])
+def test_the_compiled_cpu_rotation_has_the_references_bits(h, n, d):
+    from fusionrag_llm.kernels.rotary import rotary_cos_sin, rotate, rotate_cpu
+
+    _compiled()
+    x, positions, inv_freq = _inputs(h, n, d, seed=n + d)
+    positions = positions - 20000  # negative ones too: rotating back to position-free keys
+    cos, sin = rotary_cos_sin(positions, inv_freq, torch.float32)
+    assert torch.equal(rotate_cpu(x, cos, sin), rotate(x, cos, sin))
+    wide = torch.randn(n, h + 2, d)  # heads of a projection's output: a strided view, rows contiguous
+    view = wide.transpose(0, 1)[1 : h + 1]
+    assert torch.equal(rotate_cpu(view, cos, sin), rotate(view, cos, sin))
+    layers = torch.randn(2, h, n, d)[:, :, :]  # [layers, heads, n, d] into a cache's slots, in any order
+    cache, want = torch.zeros(2, h, n + 9, d), torch.zeros(2, h, n + 9, d)
+    slots = torch.randperm(n + 9, generator=torch.Generator().manual_seed(d))[:n]
+    assert rotate_cpu(layers, cos, sin, cache, slots) is cache
+    want[:, :, slots] = rotate(layers, cos, sin)
+    assert torch.equal(cache, want)
+
+
+def test_the_compiled_cpu_rotation_leaves_what_it_does_not_take_and_checks_slots():
+    from fusionrag_llm.kernels.rotary import rotary_cos_sin, rotate_cpu
+
+    _compiled()
+    x, positions, inv_freq = _inputs(2, 5, 8)
+    cos, sin = rotary_cos_sin(positions, inv_freq, torch.float32)
+    assert rotate_cpu(x.to(torch.bfloat16), cos, sin) is None  # the torch reference handles these
+    assert rotate_cpu(x.transpose(1, 2).contiguous().transpose(1, 2), cos, sin) is None  # rows not contiguous
+    assert rotate_cpu(x, cos[:4], sin[:4]) is None
+    cache = torch.zeros(2, 6, 8)
+    with pytest.raises(IndexError, match=r"slots outside \[0, 6\)"):
+        rotate_cpu(x, cos, sin, cache, torch.tensor([0, 1, 2, 3, 6]))
+    with pytest.raises(IndexError):
+        rotate_cpu(x, cos, sin, cache, torch.tensor([0, 1, -1, 3, 4]))
+    with pytest.raises(ValueError, match="4 slots for 5 rows"):
+        rotate_cpu(x, cos, sin, cache, torch.tensor([0, 1, 2, 3]))
+    assert not cache.any()  # nothing written by a refused call
