@@ -25,9 +25,10 @@ from fusionrag_llm.models.llama import DecoderLM, ForwardOutput, ForwardPass
 KV_MEMORY_SHARE = 0.5  # of a GPU's free memory when the engine starts: the request caches' slots
 
 
-def kv_budget(free_bytes: int, per_slot: int) -> int:
-    """Cache slots for request caches on a GPU with ``free_bytes`` free, ``per_slot`` bytes each."""
-    return max(1, int(free_bytes * KV_MEMORY_SHARE) // per_slot)
+def kv_budget(free_bytes: int, per_slot: int, most: int) -> int:
+    """Cache slots for request caches on a GPU with ``free_bytes`` free, ``per_slot`` bytes each: a share
+    of the memory, but never more than ``most`` (what the scheduler could ever admit)."""
+    return max(1, min(int(free_bytes * KV_MEMORY_SHARE) // per_slot, most))
 
 
 class ModelRunner:
@@ -40,14 +41,15 @@ class ModelRunner:
 
     def _scheduler_defaults(self) -> SchedulerConfig:
         """What the scheduler's None limits mean on this model's device: on a GPU, cache slots for
-        ``KV_MEMORY_SHARE`` of the memory free now (after the weights)."""
+        ``KV_MEMORY_SHARE`` of the memory free now (after the weights), or for as many sequences as it
+        decodes together, each of the whole context window, if that is less (a small model)."""
         device = self.model.device
         if device.type != "cuda":
             return DEVICE_DEFAULTS["cpu"]
-        free = torch.cuda.mem_get_info(device)[0]
-        cfg = self.model.cfg
-        slots = kv_budget(free, slot_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.model.dtype))
-        return dataclasses.replace(DEVICE_DEFAULTS["cuda"], max_kv_tokens=slots)
+        free, cfg, defaults = torch.cuda.mem_get_info(device)[0], self.model.cfg, DEVICE_DEFAULTS["cuda"]
+        per_slot = slot_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.model.dtype)
+        slots = kv_budget(free, per_slot, defaults.max_num_seqs * cfg.max_position_embeddings)
+        return dataclasses.replace(defaults, max_kv_tokens=slots)
 
     def new_cache(self, capacity: int, pool_slots: int | None = None) -> KVCache:
         """A request's cache: from a pool where there are pools and one has room, else a dense one.

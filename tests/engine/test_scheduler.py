@@ -146,5 +146,6 @@ def test_a_load_that_finishes_during_admission_is_not_skipped():
 def test_a_gpus_slots_are_a_share_of_its_free_memory():
     from fusionrag_llm.engine.model_runner import KV_MEMORY_SHARE, kv_budget
 
-    assert kv_budget(80 << 30, 128 << 10) == int((80 << 30) * KV_MEMORY_SHARE) // (128 << 10)
-    assert kv_budget(10, 128 << 10) == 1  # never none at all: a request too large is refused by name
+    assert kv_budget(80 << 30, 128 << 10, 256 * 8192) == int((80 << 30) * KV_MEMORY_SHARE) // (128 << 10)
+    assert kv_budget(80 << 30, 1 << 10, 256 * 4096) == 256 * 4096  # a small model: what could ever be admitted
+    assert kv_budget(10, 128 << 10, 256) == 1  # never none at all: a request too large is refused by name
