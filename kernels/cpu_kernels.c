@@ -425,8 +425,8 @@ static inline __attribute__((always_inline)) void key_scores_avx512(
     for (int64_t h0 = 0; h0 < group; h0 += 4) {
         int64_t nh = group - h0 < 4 ? group - h0 : 4;
         __m512 qv[4][8];
-        for (int64_t h = 0; h < 4; h++)
-            for (int64_t c = 0; c < nv; c++) qv[h][c] = _mm512_loadu_ps(q + (h0 + (h < nh ? h : 0)) * nv * 16 + c * 16);
+        for (int64_t h = 0; h < nh; h++)
+            for (int64_t c = 0; c < nv; c++) qv[h][c] = _mm512_loadu_ps(q + (h0 + h) * nv * 16 + c * 16);
         int64_t j = 0;
         for (; j + 4 <= count; j += 4) {
             int64_t k = (start + j) * nv * 16;  /* the first of the four keys' elements */
@@ -434,7 +434,7 @@ static inline __attribute__((always_inline)) void key_scores_avx512(
             for (int64_t i = 0; i < 4; i++) {
                 __m512 kv[8];
                 for (int64_t c = 0; c < nv; c++) kv[c] = _mm512_loadu_ps(keys + k + i * nv * 16 + c * 16);
-                for (int64_t h = 0; h < 4; h++) {
+                for (int64_t h = 0; h < nh; h++) {
                     __m512 a = _mm512_mul_ps(qv[h][0], kv[0]);
                     for (int64_t c = 1; c < nv; c++) a = _mm512_fmadd_ps(qv[h][c], kv[c], a);
                     acc[h][i] = a;
@@ -480,8 +480,16 @@ static inline __attribute__((always_inline)) void weighted_values_avx512(
 static void key_scores(const float *q, int64_t group, const float *keys, int64_t start, int64_t count,
                        int64_t d, float scale, float score[][FR_KEYS]) {
 #if defined(__AVX512F__)
-    if (d == 64) { key_scores_avx512(q, group, keys, start, count, 4, scale, score); return; }
-    if (d == 128) { key_scores_avx512(q, group, keys, start, count, 8, scale, score); return; }
+    /* the common group sizes as constants, so the head loops unroll without a branch or a wasted head */
+#define FR_SCORES(NV) switch (group) { \
+        case 1: key_scores_avx512(q, 1, keys, start, count, NV, scale, score); return; \
+        case 2: key_scores_avx512(q, 2, keys, start, count, NV, scale, score); return; \
+        case 3: key_scores_avx512(q, 3, keys, start, count, NV, scale, score); return; \
+        case 4: key_scores_avx512(q, 4, keys, start, count, NV, scale, score); return; \
+        default: key_scores_avx512(q, group, keys, start, count, NV, scale, score); return; }
+    if (d == 64) FR_SCORES(4)
+    if (d == 128) FR_SCORES(8)
+#undef FR_SCORES
 #endif
     for (int64_t j = 0; j < count; j++) {
         const float *key = keys + (start + j) * d;
@@ -499,6 +507,21 @@ static void key_scores(const float *q, int64_t group, const float *keys, int64_t
 static void weighted_values(float p[][FR_KEYS], int64_t group, const float *values, int64_t start, int64_t count,
                             int64_t d, float *out, int64_t stride) {
 #if defined(__AVX512F__)
+    if (d == 64 && group <= 4) {  /* the common group sizes as constants (no branch per head) */
+        switch (group) {
+            case 1: weighted_values_avx512(p, 0, 1, 1, values, start, count, 4, out, stride); return;
+            case 2: weighted_values_avx512(p, 0, 2, 2, values, start, count, 4, out, stride); return;
+            case 3: weighted_values_avx512(p, 0, 3, 3, values, start, count, 4, out, stride); return;
+            default: weighted_values_avx512(p, 0, 4, 4, values, start, count, 4, out, stride); return;
+        }
+    }
+    if (d == 128 && group <= 3) {
+        switch (group) {
+            case 1: weighted_values_avx512(p, 0, 1, 1, values, start, count, 8, out, stride); return;
+            case 2: weighted_values_avx512(p, 0, 2, 2, values, start, count, 8, out, stride); return;
+            default: weighted_values_avx512(p, 0, 3, 3, values, start, count, 8, out, stride); return;
+        }
+    }
     if (d == 64) {  /* six heads' sums and a value vector in registers */
         for (int64_t h0 = 0; h0 < group; h0 += 6)
             weighted_values_avx512(p, h0, group - h0 < 6 ? group - h0 : 6, 6, values, start, count, 4, out, stride);

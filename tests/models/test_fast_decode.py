@@ -22,6 +22,8 @@ SHAPES = {
     "tiny": ("llama", {}),
     "d64-g3": ("llama", {"hidden_size": 192, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64}),
     "d128-g4": ("llama", {"hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128}),
+    "d128-g2": ("llama", {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128}),
+    "d64-g1": ("llama", {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 64}),
     "qwen2-bias": ("qwen2", {"head_dim": 64, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1}),
     "mha": ("mistral", {"num_key_value_heads": 4}),
     "qwen3-qk-norm": ("qwen3", {"head_dim": 64, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}),
