@@ -5,11 +5,11 @@ and admits waiting ones while the batch has room (``max_num_seqs``), the step's 
 budget lasts and the cache slots the admitted sequences hold stay within ``max_kv_tokens`` (a
 sequence holds its prompt plus ``max_new_tokens``, once per answer): past it, requests wait for
 running ones to finish instead of failing for memory; a sequence over the prompt-token budget
-still runs when nothing else would (the engine refuses one that alone exceeds the slots). Sequences whose chunk
-entries were loaded on the background thread (the paper's asynchronous KV scheduler) are admitted
-first, oldest first, so a request still loading does not hold up those behind it; the others are
-admitted too when there is room, since a bigger batch is worth more than the short wait for
-entries already on their way from host memory or disk.
+still runs when nothing else would (the engine refuses one that alone exceeds the slots).
+Sequences whose chunk entries were loaded on the background thread (the paper's asynchronous KV
+scheduler) are admitted first, oldest first, so a request still loading does not hold up those
+behind it; the others are admitted too when there is room, since a bigger batch is worth more than
+the short wait for entries already on their way from host memory or disk.
 """
 
 from __future__ import annotations

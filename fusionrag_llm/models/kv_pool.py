@@ -12,9 +12,9 @@ of the span kernel (``kernels/q_sparse_attention_varlen.q_sparse_attention_spans
 A span is taken first-fit and comes back to the pool when its cache is garbage-collected (a finalizer
 on the cache object; every copy the engine keeps of a cache's KV is a copy, not a view). A pool does
 not grow (its addresses are in captured graphs). The first one holds the cache slots the engine's
-scheduler lets its sequences hold together (``new_cache``'s ``first_slots``), so the sequences of a step share one
-pool and one attention call; where the device cannot give that much when it is made, it is halved
-until it can. ``KVPools`` makes another one when none has room (spans left apart, a cache kept after
+scheduler lets its sequences hold together (``new_cache``'s ``first_slots``), so the sequences of a
+step share one pool and one attention call; where the device cannot give that much when it is made,
+it is halved until it can. ``KVPools`` makes another one when none has room (spans left apart, a cache kept after
 its request), of ``POOL_BYTES`` (or ``POOL_SHARE`` of the device's free memory, if less); a cache
 larger than that is a dense one of its own.
 """
