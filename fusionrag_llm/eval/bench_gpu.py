@@ -242,6 +242,8 @@ class _Run:
             scheduler = rag.engine.scheduler  # "N requests at once" decodes all N together
             most = max(scheduler.limit("max_num_seqs"), *self.config.batches)
             scheduler.config = replace(scheduler.config, max_num_seqs=most)
+            # the cache slots its requests may hold (None: no bound), for reading a memory failure
+            self.result.setdefault("kv_slots", {})[tier] = scheduler.limit("max_kv_tokens")
             add_timed(rag, self.texts)
         return self.engines[tier]
 

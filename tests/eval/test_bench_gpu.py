@@ -39,6 +39,7 @@ def test_every_section_writes_its_figures_and_the_tests_their_counts(tmp_path):
     written = json.loads((tmp_path / "out" / "gpu.json").read_text())
     assert set(SECTIONS) | {"header", "figures"} <= set(written)
     assert written["header"]["device"] == "cpu" and written["header"]["torch"] == torch.__version__
+    assert written["kv_slots"] == {"host": None}  # no bound on the CPU (a GPU's are recorded as a number)
     assert written["add_chunks"]["chunks"] == 1 and written["add_chunks"]["s"] > 0
     assert [(r["requests"], r["tokens"]) for r in written["decode"]["runs"]] == [(1, 3), (2, 6)]
     assert all(r["decode_tok_s"] > 0 for r in written["decode"]["runs"])
