@@ -33,6 +33,11 @@ except Exception:  # noqa: BLE001 - no triton (or another layout of it): nothing
     class OutOfResources(Exception):  # type: ignore[no-redef]
         pass
 
+def device_index(device: torch.device) -> int:
+    """The index of CUDA ``device`` (``cuda`` alone: the current one)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 # Sentinels for positions: invalid keys get KEY_NEVER, padded query rows QUERY_NONE, so one integer
 # comparison implements validity and causality. Real positions must lie strictly between them.
 KEY_NEVER = 2**62

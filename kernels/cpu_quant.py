@@ -131,7 +131,7 @@ def _check_weight(weight: torch.Tensor, fmt: str) -> tuple[int, int]:
 def _quantized(weight: torch.Tensor, fmt: str, tolerance: float | None) -> tuple[QuantWeight, bool | None]:
     """``fmt``'s form of ``weight`` and, given a ``tolerance``, whether it holds the weight exactly."""
     n, k = _check_weight(weight, fmt)
-    lib = _native_library() if weight.dtype == torch.float32 and weight.device.type == "cpu" else None
+    lib = native_library() if weight.dtype == torch.float32 and weight.device.type == "cpu" else None
     if lib is not None and n * k:
         w = weight.detach().contiguous()
         q = torch.empty((n, k) if fmt == "q8" else (n, k // 2), dtype=torch.int8 if fmt == "q8" else torch.uint8)
@@ -147,7 +147,8 @@ def _quantized(weight: torch.Tensor, fmt: str, tolerance: float | None) -> tuple
     return qw, None if tolerance is None else holds_exactly(weight, qw, tolerance)
 
 
-def _native_library() -> ctypes.CDLL | None:
+def native_library() -> ctypes.CDLL | None:
+    """The compiled kernels (``load_library``), or None where they cannot be built: callers keep torch."""
     try:
         return _library or load_library()
     except RuntimeError:
@@ -301,4 +302,4 @@ def _open(path: Path) -> ctypes.CDLL:
 
 
 __all__ = ["BLOCK", "FORMATS", "TILE", "QuantWeight", "can_tile", "dequantize", "kernel_folder", "load_library",
-           "holds_exactly", "quantize", "quantize_exact", "quantize_ref", "run_linear", "tile", "untile"]  # fmt: skip
+           "native_library", "holds_exactly", "quantize", "quantize_exact", "quantize_ref", "run_linear", "tile", "untile"]  # fmt: skip

@@ -23,7 +23,7 @@ from . import elementwise as _elementwise
 from . import q_sparse_attention as _attn
 from . import q_sparse_attention_varlen as _varlen
 from . import rotary as _rotary
-from ._common import HAS_TRITON
+from ._common import HAS_TRITON, device_index
 
 BACKEND_ENV = "FUSIONRAG_KERNELS"
 BACKENDS = ("auto", "torch", "triton")
@@ -47,8 +47,7 @@ def resolve_backend(tensor: torch.Tensor, backend: str | None = None, kernel_ok:
 def triton_card(device: torch.device) -> bool:
     """Whether ``auto`` runs the Triton kernels on this CUDA device: compute capability 8.0 and later
     (what Triton supports; the kernels' bf16 tiles need it) and any ROCm device."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return bool(torch.version.hip) or _capability(index) >= (8, 0)
+    return bool(torch.version.hip) or _capability(device_index(device)) >= (8, 0)
 
 
 @functools.cache

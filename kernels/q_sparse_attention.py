@@ -29,8 +29,8 @@ import functools
 import torch
 
 from ._common import (FLOAT_DTYPES, KEY_NEVER, QUERY_NONE, OutOfResources, check, check_devices, check_head_dim,
-                      check_last_dim_contiguous, check_tensor, default_scale, interpreting, require_triton,
-                      tl, triton)
+                      check_last_dim_contiguous, check_tensor, default_scale, device_index, interpreting,
+                      require_triton, tl, triton)
 
 _OP = "q_sparse_attention"
 MAX_SPLITS = 32  # key ranges per request at most (split_count)
@@ -353,19 +353,15 @@ def launch_fitting(run, rows_max: int, itemsize: int, head_dim: int, device: tor
         try:
             return run(cfg)
         except OutOfResources:
-            index = _device_index(device)
+            index = device_index(device)
             _REFUSED[index] = shared_memory_bytes(cfg, head_dim, itemsize) - 1
             if launch_config(rows_max, itemsize, head_dim, device) == cfg:  # nothing smaller to try
                 raise
 
 
 def _shared_memory_limit(device: torch.device) -> int:
-    index = _device_index(device)
+    index = device_index(device)
     return min(_device_shared_memory(index), _REFUSED.get(index, 1 << 62))
-
-
-def _device_index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 @functools.cache

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from . import cpu_quant
 from ._common import (FLOAT_DTYPES, check, check_devices, check_tensor, interpreting, require_triton,
                       tl, triton)
 
@@ -109,27 +110,23 @@ def rotate_cpu(x, cos, sin, out=None, slots=None):
     dims) and ``slots`` [N] written into ``out[..., slots, :]``. None where the compiled kernel does not
     take it (another device or dtype, rows not contiguous, no compiler): the caller uses ``rotate``.
     Slots outside ``[0, C)`` raise ``IndexError``, as indexing would."""
-    from . import cpu_quant
-
     if x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() < 2 or x.shape[-1] % 2 or x.stride(-1) != 1:
         return None
     n, d = x.shape[-2:]
     if cos.shape != (n, d) or sin.shape != (n, d) or cos.dtype != torch.float32 or sin.dtype != torch.float32:
         return None
-    try:
-        lib = cpu_quant.load_library()
-        rows = x.view(-1, n, d) if x.dim() != 3 else x
-        made = out is None
-        out = torch.empty(x.shape, dtype=x.dtype) if made else out
-        if made:
-            target, slots = out.view(-1, n, d), None
-        elif out.dtype != torch.float32 or out.device.type != "cpu" or out.shape[:-2] != x.shape[:-2] or out.shape[-1] != d:
-            return None
-        else:
-            target = out.view(-1, *out.shape[-2:]) if out.dim() != 3 else out
-    except (RuntimeError, AttributeError):  # no compiler, or dims that do not flatten without a copy
+    if out is not None and (out.dtype != torch.float32 or out.device.type != "cpu" or out.shape[:-2] != x.shape[:-2]
+                            or out.shape[-1] != d or out.stride(-1) != 1):  # fmt: skip
         return None
-    if target.stride(-1) != 1:
+    lib = cpu_quant.native_library()
+    if lib is None:
+        return None
+    made = out is None
+    if made:
+        out, slots = torch.empty(x.shape, dtype=x.dtype), None
+    try:  # one batch dimension for the leading ones, where their strides allow it without a copy
+        rows, target = x.view(-1, n, d), out.view(-1, *out.shape[-2:])
+    except RuntimeError:
         return None
     if slots is not None:
         slots = slots.to(device="cpu", dtype=torch.int64).contiguous()

@@ -104,6 +104,7 @@ class Scheduler:
         budget = self.config.max_prefill_tokens
         room = self.limit("max_num_seqs") - len(self.running)
         slots = self.limit("max_kv_tokens")
+        # each running sequence holds one cache (a request's answers 2..n run as sequences of their own)
         slots = float("inf") if slots is None else slots - sum(seq.num_prompt_tokens + seq.max_new_tokens
                                                                   for seq in self.running)  # fmt: skip
         for seq in admission_order(self.waiting, is_ready):

@@ -261,11 +261,12 @@ class DecoderLM(nn.Module):
     def rotate_into(self, out: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, positions: torch.Tensor) -> None:
         """``out[..., slots, :] = rotate(x, positions)`` (``x`` [..., n, head_dim], ``out`` [..., capacity,
         head_dim]): a stored entry's keys placed into a cache; on the CPU in float32 in one pass."""
-        if self.kernels != "triton":
-            cos, sin = self.rotary_cos_sin(positions)
-            if rotate_cpu(x, cos, sin, out, slots) is not None:
-                return
-        out[..., slots, :] = self.rotate(x, positions)
+        if self.kernels == "triton":
+            out[..., slots, :] = self.rotate(x, positions)
+            return
+        cos, sin = self.rotary_cos_sin(positions)
+        if rotate_cpu(x, cos, sin, out, slots) is None:
+            out[..., slots, :] = rotate(x, cos, sin)
 
     def _batch(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache],
                offsets: torch.Tensor | None = None) -> tuple[BatchContext, torch.Tensor]:  # fmt: skip
