@@ -186,6 +186,28 @@ def timed(rag: FusionRAG, requests: list[RAGRequest], method: str, ratio: float 
             "computed": stats.computed_tokens, "tiers": dict(stats.tier_hits)}  # fmt: skip
 
 
+def shrinking_batch(rag: FusionRAG, requests: list[RAGRequest], new_tokens: int) -> dict:
+    """The requests at once through the step API, request i answering ``new_tokens * (i + 1) // n`` tokens:
+    after the shortest ends, the batch loses a sequence every few steps, as a server's does when its
+    requests end (a captured decode graph serves a size, ``models/decode_graphs.py``). Decode tokens/s
+    in all after the last first token, and how many decode graphs the model keeps at the end."""
+    engine, plan, n = rag.engine, make_plan("fusionrag", None), len(requests)
+    lengths = [max(1, new_tokens * (i + 1) // n) for i in range(n)]
+    sync, sampling = _sync(engine.model.device), SamplingParams(ignore_eos=True)
+    for warm in (True, False):
+        sync()
+        started = time.perf_counter()
+        seqs = [engine.add_request(rag.segments(request), plan, min(8, length) if warm else length, sampling=sampling)
+                for request, length in zip(requests, lengths)]  # fmt: skip
+        engine.run_until_finished(seqs)
+        sync()
+    total = time.perf_counter() - started
+    first = max(seq.stats.queue_s + seq.stats.ttft_s for seq in seqs)
+    decoded = sum(len(seq.token_ids) - 1 for seq in seqs)
+    return {"requests": n, "shortest": lengths[0], "s": total, "ttft_s": first, "tokens": decoded + n,
+            "decode_tok_s": decoded / max(total - first, 1e-9), "graphs": engine.model.decode_graphs.captured}
+
+
 def measure(rag: FusionRAG, request: RAGRequest, context: int, repeats: int, layerwise: bool = False) -> list[dict]:
     """TTFT (+ one sampling step) per method, with entries placed whole (and, ``layerwise``, layer by layer)."""
     modes = {"whole": False, "layerwise": True} if layerwise else {"whole": False}
@@ -289,7 +311,12 @@ class _Run:
             label = "1 sequence" if size == 1 else f"{size} requests at once, in all"
             self.figure(f"decode, {label}, {context} context", f"{runs[-1]['decode_tok_s']:.1f} tok/s",
                         f"decode_{size}", runs[-1]["decode_tok_s"])  # fmt: skip
-        return {"new_tokens": c.new_tokens, "runs": runs}
+        size = max(c.batches)
+        shrinking = shrinking_batch(rag, [self.request(batch_context, i) for i in range(size)], c.new_tokens)
+        self.figure(f"decode, {size} requests ending one by one ({shrinking['shortest']}..{c.new_tokens} new tokens), "
+                    f"in all, {batch_context} context", f"{shrinking['decode_tok_s']:.1f} tok/s, "
+                    f"{shrinking['graphs']} decode graphs")  # fmt: skip
+        return {"new_tokens": c.new_tokens, "runs": runs, "shrinking": shrinking}
 
     def ttft(self, tier: str | None = None, layerwise: bool = False) -> dict:
         rows = []

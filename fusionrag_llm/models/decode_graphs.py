@@ -16,9 +16,13 @@ inputs:
 
 Caches of one pool (``models/kv_pool.py``) make a step of one write and one attention call per layer
 for all sequences, and every write goes through the pool's buffers at slots read from the offsets:
-such a graph is made for a pool and a number of sequences (its key: the weights' addresses, the
-pool's, the count), and any sequences of that pool replay it, so a batch that changes members keeps
-its graph. Separate caches make a write and a call per sequence (in the graph, still no launch each),
+such a graph is made for a pool and a size (its key: the weights' addresses, the pool's, the size),
+and any sequences of that pool replay it, so a batch that changes members keeps its graph. The sizes
+are 1, 2, 4, 8 and then multiples of 8 (``captured_size``): a step of fewer sequences is padded up to
+its size with rows that write and read only the pool's padding slot (``KVPool.padding``), so a server
+whose batch shrinks and grows by one as requests end and arrive replays a few graphs instead of
+capturing one per count. The same step runs padded whether it replays or runs eagerly, so a graph
+computes what the eager step computes. Separate caches make a write and a call per sequence (in the graph, still no launch each),
 at their own addresses: that graph is made for one set of caches (its key: each cache's buffers and
 capacity, in order).
 
@@ -48,7 +52,18 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-KEPT_GRAPHS = 4  # sets of sequences whose graphs are kept (a batch changes when one ends or joins)
+KEPT_GRAPHS = 8  # graphs kept, the most recently used (a batch changes when one ends or joins)
+SIZE_STEP = 8  # captured sizes past 8 sequences are its multiples
+
+
+def captured_size(count: int) -> int:
+    """The number of rows a pooled step of ``count`` sequences runs with: 1, 2, 4, 8, then the next multiple
+    of ``SIZE_STEP``."""
+    if count < 1:
+        raise ValueError(f"a step has at least one sequence, got {count}")
+    if count <= SIZE_STEP:
+        return 1 << (count - 1).bit_length()
+    return -(-count // SIZE_STEP) * SIZE_STEP
 
 
 def graphable(model: DecoderLM, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> bool:
@@ -68,6 +83,22 @@ class DecodeGraphs:
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
         self._last: tuple | None = None  # the key of the last step run eagerly
         self.failed: str | None = None  # why capturing failed; then every step runs eagerly
+        self._padding: dict[torch.device, ForwardPass] = {}  # a padding row's step, per device
+
+    def padded(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> tuple[list, list]:
+        """``steps`` and ``caches`` with padding rows after them up to ``captured_size``, when the caches share
+        one pool (else as they are). A padding row is token 0 at position 0 in the pool's padding slot."""
+        steps, caches = list(steps), list(caches)
+        pool = shared_pool(caches)
+        extra = captured_size(len(steps)) - len(steps) if pool is not None else 0
+        if extra == 0:
+            return steps, caches
+        device = pool.keys.device
+        step = self._padding.get(device)
+        if step is None:
+            zero = torch.zeros(1, dtype=torch.int64, device=device)
+            step = self._padding[device] = ForwardPass(zero, zero, zero, decode=True)
+        return steps + [step] * extra, caches + [pool.padding] * extra
 
     @property
     def captured(self) -> int:
@@ -82,7 +113,7 @@ class DecodeGraphs:
         if self.failed is not None:
             return None
         pool = shared_pool(caches)
-        if pool is not None:  # any caches of the pool: its buffers and the count
+        if pool is not None:  # any caches of the pool: its buffers and the size
             key = (weights, "pool", pool.keys.data_ptr(), pool.values.data_ptr(), len(caches))
         else:
             key = (weights, *((c.keys.data_ptr(), c.values.data_ptr(), c.positions.data_ptr(), c.valid.data_ptr(),

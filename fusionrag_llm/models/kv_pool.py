@@ -4,7 +4,8 @@ A request's ``KVCache`` is a dense rectangle ``[layers, kv_heads, capacity, head
 the caches of a batch sit apart in memory and attention runs once per sequence and layer: on a GPU,
 thousands of small kernels per decode step. ``KVPool`` holds one buffer per cache tensor
 (``[layers, kv_heads, slots, head_dim]`` keys and values; positions, validity and groups per slot) and
-hands out caches that are views of a span of its slots, so a cache is used exactly as a dense one
+hands out caches that are views of a span of its slots (one more slot, past them, takes the rows
+that pad a captured decode step to its size), so a cache is used exactly as a dense one
 (every method, placement and write reads and writes through the views), while a step whose sequences
 all live in one pool writes their new K/V with one indexed write per layer and attends with one call
 of the span kernel (``kernels/q_sparse_attention_varlen.q_sparse_attention_spans``).
@@ -42,15 +43,20 @@ class KVPool:
 
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, slots: int, dtype: torch.dtype,
                  device: torch.device | str) -> None:  # fmt: skip
-        shape = (num_layers, kv_heads, slots, head_dim)
+        shape = (num_layers, kv_heads, slots + 1, head_dim)  # and one slot past them for padding rows
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
-        self.positions = torch.zeros(slots, dtype=torch.long, device=device)
-        self.valid = torch.zeros(slots, dtype=torch.bool, device=device)
-        self.groups = torch.zeros(slots, dtype=torch.int32, device=device)
+        self.positions = torch.zeros(slots + 1, dtype=torch.long, device=device)
+        self.valid = torch.zeros(slots + 1, dtype=torch.bool, device=device)
+        self.groups = torch.zeros(slots + 1, dtype=torch.int32, device=device)
         self.slots = slots
         self._free = [(0, slots)]  # (start, length), by start; neighbours merged
         self._lock = threading.Lock()
+        # A one-slot cache past the spans, never handed out: the rows that pad a captured decode step to
+        # its size write and read only there (``models/decode_graphs.py``).
+        last = slice(slots, slots + 1)
+        self.padding = KVCache(self.keys[:, :, last], self.values[:, :, last], self.positions[last], self.valid[last],
+                               self.groups[last], length=1, pool=self, pool_start=slots)  # fmt: skip
 
     @property
     def free_slots(self) -> int:

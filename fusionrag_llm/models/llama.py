@@ -358,12 +358,17 @@ class DecoderLM(nn.Module):
                 outputs[i] = out
         return outputs
 
-    def _forward_batch(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache],
-                       offsets: torch.Tensor | None = None) -> list[ForwardOutput]:  # fmt: skip
-        if offsets is None and self.cuda_graphs and graphable(self, steps, caches):
+    def _forward_batch(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> list[ForwardOutput]:
+        if self.cuda_graphs and graphable(self, steps, caches):
+            count = len(steps)  # padded to a captured size over pooled caches, whether replayed or not
+            steps, caches = self.decode_graphs.padded(steps, caches)
             outputs = self.decode_graphs.run(self, steps, caches, self._weights_key())
-            if outputs is not None:
-                return outputs
+            return (outputs if outputs is not None else self._layers(steps, caches))[:count]
+        return self._layers(steps, caches)
+
+    def _layers(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache],
+                offsets: torch.Tensor | None = None) -> list[ForwardOutput]:  # fmt: skip
+        """The step layer by layer (or through the compiled decode program)."""
         batch, x = self._batch(steps, caches, offsets)  # x: [n_total, hidden]
         program = self.decode_program
         taken = program.taken(batch) if self.compiled_decode and program is not None else []
@@ -395,7 +400,7 @@ class DecoderLM(nn.Module):
     def graph_body(self, steps: list[ForwardPass], caches: list[KVCache], offsets: torch.Tensor) -> torch.Tensor:
         """The decode step ``DecodeGraphs`` captures: every sequence's logits [n, vocab], with the attention
         offsets (``attention_backend.span_offsets``) the graph keeps in its own buffer."""
-        return torch.cat([out.logits for out in self._forward_batch(steps, caches, offsets)])
+        return torch.cat([out.logits for out in self._layers(steps, caches, offsets)])
 
     def _weights_key(self) -> tuple[int, ...]:
         """Where the weights and the rotary table are now: a moved or replaced tensor changes it (a graph
