@@ -30,14 +30,20 @@ def answers(rag: FusionRAG) -> list[list[int]]:
     return one + [out.token_ids for out in rag.generate_many(REQUESTS, "fusionrag", 0.3, 12, sampling=SAMPLING)]
 
 
+def eager_first(run) -> tuple[FusionRAG, list[list[int]]]:
+    """A CUDA engine, and what ``run`` gives on it without graphs (none captured); graphs on again."""
+    rag = triton_rag()
+    rag.engine.model.cuda_graphs = False
+    eager = run(rag)
+    assert rag.engine.model.decode_graphs.captured == 0
+    rag.engine.model.cuda_graphs = True
+    return rag, eager
+
+
 @pytest.mark.gpu
 def test_captured_decode_steps_give_the_eager_tokens_and_follow_moved_weights():
-    rag = triton_rag()
+    rag, eager = eager_first(answers)
     model = rag.engine.model
-    model.cuda_graphs = False
-    eager = answers(rag)
-    assert model.decode_graphs.captured == 0
-    model.cuda_graphs = True
     assert answers(rag) == eager
     assert model.decode_graphs.failed is None and model.decode_graphs.captured > 0
     with torch.no_grad():  # weights changed in place: the graphs read them as they are
@@ -114,11 +120,8 @@ def shrinking_batch(rag: FusionRAG) -> list[list[int]]:
 
 @pytest.mark.gpu
 def test_a_batch_that_shrinks_as_answers_end_replays_the_graphs_of_its_padded_sizes():
-    rag = triton_rag()
+    rag, eager = eager_first(shrinking_batch)
     model = rag.engine.model
-    model.cuda_graphs = False
-    eager = shrinking_batch(rag)
-    model.cuda_graphs = True
     assert shrinking_batch(rag) == eager and model.decode_graphs.failed is None
     # 6 and 5 sequences run as 8 rows, 4 and 3 as 4: two graphs (one per count would capture only the 6's)
     assert model.decode_graphs.captured >= 2
