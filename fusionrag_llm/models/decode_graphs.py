@@ -22,9 +22,9 @@ are 1, 2, 4, 8 and then multiples of 8 (``captured_size``): a step of fewer sequ
 its size with rows that write and read only the pool's padding slot (``KVPool.padding``), so a server
 whose batch shrinks and grows by one as requests end and arrive replays a few graphs instead of
 capturing one per count. The same step runs padded whether it replays or runs eagerly, so a graph
-computes what the eager step computes. Separate caches make a write and a call per sequence (in the graph, still no launch each),
-at their own addresses: that graph is made for one set of caches (its key: each cache's buffers and
-capacity, in order).
+computes what the eager step computes. Separate caches make a write and a call per sequence (in the
+graph, still no launch each), at their own addresses: that graph is made for one set of caches (its
+key: each cache's buffers and capacity, in order), unpadded.
 
 It takes only a plain decode step: one token per sequence (``ForwardPass.decode``) with no hook,
 capture, attention groups, scaling or KV still arriving, on the Triton backend. Anything else, and
