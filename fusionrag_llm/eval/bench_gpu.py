@@ -311,12 +311,20 @@ class _Run:
             label = "1 sequence" if size == 1 else f"{size} requests at once, in all"
             self.figure(f"decode, {label}, {context} context", f"{runs[-1]['decode_tok_s']:.1f} tok/s",
                         f"decode_{size}", runs[-1]["decode_tok_s"])  # fmt: skip
+        model, request = rag.engine.model, [self.request(batch_context)]
+        model.cuda_graphs = False  # the same step layer by layer: what the captured graphs save
+        try:
+            eager = {"context": batch_context, **timed(rag, request, "fusionrag", None, c.new_tokens)}
+        finally:
+            model.cuda_graphs = True
+        self.figure(f"decode, 1 sequence, {batch_context} context, decode graphs off",
+                    f"{eager['decode_tok_s']:.1f} tok/s")  # fmt: skip
         size = max(c.batches)
         shrinking = shrinking_batch(rag, [self.request(batch_context, i) for i in range(size)], c.new_tokens)
         self.figure(f"decode, {size} requests ending one by one ({shrinking['shortest']}..{c.new_tokens} new tokens), "
                     f"in all, {batch_context} context", f"{shrinking['decode_tok_s']:.1f} tok/s, "
                     f"{shrinking['graphs']} decode graphs")  # fmt: skip
-        return {"new_tokens": c.new_tokens, "runs": runs, "shrinking": shrinking}
+        return {"new_tokens": c.new_tokens, "runs": runs, "eager": eager, "shrinking": shrinking}
 
     def ttft(self, tier: str | None = None, layerwise: bool = False) -> dict:
         rows = []

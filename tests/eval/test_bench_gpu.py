@@ -43,6 +43,7 @@ def test_every_section_writes_its_figures_and_the_tests_their_counts(tmp_path):
     assert written["add_chunks"]["chunks"] == 1 and written["add_chunks"]["s"] > 0
     assert [(r["requests"], r["tokens"]) for r in written["decode"]["runs"]] == [(1, 3), (2, 6)]
     assert all(r["decode_tok_s"] > 0 for r in written["decode"]["runs"])
+    assert written["decode"]["eager"]["requests"] == 1 and written["decode"]["eager"]["decode_tok_s"] > 0
     shrinking = written["decode"]["shrinking"]  # answers of 1 and 3 new tokens: the batch loses one on the way
     assert (shrinking["requests"], shrinking["shortest"], shrinking["tokens"], shrinking["graphs"]) == (2, 1, 4, 0)
     ttft, layerwise = written["ttft"]["rows"], written["layerwise"]["rows"]
