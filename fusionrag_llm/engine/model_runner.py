@@ -18,6 +18,7 @@ from fusionrag_llm.engine.sequence import Sequence
 from fusionrag_llm.fusion.placement import position_free_kv
 from fusionrag_llm.fusion.layout import RequestLayout
 from fusionrag_llm.models.kv_cache import KVCache
+from fusionrag_llm.models.cache_memory import CacheMemory
 from fusionrag_llm.models.kv_pool import KVPools, slot_bytes
 from fusionrag_llm.models.forward import AttentionScaling
 from fusionrag_llm.models.llama import DecoderLM, ForwardOutput, ForwardPass
@@ -38,6 +39,9 @@ class ModelRunner:
         # request caches from shared buffers (``models/kv_pool.py``), so a decode step of many sequences
         # is one attention call per layer: on CUDA with the Triton backend, whose kernel reads them
         self.pools = KVPools.of(model) if model.device.type == "cuda" and model.kernels == "triton" else None
+        # on the CPU, dense caches in memory earlier caches used (``models/cache_memory.py``): fresh memory
+        # that large costs a page fault per 4 KiB when first zeroed
+        self.memory = CacheMemory() if model.device.type == "cpu" else None
 
     def _scheduler_defaults(self) -> SchedulerConfig:
         """What the scheduler's None limits mean on this model's device: on a GPU, cache slots for
@@ -59,6 +63,10 @@ class ModelRunner:
         if self.pools is not None and (self.pools.dtype, self.pools.device) != (model.dtype, model.device):
             self.pools = KVPools.of(model)  # the model was moved or cast since
         cache = self.pools.new_cache(capacity, pool_slots) if self.pools is not None else None
+        if cache is None and self.memory is not None and model.device.type == "cpu":
+            cfg = model.cfg
+            cache = self.memory.new_cache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, model.dtype,
+                                          model.device)  # fmt: skip
         return cache if cache is not None else model.new_cache(capacity)
 
     def fork_cache(self, cache: KVCache) -> KVCache:
