@@ -8,9 +8,9 @@ process has written before, and ``full_reuse``'s time to the first token at 6.2k
 ``CacheMemory`` keeps the K/V buffers of the caches it made and gives a buffer to a new cache (zeroed)
 once nothing views it any more: not the finished cache, nor any tensor cut from it (a buffer's storage
 is shared by every view of it, and counts them). So a view someone kept of a finished cache's KV is
-never overwritten: its buffer simply is not reused while it lives. Each new cache lets go of all but
-``KEEP`` of the buffers nobody uses (the smallest first), so the memory held past the caches in use is
-at most ``KEEP`` of the largest recent caches.
+never overwritten: its buffer simply is not reused while it lives. It keeps at most ``KEEP`` buffers,
+in use or not (a new one takes the place of the smallest unused one), so an idle engine holds at most
+``KEEP`` recent caches' memory; caches beyond them come and go as before.
 
 On a GPU the device's caching allocator already reuses freed memory, and request caches come from
 pools (``models/kv_pool.py``): this is for the CPU.
@@ -24,7 +24,7 @@ import torch
 
 from fusionrag_llm.models.kv_cache import KVCache
 
-KEEP = 4  # unused buffers kept for the next caches (each as large as the largest cache it served)
+KEEP = 4  # buffers kept for the next caches, in use or not (each as large as the largest cache it served)
 _use_count = getattr(torch._C, "_storage_Use_Count", None)  # None: no reuse (the count cannot be read)
 
 
@@ -55,19 +55,21 @@ class CacheMemory:
 
     def _take(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """The first ``numel`` elements of a free buffer, or of a new one (a view made under the lock, so
-        no other caller finds that buffer free)."""
+        no other caller finds that buffer free). A new buffer is kept when fewer than ``keep`` are, after
+        letting go of the smallest unused one if need be."""
         with self._lock:
             free = [b for b in self._buffers if _unused(b)]
             fits = [b for b in free if b.dtype == dtype and b.device == device and b.numel() >= numel]
-            chosen = min(fits, key=torch.Tensor.numel) if fits else None
-            spare = [b for b in free if b is not chosen]
-            dropped = {id(b) for b in sorted(spare, key=torch.Tensor.numel)[: max(0, len(spare) - self.keep)]}
-            self._buffers = [b for b in self._buffers if id(b) not in dropped]  # the smallest unused ones go
-            if chosen is None:
-                chosen = torch.empty(numel, dtype=dtype, device=device)
-                if _use_count is not None:
-                    self._buffers.append(chosen)
-            return chosen[:numel]
+            if fits:
+                return min(fits, key=torch.Tensor.numel)[:numel]
+            made = torch.empty(numel, dtype=dtype, device=device)
+            if _use_count is not None:
+                if len(self._buffers) >= self.keep and free:
+                    smallest = min(free, key=torch.Tensor.numel)
+                    self._buffers = [b for b in self._buffers if b is not smallest]
+                if len(self._buffers) < self.keep:
+                    self._buffers.append(made)
+            return made[:numel]
 
 
 def _unused(buffer: torch.Tensor) -> bool:

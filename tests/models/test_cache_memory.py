@@ -1,5 +1,5 @@
 """CPU request caches in reused memory: zeroed for each new cache, never reused while any tensor still
-views it, at most KEEP unused buffers kept; an engine's requests run in it with the answers they get
+views it, at most KEEP buffers kept; an engine's requests run in it with the answers they get
 in fresh memory."""
 
 import gc
@@ -63,14 +63,21 @@ def test_a_view_kept_of_a_finished_cache_keeps_its_memory_from_reuse():
 
 
 @needs_count
-def test_at_most_keep_unused_buffers_are_kept():
+def test_at_most_keep_buffers_are_kept_and_a_larger_one_replaces_the_smallest_unused():
     memory = CacheMemory(keep=2)
-    caches = [memory.new_cache(1, 1, 4, 6 - i, torch.float32, "cpu") for i in range(5)]  # largest first
-    assert memory.held == 5
+    caches = [memory.new_cache(1, 1, 4, 3 - i, torch.float32, "cpu") for i in range(3)]  # 3, 2, 1 slots
+    assert memory.held == 2  # the third cache's memory is its own: it goes when the cache does
+    first, small = caches[0].keys.data_ptr(), caches[1].keys.data_ptr()
     del caches
     gc.collect()
-    memory.new_cache(1, 1, 4, 6, torch.float32, "cpu")  # takes the largest; the 2 largest others are kept
-    assert memory.held == 3
+    assert memory.new_cache(1, 1, 4, 2, torch.float32, "cpu").keys.data_ptr() == small  # the smallest that fits
+    big = memory.new_cache(1, 1, 4, 9, torch.float32, "cpu")  # larger than both: replaces the 2-slot one
+    address = big.keys.data_ptr()
+    assert memory.held == 2
+    del big
+    gc.collect()
+    assert memory.new_cache(1, 1, 4, 9, torch.float32, "cpu").keys.data_ptr() == address and memory.held == 2
+    assert memory.new_cache(1, 1, 4, 3, torch.float32, "cpu").keys.data_ptr() == first  # the 3-slot one was kept
 
 
 @needs_count
@@ -87,6 +94,6 @@ def test_an_engines_requests_reuse_cache_memory_and_answer_as_in_fresh_memory():
     runner = rag.engine.runner
     assert runner.memory is not None
     first = answers(rag)
-    assert answers(rag) == first and 1 <= runner.memory.held <= cache_memory.KEEP + 1  # buffers served again
+    assert answers(rag) == first and 1 <= runner.memory.held <= cache_memory.KEEP  # buffers served again
     runner.memory = None  # every cache in fresh memory
     assert answers(rag) == first
