@@ -7,10 +7,10 @@ import torch
 from fusionrag_llm import FusionRAG, RAGRequest
 from fusionrag_llm.methods import make_plan
 from fusionrag_llm.models.decode_graphs import DecodeGraphs, captured_size
-from fusionrag_llm.models.forward import ForwardPass
+from fusionrag_llm.models.forward import ForwardOutput, ForwardPass
 from fusionrag_llm.models.kv_cache import KVCache
 from fusionrag_llm.kernels._common import HAS_TRITON
-from fusionrag_llm.models.attention_backend import TritonAttention
+from fusionrag_llm.models.attention_backend import TritonAttention, span_offsets
 from fusionrag_llm.models.kv_pool import KVPool, KVPools
 
 CHUNKS = ["Ferries leave Keldmouth twice a day.", "The lighthouse was built in 1872.", "Sheep graze the cliffs."]
@@ -127,16 +127,29 @@ def test_a_batch_that_shrinks_as_answers_end_replays_the_graphs_of_its_padded_si
     assert model.decode_graphs.captured >= 2
 
 
+def graph_body_eagerly(graphs, model, steps, caches, weights):
+    """What a captured step computes, run without CUDA: ``DecoderLM.graph_body`` over the step's inputs
+    and the attention offsets in buffers of their own, as ``decode_graphs._Graph`` feeds them."""
+    inputs = torch.stack([torch.cat([getattr(step, name) for step in steps]) for name in ("token_ids", "positions", "slots")])
+    offsets = torch.tensor(span_offsets(caches, True))
+    graph_steps = [ForwardPass(inputs[0, i : i + 1], inputs[1, i : i + 1], inputs[2, i : i + 1], decode=True)
+                   for i in range(len(steps))]  # fmt: skip
+    logits = model.graph_body(graph_steps, list(caches), offsets)
+    return [ForwardOutput(logits=logits[i : i + 1]) for i in range(len(steps))]
+
+
 @pytest.mark.slow  # the engine through the Triton interpreter
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-def test_decode_steps_padded_to_a_captured_size_give_the_tokens_of_unpadded_ones(monkeypatch):
-    """The padded step a graph replays, run eagerly through the interpreter over pooled caches (as on CUDA)."""
+@pytest.mark.parametrize("replay", ["eager", "graph_body"])
+def test_decode_steps_padded_to_a_captured_size_give_the_tokens_of_unpadded_ones(monkeypatch, replay):
+    """The padded step run eagerly, and the captured step's body (offsets from its own buffer), through
+    the interpreter over pooled caches (as on CUDA)."""
     import fusionrag_llm.models.llama as llama
 
     want = shrinking_batch(triton_rag("torch", "cpu"))
     monkeypatch.setattr(llama, "graphable", lambda model, steps, caches: all(
         step.decode and len(step.slots) == 1 and not step.hooks for step in steps))  # fmt: skip
-    monkeypatch.setattr(DecodeGraphs, "run", lambda *args: None)  # no graph on the CPU: the padded step eagerly
+    monkeypatch.setattr(DecodeGraphs, "run", graph_body_eagerly if replay == "graph_body" else lambda *args: None)
     rows = []
     attend = TritonAttention.attend_pooled
     monkeypatch.setattr(TritonAttention, "attend_pooled", lambda self, q, step, layer: step.max_queries == 1 and
