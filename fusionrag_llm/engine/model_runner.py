@@ -56,14 +56,17 @@ class ModelRunner:
         return dataclasses.replace(defaults, max_kv_tokens=slots)
 
     def new_cache(self, capacity: int, pool_slots: int | None = None) -> KVCache:
-        """A request's cache: from a pool where there are pools and one has room, else a dense one.
+        """A request's cache: from a pool where there are pools and one has room, else a dense one (on the
+        CPU in memory an earlier cache used, ``models/cache_memory.py``).
         ``pool_slots``: the slots of the first pool if it is made now (the scheduler's ``max_kv_tokens``,
         so every sequence it admits fits in one pool)."""
         model = self.model
         if self.pools is not None and (self.pools.dtype, self.pools.device) != (model.dtype, model.device):
             self.pools = KVPools.of(model)  # the model was moved or cast since
         cache = self.pools.new_cache(capacity, pool_slots) if self.pools is not None else None
-        if cache is None and self.memory is not None and model.device.type == "cpu":
+        if self.memory is not None and model.device.type != "cpu":
+            self.memory = None  # the model was moved off the CPU: let the buffers go
+        if cache is None and self.memory is not None:
             cfg = model.cfg
             cache = self.memory.new_cache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, model.dtype,
                                           model.device)  # fmt: skip
