@@ -97,3 +97,12 @@ def test_an_engines_requests_reuse_cache_memory_and_answer_as_in_fresh_memory():
     assert answers(rag) == first and 1 <= runner.memory.held <= cache_memory.KEEP  # buffers served again
     runner.memory = None  # every cache in fresh memory
     assert answers(rag) == first
+
+
+def test_a_runner_lets_its_buffers_go_when_the_model_leaves_the_cpu():
+    rag = FusionRAG.from_pretrained("tiny", store=":memory:")
+    runner = rag.engine.runner
+    runner.new_cache(4)
+    assert runner.memory is not None and runner.memory.held <= 1
+    rag.engine.model.to("meta")  # any device but the CPU
+    assert runner.new_cache(4).keys.device.type == "meta" and runner.memory is None
