@@ -42,10 +42,7 @@ class CacheMemory:
         numel = num_layers * kv_heads * capacity * head_dim
         kv = self._take(2 * numel, dtype, torch.device(device))
         kv.zero_()
-        return KVCache(kv[:numel].view(shape), kv[numel:].view(shape),
-                       torch.zeros(capacity, dtype=torch.long, device=device),
-                       torch.zeros(capacity, dtype=torch.bool, device=device),
-                       torch.zeros(capacity, dtype=torch.int32, device=device))  # fmt: skip
+        return KVCache.around(kv[:numel].view(shape), kv[numel:].view(shape))
 
     @property
     def held(self) -> int:

@@ -50,13 +50,17 @@ class KVCache:
         device: torch.device | str,
     ) -> "KVCache":
         shape = (num_layers, num_kv_heads, capacity, head_dim)
-        return cls(
-            keys=torch.zeros(shape, dtype=dtype, device=device),
-            values=torch.zeros(shape, dtype=dtype, device=device),
-            positions=torch.zeros(capacity, dtype=torch.long, device=device),
-            valid=torch.zeros(capacity, dtype=torch.bool, device=device),
-            groups=torch.zeros(capacity, dtype=torch.int32, device=device),
-        )
+        return cls.around(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+
+    @classmethod
+    def around(cls, keys: torch.Tensor, values: torch.Tensor) -> "KVCache":
+        """An empty cache whose K/V are the given zeroed tensors ``[layers, kv_heads, capacity, head_dim]``
+        (e.g. in memory an earlier cache used, ``models/cache_memory.py``); its slots' positions, validity
+        and groups are new."""
+        capacity, device = keys.shape[2], keys.device
+        return cls(keys, values, torch.zeros(capacity, dtype=torch.long, device=device),
+                   torch.zeros(capacity, dtype=torch.bool, device=device),
+                   torch.zeros(capacity, dtype=torch.int32, device=device))  # fmt: skip
 
     def fork(self, into: "KVCache | None" = None) -> "KVCache":
         """An independent copy (its own buffers), e.g. for a second answer to the same prompt; ``into``:
