@@ -178,10 +178,8 @@ def timed(rag: FusionRAG, requests: list[RAGRequest], method: str, ratio: float 
         outs = rag.generate_many(requests, method, ratio, new_tokens, sampling=sampling)
     sync()
     total, stats = time.perf_counter() - started, outs[0].stats
-    first = max(out.stats.queue_s + out.stats.ttft_s for out in outs)
-    decoded = sum(len(out.token_ids) - 1 for out in outs)
-    return {"s": total, "ttft_s": first, "decode_tok_s": decoded / max(total - first, 1e-9), "requests": len(outs),
-            "tokens": decoded + len(outs), "tok_s": (decoded + len(outs)) / total, "load_s": stats.load_s,
+    decoding = _decoding(outs, total)
+    return {"s": total, **decoding, "requests": len(outs), "tok_s": decoding["tokens"] / total, "load_s": stats.load_s,
             "select_s": stats.select_s, "prefill_s": stats.prefill_s, "reused": stats.reused_tokens,
             "computed": stats.computed_tokens, "tiers": dict(stats.tier_hits)}  # fmt: skip
 
@@ -202,10 +200,16 @@ def shrinking_batch(rag: FusionRAG, requests: list[RAGRequest], new_tokens: int)
         engine.run_until_finished(seqs)
         sync()
     total = time.perf_counter() - started
-    first = max(seq.stats.queue_s + seq.stats.ttft_s for seq in seqs)
-    decoded = sum(len(seq.token_ids) - 1 for seq in seqs)
-    return {"requests": n, "shortest": lengths[0], "s": total, "ttft_s": first, "tokens": decoded + n,
-            "decode_tok_s": decoded / max(total - first, 1e-9), "graphs": engine.model.decode_graphs.captured}
+    return {"requests": n, "shortest": lengths[0], "s": total, **_decoding(seqs, total),
+            "graphs": engine.model.decode_graphs.captured}
+
+
+def _decoding(answers, total: float) -> dict:
+    """Of answers (generations or step-API sequences) that took ``total`` seconds in all: the time to the
+    last first token, the tokens, and the decode tokens/s after that first token."""
+    first = max(answer.stats.queue_s + answer.stats.ttft_s for answer in answers)
+    decoded = sum(len(answer.token_ids) - 1 for answer in answers)
+    return {"ttft_s": first, "tokens": decoded + len(answers), "decode_tok_s": decoded / max(total - first, 1e-9)}
 
 
 def measure(rag: FusionRAG, request: RAGRequest, context: int, repeats: int, layerwise: bool = False) -> list[dict]:

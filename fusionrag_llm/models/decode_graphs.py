@@ -28,7 +28,7 @@ key: each cache's buffers and capacity, in order), unpadded.
 
 It takes only a plain decode step: one token per sequence (``ForwardPass.decode``) with no hook,
 capture, attention groups, scaling or KV still arriving, on the Triton backend. Anything else, and
-any step after a failed capture (a warning says why), runs layer by layer as before. The first step of
+any step after a failed capture (a warning says why), runs layer by layer as before, unpadded. The first step of
 a new set of sequences runs eagerly (while a batch fills up, each step has new members); the second
 captures, running the step once for real first (its writes are the same values the replay writes
 again), so a new set of sequences costs two eager steps and one capture. The few most recent graphs are kept, each with its

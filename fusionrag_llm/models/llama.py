@@ -359,7 +359,7 @@ class DecoderLM(nn.Module):
         return outputs
 
     def _forward_batch(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> list[ForwardOutput]:
-        if self.cuda_graphs and graphable(self, steps, caches):
+        if self.cuda_graphs and self.decode_graphs.failed is None and graphable(self, steps, caches):
             count = len(steps)  # padded to a captured size over pooled caches, whether replayed or not
             steps, caches = self.decode_graphs.padded(steps, caches)
             outputs = self.decode_graphs.run(self, steps, caches, self._weights_key())
