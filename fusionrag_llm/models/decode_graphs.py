@@ -31,8 +31,11 @@ capture, attention groups, scaling or KV still arriving, on the Triton backend. 
 any step after a failed capture (a warning says why), runs layer by layer as before, unpadded. The first step of
 a new set of sequences runs eagerly (while a batch fills up, each step has new members); the second
 captures, running the step once for real first (its writes are the same values the replay writes
-again), so a new set of sequences costs two eager steps and one capture. The few most recent graphs are kept, each with its
-own memory pool (a few megabytes: one token per sequence).
+again), so a new set of sequences costs two eager steps and one capture. The few most recent graphs are kept, all
+in one memory pool: a graph's temporaries (its largest, the logits of up to 256 rows before they are
+float32) are free again when its replay ends, so the next graph reuses that memory instead of each
+holding its own. That is safe because replays never overlap (one stream) and each replay's output is
+copied out before the next replay, which may write over it.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class DecodeGraphs:
         self._last: tuple | None = None  # the key of the last step run eagerly
         self.failed: str | None = None  # why capturing failed; then every step runs eagerly
         self._padding: dict[torch.device, ForwardPass] = {}  # a padding row's step, per device
+        self._memory: tuple | None = None  # the memory pool every graph is captured into (made at the first capture)
 
     def padded(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> tuple[list, list]:
         """``steps`` and ``caches`` with padding rows after them up to ``captured_size``, when the caches share
@@ -105,6 +109,12 @@ class DecodeGraphs:
         """How many graphs are kept now."""
         return len(self._graphs)
 
+    @property
+    def memory_pools(self) -> int:
+        """How many memory pools the kept graphs were captured into (one, however many graphs: see the
+        module docstring)."""
+        return len({graph.graph.pool() for graph in self._graphs.values()})
+
     def run(self, model: DecoderLM, steps: Sequence[ForwardPass], caches: Sequence[KVCache],
             weights: tuple[int, ...]) -> list[ForwardOutput] | None:  # fmt: skip
         """The step's outputs from a graph (captured now if none was for these caches and ``weights``, the
@@ -124,10 +134,12 @@ class DecodeGraphs:
                 self._last = key  # each step has new members, and a capture would not be replayed
                 return None
             try:
-                graph = _Graph(model, steps, caches)
+                self._memory = self._memory or torch.cuda.graph_pool_handle()
+                graph = _Graph(model, steps, caches, self._memory)
             except RuntimeError as exc:  # an operation that cannot be captured: eager from now on
                 self.failed = f"{type(exc).__name__}: {exc}"
                 self._graphs.clear()
+                self._memory = None
                 logger.warning("decode steps run without CUDA graphs: capturing failed (%s)", self.failed)
                 return None
         self._graphs[key] = graph
@@ -139,7 +151,7 @@ class DecodeGraphs:
 class _Graph:
     """One captured decode step over fixed caches; inputs go into its buffers before each replay."""
 
-    def __init__(self, model: DecoderLM, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> None:
+    def __init__(self, model: DecoderLM, steps: Sequence[ForwardPass], caches: Sequence[KVCache], memory: tuple) -> None:
         n, device = len(caches), model.device
         pool = shared_pool(caches)
         self.pooled = pool is not None  # then the step is one call per layer, through the pool's buffers
@@ -158,7 +170,7 @@ class _Graph:
             model.graph_body(graph_steps, list(caches), self.offsets)
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):  # its own memory pool: graphs replay in any order
+        with torch.cuda.graph(self.graph, pool=memory):  # the pool all graphs share (see the module docstring)
             self.logits = model.graph_body(graph_steps, list(caches), self.offsets)
 
     def _fill(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> None:
@@ -172,5 +184,5 @@ class _Graph:
     def replay(self, steps: Sequence[ForwardPass], caches: Sequence[KVCache]) -> list[ForwardOutput]:
         self._fill(steps, caches)
         self.graph.replay()
-        logits = self.logits.clone()  # the next replay overwrites the graph's own
+        logits = self.logits.clone()  # the next replay (of any graph: one memory pool) may write over the graph's own
         return [ForwardOutput(logits=logits[i : i + 1]) for i in range(len(steps))]

@@ -124,7 +124,7 @@ def test_a_batch_that_shrinks_as_answers_end_replays_the_graphs_of_its_padded_si
     model = rag.engine.model
     assert shrinking_batch(rag) == eager and model.decode_graphs.failed is None
     # 6 and 5 sequences run as 8 rows, 4 and 3 as 4: two graphs (one per count would capture only the 6's)
-    assert model.decode_graphs.captured >= 2
+    assert model.decode_graphs.captured >= 2 and model.decode_graphs.memory_pools == 1  # the graphs share one
 
 
 def graph_body_eagerly(graphs, model, steps, caches, weights):
