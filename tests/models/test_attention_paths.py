@@ -72,3 +72,17 @@ def test_the_fused_causal_block_of_the_triton_backend_equals_a_masked_softmax(dt
     out = attention.attend_causal_block(q, keys, values, tail_start)
     expected = oracle(q, keys, values, torch.arange(tail_start, 300))
     assert out.shape == q.shape and (out.double() - expected).abs().max().item() < TOLERANCE[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tail_start", [0, 260])
+def test_the_fused_causal_block_reads_grouped_heads_as_they_are_on_cuda_in_half_precision(tail_start):
+    """On CUDA in bf16 the flash kernel takes the key/value heads unrepeated; float32 still repeats them."""
+    _, keys, values, _ = inputs(300, 1, 6, 2, torch.bfloat16, 13)
+    q = torch.randn(6, 300 - tail_start, 32).to(torch.bfloat16)
+    expected = oracle(q, keys, values, torch.arange(tail_start, 300))
+    q, keys, values = q.cuda(), keys.cuda(), values.cuda()
+    assert attention.flash_takes_groups(q[None], keys[None])
+    assert not attention.flash_takes_groups(q[None].float(), keys[None].float())
+    out = attention.attend_causal_block(q, keys, values, tail_start)
+    assert out.shape == q.shape and (out.double().cpu() - expected).abs().max().item() < TOLERANCE[torch.bfloat16]
