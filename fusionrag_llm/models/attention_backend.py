@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from fusionrag_llm.kernels import dispatch
-from fusionrag_llm.models.attention import attend, attend_causal_block, attend_scaled, causal_tail_start, dense_sorted
+from fusionrag_llm.models.attention import (SortedQueries, attend, attend_causal_block, attend_scaled, causal_tail_start,
+                                           dense_sorted)
 from fusionrag_llm.models.forward import spans_of
 from fusionrag_llm.models.kv_cache import KVCache
 
@@ -28,7 +29,7 @@ BACKEND_NAMES = ("torch", "triton")
 class AttentionMeta:
     mask: torch.Tensor | None = None  # [1, 1, n, length] position (and group) mask, when no fast path applies
     tail_start: int | None = None  # the step is a causal block ending the cache, from this slot
-    sorted_positions: torch.Tensor | None = None  # sorted queries over a cache where slot j is position j
+    sorted_queries: SortedQueries | None = None  # sorted queries over a cache where slot j is position j
     # one query over the cache's used slots (Triton): device views of the span kernel's query offsets
     # [0, 1] and the slots [start, end) it reads, so neither the call nor its shapes depend on the length
     # (no sync, graph-capturable); see ``span_offsets``
@@ -114,7 +115,7 @@ class TorchAttention(_Backend):
         if tail is not None:
             return AttentionMeta(tail_start=tail)
         if dense_sorted(step.positions, cache.positions, cache.valid, cache.length):
-            return AttentionMeta(sorted_positions=step.positions)
+            return AttentionMeta(sorted_queries=SortedQueries(step.positions))
         return _masked(step, cache)
 
     def __call__(self, q: torch.Tensor, cache: KVCache, layer: int, step, meta: AttentionMeta) -> torch.Tensor:
@@ -122,7 +123,7 @@ class TorchAttention(_Backend):
             return _scaled(q, cache, layer, step, meta)
         n = cache.length
         return attend(q, cache.keys[layer, :, :n], cache.values[layer, :, :n], meta.mask, meta.tail_start,
-                      meta.sorted_positions)  # fmt: skip
+                      meta.sorted_queries)  # fmt: skip
 
 
 class TritonAttention(_Backend):

@@ -41,11 +41,26 @@ def inputs(length, count, heads, kv_heads, dtype, seed, first=None):
 def test_sorted_blocks_equal_a_masked_softmax(dtype, length, count, heads, kv_heads, first):
     q, keys, values, positions = inputs(length, count, heads, kv_heads, dtype, length + count, first)
     expected = oracle(q, keys, values, positions)
-    fast = attention.attend(q, keys, values, None, None, positions)
+    fast = attention.attend(q, keys, values, None, None, attention.SortedQueries(positions))
     masked = attention._attend_sorted_masked(q[None], keys[None], values[None], positions)[0]
     assert fast.dtype == dtype and fast.shape == q.shape
     assert (fast.double() - expected).abs().max().item() < TOLERANCE[dtype]
     assert (masked.double() - expected).abs().max().item() < TOLERANCE[dtype]
+
+
+def test_one_forwards_sorted_blocks_serve_every_layer_and_each_head_grouping():
+    """A forward makes one ``SortedQueries`` and every layer attends through it (its masks made once)."""
+    q, keys, values, positions = inputs(2000, 300, 6, 2, torch.float32, 5)
+    queries = attention.SortedQueries(positions)
+    for layer in range(3):  # other keys and values in every layer, the same positions
+        keys, values = keys.roll(layer, dims=1), values.roll(2 * layer, dims=1)
+        out = attention.attend(q, keys, values, None, None, queries)
+        assert (out.double() - oracle(q, keys, values, positions)).abs().max().item() < TOLERANCE[torch.float32]
+    for heads, kv_heads, dtype in ((6, 3, torch.float32), (6, 2, torch.bfloat16)):  # another grouping, another dtype
+        q, keys, values, _ = inputs(2000, 300, heads, kv_heads, dtype, 6)
+        q = torch.randn(heads, len(positions), 32).to(dtype)
+        out = attention.attend(q, keys, values, None, None, queries)
+        assert out.dtype == dtype and (out.double() - oracle(q, keys, values, positions)).abs().max().item() < TOLERANCE[dtype]
 
 
 def test_sorted_blocks_use_the_unmasked_kernel_where_this_torch_has_it():
