@@ -351,7 +351,8 @@ class LLMEngine:
                                stats.method_stats, work.resolver, work.resolved)  # fmt: skip
         work.run = work.seq.method_run = work.seq.plan.method.start(work.prefill)
         work.forward = self.runner.recompute_pass(layout, work.recompute, capture_raw_kv=work.exact,
-                                                  hooks=tuple(work.run.hooks), scaling=work.run.scaling)  # fmt: skip
+                                                  hooks=tuple(work.run.hooks), scaling=work.run.scaling,
+                                                  exact=work.exact)  # fmt: skip
 
     def _finish_prefill(self, work: PrefillWork, out: ForwardOutput) -> None:
         seq = work.seq

@@ -85,10 +85,12 @@ class ModelRunner:
         return cache if twin is None else cache.fork(into=twin)
 
     def recompute_pass(self, layout: RequestLayout, recompute: torch.Tensor, capture_raw_kv: bool,
-                       hooks: tuple = (), scaling: AttentionScaling | None = None) -> ForwardPass:  # fmt: skip
-        """The sparse prefill: the recompute set (sorted slots), logits of the last prompt token only."""
+                       hooks: tuple = (), scaling: AttentionScaling | None = None, exact: bool = False) -> ForwardPass:  # fmt: skip
+        """The sparse prefill: the recompute set (sorted slots), logits of the last prompt token only. Unless
+        ``exact`` (every context token recomputed: a causal block, which attention finds), it is scattered."""
         last_row = torch.tensor([len(recompute) - 1], device=recompute.device)
-        return layout.step(recompute, logit_rows=last_row, capture_raw_kv=capture_raw_kv, hooks=hooks, scaling=scaling)
+        return layout.step(recompute, logit_rows=last_row, capture_raw_kv=capture_raw_kv, hooks=hooks, scaling=scaling,
+                           scattered=not exact)  # fmt: skip
 
     def decode_passes(self, seqs: Seq[Sequence]) -> list[ForwardPass]:
         """Feed each sequence's last token at its position, into the next free slot of its cache. The

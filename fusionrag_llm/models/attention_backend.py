@@ -199,8 +199,8 @@ class TritonAttention(_Backend):
         if step.groups is not None or step.scaling is not None:
             return _masked(step, cache)
         if len(step.slots) > 1:  # a prefill block ending the cache: PyTorch's fused causal attention
-            tail = causal_tail_start(step.slots, step.positions, cache.positions, cache.valid, cache.length,
-                                     any_device=True)  # fmt: skip
+            tail = None if step.scattered else causal_tail_start(step.slots, step.positions, cache.positions,
+                                                                 cache.valid, cache.length, any_device=True)  # fmt: skip
             if tail is not None:
                 return AttentionMeta(tail_start=tail)
             if self.recompute == "flex":

@@ -63,6 +63,10 @@ class ForwardPass:
     # a method's per-layer work in this step (``LayerHook``), in the order given
     hooks: tuple["LayerHook", ...] = ()
     scaling: AttentionScaling | None = None  # a method's rescaled attention (APE); None: plain softmax
+    # the maker expects its tokens scattered through the cache (a sparse prefill): the Triton backend then
+    # attends them with the sparse kernel without asking whether they form a causal block ending the
+    # cache, which on a device is a read back from it. The same result either way.
+    scattered: bool = False
 
     def narrowed(self, keep: torch.Tensor) -> "ForwardPass":
         """The same step with only the ``keep`` rows (without the hook that decided it)."""
@@ -78,7 +82,7 @@ class ForwardPass:
         groups = None if self.groups is None else self.groups[keep]
         return ForwardPass(self.token_ids[keep], self.positions[keep], self.slots[keep], logit_rows,
                            groups=groups, decode=self.decode, hooks=tuple(h for h in self.hooks if h.keep is None),
-                           scaling=self.scaling)  # fmt: skip
+                           scaling=self.scaling, scattered=self.scattered)  # fmt: skip
 
 
 @dataclass

@@ -15,7 +15,7 @@ from fusionrag_llm.models.kv_pool import KVPools
 CHUNKS = ["Ferries leave Keldmouth twice a day.", "The lighthouse was built in 1872.", "Sheep graze the cliffs."]
 READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__,
          torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.cpu, torch.nonzero, torch.Tensor.nonzero,
-         torch.masked_select, torch.unique, torch.Tensor.unique, torch.argwhere}  # fmt: skip
+         torch.masked_select, torch.unique, torch.Tensor.unique, torch.argwhere, torch.equal}  # fmt: skip
 
 
 class HostReads(TorchFunctionMode):

@@ -49,7 +49,7 @@ def layers_scores(inp: ScoringInput) -> torch.Tensor:
 
 def _pass(inp: ScoringInput, layers: tuple[int, ...]) -> ForwardPass:
     fresh = inp.layout.fresh_slots
-    return inp.layout.step(fresh, logit_rows=fresh[:0], capture_query_layers=frozenset(layers))
+    return inp.layout.step(fresh, logit_rows=fresh[:0], capture_query_layers=frozenset(layers), scattered=True)
 
 
 def _suffix_rows(inp: ScoringInput) -> torch.Tensor:
