@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 from fusionrag_llm.api import FusionRAG
-from fusionrag_llm.eval.gpu_checks import attention_rows, decode_attention_rows, header, run_gpu_tests, tests_folder
+from fusionrag_llm.eval.gpu_checks import (attention_rows, decode_attention_rows, header, prefill_attention_rows,
+                                           run_gpu_tests, tests_folder)
 from fusionrag_llm.eval.results import markdown_table, ms, write_json
 from fusionrag_llm.kernels.dispatch import resolve_backend
 from fusionrag_llm.models.attention_backend import TritonAttention
@@ -374,7 +375,12 @@ class _Run:
             self.figure(f"decode attention, {r['requests']} x {r['keys']} keys, one call",
                         f"keys in {r['splits']} ranges {r['split_ms']:.3f} ms, whole {r['whole_ms']:.3f} ms "
                         f"(max diff {r['max_abs_diff']:.1e})")  # fmt: skip
-        return {"rows": rows, "decode": decode, "ttft": self.recompute_ttft()}
+        prefill = prefill_attention_rows(self.loaded.model, max(self.config.contexts), self.config.repeats)
+        for r in prefill:
+            self.figure(f"prefill attention, {r['requests']} x {r['tokens']} tokens, causal",
+                        f"one request at a time {r['each_ms']:.3f} ms, all in one call {r['one_call_ms']:.3f} ms "
+                        f"(max diff {r['max_abs_diff']:.1e})")  # fmt: skip
+        return {"rows": rows, "decode": decode, "prefill": prefill, "ttft": self.recompute_ttft()}
 
     def recompute_ttft(self) -> dict:
         """``fusionrag``'s time to the first token at the longest length with the recompute through each of

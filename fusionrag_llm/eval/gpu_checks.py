@@ -1,7 +1,7 @@
 """What ``fusionrag bench gpu`` checks besides the engine's own figures: the machine it ran on, the
 recompute set's attention (the own query-sparse kernel against FlexAttention and causal SDPA on the
-same inputs), decode attention with the keys cut into ranges and whole, and the GPU-marked tests, run
-in a subprocess."""
+same inputs), decode attention with the keys cut into ranges and whole, several whole-prompt prefills
+attended one by one and in one call, and the GPU-marked tests, run in a subprocess."""
 
 from __future__ import annotations
 
@@ -82,6 +82,40 @@ def decode_attention_rows(model, longest: int, repeats: int) -> list[dict]:
                      if model.kernels == "triton" else 1,
                      "split_ms": time_call(run[None], device, repeats) * 1e3,
                      "whole_ms": time_call(run[1], device, repeats) * 1e3})  # fmt: skip
+    return rows
+
+
+def prefill_attention_rows(model, longest: int, repeats: int) -> list[dict]:
+    """Whole-prompt prefills of several requests at once (each a causal block over its own keys, as Full
+    Attention's prefills and entry computations are): attended one request at a time through PyTorch's
+    fused causal attention (``attend_causal_block``, what the Triton backend does now) against all of them
+    in one call of the own kernel over one buffer (``q_sparse_attention_spans``, what a step's pooled
+    sequences get), for 8 and 32 requests of 1k tokens and 4 of 4k, on the model's head shape."""
+    from fusionrag_llm.kernels.dispatch import q_sparse_attention_spans
+    from fusionrag_llm.models.attention import attend_causal_block
+
+    cfg, device, dtype = model.cfg, model.device, model.dtype
+    g, rows = torch.Generator().manual_seed(5), []
+    for requests, tokens in sorted({(8, min(1024, longest)), (32, min(1024, longest)), (4, min(4096, longest))}):
+        def rnd(*size):
+            return torch.randn(*size, generator=g).to(device, dtype)
+
+        q = rnd(cfg.num_heads, requests * tokens, cfg.head_dim)
+        k, v = rnd(cfg.num_kv_heads, requests * tokens, cfg.head_dim), rnd(cfg.num_kv_heads, requests * tokens, cfg.head_dim)
+        positions = torch.arange(tokens, device=device).repeat(requests)
+        offsets = torch.arange(0, requests * tokens + 1, tokens, device=device)
+
+        spans = [(start, start + tokens) for start in range(0, requests * tokens, tokens)]
+
+        def each():
+            return torch.cat([attend_causal_block(q[:, a:b], k[:, a:b], v[:, a:b], 0) for a, b in spans], dim=1)
+
+        def one():
+            return q_sparse_attention_spans(q, positions, offsets, k, v, positions, None, offsets[:-1], offsets[1:],
+                                            tokens, backend=model.kernels)  # fmt: skip
+
+        rows.append({"requests": requests, "tokens": tokens, "max_abs_diff": (each() - one()).abs().max().item(),
+                     "each_ms": time_call(each, device, repeats) * 1e3, "one_call_ms": time_call(one, device, repeats) * 1e3})
     return rows
 
 

@@ -58,6 +58,9 @@ def test_every_section_writes_its_figures_and_the_tests_their_counts(tmp_path):
     decode = written["attention"]["decode"]
     assert [(r["requests"], r["keys"]) for r in decode] == [(1, 1024), (32, 1024)]
     assert all(r["splits"] == 1 and r["max_abs_diff"] == 0 and r["split_ms"] > 0 for r in decode)  # one range on the CPU
+    prefill = written["attention"]["prefill"]  # several causal prefills, one by one and in one call: the same outputs
+    assert [(r["requests"], r["tokens"]) for r in prefill] == [(4, 1024), (8, 1024), (32, 1024)]
+    assert all(r["max_abs_diff"] < 1e-4 and r["each_ms"] > 0 and r["one_call_ms"] > 0 for r in prefill)
     profile = written["profile"]
     assert profile["steps"] == 32  # no kernels to launch, graphs to replay or device operations on the CPU
     assert {name: profile["per_step"][name] for name in ("launches", "graph_launches", "device_ops")} == dict.fromkeys(
