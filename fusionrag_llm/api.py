@@ -221,7 +221,7 @@ class FusionRAG:
         if isinstance(request, RAGRequest):
             head, tail = self.tokenizer.chat_frame(request.system)
             parts = request.pieces()
-            ids = self.tokenizer.encode_many([text for _, text in parts])
+            ids = self.tokenizer.encode_many([text for _, text in parts], scope=tenant_of(request))
             pieces = [Segment(kind, text, tuple(own)) for (kind, text), own in zip(parts, ids)]
             return build_segments([*self._pieces(head, None), *pieces], self._pieces(tail, catalog))
         if isinstance(request, str):
