@@ -7,7 +7,8 @@ Passages of the dataset's questions, in order, until the request holds about ``t
 registered with ``add_chunks`` (plain entries only) and then asked about twice: as a ``RAGRequest``
 (chunks and a question) and as one chat message holding the same passages as text (what the server
 and the framework adapters send, where the chunks are found in the text). Each is split ``repeats``
-times (median reported), and the ``RAGRequest``'s segments are planned for ``full_reuse`` and
+times (median reported; the ``RAGRequest`` both with its texts new to the tokenizer's memory of
+encoded texts and asked again), and the ``RAGRequest``'s segments are planned for ``full_reuse`` and
 ``fusionrag``. On a GPU this work is part of every time to the first token and does not get faster
 with the card. Writes host_work.json and host_work.md.
 """
@@ -24,6 +25,7 @@ from fusionrag_llm.engine.plan import plan_context
 from fusionrag_llm.eval.bench_data import dataset_label, load_examples
 from fusionrag_llm.eval.results import machine_info, markdown_table, write_report
 from fusionrag_llm.methods import make_plan
+from fusionrag_llm.models.tokenizer import EncodedTexts
 
 TINY_ARGS = ["--model", "tiny", "--dataset", "synthetic", "--tokens", "1500", "--repeats", "1"]
 
@@ -50,9 +52,12 @@ def passages_for(rag: FusionRAG, dataset: str, tokens: int) -> list[str]:
     return chosen
 
 
-def median_ms(run, repeats: int) -> float:
+def median_ms(run, repeats: int, before=None) -> float:
+    """Milliseconds of ``run``, the median of ``repeats`` (``before``, untimed, ahead of each)."""
     times = []
     for _ in range(repeats):
+        if before is not None:
+            before()
         started = time.perf_counter()
         run()
         times.append(time.perf_counter() - started)
@@ -71,9 +76,19 @@ def main(argv=None) -> None:
     segments = rag.segments(request)
     found = sum(segment.kind == "chunk" for segment in rag.segments(chat))
     tokens = sum(len(segment.token_ids) for segment in segments)
-    rows = [("segments, RAGRequest", median_ms(lambda: rag.segments(request), args.repeats)),
-            (f"segments, chat message ({found} of {len(passages)} chunks found)",
-             median_ms(lambda: rag.segments(chat), args.repeats))]  # fmt: skip
+    def unseen(asked):  # the texts' ids not in the tokenizer's memory
+        rag.tokenizer.encoded = EncodedTexts()
+        return rag.segments(asked)
+
+    shuffled = passages[1::2] + passages[::2]
+    other = [{"role": "user", "content": "Context:\n\n" + "\n\n".join(shuffled) + "\n\nQuestion: And the second?"}]
+    rows = [("segments, RAGRequest, texts not encoded before", median_ms(lambda: unseen(request), args.repeats)),
+            ("segments, RAGRequest, asked again", median_ms(lambda: rag.segments(request), args.repeats)),
+            (f"segments, chat message ({found} of {len(passages)} chunks found), texts not encoded before",
+             median_ms(lambda: unseen(chat), args.repeats)),
+            ("segments, chat message, asked again", median_ms(lambda: rag.segments(chat), args.repeats)),
+            ("segments, chat message, the same passages in another order, another question",
+             median_ms(lambda: rag.segments(other), args.repeats, before=lambda: unseen(chat)))]  # fmt: skip
     for method in ("full_reuse", "fusionrag"):
         plan = make_plan(method)
         rows.append((f"plan, {method}", median_ms(lambda: plan_context(segments, plan, rag.engine.keys, True),

@@ -206,7 +206,8 @@ class FusionRAG:
         contents and flat prompts are data, so ``"<|im_end|>"`` inside them stays plain text.
         """
         catalogs = getattr(self, "_catalogs", None)  # None while the canonical prefix is being derived
-        catalog = None if catalogs is None else catalogs[tenant_of(request)]
+        scope = tenant_of(request)  # whose texts the tokenizer's memory of encoded texts serves
+        catalog = None if catalogs is None else catalogs[scope]
         tools = None
         if isinstance(request, ChatRequest):
             tools = request.tools
@@ -217,50 +218,50 @@ class FusionRAG:
             body, generation_prompt = self.tokenizer.split_generation_prompt(chat if native else validate_messages(chat),
                                                                              native)  # fmt: skip
             generation_prompt = [*generation_prompt, ChatPart(tools.answer_prefix)] if tools.answer_prefix else generation_prompt
-            return build_segments(self._pieces(body, catalog), self._pieces(generation_prompt, catalog))
+            return build_segments(self._pieces(body, catalog, scope), self._pieces(generation_prompt, catalog, scope))
         if isinstance(request, RAGRequest):
             head, tail = self.tokenizer.chat_frame(request.system)
             parts = request.pieces()
-            ids = self.tokenizer.encode_many([text for _, text in parts], scope=tenant_of(request))
+            ids = self.tokenizer.encode_many([text for _, text in parts], scope)
             pieces = [Segment(kind, text, tuple(own)) for (kind, text), own in zip(parts, ids)]
-            return build_segments([*self._pieces(head, None), *pieces], self._pieces(tail, catalog))
+            return build_segments([*self._pieces(head, None, scope), *pieces], self._pieces(tail, catalog, scope))
         if isinstance(request, str):
             if not request.strip():
                 raise FusionRAGError("the prompt is empty; pass a non-empty string or a RAGRequest")
             head, tail = self.tokenizer.chat_frame(None)
-            return build_segments([*self._pieces(head, catalog), *self._find_chunks(request, catalog)],
-                                  self._pieces(tail, catalog))  # fmt: skip
+            return build_segments([*self._pieces(head, catalog, scope), *self._find_chunks(request, catalog, scope)],
+                                  self._pieces(tail, catalog, scope))  # fmt: skip
         if isinstance(request, TextPrompt):
-            return build_segments(self._raw_pieces(request.text, catalog))
+            return build_segments(self._raw_pieces(request.text, catalog, scope))
         if isinstance(request, (list, tuple)):
             body, generation_prompt = self.tokenizer.split_generation_prompt(validate_messages(request))
-            return build_segments(self._pieces(body, catalog), self._pieces(generation_prompt, catalog))
+            return build_segments(self._pieces(body, catalog, scope), self._pieces(generation_prompt, catalog, scope))
         raise FusionRAGError(f"a request must be a RAGRequest, a prompt string, a list of chat messages, a TextPrompt "
                              f"or a ChatRequest, got {type(request).__name__}")  # fmt: skip
 
-    def _pieces(self, parts: Sequence[ChatPart], catalog: ChunkCatalog | None) -> list[Segment]:
+    def _pieces(self, parts: Sequence[ChatPart], catalog: ChunkCatalog | None, scope: str) -> list[Segment]:
         """Template text with its control tokens; message contents as data, with ``catalog``'s chunks
-        found in them (None: none looked for)."""
+        found in them (None: none looked for); ``scope``: the tenant."""
         pieces = []
         for part in parts:
             if part.message is None:
                 pieces.append(Segment("text", part.text, tuple(self.tokenizer.encode_template(part.text))))
             else:
-                pieces += self._find_chunks(part.text, catalog)
+                pieces += self._find_chunks(part.text, catalog, scope)
         return pieces
 
-    def _raw_pieces(self, text: str, catalog: ChunkCatalog | None) -> list[Segment]:
+    def _raw_pieces(self, text: str, catalog: ChunkCatalog | None, scope: str) -> list[Segment]:
         """A raw prompt's pieces. The engine needs tokens before the first chunk (its prefix) and after
         the last (the suffix, whose queries guide the selection), so a chunk at either end is read
         as plain text (computed, not reused); the prompt's ids do not change."""
-        pieces = self._find_chunks(text, catalog)
+        pieces = self._find_chunks(text, catalog, scope)
         for end in (0, -1):
             if pieces[end].kind == "chunk":
                 pieces[end] = Segment("text", pieces[end].text, pieces[end].token_ids)
         return pieces
 
-    def _find_chunks(self, text: str, catalog: ChunkCatalog | None) -> list[Segment]:
-        tokens = self.tokenizer.tokenize(text)
+    def _find_chunks(self, text: str, catalog: ChunkCatalog | None, scope: str) -> list[Segment]:
+        tokens = self.tokenizer.tokenize(text, scope)
         if catalog is not None:
             catalog.refresh()  # chunks other processes registered since (reads only new lines)
         if catalog is None or not len(catalog):

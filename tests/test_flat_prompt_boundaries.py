@@ -225,9 +225,12 @@ class _BatchSpy:
 def check_long_texts_in_pieces(tokenizer, monkeypatch, seed: int, count: int) -> None:
     """Long random texts (line breaks after letters, digits, signs, spaces, non-ASCII letters and
     quotes): tokenized in pieces in one batch call, the same ids as one call, and the same token
-    boundaries as decoding prefixes finds. Pieces of ~60 characters, not ~8k, so that nearly every
-    line break the rule may cut at is cut at."""
+    boundaries as decoding prefixes finds. Texts over 60 characters, not 8k, cut into pieces of at least
+    4, not 256, so that nearly every line break the rule may cut at is cut at; nothing kept in memory,
+    so every piece is encoded."""
     monkeypatch.setattr(tokenizer_module, "CUT_CHARS", 60)
+    monkeypatch.setattr(tokenizer_module, "PIECE_CHARS", 4)
+    monkeypatch.setattr(tokenizer, "encoded", tokenizer_module.EncodedTexts(budget=0))
     spy = _BatchSpy(tokenizer._data_backend)
     monkeypatch.setattr(tokenizer, "_data_backend", spy)
     rng = random.Random(seed)
@@ -259,6 +262,37 @@ def test_a_long_text_is_tokenized_in_pieces_with_the_ids_of_one_call(monkeypatch
                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))  # fmt: skip
     hf = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", additional_special_tokens=list(SPECIAL_TOKENS))
     check_long_texts_in_pieces(ChatTokenizer(hf), monkeypatch, seed=4, count=60)
+
+
+def test_passages_sent_again_are_pieces_encoded_before_with_the_ids_of_one_call(monkeypatch):
+    """A long message's pieces are about paragraphs: a passage sent again after the same separator is a
+    piece the tokenizer encoded before (per tenant), read from memory; the message's ids and token
+    boundaries are still those of one call."""
+    monkeypatch.setattr(tokenizer_module, "CUT_CHARS", 200)
+    monkeypatch.setattr(tokenizer_module, "PIECE_CHARS", 20)
+    tokenizer = bpe_rag().tokenizer
+    monkeypatch.setattr(tokenizer, "encoded", tokenizer_module.EncodedTexts())
+    spy = _BatchSpy(tokenizer._data_backend)
+    monkeypatch.setattr(tokenizer, "_data_backend", spy)
+    rng = random.Random(7)
+    passages = ["".join(rng.choice(LONG_TEXT_PARTS[:8]) for _ in range(12)).replace("\n", " ").strip() + "."
+                for _ in range(6)]  # fmt: skip
+
+    def message(chosen, question):
+        return "Context:\n\n" + "\n\n".join(passages[i] for i in chosen) + "\n\nQuestion: " + question
+
+    first = tokenizer.tokenize(message([0, 1, 2, 3], "where?"), "acme")
+    pieces_first = spy.batched[-1]
+    again = message([2, 0, 4, 1], "when?")
+    tokens = tokenizer.tokenize(again, "acme")
+    assert spy.batched[-1] < pieces_first  # passages 0 and 2 (after the same separator) came from memory
+    assert tokens.ids == tokenizer.encode(again) and first.ids == tokenizer.encode(message([0, 1, 2, 3], "where?"))
+    for char in range(len(again) + 1):
+        k = tokens.index_at(char)
+        if k is not None:
+            assert tokenizer.decode(tokens.ids[:k], skip_special_tokens=False) == again[:char]
+    before = spy.batched[-1]
+    assert tokenizer.tokenize(again, "other").ids == tokens.ids and spy.batched[-1] > before  # another tenant's: encoded
 
 
 def test_a_tokenizer_that_splits_otherwise_gets_the_long_text_in_one_call(monkeypatch):

@@ -21,7 +21,7 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import accumulate
+from itertools import accumulate, chain
 from operator import itemgetter
 from typing import Any, Callable, Sequence
 
@@ -125,42 +125,50 @@ ENCODED_BYTES = 32 << 20  # what the memo of encoded texts may hold: their chara
 
 
 class EncodedTexts:
-    """Data texts encoded recently and their ids, so that a chunk retrieved again is not tokenized again
-    (at 32k tokens of passages, ~20 ms of every request's host work with SmolLM2's tokenizer). Texts are
-    kept per ``scope`` (the engine's tenant), so how fast one tenant's request is split never tells
-    whether another tenant's text was seen. The least recently used are dropped once the texts and ids
-    held pass ``budget`` bytes (a text longer than that is not kept)."""
+    """Data texts encoded recently, their ids and (for ``tokenize``'s pieces) their offsets, so that a
+    chunk retrieved again is not tokenized again (at 32k tokens of passages, ~20 ms of every request's
+    host work with SmolLM2's tokenizer, ~35 ms for one chat message). Texts are kept per ``scope`` (the
+    engine's tenant), so how fast one tenant's request is split never tells whether another tenant's
+    text was seen. The least recently used are dropped once the texts, ids and offsets held pass
+    ``budget`` bytes (4 per id and per offset bound, 1 per character; a text larger than that is not kept).
+    """
 
     def __init__(self, budget: int = ENCODED_BYTES) -> None:
         self.budget = budget
-        self.held = 0  # bytes held: characters plus 4 per id
-        self._texts: OrderedDict[tuple[str, str], array] = OrderedDict()
+        self.held = 0  # bytes held, counted as above
+        self._texts: OrderedDict[tuple[str, str], tuple[array, array | None]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._texts)
 
-    def get(self, scope: str, text: str) -> list[int] | None:
+    def get(self, scope: str, text: str, offsets: bool = False) -> tuple[array, array | None] | None:
+        """``text``'s ids and flat offsets (start, end, start, ...; None unless kept), or None where it is
+        not kept (or, with ``offsets``, kept without them)."""
         with self._lock:
-            ids = self._texts.get((scope, text))
-            if ids is None:
+            found = self._texts.get((scope, text))
+            if found is None or (offsets and found[1] is None):
                 return None
             self._texts.move_to_end((scope, text))
-        return ids.tolist()
+        return found
 
-    def put(self, scope: str, text: str, ids: Sequence[int]) -> None:
-        size = len(text) + 4 * len(ids)
+    def put(self, scope: str, text: str, ids: Sequence[int],
+            offsets: Sequence[tuple[int, int]] | None = None) -> None:  # fmt: skip
+        kept = (array("I", ids), None if offsets is None else array("I", chain.from_iterable(offsets)))
+        size = _held(text, kept)
         if size > self.budget:
             return
-        kept = array("I", ids)
         with self._lock:
             old = self._texts.pop((scope, text), None)
-            self.held -= 0 if old is None else len(text) + 4 * len(old)
+            self.held += size - (0 if old is None else _held(text, old))
             self._texts[(scope, text)] = kept
-            self.held += size
             while self.held > self.budget:
-                (_, dropped), ids_dropped = self._texts.popitem(last=False)
-                self.held -= len(dropped) + 4 * len(ids_dropped)
+                (_, dropped), value = self._texts.popitem(last=False)
+                self.held -= _held(dropped, value)
+
+
+def _held(text: str, kept: tuple[array, array | None]) -> int:
+    return len(text) + 4 * (len(kept[0]) + (0 if kept[1] is None else len(kept[1])))
 
 
 class ChatTokenizer:
@@ -202,6 +210,7 @@ class ChatTokenizer:
         for text in texts:
             check_text(text)
         found = [self.encoded.get(scope, text) for text in texts]
+        found = [None if kept is None else kept[0].tolist() for kept in found]
         missing = [text for text, ids in zip(texts, found) if ids is None]
         if not missing:
             return found
@@ -217,11 +226,13 @@ class ChatTokenizer:
             out.append(ids)
         return out
 
-    def tokenize(self, text: str) -> TokenizedText:
+    def tokenize(self, text: str, scope: str = "") -> TokenizedText:
         """``encode`` that also knows where its token boundaries fall (for finding chunks in prompts).
 
-        A long text is tokenized in pieces, in one batch call, where the tokenizer splits text as GPT-2's
-        byte-level rule does and nothing runs before that split (``_cut_points``): the same ids."""
+        A long text is tokenized in pieces where the tokenizer splits text as GPT-2's byte-level rule does
+        and nothing runs before that split (``_cut_points``): the same ids. Its pieces are about paragraphs,
+        so a passage sent again (after the same separator) is a piece encoded before: those come from
+        memory (``encoded``, per ``scope``, a tenant), the others from one batch call."""
         if self._data_backend is None:
             return TokenizedText(text, self.encode(text), None, self._decode_exact)
         check_text(text)  # the other path's ``encode`` checks it
@@ -231,9 +242,21 @@ class ChatTokenizer:
             return TokenizedText(text, encoding.ids, encoding.offsets, self._decode_exact)
         starts = [0, *cuts]
         pieces = [text[a:b] for a, b in zip(starts, [*cuts, len(text)])]
-        encodings = self._data_backend.encode_batch(pieces, add_special_tokens=False)
-        ids = [token for encoding in encodings for token in encoding.ids]
-        offsets = [(a + at, b + at) for encoding, at in zip(encodings, starts) for a, b in encoding.offsets]
+        kept = [self.encoded.get(scope, piece, offsets=True) for piece in pieces]
+        missing = [piece for piece, known in zip(pieces, kept) if known is None]
+        made = iter(self._data_backend.encode_batch(missing, add_special_tokens=False) if missing else ())
+        ids: list[int] = []
+        offsets: list[tuple[int, int]] = []
+        for piece, at, known in zip(pieces, starts, kept):
+            if known is None:
+                encoding = next(made)
+                piece_ids, piece_offsets = encoding.ids, encoding.offsets  # each read makes a new list
+                self.encoded.put(scope, piece, piece_ids, piece_offsets)
+            else:
+                piece_ids, bounds = known[0].tolist(), known[1].tolist()
+                piece_offsets = zip(bounds[::2], bounds[1::2])
+            ids += piece_ids
+            offsets += [(a + at, b + at) for a, b in piece_offsets]
         return TokenizedText(text, ids, offsets, self._decode_exact)
 
     def encode_template(self, text: str) -> list[int]:
@@ -356,7 +379,8 @@ def check_text(text: str) -> None:
                              "send UTF-8 text") from None  # fmt: skip
 
 
-CUT_CHARS = 8192  # a long data text is tokenized in pieces of about this many characters (``tokenize``)
+CUT_CHARS = 8192  # a data text longer than this is tokenized in pieces (``tokenize``)
+PIECE_CHARS = 256  # of at least this many characters, cut at every line break the rule allows after that
 
 
 def _splits_as_gpt2(backend: Any) -> bool:
@@ -372,21 +396,25 @@ def _splits_as_gpt2(backend: Any) -> bool:
 
 
 def _cut_points(text: str) -> list[int]:
-    """Places about every CUT_CHARS characters where ``text`` tokenizes piece by piece as it does whole,
-    under GPT-2's byte-level split: a line break right after a printable ASCII character that is not a
-    space. The rule's every alternative that takes that character stops before a line break (a run of
-    letters, of digits, of other signs, a contraction), so a split unit ends there; the next one starts
-    at the line break whatever came before (the rule looks behind nothing), and BPE runs within units.
+    """Where a text longer than CUT_CHARS is cut: pieces of at least PIECE_CHARS characters, each ending at
+    a place where ``text`` tokenizes piece by piece as it does whole under GPT-2's byte-level split: a line
+    break right after a printable ASCII character that is not a space. The rule's every alternative that
+    takes that character stops before a line break (a run of letters, of digits, of other signs, a
+    contraction), so a split unit ends there; the next one starts at the line break whatever came before
+    (the rule looks behind nothing), and BPE runs within units. A passage set off by line breaks is so
+    mostly a piece of its own, the same in every text that holds it after the same separator.
     """
-    cuts, at = [], CUT_CHARS
-    while at < len(text) - CUT_CHARS // 2:
+    if len(text) <= CUT_CHARS:
+        return []
+    cuts, at = [], PIECE_CHARS
+    while at < len(text):
         cut = text.find("\n", at)
         while cut > 0 and not "!" <= text[cut - 1] <= "~":
             cut = text.find("\n", cut + 1)
         if cut <= 0 or cut >= len(text) - 1:
             break
         cuts.append(cut)
-        at = cut + CUT_CHARS
+        at = cut + PIECE_CHARS
     return cuts
 
 
