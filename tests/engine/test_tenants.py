@@ -108,6 +108,20 @@ def test_the_order_hint_of_one_tenant_never_comes_from_anothers_requests():
     assert rag.ordered(RAGRequest(chunks=["A is 1.", "B is 2."], question="A?", tenant="alice")).chunks[0] == "B is 2."
 
 
+def test_the_texts_one_tenant_sent_are_tokenized_again_for_another():
+    """The tokenizer's memory of encoded texts serves a tenant only what that tenant sent (no timing tells
+    another tenant that a text was seen; a long chat message's pieces alike: tests/test_flat_prompt_boundaries.py)."""
+    rag = fresh()
+    memory = rag.tokenizer.encoded
+    before = len(memory)
+    rag.segments(RAGRequest(chunks=OWN, question=QUESTION, tenant="bob"))
+    assert all(memory.get("bob", text) is not None for text in OWN)
+    assert all(memory.get(tenant, text) is None for tenant in ("alice", "") for text in OWN)
+    held = len(memory)
+    rag.segments(RAGRequest(chunks=OWN, question=QUESTION, tenant="alice"))
+    assert len(memory) - held == held - before and all(memory.get("alice", text) is not None for text in OWN)  # her own
+
+
 def test_the_default_tenant_keeps_todays_keys_and_answers():
     rag = fresh()
     ids = rag.add_chunks(OWN, embeddings=OWN_VECTORS)
