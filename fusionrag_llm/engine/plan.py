@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Sequence
 
 from fusionrag_llm.engine.stats import GenerationStats
@@ -140,7 +141,7 @@ def plan_context(segments: Sequence[Segment], run_plan: RunPlan, keys: EntryKeys
     if not segments:
         raise ValueError("a context needs at least its prefix segment")
     spans = _spans(segments)
-    ids = tuple(token for segment in segments for token in segment.token_ids)
+    ids = tuple(chain.from_iterable(segment.token_ids for segment in segments))
     parallel = run_plan.method.parallel_positions
     # chunks sharing positions: no exact path after the prefix can serve them
     boundaries = _boundaries(segments, spans, ids, keys, prefix_cache and not parallel)
