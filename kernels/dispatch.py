@@ -76,10 +76,10 @@ def q_sparse_attention_spans(q, q_positions, cu_seqlens_q, k, v, k_positions, k_
               splits)
 
 
-def apply_rotary(x, positions, inv_freq, *, backend: str | None = None):
+def apply_rotary(x, positions, inv_freq, out=None, slots=None, *, backend: str | None = None):
     """Dispatching :func:`fusionrag_llm.kernels.rotary.apply_rotary`."""
     fn = _rotary.apply_rotary if resolve_backend(x, backend) == "triton" else _rotary.apply_rotary_ref
-    return fn(x, positions, inv_freq)
+    return fn(x, positions, inv_freq, out, slots)
 
 
 def critical_scores(q, q_positions, k, k_positions, k_valid, scale=None, *, backend: str | None = None):

@@ -30,9 +30,10 @@ if triton is not None:
         return x.to(DTYPE).to(tl.float32)
 
     @triton.jit
-    def _rotary_kernel(X, POS, INV_FREQ, OUT, n_tokens, stride_xh, stride_xn, stride_oh, stride_on,
-                       HALF: tl.constexpr, HALF_P2: tl.constexpr, BLOCK_N: tl.constexpr):
-        """Grid (token blocks, heads); each program rotates [BLOCK_N, D] of one head."""
+    def _rotary_kernel(X, POS, INV_FREQ, OUT, SLOTS, n_tokens, stride_xh, stride_xn, stride_oh, stride_on,
+                       HALF: tl.constexpr, HALF_P2: tl.constexpr, BLOCK_N: tl.constexpr, HAS_SLOTS: tl.constexpr):
+        """Grid (token blocks, heads); each program rotates [BLOCK_N, D] of one head, into OUT's rows
+        0..N-1, or with HAS_SLOTS into its rows SLOTS[0..N-1]."""
         head = tl.program_id(1).to(tl.int64)
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_h = tl.arange(0, HALF_P2)
@@ -49,7 +50,10 @@ if triton is not None:
         # rotate_half(x) = cat(-x2, x1): out1 = x1*cos - x2*sin, out2 = x2*cos + x1*sin
         out1 = _round(x1 * cos, dt) - _round(x2 * sin, dt)
         out2 = _round(x2 * cos, dt) + _round(x1 * sin, dt)
-        o_ptr = OUT + head * stride_oh + offs_n[:, None] * stride_on + offs_h[None, :]
+        rows = offs_n
+        if HAS_SLOTS:
+            rows = tl.load(SLOTS + offs_n, mask=offs_n < n_tokens, other=0)
+        o_ptr = OUT + head * stride_oh + rows[:, None].to(tl.int64) * stride_on + offs_h[None, :]
         tl.store(o_ptr, out1.to(dt), mask=mask)
         tl.store(o_ptr + HALF, out2.to(dt), mask=mask)
 
@@ -65,11 +69,14 @@ def _check_inputs(op, x, positions, inv_freq):
           f"inv_freq has {inv_freq.shape[0]} entries, expected D/2 = {d // 2}")
 
 
-def apply_rotary(x, positions, inv_freq):
+def apply_rotary(x, positions, inv_freq, out=None, slots=None):
     """Triton rotary embedding: x [H, N, D], positions [N] int64, inv_freq [D/2] fp32 -> [H, N, D].
 
-    Returns a new contiguous tensor in x's dtype. CUDA tensors (CPU under ``TRITON_INTERPRET=1``);
-    x must be contiguous in its last dimension. Any even head dim works.
+    Returns a new contiguous tensor in x's dtype; or, given ``out`` [H, C, D] (x's dtype and device) and
+    ``slots`` [N] int64, writes ``out[:, slots] = rotated`` without a tensor in between (a stored entry's
+    keys placed into a cache) and returns ``out``. CUDA tensors (CPU under ``TRITON_INTERPRET=1``); x and
+    out must be contiguous in their last dimension. Any even head dim works. Slots are not checked
+    against C (the caller's own: a cache's reserved slots).
 
     >>> k_rot = apply_rotary(k_stored, torch.arange(100, 164), inv_freq)  # doctest: +SKIP
     """
@@ -79,15 +86,26 @@ def apply_rotary(x, positions, inv_freq):
     check(x.shape[-1] <= 1 or x.stride(-1) == 1, _OP,
           f"x must be contiguous in its last dimension (stride {x.stride(-1)}); call .contiguous()")
     h, n, d = x.shape
-    out = torch.empty((h, n, d), dtype=x.dtype, device=x.device)
+    if (out is None) != (slots is None):
+        raise ValueError(f"{_OP}: out and slots go together (both or neither)")
+    if out is None:
+        out = torch.empty((h, n, d), dtype=x.dtype, device=x.device)
+    else:
+        check_tensor(slots, _OP, "slots [N]", 1, (torch.int64, torch.int32))
+        check_devices(_OP, x=x, out=out, slots=slots)
+        check(out.dim() == 3 and out.shape[0] == h and out.shape[2] == d and out.dtype == x.dtype, _OP,
+              f"out must be [H={h}, C, D={d}] in {x.dtype}, got {list(out.shape)} in {out.dtype}")
+        check(slots.shape[0] == n, _OP, f"slots has {slots.shape[0]} entries, x has {n} tokens")
+        check(out.stride(-1) == 1, _OP, f"out must be contiguous in its last dimension (stride {out.stride(-1)})")
     if h == 0 or n == 0:
         return out
     half = d // 2
     block_n = 16 if interpreting() else max(1, min(64, 4096 // triton.next_power_of_2(d)))
     grid = (triton.cdiv(n, block_n), h)
-    _rotary_kernel[grid](x, positions.contiguous(), inv_freq.contiguous(), out, n, x.stride(0),
-                         x.stride(1), out.stride(0), out.stride(1), HALF=half,
-                         HALF_P2=triton.next_power_of_2(half), BLOCK_N=block_n)
+    into = slots is not None
+    _rotary_kernel[grid](x, positions.contiguous(), inv_freq.contiguous(), out, slots.contiguous() if into else positions,
+                         n, x.stride(0), x.stride(1), out.stride(0), out.stride(1), HALF=half,
+                         HALF_P2=triton.next_power_of_2(half), BLOCK_N=block_n, HAS_SLOTS=into)  # fmt: skip
     return out
 
 
@@ -143,8 +161,12 @@ def rotate_cpu(x, cos, sin, out=None, slots=None):
     return out
 
 
-def apply_rotary_ref(x, positions, inv_freq):
+def apply_rotary_ref(x, positions, inv_freq, out=None, slots=None):
     """Pure-torch reference of :func:`apply_rotary` (transformers' Llama arithmetic, any device)."""
     _check_inputs(_OP + "_ref", x, positions, inv_freq)
     cos, sin = rotary_cos_sin(positions, inv_freq, x.dtype)
-    return rotate(x, cos.to(x.device), sin.to(x.device))
+    rotated = rotate(x, cos.to(x.device), sin.to(x.device))
+    if out is None:
+        return rotated
+    out[:, slots] = rotated
+    return out

@@ -260,8 +260,17 @@ class DecoderLM(nn.Module):
 
     def rotate_into(self, out: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, positions: torch.Tensor) -> None:
         """``out[..., slots, :] = rotate(x, positions)`` (``x`` [..., n, head_dim], ``out`` [..., capacity,
-        head_dim]): a stored entry's keys placed into a cache; on the CPU in float32 in one pass."""
+        head_dim]): a stored entry's keys placed into a cache, in one pass (the Triton kernel writes the
+        rotated rows into their slots; on the CPU in float32, the compiled pass)."""
         if self.kernels == "triton":
+            try:
+                rows = out.view(-1, *out.shape[-2:])  # the leading dims as one, where their strides allow it
+            except RuntimeError:
+                rows = None
+            if rows is not None and x.dtype == out.dtype:
+                flat = x.reshape(-1, *x.shape[-2:])
+                dispatch.apply_rotary(flat, positions, self.rotary.inv_freq, rows, slots, backend="triton")
+                return
             out[..., slots, :] = self.rotate(x, positions)
             return
         cos, sin = self.rotary_cos_sin(positions)

@@ -61,6 +61,34 @@ def test_triton_strided_input_and_rotary_is_a_rotation():
 
 
 @pytest.mark.parametrize("fn", [apply_rotary_ref, pytest.param(apply_rotary, marks=needs_triton)])
+def test_rotated_rows_written_into_given_slots_of_a_cache_view(fn):
+    """``out`` and ``slots``: the rotated rows go to those rows of ``out`` (a view into a bigger buffer,
+    as a pooled cache's keys are), every other row untouched, the same values as rotating first."""
+    x, positions, inv_freq = _inputs(6, 23, 32)
+    buffer = torch.randn(6, 90, 32)
+    out = buffer[:, 30:80]  # [H, C=50, D], rows 50 apart... as a cache's span of a pool
+    before = buffer.clone()
+    slots = torch.randperm(50, generator=torch.Generator().manual_seed(1))[:23]
+    assert fn(x, positions, inv_freq, out, slots) is out
+    rows = slots + 30
+    torch.testing.assert_close(buffer[:, rows], apply_rotary_ref(x, positions, inv_freq), rtol=1e-5, atol=1e-5)
+    untouched = torch.ones(90, dtype=torch.bool)
+    untouched[rows] = False
+    assert torch.equal(buffer[:, untouched], before[:, untouched])
+
+
+@needs_triton
+def test_slots_without_out_or_of_another_count_are_refused():
+    x, positions, inv_freq = _inputs(2, 5, 16)
+    with pytest.raises(ValueError, match="out and slots go together"):
+        apply_rotary(x, positions, inv_freq, slots=torch.arange(5))
+    with pytest.raises(ValueError, match="slots has 4 entries, x has 5"):
+        apply_rotary(x, positions, inv_freq, torch.zeros(2, 9, 16), torch.arange(4))
+    with pytest.raises(ValueError, match="out must be"):
+        apply_rotary(x, positions, inv_freq, torch.zeros(3, 9, 16), torch.arange(5))
+
+
+@pytest.mark.parametrize("fn", [apply_rotary_ref, pytest.param(apply_rotary, marks=needs_triton)])
 def test_validation_errors(fn):
     x, positions, inv_freq = _inputs(2, 5, 16)
     bad = [
