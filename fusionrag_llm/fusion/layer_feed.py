@@ -142,7 +142,7 @@ class LayerFeed:
         cache, index = self.cache, layer - group.start
         keys = torch.cat([k[index] for k in group.keys], dim=1).to(cache.keys.dtype)  # [kv_heads, n, d]
         values = torch.cat([v[index] for v in group.values], dim=1).to(cache.values.dtype)
-        cache.keys[layer, :, self._all_slots] = self.model.rotate(keys, self._all_positions, self._table)
+        self.model.rotate_into(cache.keys[layer], self._all_slots, keys, self._all_positions, self._table)
         cache.values[layer, :, self._all_slots] = values
         if layer == group.end - 1:  # the group's staging copies are no longer needed
             group.keys, group.values = [], []

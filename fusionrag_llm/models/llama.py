@@ -258,10 +258,12 @@ class DecoderLM(nn.Module):
         done = rotate_cpu(x, cos, sin)  # float32 on the CPU: one compiled pass, the same bits
         return done if done is not None else rotate(x, cos, sin)
 
-    def rotate_into(self, out: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, positions: torch.Tensor) -> None:
+    def rotate_into(self, out: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, positions: torch.Tensor,
+                    cos_sin=None) -> None:  # fmt: skip
         """``out[..., slots, :] = rotate(x, positions)`` (``x`` [..., n, head_dim], ``out`` [..., capacity,
         head_dim]): a stored entry's keys placed into a cache, in one pass (the Triton kernel writes the
-        rotated rows into their slots; on the CPU in float32, the compiled pass)."""
+        rotated rows into their slots; on the CPU in float32, the compiled pass). ``cos_sin``: as for
+        ``rotate`` (the torch backend's table, when the caller has it)."""
         if self.kernels == "triton":
             try:
                 rows = out.view(-1, *out.shape[-2:])  # the leading dims as one, where their strides allow it
@@ -273,7 +275,7 @@ class DecoderLM(nn.Module):
                 return
             out[..., slots, :] = self.rotate(x, positions)
             return
-        cos, sin = self.rotary_cos_sin(positions)
+        cos, sin = cos_sin if cos_sin is not None else self.rotary_cos_sin(positions)
         if rotate_cpu(x, cos, sin, out, slots) is None:
             out[..., slots, :] = rotate(x, cos, sin)
 
