@@ -187,7 +187,7 @@ class ChatTokenizer:
         self._data_backend = _data_backend(hf)
         self._cuttable = self._data_backend is not None and _splits_as_gpt2(self._data_backend)
         self._tool_formats: dict[str, Any] = {}  # chat template -> its tool format (or None)
-        self.encoded = EncodedTexts()  # what ``encode_many`` encoded lately
+        self.encoded = EncodedTexts()  # texts (and long texts' pieces) encoded lately, per tenant
 
     def __len__(self) -> int:
         return len(self.hf)
