@@ -189,7 +189,8 @@ def shrinking_batch(rag: FusionRAG, requests: list[RAGRequest], new_tokens: int)
     """The requests at once through the step API, request i answering ``new_tokens * (i + 1) // n`` tokens:
     after the shortest ends, the batch loses a sequence every few steps, as a server's does when its
     requests end (a captured decode graph serves a size, ``models/decode_graphs.py``). Decode tokens/s
-    in all after the last first token, and how many decode graphs the model keeps at the end."""
+    in all after the last first token, and how many decode graphs the model keeps at the end (and the memory
+    pools they were captured into: one)."""
     engine, plan, n = rag.engine, make_plan("fusionrag", None), len(requests)
     lengths = [max(1, new_tokens * (i + 1) // n) for i in range(n)]
     sync, sampling = _sync(engine.model.device), SamplingParams(ignore_eos=True)
@@ -201,8 +202,9 @@ def shrinking_batch(rag: FusionRAG, requests: list[RAGRequest], new_tokens: int)
         engine.run_until_finished(seqs)
         sync()
     total = time.perf_counter() - started
-    return {"requests": n, "shortest": lengths[0], "s": total, **_decoding(seqs, total),
-            "graphs": engine.model.decode_graphs.captured}
+    graphs = engine.model.decode_graphs
+    return {"requests": n, "shortest": lengths[0], "s": total, **_decoding(seqs, total), "graphs": graphs.captured,
+            "graph_memory_pools": graphs.memory_pools}  # fmt: skip
 
 
 def _decoding(answers, total: float) -> dict:

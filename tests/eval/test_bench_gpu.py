@@ -46,6 +46,7 @@ def test_every_section_writes_its_figures_and_the_tests_their_counts(tmp_path):
     assert written["decode"]["eager"]["requests"] == 1 and written["decode"]["eager"]["decode_tok_s"] > 0
     shrinking = written["decode"]["shrinking"]  # answers of 1 and 3 new tokens: the batch loses one on the way
     assert (shrinking["requests"], shrinking["shortest"], shrinking["tokens"], shrinking["graphs"]) == (2, 1, 4, 0)
+    assert shrinking["graph_memory_pools"] == 0  # no graphs on the CPU
     ttft, layerwise = written["ttft"]["rows"], written["layerwise"]["rows"]
     assert [r["method"] for r in ttft] == [r["method"] for r in layerwise] == ["full_reuse", "fusionrag"]
     assert ttft[1]["runs"]["whole"][0]["reused"] > 0 and ttft[0]["full_attention_s"] > 0
