@@ -101,12 +101,16 @@ def flash_takes_groups(q: torch.Tensor, keys: torch.Tensor) -> bool:
 
 @functools.cache
 def _flash_groups(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, dim: int) -> bool:
-    """``flash_takes_groups`` for one shape of heads (asked once: every layer of every step asks it)."""
-    from torch.backends.cuda import SDPAParams, can_use_flash_attention
+    """``flash_takes_groups`` for one shape of heads (asked once: every layer of every step asks it); False
+    where this torch cannot say (then the keys are repeated, as every fused kernel takes them)."""
+    try:
+        from torch.backends.cuda import SDPAParams, can_use_flash_attention
 
-    q = torch.empty(1, heads, 2, dim, dtype=dtype, device=device)
-    keys = torch.empty(1, kv_heads, 2, dim, dtype=dtype, device=device)
-    return bool(can_use_flash_attention(SDPAParams(q, keys, keys, None, 0.0, False, True), False))
+        q = torch.empty(1, heads, 2, dim, dtype=dtype, device=device)
+        keys = torch.empty(1, kv_heads, 2, dim, dtype=dtype, device=device)
+        return bool(can_use_flash_attention(SDPAParams(q, keys, keys, None, 0.0, False, True), False))
+    except (ImportError, TypeError, RuntimeError):
+        return False
 
 
 def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
