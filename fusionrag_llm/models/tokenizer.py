@@ -62,7 +62,7 @@ class TokenizedText:
     only costs a missed chunk, never a changed prompt.
     """
 
-    def __init__(self, text: str, ids: Sequence[int], offsets: Sequence[tuple[int, int]] | None,
+    def __init__(self, text: str, ids: Sequence[int], offsets: Sequence[tuple[int, int]] | _Spans | None,
                  decode: Callable[[Sequence[int]], str]):  # fmt: skip
         self.text = text
         self.ids = list(ids)
@@ -101,6 +101,15 @@ class _LazyPrefixLengths:
         return len(self.decode(self.ids[:k]))
 
 
+@dataclass(frozen=True)
+class _Spans:
+    """A text's token offsets as two lists, every token's start and every token's end: what ``tokenize``
+    builds for a text cut in pieces, without a tuple per token."""
+
+    starts: list[int]
+    ends: list[int]
+
+
 class _OffsetBoundaries:
     """``index_at`` from an offset mapping: the smallest k with every token before k ending at or before
     ``char`` and every token from k on starting at or after it (the least start of tokens k.. and the
@@ -109,8 +118,11 @@ class _OffsetBoundaries:
     Bytes of one character share its span, so a character split across tokens is never a boundary.
     """
 
-    def __init__(self, offsets: Sequence[tuple[int, int]], length: int):
-        starts, ends = [*map(itemgetter(0), offsets), length], [0, *map(itemgetter(1), offsets)]
+    def __init__(self, offsets: Sequence[tuple[int, int]] | _Spans, length: int):
+        if isinstance(offsets, _Spans):
+            starts, ends = [*offsets.starts, length], [0, *offsets.ends]
+        else:
+            starts, ends = [*map(itemgetter(0), offsets), length], [0, *map(itemgetter(1), offsets)]
         # [k]: the least start of tokens k.. (and the text's end), the greatest end of tokens ..k-1; for
         # the usual map, whose starts and ends never go back, the lists themselves
         self.min_start = starts if starts == sorted(starts) else [*accumulate(reversed(starts), min)][::-1]
@@ -246,18 +258,20 @@ class ChatTokenizer:
         missing = [piece for piece, known in zip(pieces, kept) if known is None]
         made = iter(self._data_backend.encode_batch(missing, add_special_tokens=False) if missing else ())
         ids: list[int] = []
-        offsets: list[tuple[int, int]] = []
+        spans = _Spans([], [])
         for piece, at, known in zip(pieces, starts, kept):
             if known is None:
                 encoding = next(made)
                 piece_ids, piece_offsets = encoding.ids, encoding.offsets  # each read makes a new list
                 self.encoded.put(scope, piece, piece_ids, piece_offsets)
+                piece_starts, piece_ends = map(itemgetter(0), piece_offsets), map(itemgetter(1), piece_offsets)
             else:
-                piece_ids, bounds = known[0].tolist(), known[1].tolist()
-                piece_offsets = zip(bounds[::2], bounds[1::2])
+                piece_ids, bounds = known[0].tolist(), known[1]
+                piece_starts, piece_ends = bounds[::2], bounds[1::2]
             ids += piece_ids
-            offsets += [(a + at, b + at) for a, b in piece_offsets]
-        return TokenizedText(text, ids, offsets, self._decode_exact)
+            spans.starts.extend(map(at.__add__, piece_starts))
+            spans.ends.extend(map(at.__add__, piece_ends))
+        return TokenizedText(text, ids, spans, self._decode_exact)
 
     def encode_template(self, text: str) -> list[int]:
         """Ids of the chat template's own text, special tokens parsed; never pass user or retrieved text."""
