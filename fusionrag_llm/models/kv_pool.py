@@ -54,9 +54,7 @@ class KVPool:
         self._lock = threading.Lock()
         # A one-slot cache past the spans, never handed out: the rows that pad a captured decode step to
         # its size write and read only there (``models/decode_graphs.py``).
-        last = slice(slots, slots + 1)
-        self.padding = KVCache(self.keys[:, :, last], self.values[:, :, last], self.positions[last], self.valid[last],
-                               self.groups[last], length=1, pool=self, pool_start=slots)  # fmt: skip
+        self.padding = self._view(slots, 1, length=1)
 
     @property
     def free_slots(self) -> int:
@@ -81,10 +79,15 @@ class KVPool:
             tensor[:, :, span].zero_()
         for tensor in (self.positions, self.valid, self.groups):
             tensor[span].zero_()
-        cache = KVCache(self.keys[:, :, span], self.values[:, :, span], self.positions[span], self.valid[span],
-                        self.groups[span], pool=self, pool_start=start)  # fmt: skip
+        cache = self._view(start, capacity)
         weakref.finalize(cache, self._release, start, capacity)
         return cache
+
+    def _view(self, start: int, capacity: int, length: int = 0) -> KVCache:
+        """A cache over slots ``[start, start + capacity)`` of the pool's buffers, ``length`` of them used."""
+        span = slice(start, start + capacity)
+        return KVCache(self.keys[:, :, span], self.values[:, :, span], self.positions[span], self.valid[span],
+                       self.groups[span], length=length, pool=self, pool_start=start)  # fmt: skip
 
     def _release(self, start: int, capacity: int) -> None:
         with self._lock:
