@@ -27,6 +27,12 @@ log = logging.getLogger(__name__)
 FRACTIONS = (0.05, 0.15, 0.3)
 
 
+def _randn(generator: torch.Generator, device, dtype):
+    """A maker of random normal tensors of any size, drawn from ``generator`` on the CPU (the same numbers on
+    every device), then moved to ``device`` in ``dtype``."""
+    return lambda *size: torch.randn(*size, generator=generator).to(device, dtype)
+
+
 def time_call(fn, device: torch.device, repeats: int) -> float:
     """Seconds of ``fn``: the median of triton's ``do_bench`` on CUDA, else the mean of ``repeats`` calls after one."""
     if device.type == "cuda":
@@ -46,10 +52,7 @@ def attention_rows(model, keys: int, repeats: int) -> list[dict]:
     every key (what Full Attention pays)."""
     cfg, device, dtype = model.cfg, model.device, model.dtype
     g = torch.Generator().manual_seed(3)
-
-    def rnd(*size):
-        return torch.randn(*size, generator=g).to(device, dtype)
-
+    rnd = _randn(g, device, dtype)
     k, v = rnd(cfg.num_kv_heads, keys, cfg.head_dim), rnd(cfg.num_kv_heads, keys, cfg.head_dim)  # [Hkv, N, D]
     full_q = rnd(1, cfg.num_heads, keys, cfg.head_dim)
     full_k, full_v = (x.repeat_interleave(cfg.num_heads // cfg.num_kv_heads, 0)[None] for x in (k, v))
@@ -95,11 +98,8 @@ def prefill_attention_rows(model, longest: int, repeats: int) -> list[dict]:
     from fusionrag_llm.models.attention import attend_causal_block
 
     cfg, device, dtype = model.cfg, model.device, model.dtype
-    g, rows = torch.Generator().manual_seed(5), []
+    rnd, rows = _randn(torch.Generator().manual_seed(5), device, dtype), []
     for requests, tokens in sorted({(8, min(1024, longest)), (32, min(1024, longest)), (4, min(4096, longest))}):
-        def rnd(*size):
-            return torch.randn(*size, generator=g).to(device, dtype)
-
         q = rnd(cfg.num_heads, requests * tokens, cfg.head_dim)
         k, v = rnd(cfg.num_kv_heads, requests * tokens, cfg.head_dim), rnd(cfg.num_kv_heads, requests * tokens, cfg.head_dim)
         positions = torch.arange(tokens, device=device).repeat(requests)
@@ -123,9 +123,7 @@ def decode_span_args(requests: int, keys: int, heads: int, kv_heads: int, head_d
                      generator: torch.Generator) -> tuple:
     """Random arguments of ``q_sparse_attention_spans`` for one decode token per request: request b's query
     at position ``keys`` over its own span of ``keys`` keys (positions 0..keys-1) in one buffer."""
-    def rnd(*size):
-        return torch.randn(*size, generator=generator).to(device, dtype)
-
+    rnd = _randn(generator, device, dtype)
     q, k, v = rnd(heads, requests, head_dim), rnd(kv_heads, requests * keys, head_dim), rnd(kv_heads, requests * keys, head_dim)
     starts = torch.arange(0, requests * keys, keys, device=device)
     return (q, torch.full((requests,), keys, device=device), torch.arange(requests + 1, device=device), k, v,
