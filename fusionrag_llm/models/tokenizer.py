@@ -164,12 +164,21 @@ class EncodedTexts:
             self._texts.move_to_end((scope, text))
         return found
 
+    def cached(self, scope: str, texts: Sequence[str], offsets: bool, encode) -> list[tuple[array, array | None]]:
+        """Every text's ids and flat offsets (as ``get`` gives them): from memory where kept, the others from
+        one call of ``encode(missing texts)`` (their ``(ids, offsets or None)`` pairs, in order), kept."""
+        found = [self.get(scope, text, offsets) for text in texts]
+        missing = [text for text, known in zip(texts, found) if known is None]
+        made = iter(encode(missing) if missing else ())
+        return [known if known is not None else self.put(scope, text, *next(made)) for text, known in zip(texts, found)]
+
     def put(self, scope: str, text: str, ids: Sequence[int],
-            offsets: Sequence[tuple[int, int]] | None = None) -> None:  # fmt: skip
+            offsets: Sequence[tuple[int, int]] | None = None) -> tuple[array, array | None]:  # fmt: skip
+        """Keep ``text``'s ids (and offsets); returns them as ``get`` would."""
         kept = (array("I", ids), None if offsets is None else array("I", chain.from_iterable(offsets)))
         size = _held(text, kept)
         if size > self.budget:
-            return
+            return kept
         with self._lock:
             old = self._texts.pop((scope, text), None)
             self.held += size - (0 if old is None else _held(text, old))
@@ -177,6 +186,7 @@ class EncodedTexts:
             while self.held > self.budget:
                 (_, dropped), value = self._texts.popitem(last=False)
                 self.held -= _held(dropped, value)
+        return kept
 
 
 def _held(text: str, kept: tuple[array, array | None]) -> int:
@@ -221,22 +231,13 @@ class ChatTokenizer:
         others in one call (the tokenizer's threads share them)."""
         for text in texts:
             check_text(text)
-        found = [self.encoded.get(scope, text) for text in texts]
-        found = [None if kept is None else kept[0].tolist() for kept in found]
-        missing = [text for text, ids in zip(texts, found) if ids is None]
-        if not missing:
-            return found
-        if self._data_backend is not None:
-            made = iter([encoding.ids for encoding in self._data_backend.encode_batch(missing, add_special_tokens=False)])
-        else:
-            made = iter([self.encode(text) for text in missing])
-        out = []
-        for text, ids in zip(texts, found):
-            if ids is None:
-                ids = next(made)
-                self.encoded.put(scope, text, ids)
-            out.append(ids)
-        return out
+
+        def encode(missing: list[str]) -> list[tuple[list[int], None]]:
+            if self._data_backend is not None:
+                return [(e.ids, None) for e in self._data_backend.encode_batch(missing, add_special_tokens=False)]
+            return [(self.encode(text), None) for text in missing]
+
+        return [ids.tolist() for ids, _ in self.encoded.cached(scope, texts, False, encode)]
 
     def tokenize(self, text: str, scope: str = "") -> TokenizedText:
         """``encode`` that also knows where its token boundaries fall (for finding chunks in prompts).
@@ -254,23 +255,16 @@ class ChatTokenizer:
             return TokenizedText(text, encoding.ids, encoding.offsets, self._decode_exact)
         starts = [0, *cuts]
         pieces = [text[a:b] for a, b in zip(starts, [*cuts, len(text)])]
-        kept = [self.encoded.get(scope, piece, offsets=True) for piece in pieces]
-        missing = [piece for piece, known in zip(pieces, kept) if known is None]
-        made = iter(self._data_backend.encode_batch(missing, add_special_tokens=False) if missing else ())
+        def encode(missing: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+            # each read of an encoding's field makes a new list: read once
+            return [(e.ids, e.offsets) for e in self._data_backend.encode_batch(missing, add_special_tokens=False)]
+
         ids: list[int] = []
         spans = _Spans([], [])
-        for piece, at, known in zip(pieces, starts, kept):
-            if known is None:
-                encoding = next(made)
-                piece_ids, piece_offsets = encoding.ids, encoding.offsets  # each read makes a new list
-                self.encoded.put(scope, piece, piece_ids, piece_offsets)
-                piece_starts, piece_ends = map(itemgetter(0), piece_offsets), map(itemgetter(1), piece_offsets)
-            else:
-                piece_ids, bounds = known[0].tolist(), known[1]
-                piece_starts, piece_ends = bounds[::2], bounds[1::2]
-            ids += piece_ids
-            spans.starts.extend(map(at.__add__, piece_starts))
-            spans.ends.extend(map(at.__add__, piece_ends))
+        for at, (piece_ids, bounds) in zip(starts, self.encoded.cached(scope, pieces, True, encode)):
+            ids += piece_ids.tolist()
+            spans.starts.extend(map(at.__add__, bounds[::2]))
+            spans.ends.extend(map(at.__add__, bounds[1::2]))
         return TokenizedText(text, ids, spans, self._decode_exact)
 
     def encode_template(self, text: str) -> list[int]:
