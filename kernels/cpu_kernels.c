@@ -7,7 +7,9 @@
  *   the K/V write and attention over each sequence's cache, the MLP (models/fast_decode.py);
  * - fr_quantize: float32 weights into those blocks, as cpu_quant.quantize_ref does, in one pass;
  * - fr_rotate_rows: rotary embedding of float32 rows into a cache's slots, as kernels/rotary.py rotate
- *   computes it, in one pass.
+ *   computes it, in one pass;
+ * - fr_attend_prefix: a prefill's attention (every query over a prefix of the cache's slots: causal
+ *   blocks, position-sorted sparse recomputes) in one call, flash-style (kernels/cpu_attention.py).
  *
  * Work is spread over OpenMP threads (the runtime torch already loaded: one thread pool).
  */
@@ -774,4 +776,162 @@ void fr_rotate_rows(const float *x, int64_t x_batch, int64_t x_row, int64_t batc
             for (int64_t j = half; j < d; j++) dst[j] = row[j] * c[j] + row[j - half] * s[j];
         }
     }
+}
+
+/* ---- prefill attention ---------------------------------------------------------------------- */
+
+#define FR_ATT_ROWS 6   /* (query, head) rows of one task: their scores of a key chunk stay in registers */
+#define FR_ATT_KEYS 64  /* keys per chunk */
+#define FR_ATT_DIM 256  /* largest head_dim taken (a multiple of 64) */
+
+#if defined(__AVX512F__)
+/* exp of 16 floats: fr_exp's range reduction and polynomial (about 2 ulp) */
+static inline __m512 fr_exp16(__m512 x) {
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+/* Rows [r0, r0 + count) of one kv head's stacked rows (row r: query r / g, query head hk * g + r % g) over
+ * the keys each row's query sees, [0, lim[query]). kt: the head's keys transposed, [d][kt_ld]. Online
+ * softmax over chunks of FR_ATT_KEYS keys: a chunk's scores in registers (rows x 4 vectors), masked only
+ * in chunks some row's limit falls into, then its weights times the chunk's values. */
+static void attend_rows(const float *q, int64_t q_hs, int64_t q_rs, const float *kt, int64_t kt_ld,
+                        const float *v, int64_t d, const int64_t *lim, int64_t g, int64_t hk, int64_t r0,
+                        int64_t count, float scale, float *out, int64_t o_hs, int64_t o_rs) {
+    float qs[FR_ATT_ROWS][FR_ATT_DIM], acc[FR_ATT_ROWS][FR_ATT_DIM], p[FR_ATT_ROWS][FR_ATT_KEYS];
+    float top[FR_ATT_ROWS], total[FR_ATT_ROWS];
+    int64_t seen[FR_ATT_ROWS], most = 0, least = INT64_MAX;
+    for (int r = 0; r < FR_ATT_ROWS; r++) {  /* rows past count repeat the last one, seeing nothing */
+        int64_t row = r0 + (r < count ? r : count - 1), i = row / g, h = hk * g + row % g;
+        for (int64_t c = 0; c < d; c++) qs[r][c] = q[h * q_hs + i * q_rs + c] * scale;
+        memset(acc[r], 0, sizeof(float) * (size_t)d);
+        seen[r] = r < count ? lim[i] : 0;
+        top[r] = -INFINITY;
+        total[r] = 0.0f;
+        most = seen[r] > most ? seen[r] : most;
+        least = seen[r] < least ? seen[r] : least;
+    }
+    for (int64_t k0 = 0; k0 < most; k0 += FR_ATT_KEYS) {
+        __m512 s[FR_ATT_ROWS][4];
+        for (int r = 0; r < FR_ATT_ROWS; r++)
+            for (int c = 0; c < 4; c++) s[r][c] = _mm512_setzero_ps();
+        for (int64_t t = 0; t < d; t++) {
+            const float *kr = kt + t * kt_ld + k0;
+            __m512 a = _mm512_loadu_ps(kr), b = _mm512_loadu_ps(kr + 16), c = _mm512_loadu_ps(kr + 32),
+                   e = _mm512_loadu_ps(kr + 48);
+            for (int r = 0; r < FR_ATT_ROWS; r++) {
+                __m512 x = _mm512_set1_ps(qs[r][t]);
+                s[r][0] = _mm512_fmadd_ps(x, a, s[r][0]);
+                s[r][1] = _mm512_fmadd_ps(x, b, s[r][1]);
+                s[r][2] = _mm512_fmadd_ps(x, c, s[r][2]);
+                s[r][3] = _mm512_fmadd_ps(x, e, s[r][3]);
+            }
+        }
+        int partial = k0 + FR_ATT_KEYS > least;  /* some row sees only part of this chunk */
+        for (int r = 0; r < FR_ATT_ROWS; r++) {
+            if (partial)
+                for (int c = 0; c < 4; c++) {
+                    int64_t left = seen[r] - (k0 + 16 * c);
+                    __mmask16 keep = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+                    s[r][c] = _mm512_mask_blend_ps(keep, _mm512_set1_ps(-INFINITY), s[r][c]);
+                }
+            float high = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(s[r][0], s[r][1]), _mm512_max_ps(s[r][2], s[r][3])));
+            if (high == -INFINITY) {  /* nothing of this chunk seen by this row */
+                memset(p[r], 0, sizeof p[r]);
+                continue;
+            }
+            float now = high > top[r] ? high : top[r];
+            float keep = top[r] == -INFINITY ? 0.0f : fr_exp(top[r] - now);
+            __m512 shift = _mm512_set1_ps(now), sum = _mm512_setzero_ps();
+            for (int c = 0; c < 4; c++) {
+                __mmask16 live = _mm512_cmp_ps_mask(s[r][c], _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+                __m512 w = _mm512_maskz_mov_ps(live, fr_exp16(_mm512_sub_ps(s[r][c], shift)));
+                sum = _mm512_add_ps(sum, w);
+                _mm512_storeu_ps(p[r] + 16 * c, w);
+            }
+            total[r] = total[r] * keep + _mm512_reduce_add_ps(sum);
+            top[r] = now;
+            if (keep != 1.0f)
+                for (int64_t c = 0; c < d; c++) acc[r][c] *= keep;
+        }
+        int64_t keys = most - k0 < FR_ATT_KEYS ? most - k0 : FR_ATT_KEYS;
+        for (int64_t c0 = 0; c0 < d; c0 += 64) {  /* the weighted values, 64 dimensions at a time */
+            __m512 o[FR_ATT_ROWS][4];
+            for (int r = 0; r < FR_ATT_ROWS; r++)
+                for (int c = 0; c < 4; c++) o[r][c] = _mm512_loadu_ps(acc[r] + c0 + 16 * c);
+            for (int64_t j = 0; j < keys; j++) {
+                const float *vr = v + (k0 + j) * d + c0;
+                __m512 a = _mm512_loadu_ps(vr), b = _mm512_loadu_ps(vr + 16), c = _mm512_loadu_ps(vr + 32),
+                       e = _mm512_loadu_ps(vr + 48);
+                for (int r = 0; r < FR_ATT_ROWS; r++) {
+                    __m512 w = _mm512_set1_ps(p[r][j]);
+                    o[r][0] = _mm512_fmadd_ps(w, a, o[r][0]);
+                    o[r][1] = _mm512_fmadd_ps(w, b, o[r][1]);
+                    o[r][2] = _mm512_fmadd_ps(w, c, o[r][2]);
+                    o[r][3] = _mm512_fmadd_ps(w, e, o[r][3]);
+                }
+            }
+            for (int r = 0; r < FR_ATT_ROWS; r++)
+                for (int c = 0; c < 4; c++) _mm512_storeu_ps(acc[r] + c0 + 16 * c, o[r][c]);
+        }
+    }
+    for (int r = 0; r < count; r++) {
+        int64_t row = r0 + r, i = row / g, h = hk * g + row % g;
+        float inv = total[r] > 0.0f ? 1.0f / total[r] : 0.0f;
+        for (int64_t c = 0; c < d; c++) out[h * o_hs + i * o_rs + c] = acc[r][c] * inv;
+    }
+}
+#endif
+
+/* Attention of a prefill's queries over a prefix of the cache each: out[h][i] (d floats) = softmax over
+ * keys j < lim[i] of q[h][i] . k[h / g][j] / sqrt(d), times v[h / g][j], for query heads h < heads
+ * (g = heads / kv_heads heads per key/value head) and queries i < n. q: element [h][i][c] at
+ * h * q_hs + i * q_rs + c; keys and values: [kv_heads][rows][d], head kv_hs apart, rows d floats; out like
+ * q with o_hs, o_rs. Each key/value head's keys are transposed once into a scratch buffer; then the rows
+ * of its query heads, queries side by side, go FR_ATT_ROWS at a time to a thread. A query that sees no key
+ * gets zeros. Returns 0, 1 when memory could not be had, 2 for what this build does not take (no
+ * AVX-512, d not a multiple of 64 up to FR_ATT_DIM, heads not a multiple of kv_heads). */
+int fr_attend_prefix(const float *q, int64_t q_hs, int64_t q_rs, const float *k, const float *v, int64_t kv_hs,
+                     const int64_t *lim, int64_t n, int64_t heads, int64_t kv_heads, int64_t d, float *out,
+                     int64_t o_hs, int64_t o_rs) {
+#if defined(__AVX512F__)
+    if (d % 64 || d > FR_ATT_DIM || kv_heads < 1 || heads % kv_heads) return 2;
+    int64_t g = heads / kv_heads, most = 0;
+    for (int64_t i = 0; i < n; i++) most = lim[i] > most ? lim[i] : most;
+    if (n == 0) return 0;
+    int64_t ld = (most + FR_ATT_KEYS - 1) / FR_ATT_KEYS * FR_ATT_KEYS;  /* whole chunks, zeros past the keys */
+    float *kt = (float *)malloc(sizeof(float) * (size_t)(kv_heads * d * ld + 1));
+    if (!kt) return 1;
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t hk = 0; hk < kv_heads; hk++)
+        for (int64_t t = 0; t < d; t++) {
+            float *row = kt + (hk * d + t) * ld;
+            for (int64_t j = 0; j < ld; j++) row[j] = j < most ? k[hk * kv_hs + j * d + t] : 0.0f;
+        }
+    int64_t rows = n * g, blocks = (rows + FR_ATT_ROWS - 1) / FR_ATT_ROWS;
+    float scale = 1.0f / sqrtf((float)d);
+    #pragma omp parallel for schedule(dynamic, 2)
+    for (int64_t task = 0; task < kv_heads * blocks; task++) {
+        int64_t hk = task / blocks, r0 = task % blocks * FR_ATT_ROWS;
+        attend_rows(q, q_hs, q_rs, kt + hk * d * ld, ld, v + hk * kv_hs, d, lim, g, hk, r0,
+                    rows - r0 < FR_ATT_ROWS ? rows - r0 : FR_ATT_ROWS, scale, out, o_hs, o_rs);
+    }
+    free(kt);
+    return 0;
+#else
+    (void)q; (void)q_hs; (void)q_rs; (void)k; (void)v; (void)kv_hs; (void)lim; (void)n; (void)heads;
+    (void)kv_heads; (void)d; (void)out; (void)o_hs; (void)o_rs;
+    return 2;
+#endif
 }

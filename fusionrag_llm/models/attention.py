@@ -1,16 +1,20 @@
 """Attention of a step's queries over a request's KV cache.
 
-The general case applies the cache's position mask. Two common shapes go faster on CPU, with the
+The general case applies the cache's position mask. Three common shapes go faster on CPU, with the
 same result:
 
 * one query that sees every used slot (a decode step): the query heads of each key/value head
   attend as a group, without a mask or repeated keys;
 * a contiguous causal block at the end of the cache (a prefill after a cached prefix, a fused
-  chunk after its neighbours, a decode step): full attention over the earlier slots plus causal
-  attention within the block, merged by their log-sum-exp, through the fused kernel without a
-  materialised mask (about half the time of the masked call);
+  chunk after its neighbours);
 * position-sorted queries over a cache whose slot j holds position j (the sparse prefill of a
-  request): blocks of queries that skip the keys after their last position.
+  request).
+
+In the last two every query sees a prefix of the slots, so one call of the compiled prefill kernel
+(``kernels/cpu_attention.py``) attends them all. Where it does not run (no compiler, no AVX-512, other
+dtypes or head sizes), PyTorch's fused kernel does: for a causal block, full attention over the earlier
+slots plus causal attention within the block, merged by their log-sum-exp, without a materialised
+mask; for sorted queries, blocks of queries that skip the keys after their last position.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from fusionrag_llm.kernels.cpu_attention import attend_prefix_cpu
 
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
@@ -57,9 +63,13 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
     if tail_start is not None and q.shape[1] == 1:
         return attend_one(q, keys, values)
     if sorted_queries is not None:
-        return _attend_sorted(q[None], keys[None], values[None], sorted_queries)[0]
+        out = attend_prefix_cpu(q, keys, values, sorted_queries.limits)
+        return out if out is not None else _attend_sorted(q[None], keys[None], values[None], sorted_queries)[0]
     if tail_start is None:
         return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)[0]
+    out = attend_prefix_cpu(q, keys, values, torch.arange(tail_start + 1, tail_start + q.shape[1] + 1))
+    if out is not None:  # query i of the block sees the slots up to its own
+        return out
     groups = q.shape[0] // keys.shape[0]
     keys, values = keys.repeat_interleave(groups, 0)[None], values.repeat_interleave(groups, 0)[None]
     own, own_lse = _FLASH_CPU(q[None], keys[:, :, tail_start:], values[:, :, tail_start:], is_causal=True)[:2]
@@ -160,6 +170,7 @@ class SortedQueries:
 
     def __init__(self, positions: torch.Tensor) -> None:
         self.positions = positions
+        self.limits = (positions + 1).to(torch.int64)  # query i sees slots [0, limits[i]) (the compiled kernel)
         self._blocks: tuple[tuple, list] | None = None  # ((group, dtype), blocks) of the last layer asked
 
     def blocks(self, group: int, dtype: torch.dtype) -> list[tuple[int, int, int, int, torch.Tensor]]:
