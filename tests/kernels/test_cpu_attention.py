@@ -6,17 +6,10 @@ see nothing; each row's numbers independent of the rows and threads beside it; w
 import pytest
 import torch
 
-from fusionrag_llm.kernels import cpu_quant
+from compiled_kernels import needs_prefill_kernel
+
 from fusionrag_llm.kernels.cpu_attention import attend_prefix_cpu
 from fusionrag_llm.models import attention
-
-
-def _compiled() -> bool:
-    q = torch.zeros(1, 1, 64)
-    return cpu_quant.native_library() is not None and attend_prefix_cpu(q, q, q, torch.ones(1, dtype=torch.int64)) is not None
-
-
-needs_kernel = pytest.mark.skipif(not _compiled(), reason="no compiled prefill attention here (no compiler or no AVX-512)")
 
 
 def oracle(q, keys, values, limits):
@@ -38,7 +31,7 @@ def case(heads, kv_heads, d, n, length, seed, capacity=None):
     return q, keys, values
 
 
-@needs_kernel
+@needs_prefill_kernel
 @pytest.mark.parametrize(("heads", "kv_heads", "d", "n", "length"), [
     (9, 3, 64, 130, 1000),  # SmolLM2's heads, sorted limits over many chunks
     (4, 4, 64, 64, 64),  # no grouping, a causal block that is the whole cache
@@ -59,7 +52,7 @@ def test_every_query_over_its_prefix_equals_a_float64_softmax(heads, kv_heads, d
     assert torch.all(attend_prefix_cpu(q, keys, values, torch.zeros(n, dtype=torch.int64)) == 0)
 
 
-@needs_kernel
+@needs_prefill_kernel
 def test_a_rows_numbers_do_not_depend_on_the_rows_or_threads_beside_it():
     """What makes a chunk's entry the same bits in every process, and a causal block the same whether it
     is a whole prompt's prefill or an entry's computation."""
@@ -89,7 +82,7 @@ def test_what_it_does_not_take_goes_back_to_torch_and_bad_limits_are_refused():
         attend_prefix_cpu(q, keys, values, limits.int())
 
 
-@needs_kernel
+@needs_prefill_kernel
 def test_attend_takes_causal_blocks_and_sorted_queries_through_it(monkeypatch):
     heads, kv_heads, d, length = 9, 3, 64, 700
     q, keys, values = case(heads, kv_heads, d, 120, length, seed=3)

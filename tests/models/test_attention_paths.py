@@ -1,6 +1,8 @@
 """The CPU attention fast paths (``models/attention.py``) against a float64 masked softmax: the
 sparse prefill's sorted blocks (each split into an unmasked part and a masked span), their
-whole-block masked fallback, the causal tail block and the single decode query."""
+whole-block masked fallback, the causal tail block and the single decode query. Head size 32: the
+compiled prefill kernel takes multiples of 64, so these run PyTorch's kernels, the paths where it does
+not run (``tests/kernels/test_cpu_attention.py`` checks the kernel and ``attend`` through it)."""
 
 import pytest
 import torch
