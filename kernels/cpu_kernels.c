@@ -802,6 +802,22 @@ static inline __m512 fr_exp16(__m512 x) {
     return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
 }
 
+/* acc[r][0..64) += x[r * x_ld] * row[0..64) for the FR_ATT_ROWS rows: one step of both products of a
+ * chunk (scores: a key dimension's values for 64 keys times each row's query element; outputs: a key's
+ * value vector times each row's weight), 64 floats in 4 registers, 24 accumulators. */
+static inline __attribute__((always_inline)) void rank_one(__m512 acc[FR_ATT_ROWS][4], const float *row,
+                                                           const float *x, int64_t x_ld) {
+    __m512 a = _mm512_loadu_ps(row), b = _mm512_loadu_ps(row + 16), c = _mm512_loadu_ps(row + 32),
+           e = _mm512_loadu_ps(row + 48);
+    for (int r = 0; r < FR_ATT_ROWS; r++) {
+        __m512 w = _mm512_set1_ps(x[r * x_ld]);
+        acc[r][0] = _mm512_fmadd_ps(w, a, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(w, b, acc[r][1]);
+        acc[r][2] = _mm512_fmadd_ps(w, c, acc[r][2]);
+        acc[r][3] = _mm512_fmadd_ps(w, e, acc[r][3]);
+    }
+}
+
 /* Rows [r0, r0 + count) of one kv head's stacked rows (row r: query r / g, query head hk * g + r % g) over
  * the keys each row's query sees, [0, lim[query]). kt: the head's keys transposed, [d][kt_ld]. Online
  * softmax over chunks of FR_ATT_KEYS keys: a chunk's scores in registers (rows x 4 vectors), masked only
@@ -826,18 +842,7 @@ static void attend_rows(const float *q, int64_t q_hs, int64_t q_rs, const float 
         __m512 s[FR_ATT_ROWS][4];
         for (int r = 0; r < FR_ATT_ROWS; r++)
             for (int c = 0; c < 4; c++) s[r][c] = _mm512_setzero_ps();
-        for (int64_t t = 0; t < d; t++) {
-            const float *kr = kt + t * kt_ld + k0;
-            __m512 a = _mm512_loadu_ps(kr), b = _mm512_loadu_ps(kr + 16), c = _mm512_loadu_ps(kr + 32),
-                   e = _mm512_loadu_ps(kr + 48);
-            for (int r = 0; r < FR_ATT_ROWS; r++) {
-                __m512 x = _mm512_set1_ps(qs[r][t]);
-                s[r][0] = _mm512_fmadd_ps(x, a, s[r][0]);
-                s[r][1] = _mm512_fmadd_ps(x, b, s[r][1]);
-                s[r][2] = _mm512_fmadd_ps(x, c, s[r][2]);
-                s[r][3] = _mm512_fmadd_ps(x, e, s[r][3]);
-            }
-        }
+        for (int64_t t = 0; t < d; t++) rank_one(s, kt + t * kt_ld + k0, &qs[0][t], FR_ATT_DIM);
         int partial = k0 + FR_ATT_KEYS > least;  /* some row sees only part of this chunk */
         for (int r = 0; r < FR_ATT_ROWS; r++) {
             if (partial)
@@ -870,18 +875,7 @@ static void attend_rows(const float *q, int64_t q_hs, int64_t q_rs, const float 
             __m512 o[FR_ATT_ROWS][4];
             for (int r = 0; r < FR_ATT_ROWS; r++)
                 for (int c = 0; c < 4; c++) o[r][c] = _mm512_loadu_ps(acc[r] + c0 + 16 * c);
-            for (int64_t j = 0; j < keys; j++) {
-                const float *vr = v + (k0 + j) * d + c0;
-                __m512 a = _mm512_loadu_ps(vr), b = _mm512_loadu_ps(vr + 16), c = _mm512_loadu_ps(vr + 32),
-                       e = _mm512_loadu_ps(vr + 48);
-                for (int r = 0; r < FR_ATT_ROWS; r++) {
-                    __m512 w = _mm512_set1_ps(p[r][j]);
-                    o[r][0] = _mm512_fmadd_ps(w, a, o[r][0]);
-                    o[r][1] = _mm512_fmadd_ps(w, b, o[r][1]);
-                    o[r][2] = _mm512_fmadd_ps(w, c, o[r][2]);
-                    o[r][3] = _mm512_fmadd_ps(w, e, o[r][3]);
-                }
-            }
+            for (int64_t j = 0; j < keys; j++) rank_one(o, v + (k0 + j) * d + c0, &p[0][j], FR_ATT_KEYS);
             for (int r = 0; r < FR_ATT_ROWS; r++)
                 for (int c = 0; c < 4; c++) _mm512_storeu_ps(acc[r] + c0 + 16 * c, o[r][c]);
         }
