@@ -297,7 +297,7 @@ def _open(path: Path) -> ctypes.CDLL:
                                    ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]  # fmt: skip
     lib.fr_attend_prefix.restype = ctypes.c_int
     lib.fr_attend_prefix.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                                     *[ctypes.c_int64] * 1, ctypes.c_void_p, *[ctypes.c_int64] * 4, ctypes.c_void_p,
+                                     ctypes.c_int64, ctypes.c_void_p, *[ctypes.c_int64] * 4, ctypes.c_void_p,
                                      ctypes.c_int64, ctypes.c_int64]  # fmt: skip
     lib.fr_decode_layers.restype = ctypes.c_int
     lib.fr_decode_layers.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
