@@ -413,7 +413,7 @@ def masked_softmax(qc, q_pos, k, k_pos, scale):
     keys), the mask touches only the keys some query cannot see (a question's scores over its context:
     its own tokens), and every later step works in place: at 6k keys about 0.6x the time of the
     out-of-place form, with the same numbers where M is 4 or more (the old form took another BLAS path
-    for fewer rows: ~1e-7 apart there).
+    for fewer rows: up to 3e-7 apart there).
     """
     hkv, group, rows, dim = qc.shape
     s = torch.bmm(qc.reshape(hkv, group * rows, dim), k.transpose(1, 2)).view(hkv, group, rows, k.shape[1])
