@@ -336,17 +336,27 @@ int fr_quant_linear(int bits, int tiled, const float *x, int64_t m, int64_t k, c
 /* ---- decode steps ---------------------------------------------------------------------------- */
 
 /* exp(x) in float32 to about 2 ulp, branch-free so loops over it vectorize: x = n ln2 + r, |r| <= ln2 / 2,
-   exp(r) by a degree-6 polynomial, times 2^n built in the exponent bits. Inputs below -87 give ~1e-38. */
+   exp(r) by a degree-6 polynomial, times 2^n built in the exponent bits. Inputs below -87 give ~1e-38.
+   The constants are shared with fr_exp16, its 16-lane form. */
+#define FR_LOG2E 1.44269504088896341f
+#define FR_LN2_HI 0.693359375f  /* ln 2 = FR_LN2_HI - FR_LN2_LO, the first exact in few bits */
+#define FR_LN2_LO 2.12194440e-4f
+#define FR_EXP_P0 1.9875691500e-4f  /* the polynomial's coefficients, highest degree first */
+#define FR_EXP_P1 1.3981999507e-3f
+#define FR_EXP_P2 8.3334519073e-3f
+#define FR_EXP_P3 4.1665795894e-2f
+#define FR_EXP_P4 1.6666665459e-1f
+#define FR_EXP_P5 5.0000001201e-1f
 static inline float fr_exp(float x) {
     x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;  /* not fminf/fmaxf: those are calls, not vectorized */
-    float n = floorf(x * 1.44269504088896341f + 0.5f);
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
+    float n = floorf(x * FR_LOG2E + 0.5f);
+    float r = x - n * FR_LN2_HI + n * FR_LN2_LO;
+    float p = FR_EXP_P0;
+    p = p * r + FR_EXP_P1;
+    p = p * r + FR_EXP_P2;
+    p = p * r + FR_EXP_P3;
+    p = p * r + FR_EXP_P4;
+    p = p * r + FR_EXP_P5;
     p = p * r * r + r + 1.0f;
     int32_t bits = ((int32_t)n + 127) << 23;
     float scale;
@@ -785,18 +795,18 @@ void fr_rotate_rows(const float *x, int64_t x_batch, int64_t x_row, int64_t batc
 #define FR_ATT_DIM 256  /* largest head_dim taken (a multiple of 64) */
 
 #if defined(__AVX512F__)
-/* exp of 16 floats: fr_exp's range reduction and polynomial (about 2 ulp) */
+/* exp of 16 floats: fr_exp's range reduction and polynomial, its constants (about 2 ulp) */
 static inline __m512 fr_exp16(__m512 x) {
     x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+    __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(FR_LOG2E), _mm512_set1_ps(0.5f)),
                                     _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(FR_LN2_LO), _mm512_fnmadd_ps(n, _mm512_set1_ps(FR_LN2_HI), x));
+    __m512 p = _mm512_set1_ps(FR_EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FR_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FR_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FR_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FR_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FR_EXP_P5));
     p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
