@@ -166,7 +166,8 @@ class SortedQueries:
     request), cut into blocks of ``SORTED_BLOCK``: each block's rows, the keys before its first position
     (seen by all of it) and the mask of the keys between its first and last position. Every layer of a
     forward attends the same blocks, so each block's mask is made at the first layer only (about 4% of
-    a layer's attention at 6k tokens, 13% recomputed)."""
+    a layer's attention at 6k tokens, 13% recomputed). The blocks serve PyTorch's kernel; where the
+    compiled one runs, it takes all the queries at once by their ``limits``."""
 
     def __init__(self, positions: torch.Tensor) -> None:
         self.positions = positions
